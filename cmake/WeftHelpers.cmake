@@ -1,0 +1,71 @@
+# Shared build settings for every weft target.
+
+set(WEFT_WARNINGS -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor -Wno-unused-parameter)
+
+if(WEFT_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+# Decides whether the CUDA kernels are built. Sets WEFT_HAVE_CUDA.
+macro(weft_configure_cuda)
+  set(WEFT_HAVE_CUDA OFF)
+  if(NOT WEFT_CUDA STREQUAL "OFF")
+    if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+      set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+    endif()
+    include(CheckLanguage)
+    check_language(CUDA)
+    if(CMAKE_CUDA_COMPILER)
+      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+        # Hopper (H100/H200) plus a PTX fallback for other recent devices.
+        set(CMAKE_CUDA_ARCHITECTURES 90-real 80-virtual)
+      endif()
+      enable_language(CUDA)
+      # CMake 3.25 knows no CUDA20 flags for nvcc; the .cu files are C++17.
+      set(CMAKE_CUDA_STANDARD 17)
+      set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+      find_package(CUDAToolkit REQUIRED)
+      set(WEFT_HAVE_CUDA ON)
+    elseif(WEFT_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "WEFT_CUDA=ON but no CUDA compiler was found (looked for nvcc in PATH and /usr/local/cuda/bin)")
+    endif()
+  endif()
+  message(STATUS "weft: CUDA kernels ${WEFT_HAVE_CUDA}")
+endmacro()
+
+# weft_library(name [DEPS ...]): one static library per source directory, built
+# from every .cpp in it (new files are picked up at the next build).
+function(weft_library name)
+  cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  if(NOT sources)
+    # Header-only so far: an interface target keeps dependents linking.
+    add_library(weft_${name} INTERFACE)
+    add_library(weft::${name} ALIAS weft_${name})
+    target_include_directories(weft_${name} INTERFACE ${PROJECT_SOURCE_DIR})
+    target_link_libraries(weft_${name} INTERFACE ${ARG_DEPS})
+    return()
+  endif()
+  add_library(weft_${name} STATIC ${sources})
+  add_library(weft::${name} ALIAS weft_${name})
+  target_include_directories(weft_${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_compile_options(weft_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${WEFT_WARNINGS}>)
+  target_link_libraries(weft_${name} PUBLIC ${ARG_DEPS})
+endfunction()
+
+# weft_test(name LABELS l1 [l2] SOURCES ... DEPS ...): a doctest executable whose
+# test cases are registered one by one with CTest under the given labels.
+# Labels in use: unit (fast, single process), multiprocess, gpu, slow.
+function(weft_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS;SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} doctest::doctest weft_test_main)
+  target_compile_options(${name} PRIVATE ${WEFT_WARNINGS})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  doctest_discover_tests(${name}
+    WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} SKIP_RETURN_CODE 77)
+endfunction()

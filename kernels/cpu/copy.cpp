@@ -1,0 +1,81 @@
+#include "kernels/cpu/copy.h"
+
+#include <cstring>
+
+#include "kernels/cpu/loops.h"
+
+namespace weft::kernels::cpu {
+namespace {
+
+template <class S, class D>
+void copyTyped(const S* src, std::span<const int64_t> shape, std::span<const int64_t> srcStrides, D* dst) {
+  // The destination is contiguous: its strides are the row-major ones.
+  int nd = static_cast<int>(shape.size());
+  int64_t dstStrides[16];
+  int64_t acc = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    dstStrides[d] = acc;
+    acc *= shape[d];
+  }
+  const std::span<const int64_t> strides[2] = {srcStrides, std::span<const int64_t>(dstStrides, nd)};
+  forEachRow<2>(shape, strides, [&](const int64_t* off, int64_t n, const int64_t* inner) {
+    const S* s = src + off[0];
+    D* d = dst + off[1];
+    if (inner[0] == 1) {
+      if constexpr (std::is_same_v<S, D>) {
+        std::memcpy(d, s, sizeof(S) * n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
+      }
+    } else {
+      int64_t st = inner[0];
+      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i * st]);
+    }
+  });
+}
+
+}  // namespace
+
+void copyStridedToContiguous(DType srcType, const void* src, std::span<const int64_t> shape,
+                             std::span<const int64_t> srcStrides, DType dstType, void* dst) {
+  WEFT_DISPATCH_ALL(srcType, "copy", [&]<class S>() {
+    WEFT_DISPATCH_ALL(dstType, "copy", [&]<class D>() {
+      copyTyped<S, D>(static_cast<const S*>(src), shape, srcStrides, static_cast<D*>(dst));
+    });
+  });
+}
+
+void copyContiguousToStrided(DType type, const void* src, std::span<const int64_t> shape, void* dst,
+                             std::span<const int64_t> dstStrides) {
+  WEFT_DISPATCH_ALL(type, "copy", [&]<class T>() {
+    int nd = static_cast<int>(shape.size());
+    int64_t srcStrides[16];
+    int64_t acc = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      srcStrides[d] = acc;
+      acc *= shape[d];
+    }
+    const T* s = static_cast<const T*>(src);
+    T* o = static_cast<T*>(dst);
+    const std::span<const int64_t> strides[2] = {std::span<const int64_t>(srcStrides, nd), dstStrides};
+    forEachRow<2>(shape, strides, [&](const int64_t* off, int64_t n, const int64_t* inner) {
+      for (int64_t i = 0; i < n; ++i) o[off[1] + i * inner[1]] = s[off[0] + i * inner[0]];
+    });
+  });
+}
+
+void fill(DType type, void* dst, int64_t n, double value) {
+  WEFT_DISPATCH_ALL(type, "fill", [&]<class T>() {
+    T v = static_cast<T>(value);
+    T* d = static_cast<T*>(dst);
+    if (v == T(0)) {
+      std::memset(d, 0, sizeof(T) * n);
+      return;
+    }
+    parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) d[i] = v;
+    });
+  });
+}
+
+}  // namespace weft::kernels::cpu

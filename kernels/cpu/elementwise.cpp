@@ -1,0 +1,262 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "common/error.h"
+#include "kernels/cpu/loops.h"
+
+namespace weft::kernels::cpu {
+namespace {
+
+template <class T>
+T ipow(T base, T exp) {
+  if constexpr (std::is_integral_v<T>) {
+    if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
+    T r = 1;
+    while (exp) {
+      if (exp & 1) r *= base;
+      base *= base;
+      exp >>= 1;
+    }
+    return r;
+  } else {
+    return std::pow(base, exp);
+  }
+}
+
+template <class T, class F>
+void binaryTyped(const T* a, std::span<const int64_t> as, const T* b, std::span<const int64_t> bs, T* out,
+                 std::span<const int64_t> shape, F f) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  // Fast paths: both contiguous, or one side a single broadcast scalar.
+  bool aFlat = true, bFlat = true, bScalar = true, aScalar = true;
+  int64_t expect = 1;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    if (shape[d] != 1) {
+      aFlat &= as[d] == expect;
+      bFlat &= bs[d] == expect;
+      aScalar &= as[d] == 0;
+      bScalar &= bs[d] == 0;
+    }
+    expect *= shape[d];
+  }
+  if (aFlat && bFlat) {
+    parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) out[i] = f(a[i], b[i]);
+    });
+    return;
+  }
+  if (aFlat && bScalar) {
+    T bv = b[0];
+    parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) out[i] = f(a[i], bv);
+    });
+    return;
+  }
+  if (aScalar && bFlat) {
+    T av = a[0];
+    parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) out[i] = f(av, b[i]);
+    });
+    return;
+  }
+  int nd = static_cast<int>(shape.size());
+  int64_t os[kMaxDims];
+  int64_t acc = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    os[d] = acc;
+    acc *= shape[d];
+  }
+  const std::span<const int64_t> strides[3] = {as, bs, std::span<const int64_t>(os, nd)};
+  forEachRow<3>(shape, strides, [&](const int64_t* off, int64_t len, const int64_t* inner) {
+    const T* pa = a + off[0];
+    const T* pb = b + off[1];
+    T* po = out + off[2];
+    int64_t sa = inner[0], sb = inner[1];
+    if (sa == 1 && sb == 1) {
+      for (int64_t i = 0; i < len; ++i) po[i] = f(pa[i], pb[i]);
+    } else if (sa == 1 && sb == 0) {
+      T bv = pb[0];
+      for (int64_t i = 0; i < len; ++i) po[i] = f(pa[i], bv);
+    } else {
+      for (int64_t i = 0; i < len; ++i) po[i] = f(pa[i * sa], pb[i * sb]);
+    }
+  });
+}
+
+template <class T, class F>
+void unaryTyped(const T* in, T* out, int64_t n, F f) {
+  parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) out[i] = f(in[i]);
+  });
+}
+
+}  // namespace
+
+void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
+            std::span<const int64_t> bStrides, void* out, std::span<const int64_t> shape) {
+  WEFT_DISPATCH_ALL(type, "binary op", [&]<class T>() {
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    T* po = static_cast<T*>(out);
+    switch (op) {
+      case BinaryOp::Add: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x + y; }); break;
+      case BinaryOp::Sub: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x - y; }); break;
+      case BinaryOp::Mul: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x * y; }); break;
+      case BinaryOp::Div:
+        if constexpr (std::is_integral_v<T>) {
+          // An exception cannot leave an OpenMP region: flag, then throw after.
+          std::atomic<bool> zero{false};
+          binaryTyped(pa, aStrides, pb, bStrides, po, shape, [&zero](T x, T y) {
+            if (y == 0) {
+              zero.store(true, std::memory_order_relaxed);
+              return T(0);
+            }
+            return x / y;
+          });
+          if (zero.load()) throw InvalidArgumentError("div: integer division by zero");
+        } else {
+          binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x / y; });
+        }
+        break;
+      case BinaryOp::Pow: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return ipow(x, y); }); break;
+      case BinaryOp::Maximum: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x > y ? x : y; }); break;
+      case BinaryOp::Minimum: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x < y ? x : y; }); break;
+    }
+  });
+}
+
+void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double p0, double p1) {
+  WEFT_DISPATCH_ALL(type, "unary op", [&]<class T>() {
+    const T* pi = static_cast<const T*>(in);
+    T* po = static_cast<T*>(out);
+    T a = static_cast<T>(p0), b = static_cast<T>(p1);
+    switch (op) {
+      case UnaryOp::Neg: unaryTyped(pi, po, n, [](T x) { return -x; }); break;
+      case UnaryOp::Exp: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::exp(x)); }); break;
+      case UnaryOp::Log: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::log(x)); }); break;
+      case UnaryOp::Sqrt: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::sqrt(x)); }); break;
+      case UnaryOp::Abs: unaryTyped(pi, po, n, [](T x) { return x < 0 ? -x : x; }); break;
+      case UnaryOp::Sign: unaryTyped(pi, po, n, [](T x) { return static_cast<T>((x > 0) - (x < 0)); }); break;
+      case UnaryOp::Relu: unaryTyped(pi, po, n, [](T x) { return x > 0 ? x : T(0); }); break;
+      case UnaryOp::Tanh: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::tanh(x)); }); break;
+      case UnaryOp::Sigmoid:
+        unaryTyped(pi, po, n, [](T x) { return static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))); });
+        break;
+      case UnaryOp::Gelu:
+        unaryTyped(pi, po, n, [](T x) {
+          double v = static_cast<double>(x);
+          return static_cast<T>(0.5 * v * (1.0 + std::erf(v * M_SQRT1_2)));
+        });
+        break;
+      case UnaryOp::PowScalar:
+        unaryTyped(pi, po, n, [p0](T x) { return static_cast<T>(std::pow(static_cast<double>(x), p0)); });
+        break;
+      case UnaryOp::Clamp: unaryTyped(pi, po, n, [a, b](T x) { return x < a ? a : (x > b ? b : x); }); break;
+      case UnaryOp::AddScalar: unaryTyped(pi, po, n, [a](T x) { return x + a; }); break;
+      case UnaryOp::MulScalar: unaryTyped(pi, po, n, [a](T x) { return x * a; }); break;
+      case UnaryOp::Square: unaryTyped(pi, po, n, [](T x) { return x * x; }); break;
+      case UnaryOp::Reciprocal: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(T(1) / x); }); break;
+    }
+  });
+}
+
+void axpy(DType type, double alpha, const void* b, void* a, int64_t n) {
+  WEFT_DISPATCH_ALL(type, "axpy", [&]<class T>() {
+    const T* pb = static_cast<const T*>(b);
+    T* pa = static_cast<T*>(a);
+    T al = static_cast<T>(alpha);
+    parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) {
+      if (al == T(1)) {
+        for (int64_t i = s; i < e; ++i) pa[i] += pb[i];
+      } else {
+        for (int64_t i = s; i < e; ++i) pa[i] += al * pb[i];
+      }
+    });
+  });
+}
+
+}  // namespace weft::kernels::cpu
+
+namespace weft::kernels::cpu {
+namespace {
+
+template <class T, class F>
+void gradLoop(const T* x, const T* y, const T* g, T* gx, int64_t n, F f) {
+  parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) gx[i] = f(x ? x[i] : T(0), y ? y[i] : T(0), g[i]);
+  });
+}
+
+}  // namespace
+
+void unaryBackward(UnaryOp op, DType type, const void* x, const void* y, const void* g, void* gx, int64_t n,
+                   double p0, double p1) {
+  WEFT_DISPATCH_FLOATING(type, "unary backward", [&]<class T>() {
+    const T* px = static_cast<const T*>(x);
+    const T* py = static_cast<const T*>(y);
+    const T* pg = static_cast<const T*>(g);
+    T* po = static_cast<T*>(gx);
+    T a = static_cast<T>(p0), b = static_cast<T>(p1);
+    switch (op) {
+      case UnaryOp::Neg: gradLoop(px, py, pg, po, n, [](T, T, T d) { return -d; }); break;
+      case UnaryOp::Exp: gradLoop(px, py, pg, po, n, [](T, T v, T d) { return d * v; }); break;
+      case UnaryOp::Log: gradLoop(px, py, pg, po, n, [](T u, T, T d) { return d / u; }); break;
+      case UnaryOp::Sqrt: gradLoop(px, py, pg, po, n, [](T, T v, T d) { return d / (T(2) * v); }); break;
+      case UnaryOp::Abs:
+        gradLoop(px, py, pg, po, n, [](T u, T, T d) { return u > 0 ? d : (u < 0 ? -d : T(0)); });
+        break;
+      case UnaryOp::Sign: gradLoop(px, py, pg, po, n, [](T, T, T) { return T(0); }); break;
+      case UnaryOp::Relu: gradLoop(px, py, pg, po, n, [](T u, T, T d) { return u > 0 ? d : T(0); }); break;
+      case UnaryOp::Tanh: gradLoop(px, py, pg, po, n, [](T, T v, T d) { return d * (T(1) - v * v); }); break;
+      case UnaryOp::Sigmoid: gradLoop(px, py, pg, po, n, [](T, T v, T d) { return d * v * (T(1) - v); }); break;
+      case UnaryOp::Gelu:
+        gradLoop(px, py, pg, po, n, [](T u, T, T d) {
+          double v = static_cast<double>(u);
+          double cdf = 0.5 * (1.0 + std::erf(v * M_SQRT1_2));
+          double pdf = std::exp(-0.5 * v * v) * 0.3989422804014327;  // 1/sqrt(2*pi)
+          return static_cast<T>(static_cast<double>(d) * (cdf + v * pdf));
+        });
+        break;
+      case UnaryOp::PowScalar:
+        gradLoop(px, py, pg, po, n, [p0](T u, T, T d) {
+          if (p0 == 0) return T(0);
+          return static_cast<T>(static_cast<double>(d) * p0 * std::pow(static_cast<double>(u), p0 - 1));
+        });
+        break;
+      case UnaryOp::Clamp: gradLoop(px, py, pg, po, n, [a, b](T u, T, T d) { return u >= a && u <= b ? d : T(0); }); break;
+      case UnaryOp::AddScalar: gradLoop(px, py, pg, po, n, [](T, T, T d) { return d; }); break;
+      case UnaryOp::MulScalar: gradLoop(px, py, pg, po, n, [a](T, T, T d) { return d * a; }); break;
+      case UnaryOp::Square: gradLoop(px, py, pg, po, n, [](T u, T, T d) { return T(2) * u * d; }); break;
+      case UnaryOp::Reciprocal: gradLoop(px, py, pg, po, n, [](T, T v, T d) { return -d * v * v; }); break;
+    }
+  });
+}
+
+void compare(CompareOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
+             std::span<const int64_t> bStrides, int64_t* out, std::span<const int64_t> shape) {
+  WEFT_DISPATCH_ALL(type, "compare", [&]<class T>() {
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    int nd = static_cast<int>(shape.size());
+    int64_t os[kMaxDims];
+    int64_t acc = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      os[d] = acc;
+      acc *= shape[d];
+    }
+    const std::span<const int64_t> strides[3] = {aStrides, bStrides, std::span<const int64_t>(os, nd)};
+    forEachRow<3>(shape, strides, [&](const int64_t* off, int64_t len, const int64_t* inner) {
+      for (int64_t i = 0; i < len; ++i) {
+        T x = pa[off[0] + i * inner[0]], y = pb[off[1] + i * inner[1]];
+        bool r = op == CompareOp::Eq ? x == y : (op == CompareOp::Gt ? x > y : x < y);
+        out[off[2] + i] = r ? 1 : 0;
+      }
+    });
+  });
+}
+
+}  // namespace weft::kernels::cpu

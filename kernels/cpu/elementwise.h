@@ -1,0 +1,60 @@
+// Elementwise kernels: binary ops over broadcast strided operands, unary ops
+// (optionally with scalar parameters) over contiguous buffers.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "common/dtype.h"
+
+namespace weft::kernels::cpu {
+
+enum class BinaryOp { Add, Sub, Mul, Div, Pow, Maximum, Minimum };
+
+// out (contiguous, `shape`) = a op b. aStrides/bStrides are element strides
+// broadcast to `shape` (0 on broadcast dimensions). All three share `type`.
+void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
+            std::span<const int64_t> bStrides, void* out, std::span<const int64_t> shape);
+
+enum class UnaryOp {
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Abs,
+  Sign,
+  Relu,
+  Tanh,
+  Sigmoid,
+  Gelu,       // exact (erf) form, as PyTorch's default
+  PowScalar,  // x ^ p0
+  Clamp,      // min(max(x, p0), p1)
+  AddScalar,  // x + p0
+  MulScalar,  // x * p0
+  Square,
+  Reciprocal,
+};
+
+// out[i] = op(in[i]) for n contiguous elements; in and out may alias.
+void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double p0 = 0, double p1 = 0);
+
+// a[i] += alpha * b[i] for n contiguous elements (the gradient accumulator's
+// and optimizers' workhorse).
+void axpy(DType type, double alpha, const void* b, void* a, int64_t n);
+
+}  // namespace weft::kernels::cpu
+
+namespace weft::kernels::cpu {
+
+// Gradient of a unary op: gx[i] = g[i] * op'(x[i]) for n contiguous elements.
+// `y` is the forward output (used by Exp, Sqrt, Tanh, Sigmoid; may be null for
+// the others). p0/p1 as in unary().
+void unaryBackward(UnaryOp op, DType type, const void* x, const void* y, const void* g, void* gx, int64_t n,
+                   double p0 = 0, double p1 = 0);
+
+enum class CompareOp { Eq, Gt, Lt };
+// out (contiguous Int64, `shape`) = a op b, with broadcast strides as binary().
+void compare(CompareOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
+             std::span<const int64_t> bStrides, int64_t* out, std::span<const int64_t> shape);
+
+}  // namespace weft::kernels::cpu

@@ -1,0 +1,64 @@
+// Loop helpers shared by the CPU kernels: parallel flat loops and row-wise
+// iteration over strided (possibly broadcast) operands.
+//
+// Threading: loops go parallel (OpenMP, both cores here) only above
+// kParallelGrain elements, so small tensors never pay a fork/join.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <span>
+
+namespace weft::kernels::cpu {
+
+inline constexpr int64_t kParallelGrain = 32768;
+
+// Calls fn(begin, end) over [0, n), split across threads when n is large.
+template <class F>
+void parallelFor(int64_t n, int64_t grain, F&& fn) {
+  if (n <= 0) return;
+  if (n < grain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    fn(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    int64_t nt = omp_get_num_threads();
+    int64_t t = omp_get_thread_num();
+    int64_t chunk = (n + nt - 1) / nt;
+    int64_t b = t * chunk;
+    int64_t e = b + chunk < n ? b + chunk : n;
+    if (b < e) fn(b, e);
+  }
+}
+
+// Row-wise iteration over an N-operand elementwise loop. `shape` is the output
+// shape; strides[k] are operand k's strides in elements, already broadcast to
+// `shape` (0 where the operand is broadcast). For each innermost row it calls
+// fn(offsets, rowLength, innerStrides) where offsets[k] is operand k's element
+// offset of the row start.
+template <int N, class F>
+void forEachRow(std::span<const int64_t> shape, const std::span<const int64_t> (&strides)[N], F&& fn) {
+  const int nd = static_cast<int>(shape.size());
+  int64_t inner = nd ? shape[nd - 1] : 1;
+  int64_t innerStrides[N];
+  for (int k = 0; k < N; ++k) innerStrides[k] = nd ? strides[k][nd - 1] : 0;
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < nd; ++d) rows *= shape[d];
+  if (inner == 0 || rows == 0) return;
+  parallelFor(rows, kParallelGrain / (inner > 0 ? inner : 1) + 1, [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      int64_t offsets[N] = {};
+      int64_t rem = r;
+      for (int d = nd - 2; d >= 0; --d) {
+        int64_t i = rem % shape[d];
+        rem /= shape[d];
+        for (int k = 0; k < N; ++k) offsets[k] += i * strides[k][d];
+      }
+      fn(offsets, inner, innerStrides);
+    }
+  });
+}
+
+}  // namespace weft::kernels::cpu

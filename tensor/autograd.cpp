@@ -1,0 +1,311 @@
+#include "tensor/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kernels/cpu/elementwise.h"
+#include "tensor/ops.h"
+
+namespace weft {
+
+// ---- nodes ------------------------------------------------------------------
+
+namespace {
+std::atomic<uint64_t> gNextSequenceNr{0};
+thread_local bool tGradEnabled = true;
+}  // namespace
+
+Node::Node() : sequenceNr_(gNextSequenceNr.fetch_add(1, std::memory_order_relaxed)) {}
+
+int Node::registerPreHook(PreHook h) {
+  int id = nextHookId_++;
+  preHooks_.emplace(id, std::move(h));
+  return id;
+}
+
+int Node::registerPostHook(PostHook h) {
+  int id = nextHookId_++;
+  postHooks_.emplace(id, std::move(h));
+  return id;
+}
+
+void Node::removeHook(int id) {
+  preHooks_.erase(id);
+  postHooks_.erase(id);
+}
+
+void Node::callPreHooks(std::vector<Tensor>& gradOutputs) {
+  for (auto& [id, h] : preHooks_) h(gradOutputs);
+}
+
+std::vector<Tensor> Node::callApply(std::vector<Tensor> gradOutputs) {
+  if (postHooks_.empty()) return apply(std::move(gradOutputs));
+  std::vector<Tensor> kept = gradOutputs;
+  std::vector<Tensor> gradInputs = apply(std::move(gradOutputs));
+  for (auto& [id, h] : postHooks_) h(gradInputs, kept);
+  return gradInputs;
+}
+
+std::vector<Tensor> FunctionNode::apply(std::vector<Tensor> gradOutputs) {
+  WEFT_ENFORCE(!released_, StateError, "backward through the graph a second time (node ", name_,
+               "): its saved tensors were freed by the first backward; pass retainGraph=true to that first "
+               "backward to run it again");
+  return rule_(gradOutputs);
+}
+
+void FunctionNode::release() {
+  rule_ = nullptr;
+  released_ = true;
+}
+
+AccumulateGrad::AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf) : leaf_(leaf) {
+  mutableOutputs().push_back({leaf->shape, leaf->dtype, leaf->storage->device()});
+}
+
+Tensor AccumulateGrad::variable() const {
+  auto p = leaf_.lock();
+  return p ? Tensor(p) : Tensor();
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> gradOutputs) {
+  Tensor leaf = variable();
+  const Tensor& g = gradOutputs[0];
+  if (!leaf.defined() || !g.defined()) return {};
+  Tensor cur = leaf.grad();
+  if (!cur.defined()) {
+    // Take the incoming gradient as is when nothing else can see its storage;
+    // otherwise copy so that later in-place accumulation cannot alias it.
+    bool exclusive = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous();
+    leaf.setGrad(exclusive ? g : g.contiguous().clone());
+  } else {
+    NoGradGuard ng;
+    cur.add_(g);
+  }
+  return {};
+}
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (t.defined()) {
+    tensor_ = t.detach();
+    version_ = t.version();
+  }
+}
+
+Tensor SavedTensor::unpack(const char* op) const {
+  if (tensor_.defined()) {
+    WEFT_ENFORCE(tensor_.version() == version_, StateError, op,
+                 ": a tensor saved for backward was modified in place after it was saved (version ", version_,
+                 " -> ", tensor_.version(), ")");
+  }
+  return tensor_;
+}
+
+// ---- grad mode and recording -------------------------------------------------
+
+bool GradMode::enabled() { return tGradEnabled; }
+void GradMode::setEnabled(bool on) { tGradEnabled = on; }
+
+bool anyRequiresGrad(std::initializer_list<const Tensor*> inputs) {
+  if (!GradMode::enabled()) return false;
+  for (const Tensor* t : inputs) {
+    if (t->defined() && t->requiresGrad()) return true;
+  }
+  return false;
+}
+
+bool anyRequiresGrad(const std::vector<Tensor>& inputs) {
+  if (!GradMode::enabled()) return false;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requiresGrad()) return true;
+  }
+  return false;
+}
+
+Edge gradientEdge(const Tensor& t) {
+  if (!t.defined() || !t.requiresGrad()) return {};
+  if (t.gradFn()) return {t.gradFn(), t.outputNr()};
+  return {t.gradAccumulator(), 0};
+}
+
+void recordOp(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+              FunctionNode::Rule rule) {
+  if (!anyRequiresGrad(inputs)) return;
+  auto node = std::make_shared<FunctionNode>(name, std::move(rule));
+  auto& edges = node->mutableNextEdges();
+  edges.reserve(inputs.size());
+  for (const Tensor& in : inputs) edges.push_back(gradientEdge(in));
+  auto& metas = node->mutableOutputs();
+  metas.reserve(outputs.size());
+  for (uint32_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    metas.push_back({out.shape(), out.dtype(), out.device()});
+    TensorImpl* im = out.impl();
+    im->gradFn = node;
+    im->outputNr = i;
+    im->requiresGrad = true;
+  }
+}
+
+// ---- the engine ----------------------------------------------------------------
+
+namespace autograd {
+
+Tensor accumulate(const Tensor& dst, const Tensor& g) {
+  if (!dst.defined()) return g;
+  if (!g.defined()) return dst;
+  NoGradGuard ng;
+  return add(dst, g);
+}
+
+}  // namespace autograd
+
+namespace {
+
+struct ByLatest {
+  bool operator()(const Node* a, const Node* b) const { return a->sequenceNr() < b->sequenceNr(); }
+};
+
+}  // namespace
+
+std::vector<Tensor> runBackward(const std::vector<Edge>& roots, const std::vector<Tensor>& rootGrads,
+                                const BackwardOptions& options) {
+  WEFT_CHECK(roots.size() == rootGrads.size()) << roots.size() << " roots, " << rootGrads.size() << " gradients";
+  NoGradGuard ng;
+
+  // Dependencies: how many edges inside the reachable graph point at each node.
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, std::shared_ptr<Node>> alive;  // keeps nodes alive while the walk runs
+  std::vector<Node*> stack;
+  for (const Edge& r : roots) {
+    if (r.fn && alive.emplace(r.fn.get(), r.fn).second) stack.push_back(r.fn.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->nextEdges()) {
+      if (!e.fn) continue;
+      ++deps[e.fn.get()];
+      if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
+    }
+  }
+
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  auto deliver = [&](Node* n, uint32_t slot, const Tensor& g) {
+    auto& buf = buffers[n];
+    if (buf.size() < n->outputs().size()) buf.resize(n->outputs().size());
+    WEFT_CHECK(slot < buf.size()) << n->name() << " has " << buf.size() << " gradient slots, got slot " << slot;
+    if (!g.defined()) return;
+    const OutputMeta& m = n->outputs()[slot];
+    WEFT_ENFORCE(g.shape() == m.shape, InvalidArgumentError, "backward: gradient of shape ", g.shape(),
+                 " delivered to ", n->name(), " whose output ", slot, " has shape ", m.shape);
+    buf[slot] = autograd::accumulate(buf[slot], g);
+  };
+
+  std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (roots[i].fn) deliver(roots[i].fn.get(), roots[i].inputNr, rootGrads[i]);
+  }
+  for (const Edge& r : roots) {
+    if (r.fn && deps[r.fn.get()] == 0) {
+      deps[r.fn.get()] = -1;  // queued once
+      ready.push(r.fn.get());
+    }
+  }
+
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captureAt;
+  for (size_t i = 0; i < options.captures.size(); ++i) {
+    const Edge& c = options.captures[i];
+    if (c.fn) captureAt[c.fn.get()].push_back({c.inputNr, i});
+  }
+  std::vector<Tensor> captured(options.captures.size());
+
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[n]);
+    buffers.erase(n);
+    grads.resize(n->outputs().size());
+    n->callPreHooks(grads);
+
+    if (auto it = captureAt.find(n); it != captureAt.end()) {
+      for (auto [slot, idx] : it->second) captured[idx] = grads[slot];
+    }
+
+    std::vector<Tensor> gradInputs;
+    if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
+      if (!options.skipLeaves && grads[0].defined()) {
+        if (options.leafSink) {
+          Tensor leaf = acc->variable();
+          if (leaf.defined()) options.leafSink(leaf, grads[0]);
+        } else {
+          n->callApply(std::move(grads));
+        }
+      }
+    } else {
+      bool any = false;
+      for (const Tensor& g : grads) any |= g.defined();
+      if (any) {
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (!grads[i].defined()) {
+            const OutputMeta& m = n->outputs()[i];
+            grads[i] = zeros(m.shape, {.dtype = m.dtype, .device = m.device});
+          }
+        }
+        gradInputs = n->callApply(std::move(grads));
+        WEFT_CHECK(gradInputs.size() == n->nextEdges().size())
+            << n->name() << " returned " << gradInputs.size() << " gradients for " << n->nextEdges().size()
+            << " inputs";
+      }
+      if (!options.retainGraph) n->release();
+    }
+
+    const auto& edges = n->nextEdges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.fn) continue;
+      deliver(e.fn.get(), e.inputNr, i < gradInputs.size() ? gradInputs[i] : Tensor());
+      if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
+    }
+  }
+  return captured;
+}
+
+namespace autograd {
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& gradOutputs, bool retainGraph, bool allowUnused) {
+  WEFT_ENFORCE(gradOutputs.empty() || gradOutputs.size() == outputs.size(), InvalidArgumentError, "grad: ",
+               gradOutputs.size(), " gradOutputs for ", outputs.size(), " outputs");
+  std::vector<Edge> roots;
+  std::vector<Tensor> seeds;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& o = outputs[i];
+    WEFT_ENFORCE(o.requiresGrad(), InvalidArgumentError, "grad: output ", i, " does not require grad");
+    Tensor s = gradOutputs.empty() ? Tensor() : gradOutputs[i];
+    if (!s.defined()) {
+      WEFT_ENFORCE(o.numel() == 1, InvalidArgumentError, "grad: output ", i, " of shape ", o.shape(),
+                   " needs an explicit gradOutput");
+      s = onesLike(o);
+    }
+    roots.push_back(gradientEdge(o));
+    seeds.push_back(s);
+  }
+  BackwardOptions opt;
+  opt.retainGraph = retainGraph;
+  opt.skipLeaves = true;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    WEFT_ENFORCE(inputs[i].requiresGrad(), InvalidArgumentError, "grad: input ", i, " does not require grad");
+    opt.captures.push_back(gradientEdge(inputs[i]));
+  }
+  std::vector<Tensor> result = runBackward(roots, seeds, opt);
+  for (size_t i = 0; i < result.size(); ++i) {
+    WEFT_ENFORCE(allowUnused || result[i].defined(), InvalidArgumentError, "grad: input ", i,
+                 " was not used in computing the outputs (pass allowUnused=true to get an undefined gradient)");
+  }
+  return result;
+}
+
+}  // namespace autograd
+}  // namespace weft

@@ -1,0 +1,203 @@
+// Autograd: the backward graph and the engine that walks it.
+//
+// Every differentiable op that produced a tensor requiring grad records a
+// Node: it holds the op's backward rule and one Edge per input, pointing at
+// the node that must receive that input's gradient (the input's gradFn, or the
+// AccumulateGrad node of a leaf). Backward is a plain reverse topological walk
+// over those edges: dependencies are counted from the roots first, then a node
+// runs once every gradient flowing into it has arrived.
+//
+//   Tensor y = mul(x, w).sum();
+//   y.backward();                                   // w.grad(), x.grad()
+//   auto g = autograd::grad({y}, {w});              // returns, .grad untouched
+//   { NoGradGuard ng; w.add_(w.grad(), -0.1); }     // update without recording
+//
+// Op authors record history with `recordOp` (see tensor/grad_rules/*.cpp for
+// one rule per op). Hooks: Node::registerPreHook sees (and may replace) the
+// gradients flowing into a node; registerPostHook sees what it produced. On a
+// leaf's AccumulateGrad node a pre-hook sees each incoming gradient before it
+// is accumulated, which is what DDP and distributed autograd build on.
+//
+// Threading: a backward pass runs on the calling thread. Grad mode is
+// thread-local. Two backward passes over disjoint graphs may run on different
+// threads; over a shared graph they may not.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace weft {
+
+struct Edge {
+  std::shared_ptr<Node> fn;  // null: this input needs no gradient
+  uint32_t inputNr = 0;      // which of fn's gradient slots it feeds
+  bool valid() const { return fn != nullptr; }
+};
+
+// Shape/dtype/device of a forward output, so the engine can substitute zeros
+// for a gradient that never arrived.
+struct OutputMeta {
+  Shape shape;
+  DType dtype = DType::Float32;
+  Device device;
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  // Sees the gradients arriving for the node's outputs; may replace them.
+  using PreHook = std::function<void(std::vector<Tensor>& gradOutputs)>;
+  // Sees what the node produced for its inputs, and what it was given.
+  using PostHook = std::function<void(const std::vector<Tensor>& gradInputs, const std::vector<Tensor>& gradOutputs)>;
+
+  Node();
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  virtual std::string name() const = 0;
+  // Given d(out)/d(each forward output), returns d(out)/d(each forward input),
+  // one per next edge (undefined where an input needs no gradient).
+  virtual std::vector<Tensor> apply(std::vector<Tensor> gradOutputs) = 0;
+  // Frees what the rule saved for backward; a later apply() throws StateError.
+  virtual void release() {}
+
+  const std::vector<Edge>& nextEdges() const { return nextEdges_; }
+  std::vector<Edge>& mutableNextEdges() { return nextEdges_; }
+  const std::vector<OutputMeta>& outputs() const { return outputs_; }
+  std::vector<OutputMeta>& mutableOutputs() { return outputs_; }
+  // Increases with creation order: later ops have larger numbers.
+  uint64_t sequenceNr() const { return sequenceNr_; }
+
+  int registerPreHook(PreHook h);
+  int registerPostHook(PostHook h);
+  void removeHook(int id);
+  // Used by the engine: the pre-hooks, then apply() followed by the post-hooks.
+  void callPreHooks(std::vector<Tensor>& gradOutputs);
+  std::vector<Tensor> callApply(std::vector<Tensor> gradOutputs);
+
+ private:
+  std::vector<Edge> nextEdges_;
+  std::vector<OutputMeta> outputs_;
+  uint64_t sequenceNr_;
+  int nextHookId_ = 0;
+  std::map<int, PreHook> preHooks_;
+  std::map<int, PostHook> postHooks_;
+};
+
+// The backward of one recorded op: a closure over what the op saved.
+class FunctionNode final : public Node {
+ public:
+  using Rule = std::function<std::vector<Tensor>(const std::vector<Tensor>& gradOutputs)>;
+  FunctionNode(std::string name, Rule rule) : name_(std::move(name)), rule_(std::move(rule)) {}
+  std::string name() const override { return name_; }
+  std::vector<Tensor> apply(std::vector<Tensor> gradOutputs) override;
+  void release() override;
+
+ private:
+  std::string name_;
+  Rule rule_;
+  bool released_ = false;
+};
+
+// Sink of a leaf's gradient: adds it to the leaf's .grad (or hands it to the
+// engine's leaf sink, see BackwardOptions). Holds the leaf weakly.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf);
+  std::string name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> apply(std::vector<Tensor> gradOutputs) override;
+  // The leaf, or an undefined tensor once the leaf is gone.
+  Tensor variable() const;
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+// A saved tensor and the storage version it had when saved; unpacking after an
+// in-place change is an error naming the op.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t);
+  Tensor unpack(const char* op) const;
+  bool defined() const { return tensor_.defined(); }
+
+ private:
+  Tensor tensor_;  // detached: saving never creates a reference cycle
+  uint64_t version_ = 0;
+};
+
+// ---- grad mode ------------------------------------------------------------
+class GradMode {
+ public:
+  static bool enabled();
+  static void setEnabled(bool on);
+};
+
+// Disables recording for its scope (thread-local), like torch.no_grad().
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(GradMode::enabled()) { GradMode::setEnabled(false); }
+  ~NoGradGuard() { GradMode::setEnabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// ---- recording ------------------------------------------------------------
+// True when grad mode is on and any input requires grad.
+bool anyRequiresGrad(std::initializer_list<const Tensor*> inputs);
+bool anyRequiresGrad(const std::vector<Tensor>& inputs);
+
+// The edge an input's gradient must flow along: its gradFn slot, its leaf
+// accumulator, or an invalid edge when it needs no gradient.
+Edge gradientEdge(const Tensor& t);
+
+// Attaches a FunctionNode named `name` with `rule` to `outputs` (which become
+// non-leaves requiring grad) and edges to `inputs`. No-op unless
+// anyRequiresGrad(inputs). The rule receives one gradient per output (zeros
+// substituted for missing ones) and returns one per input.
+void recordOp(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+              FunctionNode::Rule rule);
+
+// ---- the engine -----------------------------------------------------------
+struct BackwardOptions {
+  bool retainGraph = false;
+  // When set, a leaf's gradient is passed here instead of being added to .grad
+  // (distributed autograd accumulates in its context this way).
+  std::function<void(const Tensor& leaf, const Tensor& grad)> leafSink;
+  // Edges whose total incoming gradient is returned by runBackward (in order)
+  // instead of flowing on; used by autograd::grad.
+  std::vector<Edge> captures;
+  // When true, AccumulateGrad nodes do nothing (autograd::grad).
+  bool skipLeaves = false;
+};
+
+// Runs backward from `roots` (edges) seeded with `rootGrads`. Returns the
+// captured gradients (see BackwardOptions::captures).
+std::vector<Tensor> runBackward(const std::vector<Edge>& roots, const std::vector<Tensor>& rootGrads,
+                                const BackwardOptions& options);
+
+namespace autograd {
+
+// d(sum of outputs·gradOutputs)/d(inputs), without touching any .grad.
+// gradOutputs may be empty (ones for one-element outputs). An input that the
+// outputs do not depend on is an error unless allowUnused (then undefined).
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& gradOutputs = {}, bool retainGraph = false,
+                         bool allowUnused = false);
+
+// Gradients are summed into `dst`, broadcast-reducing when shapes differ:
+// the accumulation every node input buffer and AccumulateGrad use.
+Tensor accumulate(const Tensor& dst, const Tensor& g);
+
+}  // namespace autograd
+}  // namespace weft

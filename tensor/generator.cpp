@@ -1,0 +1,86 @@
+#include "tensor/generator.h"
+
+#include <cmath>
+
+namespace weft {
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+}  // namespace
+
+Generator::Generator(uint64_t s) { seed(s); }
+
+void Generator::seed(uint64_t s) {
+  uint64_t x = s;
+  for (auto& w : s_) w = splitmix64(x);
+  haveSpare_ = false;
+}
+
+uint64_t Generator::nextU64() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Generator::nextDouble() { return static_cast<double>(nextU64() >> 11) * 0x1.0p-53; }
+float Generator::nextFloat() { return static_cast<float>(nextU64() >> 40) * 0x1.0p-24f; }
+
+double Generator::nextNormal() {
+  if (haveSpare_) {
+    haveSpare_ = false;
+    return spare_;
+  }
+  double u1 = nextDouble();
+  while (u1 <= 0) u1 = nextDouble();
+  double u2 = nextDouble();
+  double r = std::sqrt(-2.0 * std::log(u1));
+  spare_ = r * std::sin(2 * M_PI * u2);
+  haveSpare_ = true;
+  return r * std::cos(2 * M_PI * u2);
+}
+
+uint64_t Generator::nextBelow(uint64_t n) {
+  if (n <= 1) return 0;
+  // Lemire's nearly divisionless method, with rejection for exactness.
+  __uint128_t m = static_cast<__uint128_t>(nextU64()) * n;
+  uint64_t low = static_cast<uint64_t>(m);
+  if (low < n) {
+    uint64_t threshold = -n % n;
+    while (low < threshold) {
+      m = static_cast<__uint128_t>(nextU64()) * n;
+      low = static_cast<uint64_t>(m);
+    }
+  }
+  return static_cast<uint64_t>(m >> 64);
+}
+
+Generator& defaultGenerator() {
+  static Generator g(0x5eed);
+  return g;
+}
+
+std::mutex& defaultGeneratorMutex() {
+  static std::mutex m;
+  return m;
+}
+
+void manualSeed(uint64_t s) {
+  std::lock_guard<std::mutex> lock(defaultGeneratorMutex());
+  defaultGenerator().seed(s);
+}
+
+}  // namespace weft

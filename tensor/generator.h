@@ -1,0 +1,40 @@
+// Generator: a seeded, reproducible random source (xoshiro256** seeded through
+// splitmix64). The same seed gives the same numbers on every machine.
+//
+//   weft::manualSeed(42);                          // the process default
+//   weft::Generator g(7);
+//   Tensor x = weft::randn({3, 4}, {}, &g);        // an explicit one
+//
+// The default generator is per process and guarded by a mutex; an explicit
+// Generator is not thread-safe (one per thread).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+namespace weft {
+
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0x5eed);
+  void seed(uint64_t s);
+  uint64_t nextU64();
+  double nextDouble();   // U[0, 1) with 53 random bits
+  float nextFloat();     // U[0, 1) with 24 random bits
+  double nextNormal();   // N(0, 1), Box-Muller (pairs cached)
+  // Uniform in [0, n) without modulo bias.
+  uint64_t nextBelow(uint64_t n);
+
+ private:
+  uint64_t s_[4];
+  bool haveSpare_ = false;
+  double spare_ = 0;
+};
+
+// The process default generator, used when an op is given none. Callers that
+// use it concurrently must hold defaultGeneratorMutex().
+Generator& defaultGenerator();
+std::mutex& defaultGeneratorMutex();
+void manualSeed(uint64_t seed);
+
+}  // namespace weft

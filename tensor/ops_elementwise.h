@@ -1,0 +1,60 @@
+// Elementwise ops. Binary ops broadcast like NumPy/PyTorch (sizes aligned from
+// the right; a size of 1 stretches) and require equal dtypes and devices.
+// Gradients of broadcast inputs are summed back to the input's shape.
+#pragma once
+
+#include "tensor/tensor.h"
+
+namespace weft {
+
+// The shape two operands broadcast to; InvalidArgumentError naming `op` and
+// both shapes when they cannot.
+Shape broadcastShapes(const Shape& a, const Shape& b, const char* op);
+
+Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a + alpha * b
+Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a - alpha * b
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+
+Tensor neg(const Tensor& a);
+Tensor pow(const Tensor& a, double exponent);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor square(const Tensor& a);
+// min/max may be ±infinity for a one-sided clamp. Gradient 1 inside [min,max].
+Tensor clamp(const Tensor& a, double min, double max);
+Tensor relu(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor gelu(const Tensor& a);  // exact erf form
+
+// Comparisons: not differentiable; Int64 tensors of 0/1.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+
+// Element-wise closeness, as torch.allclose.
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+
+}  // namespace weft

@@ -1,0 +1,51 @@
+// Neural-network ops: lookups, convolution, pooling, dropout, losses and the
+// LSTM cell. Semantics and defaults follow PyTorch's functional API.
+#pragma once
+
+#include <utility>
+
+#include "tensor/tensor.h"
+
+namespace weft {
+
+class Generator;
+
+enum class Reduction { None, Mean, Sum };
+
+// weight [num, dim]; indices Int64 of any shape -> [*indices.shape, dim].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+enum class EmbeddingBagMode { Sum, Mean, Max };
+// PyTorch's embedding_bag: 1-D indices with bag starts in `offsets` (1-D, first
+// element 0, non-decreasing), or 2-D indices [bags, n] with offsets undefined.
+// Empty bags give zeros. perSampleWeights (optional, Sum only) scales rows.
+Tensor embeddingBag(const Tensor& weight, const Tensor& indices, const Tensor& offsets,
+                    EmbeddingBagMode mode = EmbeddingBagMode::Mean, const Tensor& perSampleWeights = Tensor());
+
+// x [N, C, H, W], weight [O, C, kh, kw], bias [O] or undefined. im2col + GEMM.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
+              int64_t padding = 0);
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pair<int64_t, int64_t> stride,
+              std::pair<int64_t, int64_t> padding);
+// x [N, C, H, W]; stride defaults to the kernel size.
+Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride = 0, int64_t padding = 0);
+
+// Zeroes each element with probability p and scales the rest by 1/(1-p) when
+// `training`; identity otherwise.
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
+
+// input [N, C] log-probabilities (or [N, C, d...]), target Int64 [N] (or
+// [N, d...]); entries equal to ignoreIndex contribute nothing. A target out of
+// [0, C) is an IndexError.
+Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction r = Reduction::Mean, int64_t ignoreIndex = -100);
+Tensor crossEntropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::Mean,
+                    int64_t ignoreIndex = -100);
+Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction r = Reduction::Mean);
+
+// One LSTM step as torch.nn.LSTMCell: x [N, in], h/c [N, hidden],
+// wIh [4*hidden, in], wHh [4*hidden, hidden], biases [4*hidden] (either may be
+// undefined). Gate order i, f, g, o. Returns (h', c').
+std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& wIh,
+                                   const Tensor& wHh, const Tensor& bIh, const Tensor& bHh);
+
+}  // namespace weft

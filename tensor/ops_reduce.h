@@ -1,0 +1,31 @@
+// Reductions and softmax. `dims` may be negative; an empty dims list reduces
+// over every dimension. keepDim keeps reduced dimensions with size 1.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace weft {
+
+Tensor sum(const Tensor& a);
+Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepDim = false);
+Tensor mean(const Tensor& a);
+Tensor mean(const Tensor& a, std::vector<int64_t> dims, bool keepDim = false);
+// Sums `a` down to `shape` (the reverse of broadcasting `shape` up to a's).
+Tensor sumTo(const Tensor& a, const Shape& shape);
+
+// Over all elements; the gradient is shared equally among tied maxima.
+Tensor max(const Tensor& a);
+Tensor min(const Tensor& a);
+// Values and (Int64) indices along dim; the gradient flows to the index.
+std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepDim = false);
+std::pair<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepDim = false);
+Tensor argmax(const Tensor& a, int64_t dim, bool keepDim = false);
+Tensor argmin(const Tensor& a, int64_t dim, bool keepDim = false);
+
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor logSoftmax(const Tensor& a, int64_t dim);
+
+}  // namespace weft

@@ -1,0 +1,55 @@
+// Storage: a reference-counted, 64-byte aligned byte buffer on one device.
+// Tensors are views (offset, shape, strides) into a Storage; several tensors
+// may share one.
+//
+//   auto s = weft::Storage::allocate(1024, weft::Device::cpu());
+//   auto ext = weft::Storage::wrap(ptr, n, Device::cpu(), [](void* p) { free(p); });
+//
+// The version counter counts in-place writes through any view; autograd uses
+// it to detect a saved tensor that was modified before backward read it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "common/dtype.h"
+
+namespace weft {
+
+class Storage {
+ public:
+  using Deleter = std::function<void(void*)>;
+
+  // Uninitialised memory of `nbytes` on `device`. CUDA devices need a build
+  // with WEFT_CUDA; otherwise InvalidArgumentError names the device.
+  static std::shared_ptr<Storage> allocate(size_t nbytes, Device device);
+  // Adopts memory allocated elsewhere (e.g. a receive buffer); `deleter` runs
+  // when the last reference goes.
+  static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Device device, Deleter deleter);
+
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage();
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bumpVersion() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  Storage(void* data, size_t nbytes, Device device, Deleter deleter)
+      : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+
+  void* data_;
+  size_t nbytes_;
+  Device device_;
+  Deleter deleter_;
+  std::atomic<uint64_t> version_{0};
+};
+
+}  // namespace weft

@@ -1,0 +1,429 @@
+// Tensor metadata, element access, autograd entry points, in-place ops and
+// factories. Views are in views.cpp, printing in print.cpp.
+#include "tensor/tensor.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/copy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/device.h"
+#include "tensor/autograd.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+
+namespace weft {
+
+// ---- shapes -------------------------------------------------------------------
+
+Shape contiguousStrides(const Shape& shape) {
+  Shape s(shape.size());
+  int64_t acc = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    s[d] = acc;
+    acc *= std::max<int64_t>(shape[d], 1);
+  }
+  return s;
+}
+
+int64_t shapeNumel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::string shapeString(const Shape& shape) { return detail::concat(shape); }
+
+int64_t wrapDim(int64_t d, int64_t ndim, const char* op) {
+  int64_t n = ndim == 0 ? 1 : ndim;  // a scalar accepts dim 0 and -1
+  WEFT_ENFORCE(d >= -n && d < n, IndexError, op, ": dimension ", d, " out of range for a tensor of ", ndim,
+               " dimension(s)");
+  return d < 0 ? d + n : d;
+}
+
+namespace {
+
+void checkShape(const Shape& shape, const char* op) {
+  WEFT_ENFORCE(static_cast<int>(shape.size()) <= kMaxDims, InvalidArgumentError, op, ": ", shape.size(),
+               " dimensions exceed the maximum of ", kMaxDims);
+  for (int64_t s : shape) WEFT_ENFORCE(s >= 0, InvalidArgumentError, op, ": negative size in shape ", shape);
+}
+
+void checkInplace(const Tensor& t, const char* op) {
+  WEFT_ENFORCE(!(GradMode::enabled() && t.requiresGrad()), InvalidArgumentError, op,
+               ": in-place operation on a tensor that requires grad; do the update inside a NoGradGuard");
+}
+
+}  // namespace
+
+Tensor makeTensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype) {
+  checkShape(shape, "makeTensor");
+  WEFT_CHECK(shape.size() == strides.size()) << "shape " << shape << " strides " << strides;
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+// ---- metadata -------------------------------------------------------------
+
+TensorImpl& Tensor::checked() const {
+  WEFT_ENFORCE(impl_ != nullptr, InvalidArgumentError, "use of an undefined tensor");
+  return *impl_;
+}
+
+const Shape& Tensor::shape() const { return checked().shape; }
+const Shape& Tensor::strides() const { return checked().strides; }
+int64_t Tensor::dim() const { return static_cast<int64_t>(checked().shape.size()); }
+int64_t Tensor::size(int64_t d) const { return shape()[wrapDim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrapDim(d, dim(), "stride")]; }
+int64_t Tensor::numel() const { return shapeNumel(shape()); }
+int64_t Tensor::storageOffset() const { return checked().offset; }
+DType Tensor::dtype() const { return checked().dtype; }
+Device Tensor::device() const { return checked().storage->device(); }
+const std::shared_ptr<Storage>& Tensor::storage() const { return checked().storage; }
+uint64_t Tensor::version() const { return checked().storage->version(); }
+
+bool Tensor::isContiguous() const {
+  const auto& im = checked();
+  int64_t expect = 1;
+  for (int64_t d = static_cast<int64_t>(im.shape.size()) - 1; d >= 0; --d) {
+    if (im.shape[d] == 1) continue;
+    if (im.strides[d] != expect) return false;
+    expect *= im.shape[d];
+  }
+  return true;
+}
+
+void* Tensor::rawData() const {
+  const auto& im = checked();
+  return static_cast<char*>(im.storage->data()) + im.offset * static_cast<int64_t>(elementSize(im.dtype));
+}
+
+template <class T>
+T Tensor::item() const {
+  WEFT_ENFORCE(numel() == 1, InvalidArgumentError, "item: expected a one-element tensor, got shape ", shape());
+  return toVector<T>()[0];
+}
+
+template <class T>
+std::vector<T> Tensor::toVector() const {
+  if (device().isCuda()) return to(Device::cpu()).toVector<T>();
+  std::vector<T> out(static_cast<size_t>(numel()));
+  if (out.empty()) return out;
+  kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), kDTypeOf<T>, out.data());
+  return out;
+}
+
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int64_t Tensor::item<int64_t>() const;
+template std::vector<float> Tensor::toVector<float>() const;
+template std::vector<double> Tensor::toVector<double>() const;
+template std::vector<int64_t> Tensor::toVector<int64_t>() const;
+
+// ---- autograd -----------------------------------------------------------------
+
+bool Tensor::requiresGrad() const { return checked().requiresGrad; }
+
+Tensor& Tensor::requiresGrad_(bool on) {
+  auto& im = checked();
+  WEFT_ENFORCE(im.gradFn == nullptr || on, InvalidArgumentError,
+               "requiresGrad_(false) on a non-leaf tensor; use detach() instead");
+  WEFT_ENFORCE(!on || isFloating(im.dtype), InvalidArgumentError, "only floating-point tensors can require grad, got ",
+               dtypeName(im.dtype));
+  im.requiresGrad = on;
+  return *this;
+}
+
+bool Tensor::isLeaf() const { return checked().gradFn == nullptr; }
+
+Tensor Tensor::grad() const {
+  const auto& g = checked().grad;
+  return g ? Tensor(g) : Tensor();
+}
+
+void Tensor::setGrad(const Tensor& g) const {
+  auto& im = checked();
+  if (g.defined()) {
+    WEFT_ENFORCE(g.shape() == im.shape && g.dtype() == im.dtype, InvalidArgumentError,
+                 "setGrad: gradient of shape ", g.shape(), " and dtype ", dtypeName(g.dtype()),
+                 " for a tensor of shape ", im.shape, " and dtype ", dtypeName(im.dtype));
+  }
+  im.grad = g.implPtr();
+}
+
+const std::shared_ptr<Node>& Tensor::gradFn() const { return checked().gradFn; }
+uint32_t Tensor::outputNr() const { return checked().outputNr; }
+
+std::shared_ptr<AccumulateGrad> Tensor::gradAccumulator() const {
+  auto& im = checked();
+  WEFT_ENFORCE(im.gradFn == nullptr && im.requiresGrad, InvalidArgumentError,
+               "gradAccumulator: only leaves that require grad have one");
+  if (!im.accumulator) im.accumulator = std::make_shared<AccumulateGrad>(impl_);
+  return im.accumulator;
+}
+
+void Tensor::backward(const Tensor& grad, bool retainGraph) const {
+  WEFT_ENFORCE(requiresGrad(), InvalidArgumentError,
+               "backward: the tensor does not require grad and has no grad_fn (shape ", shape(), ")");
+  Tensor g = grad;
+  if (!g.defined()) {
+    WEFT_ENFORCE(numel() == 1, InvalidArgumentError,
+                 "backward: a gradient is required for a tensor of shape ", shape(),
+                 " (it is implicit only for one-element outputs)");
+    g = onesLike(*this);
+  }
+  WEFT_ENFORCE(g.shape() == shape(), InvalidArgumentError, "backward: gradient of shape ", g.shape(),
+               " for a tensor of shape ", shape());
+  BackwardOptions o;
+  o.retainGraph = retainGraph;
+  runBackward({gradientEdge(*this)}, {g}, o);
+}
+
+Tensor Tensor::detach() const {
+  const auto& im = checked();
+  return makeTensor(im.storage, im.shape, im.strides, im.offset, im.dtype);
+}
+
+int Tensor::registerHook(std::function<Tensor(const Tensor&)> fn) const {
+  WEFT_ENFORCE(requiresGrad(), InvalidArgumentError, "registerHook: the tensor does not require grad");
+  Edge e = gradientEdge(*this);
+  uint32_t nr = e.inputNr;
+  return e.fn->registerPreHook([nr, fn = std::move(fn)](std::vector<Tensor>& grads) {
+    if (nr < grads.size() && grads[nr].defined()) {
+      Tensor r = fn(grads[nr]);
+      if (r.defined()) grads[nr] = r;
+    }
+  });
+}
+
+void Tensor::removeHook(int id) const {
+  Edge e = gradientEdge(*this);
+  if (e.fn) e.fn->removeHook(id);
+}
+
+// ---- conversions --------------------------------------------------------------
+
+Tensor Tensor::to(DType t) const {
+  if (t == dtype()) return *this;
+  WEFT_ENFORCE(device().isCpu(), InvalidArgumentError, "to(", dtypeName(t), "): dtype conversion of ",
+               device().str(), " tensors is not supported yet; convert on the CPU");
+  Tensor out = empty(shape(), {.dtype = t});
+  if (numel()) kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), t, out.rawData());
+  if (anyRequiresGrad({this}) && isFloating(t)) {
+    DType from = dtype();
+    recordOp("ToDTypeBackward", {*this}, {out},
+             [from](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(from)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  Tensor src = contiguous();
+  Tensor out = empty(shape(), {.dtype = dtype(), .device = d});
+  int idx = d.isCuda() ? d.index : device().index;
+  kernels::deviceMemcpy(out.rawData(), src.rawData(), nbytes(), idx);
+  if (anyRequiresGrad({this})) {
+    Device from = device();
+    recordOp("ToDeviceBackward", {*this}, {out},
+             [from](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(from)}; });
+  }
+  return out;
+}
+
+// ---- in-place -----------------------------------------------------------------
+
+Tensor& Tensor::zero_() { return fill_(0.0); }
+
+Tensor& Tensor::fill_(double v) {
+  checkInplace(*this, "fill_");
+  if (isContiguous() && device().isCpu()) {
+    kernels::cpu::fill(dtype(), rawData(), numel(), v);
+    storage()->bumpVersion();
+    return *this;
+  }
+  return copy_(full(shape(), v, {.dtype = dtype()}));
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  checkInplace(*this, "copy_");
+  Tensor s = src.expand(shape());
+  if (device().isCuda() || s.device().isCuda()) {
+    Tensor c = s.device() == device() ? s.contiguous() : s.contiguous().to(device());
+    WEFT_ENFORCE(isContiguous() && c.dtype() == dtype(), InvalidArgumentError,
+                 "copy_: CUDA copies need a contiguous destination and equal dtypes");
+    kernels::deviceMemcpy(rawData(), c.rawData(), nbytes(), device().isCuda() ? device().index : s.device().index);
+  } else if (isContiguous()) {
+    if (numel()) kernels::cpu::copyStridedToContiguous(s.dtype(), s.rawData(), s.shape(), s.strides(), dtype(), rawData());
+  } else {
+    Tensor c = s.to(dtype()).contiguous();
+    if (numel()) kernels::cpu::copyContiguousToStrided(dtype(), c.rawData(), shape(), rawData(), strides());
+  }
+  storage()->bumpVersion();
+  return *this;
+}
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  checkInplace(*this, "add_");
+  WEFT_ENFORCE(other.dtype() == dtype(), InvalidArgumentError, "add_: dtype ", dtypeName(other.dtype()),
+               " added to ", dtypeName(dtype()));
+  if (device().isCpu() && isContiguous() && other.isContiguous() && other.shape() == shape()) {
+    kernels::cpu::axpy(dtype(), alpha, other.rawData(), rawData(), numel());
+    storage()->bumpVersion();
+    return *this;
+  }
+  NoGradGuard ng;
+  return copy_(add(*this, other, alpha));
+}
+
+Tensor& Tensor::mul_(double v) {
+  checkInplace(*this, "mul_");
+  if (device().isCpu() && isContiguous()) {
+    kernels::cpu::unary(kernels::cpu::UnaryOp::MulScalar, dtype(), rawData(), rawData(), numel(), v);
+    storage()->bumpVersion();
+    return *this;
+  }
+  NoGradGuard ng;
+  return copy_(mul(*this, v));
+}
+
+Tensor& Tensor::mul_(const Tensor& other) {
+  checkInplace(*this, "mul_");
+  NoGradGuard ng;
+  return copy_(mul(*this, other));
+}
+
+Tensor& Tensor::addcmul_(const Tensor& a, const Tensor& b, double value) {
+  NoGradGuard ng;
+  return add_(mul(a, b).expand(shape()).contiguous(), value);
+}
+
+Tensor& Tensor::addcdiv_(const Tensor& a, const Tensor& b, double value) {
+  NoGradGuard ng;
+  return add_(div(a, b).expand(shape()).contiguous(), value);
+}
+
+// ---- method shorthands ----------------------------------------------------------
+
+Tensor Tensor::sum() const { return weft::sum(*this); }
+Tensor Tensor::sum(std::vector<int64_t> dims, bool keepDim) const { return weft::sum(*this, std::move(dims), keepDim); }
+Tensor Tensor::mean() const { return weft::mean(*this); }
+Tensor Tensor::mean(std::vector<int64_t> dims, bool keepDim) const {
+  return weft::mean(*this, std::move(dims), keepDim);
+}
+// Tensor::matmul and Tensor::indexSelect are defined beside their ops
+// (ops_linalg.cpp, ops_shape.cpp).
+
+// ---- factories ------------------------------------------------------------------
+
+Tensor empty(Shape shape, TensorOptions o) {
+  checkShape(shape, "empty");
+  int64_t n = shapeNumel(shape);
+  auto storage = Storage::allocate(static_cast<size_t>(n) * elementSize(o.dtype), o.device);
+  Shape strides = contiguousStrides(shape);
+  Tensor t = makeTensor(std::move(storage), std::move(shape), std::move(strides), 0, o.dtype);
+  if (o.requiresGrad) t.requiresGrad_();
+  return t;
+}
+
+namespace {
+
+// Fills a fresh tensor on the host and moves it to o.device.
+template <class F>
+Tensor hostFilled(Shape shape, TensorOptions o, F fill) {
+  TensorOptions host = o;
+  host.device = Device::cpu();
+  host.requiresGrad = false;
+  Tensor t = empty(std::move(shape), host);
+  fill(t);
+  if (o.device.isCuda()) t = t.to(o.device);
+  if (o.requiresGrad) t.requiresGrad_();
+  return t;
+}
+
+}  // namespace
+
+Tensor full(Shape shape, double value, TensorOptions o) {
+  return hostFilled(std::move(shape), o, [value](Tensor& t) { kernels::cpu::fill(t.dtype(), t.rawData(), t.numel(), value); });
+}
+Tensor zeros(Shape shape, TensorOptions o) { return full(std::move(shape), 0.0, o); }
+Tensor ones(Shape shape, TensorOptions o) { return full(std::move(shape), 1.0, o); }
+Tensor zerosLike(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor onesLike(const Tensor& t) { return ones(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor emptyLike(const Tensor& t) { return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor scalarTensor(double v, DType dtype) { return full({}, v, {.dtype = dtype}); }
+
+Tensor arange(double start, double end, double step, TensorOptions o) {
+  WEFT_ENFORCE(step != 0, InvalidArgumentError, "arange: step must be non-zero");
+  double span = (end - start) / step;
+  int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
+  return hostFilled({n}, o, [start, step](Tensor& t) {
+    WEFT_DISPATCH_ALL(t.dtype(), "arange", [&]<class T>() {
+      T* p = t.data<T>();
+      for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(start + step * static_cast<double>(i));
+    });
+  });
+}
+Tensor arange(int64_t end, TensorOptions o) { return arange(0.0, static_cast<double>(end), 1.0, o); }
+
+namespace {
+
+template <class F>
+Tensor randomFilled(Shape shape, TensorOptions o, Generator* gen, F draw) {
+  return hostFilled(std::move(shape), o, [gen, &draw](Tensor& t) {
+    std::unique_lock<std::mutex> lock;
+    Generator* g = gen;
+    if (!g) {
+      lock = std::unique_lock<std::mutex>(defaultGeneratorMutex());
+      g = &defaultGenerator();
+    }
+    WEFT_DISPATCH_ALL(t.dtype(), "random", [&]<class T>() {
+      T* p = t.data<T>();
+      for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(draw(*g));
+    });
+  });
+}
+
+}  // namespace
+
+Tensor rand(Shape shape, TensorOptions o, Generator* gen) {
+  return uniform(std::move(shape), 0.0, 1.0, o, gen);
+}
+
+Tensor uniform(Shape shape, double low, double high, TensorOptions o, Generator* gen) {
+  WEFT_ENFORCE(isFloating(o.dtype), InvalidArgumentError, "uniform: needs a floating dtype");
+  WEFT_ENFORCE(low <= high, InvalidArgumentError, "uniform: low ", low, " > high ", high);
+  return randomFilled(std::move(shape), o, gen, [low, high](Generator& g) { return low + (high - low) * g.nextDouble(); });
+}
+
+Tensor randn(Shape shape, TensorOptions o, Generator* gen) {
+  WEFT_ENFORCE(isFloating(o.dtype), InvalidArgumentError, "randn: needs a floating dtype");
+  return randomFilled(std::move(shape), o, gen, [](Generator& g) { return g.nextNormal(); });
+}
+
+Tensor randint(int64_t low, int64_t high, Shape shape, TensorOptions o, Generator* gen) {
+  WEFT_ENFORCE(low < high, InvalidArgumentError, "randint: low ", low, " must be below high ", high);
+  uint64_t range = static_cast<uint64_t>(high - low);
+  return randomFilled(std::move(shape), o, gen,
+                      [low, range](Generator& g) { return static_cast<double>(low + static_cast<int64_t>(g.nextBelow(range))); });
+}
+
+template <class T>
+Tensor fromVector(const std::vector<T>& values, Shape shape) {
+  WEFT_ENFORCE(shapeNumel(shape) == static_cast<int64_t>(values.size()), InvalidArgumentError, "fromVector: ",
+               values.size(), " values for shape ", shape);
+  Tensor t = empty(std::move(shape), {.dtype = kDTypeOf<T>});
+  if (!values.empty()) std::memcpy(t.rawData(), values.data(), values.size() * sizeof(T));
+  return t;
+}
+
+template Tensor fromVector<float>(const std::vector<float>&, Shape);
+template Tensor fromVector<double>(const std::vector<double>&, Shape);
+template Tensor fromVector<int64_t>(const std::vector<int64_t>&, Shape);
+
+}  // namespace weft

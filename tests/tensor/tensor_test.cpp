@@ -1,0 +1,85 @@
+#include "weft_test.h"
+
+using namespace weft;
+
+TEST_CASE("views share storage and report strides") {
+  Tensor x = arange(12, {.dtype = DType::Float32}).view({3, 4});
+  Tensor t = x.t();
+  CHECK(t.shape() == Shape{4, 3});
+  CHECK(t.strides() == Shape{1, 4});
+  CHECK_FALSE(t.isContiguous());
+  CHECK(t.storage() == x.storage());
+  CHECK(t.contiguous().toVector<float>()[1] == 4);
+  Tensor n = x.narrow(1, 1, 2);
+  CHECK(n.toVector<float>() == std::vector<float>{1, 2, 5, 6, 9, 10});
+  CHECK(x.select(0, 2).toVector<float>() == std::vector<float>{8, 9, 10, 11});
+}
+
+TEST_CASE("view refuses incompatible strides while reshape copies") {
+  Tensor x = arange(6, {.dtype = DType::Float64}).view({2, 3}).t();
+  CHECK_THROWS_WITH_AS(x.view({6}), doctest::Contains("incompatible"), InvalidArgumentError);
+  CHECK(x.reshape({6}).toVector<double>() == std::vector<double>{0, 3, 1, 4, 2, 5});
+}
+
+TEST_CASE("shape errors name the op and the shapes") {
+  Tensor a = zeros({2, 3}), b = zeros({4});
+  CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("add: shapes [2, 3] and [4]"), InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(add(a, zeros({3}, {.dtype = DType::Float64})), doctest::Contains("dtype mismatch"),
+                       InvalidArgumentError);
+  CHECK_THROWS_AS(a.narrow(1, 2, 5), IndexError);
+  CHECK_THROWS_AS(a.select(0, 2), IndexError);
+  CHECK_THROWS_AS(a.transpose(0, 3), IndexError);
+}
+
+TEST_CASE("the default generator is reproducible after manualSeed") {
+  manualSeed(7);
+  std::vector<float> a = randn({5}).toVector<float>();
+  manualSeed(7);
+  std::vector<float> b = randn({5}).toVector<float>();
+  CHECK(a == b);
+  Generator g(3);
+  Tensor r = randint(2, 5, {1000}, {.dtype = DType::Int64}, &g);
+  auto v = r.toVector<int64_t>();
+  CHECK(*std::min_element(v.begin(), v.end()) == 2);
+  CHECK(*std::max_element(v.begin(), v.end()) == 4);
+  Tensor u = rand({10000}, {.dtype = DType::Float64}, &g);
+  double m = u.mean().item<double>();
+  CHECK(m == doctest::Approx(0.5).epsilon(0.02));
+}
+
+TEST_CASE("to(dtype) converts and clone copies") {
+  Tensor x = fromVector<double>({1.5, -2.25});
+  CHECK(x.to(DType::Float32).toVector<float>() == std::vector<float>{1.5f, -2.25f});
+  CHECK(x.to(DType::Int64).toVector<int64_t>() == std::vector<int64_t>{1, -2});
+  Tensor c = x.clone();
+  {
+    NoGradGuard ng;
+    c.fill_(0);
+  }
+  CHECK(x.toVector<double>()[0] == 1.5);
+}
+
+TEST_CASE("printing looks like PyTorch's") {
+  Tensor x = fromVector<float>({1, -2.5, 0, 3}, {2, 2});
+  CHECK(x.toString() == "tensor([[ 1.0000, -2.5000],\n        [ 0.0000,  3.0000]])");
+  CHECK(fromVector<int64_t>({1, 2}).toString() == "tensor([1, 2])");
+  Tensor big = zeros({2000});
+  CHECK(big.toString().find("...") != std::string::npos);
+}
+
+TEST_CASE("copy_ broadcasts into a strided destination") {
+  Tensor x = zeros({3, 2}, {.dtype = DType::Float64});
+  Tensor t = x.t();
+  t.copy_(fromVector<double>({1, 2, 3}));
+  CHECK(x.toVector<double>() == std::vector<double>{1, 1, 2, 2, 3, 3});
+}
+
+TEST_CASE("integer division by zero is an error, not a crash") {
+  Tensor a = fromVector<int64_t>({4, 5}), b = fromVector<int64_t>({2, 0});
+  CHECK_THROWS_WITH_AS(div(a, b), doctest::Contains("division by zero"), InvalidArgumentError);
+}
+
+TEST_CASE("a CUDA allocation without a device is a clear error") {
+  if (kernels::cudaDeviceCount() > 0) return;
+  CHECK_THROWS_AS(zeros({2}, {.device = Device::cuda(0)}), InvalidArgumentError);
+}
