@@ -1,0 +1,50 @@
+// Matrix products on OpenBLAS (cblas_sgemm / cblas_dgemm), plus the small
+// row/column helpers that surround a GEMM in linear layers.
+//
+//   // C[m, n] = A[m, k] · B[n, k]^T, all row-major and contiguous:
+//   gemm(DType::Float32, {a, false, k}, {b, true, k}, m, n, k, 1.0, 0.0, c, n);
+//
+// Every matrix is row-major. A stored operand is described by a MatrixOperand:
+// its data, whether the product uses it transposed, and its leading dimension
+// (the element distance between consecutive stored rows). A transposed view of
+// a row-major matrix is therefore passed as the stored matrix with `trans` set:
+// no copy is made. Only Float32 and Float64 are supported (others throw
+// InvalidArgumentError naming the dtype).
+//
+// Threading: OpenBLAS parallelises each GEMM internally; the batched entry
+// point walks the batch in order, so batches whose C matrices alias (batch
+// stride 0) accumulate correctly when beta is 1.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "common/dtype.h"
+
+namespace weft::kernels::cpu {
+
+struct MatrixOperand {
+  const void* data = nullptr;
+  bool trans = false;  // the product reads the stored matrix transposed
+  int64_t ld = 1;      // leading dimension of the stored (row-major) matrix
+};
+
+// C[m, n] = alpha * op(A)[m, k] · op(B)[k, n] + beta * C, C row-major with
+// leading dimension ldc. k == 0 scales C by beta (zeroing it when beta is 0).
+void gemm(DType type, MatrixOperand a, MatrixOperand b, int64_t m, int64_t n, int64_t k, double alpha, double beta,
+          void* c, int64_t ldc);
+
+// One GEMM per element of `batchShape`: operand X of batch element (i0, i1, ...)
+// starts at X.data + sum_d i_d * xBatchStrides[d] (element strides; 0 repeats
+// a matrix across that dimension). Runs the batch sequentially in row-major
+// order of `batchShape`.
+void gemmBatched(DType type, std::span<const int64_t> batchShape, MatrixOperand a,
+                 std::span<const int64_t> aBatchStrides, MatrixOperand b, std::span<const int64_t> bBatchStrides,
+                 int64_t m, int64_t n, int64_t k, double alpha, double beta, void* c,
+                 std::span<const int64_t> cBatchStrides, int64_t ldc);
+
+// C[i, j] = row[j] for i < rows, j < cols (the bias pre-broadcast of a
+// linear layer, before a GEMM with beta = 1).
+void fillRows(DType type, const void* row, int64_t rows, int64_t cols, void* c, int64_t ldc);
+
+}  // namespace weft::kernels::cpu
