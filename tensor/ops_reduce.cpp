@@ -1,9 +1,10 @@
-// Reductions and their backward rules.
+// Reductions and softmax, with their backward rules.
 #include "tensor/ops_reduce.h"
 
 #include <algorithm>
 
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/softmax.h"
 #include "tensor/autograd.h"
 #include "tensor/op_utils.h"
 #include "tensor/ops_elementwise.h"
@@ -114,5 +115,149 @@ Tensor sumTo(const Tensor& a, const Shape& shape) {
   if (dims.empty()) return a.reshape(shape);
   return sum(a, dims, true).reshape(shape);
 }
+
+// ---- max / min / argmax / argmin ---------------------------------------------
+
+namespace {
+
+// A contiguous tensor seen as [outer, size, inner] around dimension `dim`
+// (already wrapped); a 0-D tensor is [1, 1, 1].
+struct AxisView {
+  int64_t outer = 1, size = 1, inner = 1;
+};
+
+AxisView axisView(const Shape& shape, int64_t dim) {
+  AxisView v;
+  if (shape.empty()) return v;
+  for (int64_t d = 0; d < dim; ++d) v.outer *= shape[d];
+  v.size = shape[dim];
+  for (size_t d = dim + 1; d < shape.size(); ++d) v.inner *= shape[d];
+  return v;
+}
+
+Shape reducedAlong(const Shape& shape, int64_t dim, bool keepDim) {
+  Shape out = shape;
+  if (out.empty()) return out;
+  if (keepDim) {
+    out[dim] = 1;
+  } else {
+    out.erase(out.begin() + dim);
+  }
+  return out;
+}
+
+Tensor extremumAll(const Tensor& a, bool isMax) {
+  const char* op = isMax ? "max" : "min";
+  detail::checkDefined(op, a, "input");
+  detail::requireCpu(op, a);
+  WEFT_ENFORCE(a.numel() > 0, InvalidArgumentError, op, ": cannot reduce an empty tensor of shape ", a.shape(),
+               " (there is no identity for ", op, ")");
+  Tensor x = a.contiguous();
+  Tensor out = empty({}, {.dtype = a.dtype()});
+  kernels::cpu::extremumForward(a.dtype(), x.rawData(), 1, x.numel(), 1, isMax, out.rawData(), nullptr);
+  if (anyRequiresGrad({&a})) {
+    const char* name = isMax ? "MaxBackward" : "MinBackward";
+    SavedTensor input(a), result(out);
+    recordOp(name, {a}, {out}, [input, result, name](const std::vector<Tensor>& g) {
+      Tensor xi = input.unpack(name), yo = result.unpack(name);
+      // Every element equal to the extremum gets an equal share.
+      Tensor mask = eq(xi, yo).to(xi.dtype());
+      return std::vector<Tensor>{mul(mask, div(g[0], sum(mask)))};
+    });
+  }
+  return out;
+}
+
+// Values (when wanted) and Int64 indices of the extremum along dim.
+std::pair<Tensor, Tensor> extremumAlong(const Tensor& a, int64_t dim, bool keepDim, bool isMax, bool wantValues,
+                                        const char* op) {
+  detail::checkDefined(op, a, "input");
+  detail::requireCpu(op, a);
+  dim = wrapDim(dim, a.dim(), op);
+  AxisView v = axisView(a.shape(), dim);
+  WEFT_ENFORCE(v.size > 0, InvalidArgumentError, op, ": cannot reduce dimension ", dim, " of size 0 (shape ",
+               a.shape(), ")");
+  Shape outShape = reducedAlong(a.shape(), dim, keepDim);
+  Tensor values = wantValues ? empty(outShape, {.dtype = a.dtype()}) : Tensor();
+  Tensor indices = empty(outShape, {.dtype = DType::Int64});
+  if (a.numel() > 0) {
+    Tensor x = a.contiguous();
+    kernels::cpu::extremumForward(a.dtype(), x.rawData(), v.outer, v.size, v.inner, isMax,
+                                  wantValues ? values.rawData() : nullptr, indices.data<int64_t>());
+  }
+  if (wantValues && anyRequiresGrad({&a})) {
+    const char* name = isMax ? "MaxDimBackward" : "MinDimBackward";
+    SavedTensor where(indices);
+    Shape inShape = a.shape();
+    recordOp(name, {a}, {values}, [where, inShape, v, name](const std::vector<Tensor>& g) {
+      Tensor idx = where.unpack(name);
+      Tensor go = g[0].contiguous();
+      Tensor gi = empty(inShape, {.dtype = go.dtype()});
+      if (gi.numel() > 0) {
+        kernels::cpu::extremumBackward(go.dtype(), go.rawData(), idx.data<int64_t>(), v.outer, v.size, v.inner,
+                                       gi.rawData());
+      }
+      return std::vector<Tensor>{gi};
+    });
+  }
+  return {values, indices};
+}
+
+}  // namespace
+
+Tensor max(const Tensor& a) { return extremumAll(a, true); }
+Tensor min(const Tensor& a) { return extremumAll(a, false); }
+
+std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepDim) {
+  return extremumAlong(a, dim, keepDim, true, true, "max");
+}
+
+std::pair<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepDim) {
+  return extremumAlong(a, dim, keepDim, false, true, "min");
+}
+
+Tensor argmax(const Tensor& a, int64_t dim, bool keepDim) {
+  return extremumAlong(a, dim, keepDim, true, false, "argmax").second;
+}
+
+Tensor argmin(const Tensor& a, int64_t dim, bool keepDim) {
+  return extremumAlong(a, dim, keepDim, false, false, "argmin").second;
+}
+
+// ---- softmax / logSoftmax -----------------------------------------------------
+
+namespace {
+
+Tensor softmaxImpl(const Tensor& a, int64_t dim, bool log) {
+  const char* op = log ? "logSoftmax" : "softmax";
+  detail::checkDefined(op, a, "input");
+  detail::requireCpu(op, a);
+  detail::requireFloating(op, a);
+  dim = wrapDim(dim, a.dim(), op);
+  AxisView v = axisView(a.shape(), dim);
+  Tensor x = a.contiguous();
+  Tensor out = empty(a.shape(), {.dtype = a.dtype()});
+  if (out.numel() > 0) kernels::cpu::softmaxForward(a.dtype(), x.rawData(), v.outer, v.size, v.inner, log, out.rawData());
+  if (anyRequiresGrad({&a})) {
+    const char* name = log ? "LogSoftmaxBackward" : "SoftmaxBackward";
+    SavedTensor result(out);
+    recordOp(name, {a}, {out}, [result, v, log, name](const std::vector<Tensor>& g) {
+      Tensor y = result.unpack(name);
+      Tensor go = g[0].contiguous();
+      Tensor gi = emptyLike(y);
+      if (gi.numel() > 0) {
+        kernels::cpu::softmaxBackward(y.dtype(), y.rawData(), go.rawData(), v.outer, v.size, v.inner, log,
+                                      gi.rawData());
+      }
+      return std::vector<Tensor>{gi};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& a, int64_t dim) { return softmaxImpl(a, dim, false); }
+Tensor logSoftmax(const Tensor& a, int64_t dim) { return softmaxImpl(a, dim, true); }
 
 }  // namespace weft

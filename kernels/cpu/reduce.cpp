@@ -1,5 +1,9 @@
 #include "kernels/cpu/reduce.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/loops.h"
@@ -9,6 +13,98 @@ namespace {
 
 template <class T>
 using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
+
+// True when v should replace the current extremum `best`: strictly larger
+// (smaller), or the first NaN. Once best is NaN no number beats it, because
+// every comparison with NaN is false.
+template <class T, bool IsMax>
+inline bool beats(T v, T best) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(v)) return !std::isnan(best);
+  }
+  return IsMax ? v > best : v < best;
+}
+
+// Columns of `inner` are processed in blocks of this many, so a block's
+// running extrema live on the stack while the R rows stream past.
+constexpr int64_t kInnerBlock = 256;
+
+template <class T, bool IsMax>
+void extremumTyped(const T* p, int64_t outer, int64_t R, int64_t inner, T* values, int64_t* indices) {
+  if (outer * inner == 1 && R >= kParallelGrain && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+    // One long reduction: a partial result per thread. parallelFor hands
+    // thread t the t-th chunk, so combining in thread order keeps the first
+    // position on ties.
+    int nt = omp_get_max_threads();
+    std::vector<T> partialValue(nt);
+    std::vector<int64_t> partialIndex(nt, -1);
+    parallelFor(R, kParallelGrain, [&](int64_t b, int64_t e) {
+      T bv = p[b];
+      int64_t bi = b;
+      for (int64_t i = b + 1; i < e; ++i) {
+        if (beats<T, IsMax>(p[i], bv)) {
+          bv = p[i];
+          bi = i;
+        }
+      }
+      partialValue[omp_get_thread_num()] = bv;
+      partialIndex[omp_get_thread_num()] = bi;
+    });
+    T bv{};
+    int64_t bi = -1;
+    for (int t = 0; t < nt; ++t) {
+      if (partialIndex[t] < 0) continue;
+      if (bi < 0 || beats<T, IsMax>(partialValue[t], bv)) {
+        bv = partialValue[t];
+        bi = partialIndex[t];
+      }
+    }
+    if (values) values[0] = bv;
+    if (indices) indices[0] = bi;
+    return;
+  }
+  int64_t blocks = (inner + kInnerBlock - 1) / kInnerBlock;
+  int64_t blockLen = std::min(inner, kInnerBlock);
+  parallelFor(outer * blocks, kParallelGrain / (R * blockLen) + 1, [&](int64_t tb, int64_t te) {
+    for (int64_t task = tb; task < te; ++task) {
+      int64_t o = task / blocks;
+      int64_t ib = (task % blocks) * kInnerBlock;
+      int64_t n = std::min(inner - ib, kInnerBlock);
+      const T* base = p + o * R * inner + ib;
+      int64_t outAt = o * inner + ib;
+      if (inner == 1) {
+        T bv = base[0];
+        int64_t bi = 0;
+        for (int64_t r = 1; r < R; ++r) {
+          if (beats<T, IsMax>(base[r], bv)) {
+            bv = base[r];
+            bi = r;
+          }
+        }
+        if (values) values[outAt] = bv;
+        if (indices) indices[outAt] = bi;
+        continue;
+      }
+      T bv[kInnerBlock];
+      int64_t bi[kInnerBlock];
+      for (int64_t i = 0; i < n; ++i) {
+        bv[i] = base[i];
+        bi[i] = 0;
+      }
+      for (int64_t r = 1; r < R; ++r) {
+        const T* row = base + r * inner;
+        for (int64_t i = 0; i < n; ++i) {
+          if (beats<T, IsMax>(row[i], bv[i])) {
+            bv[i] = row[i];
+            bi[i] = r;
+          }
+        }
+      }
+      if (values) std::copy(bv, bv + n, values + outAt);
+      if (indices) std::copy(bi, bi + n, indices + outAt);
+    }
+  });
+}
 
 }  // namespace
 
@@ -51,6 +147,36 @@ void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out) {
       for (int64_t r = 0; r < R; ++r) {
         const T* row = p + r * K;
         for (int64_t k = b; k < e; ++k) o[k] += row[k];
+      }
+    });
+  });
+}
+
+void extremumForward(DType type, const void* in, int64_t outer, int64_t R, int64_t inner, bool isMax, void* values,
+                     int64_t* indices) {
+  WEFT_DISPATCH_ALL(type, isMax ? "max" : "min", [&]<class T>() {
+    const T* p = static_cast<const T*>(in);
+    T* v = static_cast<T*>(values);
+    if (isMax) {
+      extremumTyped<T, true>(p, outer, R, inner, v, indices);
+    } else {
+      extremumTyped<T, false>(p, outer, R, inner, v, indices);
+    }
+  });
+}
+
+void extremumBackward(DType type, const void* g, const int64_t* indices, int64_t outer, int64_t R, int64_t inner,
+                      void* gradIn) {
+  WEFT_DISPATCH_FLOATING(type, "max/min backward", [&]<class T>() {
+    const T* go = static_cast<const T*>(g);
+    T* gi = static_cast<T*>(gradIn);
+    parallelFor(outer, kParallelGrain / (R * inner > 0 ? R * inner : 1) + 1, [&](int64_t b, int64_t e) {
+      std::memset(static_cast<void*>(gi + b * R * inner), 0, sizeof(T) * static_cast<size_t>((e - b) * R * inner));
+      for (int64_t o = b; o < e; ++o) {
+        T* slab = gi + o * R * inner;
+        const T* grow = go + o * inner;
+        const int64_t* irow = indices + o * inner;
+        for (int64_t i = 0; i < inner; ++i) slab[irow[i] * inner + i] = grow[i];
       }
     });
   });

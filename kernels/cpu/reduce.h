@@ -1,5 +1,9 @@
-// Reduction kernels over contiguous buffers viewed as 2-D: the tensor layer
-// permutes reduced dimensions to one side first.
+// Reduction kernels over contiguous buffers viewed as 2-D or 3-D: the tensor
+// layer makes its operand contiguous (or permutes reduced dimensions to one
+// side) first, then names the axis to reduce by the sizes around it.
+//
+//   // max over dim 1 of a contiguous [4, 5, 6] tensor:
+//   extremumForward(DType::Float32, x, 4, 5, 6, true, values, indices);  // [4, 6] each
 #pragma once
 
 #include <cstdint>
@@ -13,5 +17,18 @@ namespace weft::kernels::cpu {
 void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out);
 // out[k] = sum_r in[r*K + k]  (reduce the leading axis of [R, K]).
 void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out);
+
+// The largest (isMax) or smallest element along the middle axis of a
+// contiguous [outer, R, inner] buffer, R >= 1. Writes values[o*inner + i]
+// (when values is not null, same dtype as in) and its position r along the
+// axis to indices[o*inner + i] (when not null). Ties pick the first position;
+// a NaN beats every number (the result is NaN, as in PyTorch).
+void extremumForward(DType type, const void* in, int64_t outer, int64_t R, int64_t inner, bool isMax, void* values,
+                     int64_t* indices);
+// Gradient of extremumForward's values: gradIn (contiguous [outer, R, inner],
+// overwritten) is zero except gradIn[o, indices[o*inner + i], i] = g[o*inner + i].
+// Every index must lie in [0, R).
+void extremumBackward(DType type, const void* g, const int64_t* indices, int64_t outer, int64_t R, int64_t inner,
+                      void* gradIn);
 
 }  // namespace weft::kernels::cpu

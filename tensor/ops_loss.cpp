@@ -1,0 +1,187 @@
+// Losses declared in tensor/ops_nn.h: nllLoss, crossEntropy, mseLoss, and
+// their backward rules. crossEntropy is nllLoss(logSoftmax(x, 1)) computed as
+// one op: its forward keeps the log-probabilities and its backward produces
+// the gradient of the logits in a single pass (softmax minus one-hot), so a
+// training step pays for two tensors of the logits' size, not four.
+
+#include "kernels/cpu/copy.h"
+#include "kernels/cpu/loss.h"
+#include "kernels/cpu/softmax.h"
+#include "tensor/autograd.h"
+#include "tensor/op_utils.h"
+#include "tensor/ops_nn.h"
+
+namespace weft {
+namespace {
+
+// Scores seen as contiguous [N, C, D] (class dimension 1, D = product of the
+// trailing dims) with an Int64 target [N, D]; lossShape is the shape of an
+// unreduced loss (the target's shape).
+struct ClassLayout {
+  int64_t N = 1, C = 1, D = 1;
+  Shape lossShape;
+  Tensor target;  // contiguous
+};
+
+// Checks input/target shapes, dtypes and every target value (in [0, C) or
+// equal to ignoreIndex; IndexError otherwise).
+ClassLayout classLayout(const char* op, const Tensor& input, const Tensor& target, int64_t ignoreIndex) {
+  detail::checkDefined(op, input, "input");
+  detail::requireCpu(op, input);
+  detail::requireFloating(op, input);
+  detail::requireDType(op, target, DType::Int64, "target");
+  detail::requireCpu(op, target);
+  WEFT_ENFORCE(input.dim() >= 1, InvalidArgumentError, op, ": input must have a class dimension, got shape ",
+               input.shape());
+  ClassLayout l;
+  Shape expected = input.shape();
+  if (input.dim() == 1) {
+    l.C = input.shape()[0];
+    expected.clear();
+  } else {
+    l.N = input.shape()[0];
+    l.C = input.shape()[1];
+    for (int64_t d = 2; d < input.dim(); ++d) l.D *= input.shape()[d];
+    expected.erase(expected.begin() + 1);
+  }
+  WEFT_ENFORCE(target.shape() == expected, InvalidArgumentError, op, ": target of shape ", target.shape(),
+               " does not match input of shape ", input.shape(), " (expected a target of shape ", expected, ")");
+  l.lossShape = expected;
+  l.target = target.contiguous();
+  const int64_t* t = l.target.data<int64_t>();
+  for (int64_t i = 0, n = l.target.numel(); i < n; ++i) {
+    WEFT_ENFORCE(t[i] == ignoreIndex || (t[i] >= 0 && t[i] < l.C), IndexError, op, ": target ", t[i],
+                 " at position ", i, " is out of range for ", l.C, " classes (input shape ", input.shape(), ")");
+  }
+  return l;
+}
+
+// The loss tensor for reduction r: the per-element losses (r == None) or a
+// 0-D tensor holding their sum or mean. Fills `totals`.
+Tensor nllReduce(DType dt, const void* logProbs, const ClassLayout& l, int64_t ignoreIndex, Reduction r,
+                 kernels::cpu::NllTotals& totals) {
+  if (r == Reduction::None) {
+    Tensor out = empty(l.lossShape, {.dtype = dt});
+    totals = kernels::cpu::nllLossForward(dt, logProbs, l.target.data<int64_t>(), l.N, l.C, l.D, ignoreIndex,
+                                          out.numel() > 0 ? out.rawData() : nullptr);
+    return out;
+  }
+  totals = kernels::cpu::nllLossForward(dt, logProbs, l.target.data<int64_t>(), l.N, l.C, l.D, ignoreIndex, nullptr);
+  // Mean over zero non-ignored targets is 0/0 = NaN, as in PyTorch.
+  double value = r == Reduction::Sum ? totals.sum : totals.sum / static_cast<double>(totals.count);
+  Tensor out = empty({}, {.dtype = dt});
+  kernels::cpu::fill(dt, out.rawData(), 1, value);
+  return out;
+}
+
+// How the loss gradient reaches each element: per element (None) or one
+// value times `scale` (1 for Sum, 1/count for Mean).
+double reductionScale(Reduction r, int64_t count) {
+  return r == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
+}
+
+}  // namespace
+
+Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction r, int64_t ignoreIndex) {
+  ClassLayout l = classLayout("nllLoss", input, target, ignoreIndex);
+  Tensor x = input.contiguous();
+  kernels::cpu::NllTotals totals;
+  Tensor out = nllReduce(input.dtype(), x.numel() > 0 ? x.rawData() : nullptr, l, ignoreIndex, r, totals);
+  if (anyRequiresGrad({&input})) {
+    SavedTensor savedTarget(l.target);
+    Shape inShape = input.shape();
+    int64_t N = l.N, C = l.C, D = l.D;
+    double scale = reductionScale(r, totals.count);
+    bool perElement = r == Reduction::None;
+    recordOp("NllLossBackward", {input}, {out},
+             [savedTarget, inShape, N, C, D, ignoreIndex, scale, perElement](const std::vector<Tensor>& g) {
+               Tensor t = savedTarget.unpack("NllLossBackward");
+               Tensor go = g[0].contiguous();
+               Tensor gi = empty(inShape, {.dtype = go.dtype()});
+               if (gi.numel() > 0) {
+                 kernels::cpu::nllLossBackward(go.dtype(), t.data<int64_t>(), N, C, D, ignoreIndex,
+                                               go.numel() > 0 ? go.rawData() : nullptr, perElement, scale,
+                                               gi.rawData());
+               }
+               return std::vector<Tensor>{gi};
+             });
+  }
+  return out;
+}
+
+Tensor crossEntropy(const Tensor& logits, const Tensor& target, Reduction r, int64_t ignoreIndex) {
+  ClassLayout l = classLayout("crossEntropy", logits, target, ignoreIndex);
+  Tensor x = logits.contiguous();
+  Tensor logProbs = empty(logits.shape(), {.dtype = logits.dtype()});
+  kernels::cpu::NllTotals totals;
+  if (logProbs.numel() > 0) {
+    kernels::cpu::softmaxForward(logits.dtype(), x.rawData(), l.N, l.C, l.D, true, logProbs.rawData());
+  }
+  Tensor out = nllReduce(logits.dtype(), logProbs.numel() > 0 ? logProbs.rawData() : nullptr, l, ignoreIndex, r,
+                         totals);
+  if (anyRequiresGrad({&logits})) {
+    SavedTensor savedTarget(l.target), savedLogProbs(logProbs);
+    int64_t N = l.N, C = l.C, D = l.D;
+    double scale = reductionScale(r, totals.count);
+    bool perElement = r == Reduction::None;
+    recordOp("CrossEntropyBackward", {logits}, {out},
+             [savedTarget, savedLogProbs, N, C, D, ignoreIndex, scale, perElement](const std::vector<Tensor>& g) {
+               Tensor t = savedTarget.unpack("CrossEntropyBackward");
+               Tensor lp = savedLogProbs.unpack("CrossEntropyBackward");
+               Tensor go = g[0].contiguous();
+               Tensor gi = emptyLike(lp);
+               if (gi.numel() > 0) {
+                 kernels::cpu::crossEntropyBackward(go.dtype(), lp.rawData(), t.data<int64_t>(), N, C, D, ignoreIndex,
+                                                    go.numel() > 0 ? go.rawData() : nullptr, perElement, scale,
+                                                    gi.rawData());
+               }
+               return std::vector<Tensor>{gi};
+             });
+  }
+  return out;
+}
+
+Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction r) {
+  detail::checkSameKind("mseLoss", input, target);
+  detail::requireCpu("mseLoss", input);
+  detail::requireFloating("mseLoss", input);
+  // PyTorch broadcasts here with a warning; a [N, 1] prediction against a [N]
+  // target is almost always a bug, so weft asks for equal shapes.
+  WEFT_ENFORCE(input.shape() == target.shape(), InvalidArgumentError, "mseLoss: input of shape ", input.shape(),
+               " and target of shape ", target.shape(), " differ; reshape one of them explicitly");
+  Tensor x = input.contiguous(), t = target.contiguous();
+  int64_t n = x.numel();
+  DType dt = input.dtype();
+  Tensor out;
+  double total = 0;
+  if (r == Reduction::None) {
+    out = empty(input.shape(), {.dtype = dt});
+    if (n > 0) kernels::cpu::mseLossForward(dt, x.rawData(), t.rawData(), n, out.rawData());
+  } else {
+    if (n > 0) total = kernels::cpu::mseLossForward(dt, x.rawData(), t.rawData(), n, nullptr);
+    out = empty({}, {.dtype = dt});
+    kernels::cpu::fill(dt, out.rawData(), 1, r == Reduction::Sum ? total : total / static_cast<double>(n));
+  }
+  if (anyRequiresGrad({&input, &target})) {
+    SavedTensor savedInput(x), savedTarget(t);
+    bool wantInput = input.requiresGrad(), wantTarget = target.requiresGrad();
+    double scale = reductionScale(r, n);
+    bool perElement = r == Reduction::None;
+    recordOp("MseLossBackward", {input, target}, {out},
+             [savedInput, savedTarget, wantInput, wantTarget, scale, perElement](const std::vector<Tensor>& g) {
+               Tensor xi = savedInput.unpack("MseLossBackward"), ti = savedTarget.unpack("MseLossBackward");
+               Tensor go = g[0].contiguous();
+               Tensor gx = wantInput ? emptyLike(xi) : Tensor();
+               Tensor gt = wantTarget ? emptyLike(ti) : Tensor();
+               if (xi.numel() > 0) {
+                 kernels::cpu::mseLossBackward(xi.dtype(), xi.rawData(), ti.rawData(), xi.numel(), go.rawData(),
+                                               perElement, scale, wantInput ? gx.rawData() : nullptr,
+                                               wantTarget ? gt.rawData() : nullptr);
+               }
+               return std::vector<Tensor>{gx, gt};
+             });
+  }
+  return out;
+}
+
+}  // namespace weft

@@ -1,0 +1,229 @@
+// Joining (cat, stack), splitting (split, chunk) and gathering (indexSelect),
+// with their backward rules. split and chunk return views of their input that
+// share one backward node.
+#include "tensor/ops_shape.h"
+
+#include <algorithm>
+
+#include "kernels/cpu/index.h"
+#include "tensor/autograd.h"
+#include "tensor/op_utils.h"
+
+namespace weft {
+namespace {
+
+int64_t productOf(const Shape& s, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t d = begin; d < end; ++d) p *= s[d];
+  return p;
+}
+
+// The checks shared by cat and stack: a non-empty list of defined CPU tensors
+// of one dtype and device. Returns the first tensor.
+const Tensor& checkJoinInputs(const std::vector<Tensor>& tensors, const char* op) {
+  WEFT_ENFORCE(!tensors.empty(), InvalidArgumentError, op, ": expected a non-empty list of tensors");
+  const Tensor& first = tensors[0];
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
+    WEFT_ENFORCE(t.defined(), InvalidArgumentError, op, ": tensor ", k, " is undefined");
+    detail::requireCpu(op, t);
+    WEFT_ENFORCE(t.dtype() == first.dtype(), InvalidArgumentError, op, ": tensor ", k, " has dtype ",
+                 dtypeName(t.dtype()), " but tensor 0 has dtype ", dtypeName(first.dtype()));
+  }
+  return first;
+}
+
+// Copies each input, seen as [outer, rows_k] (contiguous), into `out` seen as
+// [outer, sum of rows_k], side by side in list order.
+void joinInto(const std::vector<Tensor>& tensors, const std::vector<int64_t>& rows, int64_t outer, Tensor& out) {
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  int64_t offset = 0;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (tensors[k].numel() > 0) {
+      Tensor x = tensors[k].contiguous();
+      kernels::cpu::catForward(out.dtype(), x.rawData(), outer, rows[k], out.rawData(), total, offset);
+    }
+    offset += rows[k];
+  }
+}
+
+Tensor viewOf(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  return makeTensor(base.storage(), std::move(shape), std::move(strides), offset, base.dtype());
+}
+
+// Views of `a` along dim with the given sizes (which sum to its size there),
+// all produced by one SplitBackward node whose gradient is their cat.
+std::vector<Tensor> splitBySizes(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim) {
+  std::vector<Tensor> pieces;
+  pieces.reserve(sizes.size());
+  int64_t start = 0;
+  for (int64_t len : sizes) {
+    Shape sh = a.shape();
+    sh[dim] = len;
+    pieces.push_back(viewOf(a, sh, a.strides(), a.storageOffset() + start * a.strides()[dim]));
+    start += len;
+  }
+  if (anyRequiresGrad({&a})) {
+    recordOp("SplitBackward", {a}, pieces,
+             [dim](const std::vector<Tensor>& g) { return std::vector<Tensor>{cat(g, dim)}; });
+  }
+  return pieces;
+}
+
+}  // namespace
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  const Tensor& first = checkJoinInputs(tensors, "cat");
+  WEFT_ENFORCE(first.dim() > 0, InvalidArgumentError, "cat: zero-dimensional tensors cannot be concatenated; use stack");
+  dim = wrapDim(dim, first.dim(), "cat");
+  Shape outShape = first.shape();
+  outShape[dim] = 0;
+  std::vector<int64_t> sizes;
+  sizes.reserve(tensors.size());
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const Shape& s = tensors[k].shape();
+    bool match = s.size() == outShape.size();
+    for (size_t d = 0; match && d < s.size(); ++d) match = static_cast<int64_t>(d) == dim || s[d] == first.shape()[d];
+    WEFT_ENFORCE(match, InvalidArgumentError, "cat: tensor ", k, " has shape ", s, " but tensor 0 has shape ",
+                 first.shape(), "; all sizes must match except in dimension ", dim);
+    sizes.push_back(s[dim]);
+    outShape[dim] += s[dim];
+  }
+  Tensor out = empty(outShape, {.dtype = first.dtype()});
+  int64_t outer = productOf(outShape, 0, dim), inner = productOf(outShape, dim + 1, outShape.size());
+  if (out.numel() > 0) {
+    std::vector<int64_t> rows(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k) rows[k] = sizes[k] * inner;
+    joinInto(tensors, rows, outer, out);
+  }
+  if (anyRequiresGrad(tensors)) {
+    recordOp("CatBackward", tensors, {out}, [sizes, dim](const std::vector<Tensor>& g) {
+      std::vector<Tensor> grads;
+      grads.reserve(sizes.size());
+      int64_t start = 0;
+      for (int64_t len : sizes) {
+        grads.push_back(g[0].narrow(dim, start, len));
+        start += len;
+      }
+      return grads;
+    });
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  const Tensor& first = checkJoinInputs(tensors, "stack");
+  dim = wrapDim(dim, first.dim() + 1, "stack");
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    WEFT_ENFORCE(tensors[k].shape() == first.shape(), InvalidArgumentError, "stack: tensor ", k, " has shape ",
+                 tensors[k].shape(), " but tensor 0 has shape ", first.shape(), "; stack needs equal shapes");
+  }
+  Shape outShape = first.shape();
+  outShape.insert(outShape.begin() + dim, static_cast<int64_t>(tensors.size()));
+  Tensor out = empty(outShape, {.dtype = first.dtype()});
+  if (out.numel() > 0) {
+    int64_t outer = productOf(first.shape(), 0, dim), inner = productOf(first.shape(), dim, first.shape().size());
+    joinInto(tensors, std::vector<int64_t>(tensors.size(), inner), outer, out);
+  }
+  if (anyRequiresGrad(tensors)) {
+    int64_t count = static_cast<int64_t>(tensors.size());
+    recordOp("StackBackward", tensors, {out}, [count, dim](const std::vector<Tensor>& g) {
+      std::vector<Tensor> grads;
+      grads.reserve(count);
+      for (int64_t k = 0; k < count; ++k) grads.push_back(g[0].select(dim, k));
+      return grads;
+    });
+  }
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& a, int64_t splitSize, int64_t dim) {
+  detail::checkDefined("split", a, "input");
+  WEFT_ENFORCE(a.dim() > 0, InvalidArgumentError, "split: cannot split a zero-dimensional tensor");
+  dim = wrapDim(dim, a.dim(), "split");
+  int64_t size = a.shape()[dim];
+  WEFT_ENFORCE(splitSize > 0 || (splitSize == 0 && size == 0), InvalidArgumentError, "split: split size ",
+               splitSize, " is invalid for dimension ", dim, " of size ", size, " (it must be positive)");
+  std::vector<int64_t> sizes;
+  if (size == 0) sizes.push_back(0);
+  for (int64_t start = 0; start < size; start += splitSize) sizes.push_back(std::min(splitSize, size - start));
+  return splitBySizes(a, sizes, dim);
+}
+
+std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim) {
+  detail::checkDefined("split", a, "input");
+  WEFT_ENFORCE(a.dim() > 0, InvalidArgumentError, "split: cannot split a zero-dimensional tensor");
+  dim = wrapDim(dim, a.dim(), "split");
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    WEFT_ENFORCE(s >= 0, InvalidArgumentError, "split: negative size in ", sizes);
+    total += s;
+  }
+  WEFT_ENFORCE(total == a.shape()[dim], InvalidArgumentError, "split: sizes ", sizes, " sum to ", total,
+               " but dimension ", dim, " of shape ", a.shape(), " has size ", a.shape()[dim]);
+  return splitBySizes(a, sizes, dim);
+}
+
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim) {
+  detail::checkDefined("chunk", a, "input");
+  WEFT_ENFORCE(chunks > 0, InvalidArgumentError, "chunk: the number of chunks must be positive, got ", chunks);
+  WEFT_ENFORCE(a.dim() > 0, InvalidArgumentError, "chunk: cannot chunk a zero-dimensional tensor");
+  dim = wrapDim(dim, a.dim(), "chunk");
+  int64_t size = a.shape()[dim];
+  // As torch.chunk: pieces of ceil(size / chunks), so fewer than `chunks`
+  // may come back; an empty dimension gives `chunks` empty pieces.
+  if (size == 0) return splitBySizes(a, std::vector<int64_t>(chunks, 0), dim);
+  return split(a, (size + chunks - 1) / chunks, dim);
+}
+
+Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
+  detail::checkDefined("indexSelect", a, "input");
+  detail::requireCpu("indexSelect", a);
+  detail::requireDType("indexSelect", index, DType::Int64, "index");
+  detail::requireCpu("indexSelect", index);
+  WEFT_ENFORCE(index.dim() <= 1, InvalidArgumentError, "indexSelect: index must be 0-D or 1-D, got shape ",
+               index.shape());
+  dim = wrapDim(dim, a.dim(), "indexSelect");
+  Tensor idx = index.contiguous();
+  const int64_t* ip = idx.data<int64_t>();
+  int64_t n = idx.numel();
+  int64_t size = a.dim() == 0 ? 1 : a.shape()[dim];
+  for (int64_t j = 0; j < n; ++j) {
+    WEFT_ENFORCE(ip[j] >= 0 && ip[j] < size, IndexError, "indexSelect: index ", ip[j], " (at position ", j,
+                 ") is out of range for dimension ", dim, " of size ", size, " in shape ", a.shape());
+  }
+  Shape outShape = a.shape();
+  if (a.dim() == 0) {
+    WEFT_ENFORCE(n == 1, InvalidArgumentError, "indexSelect: a zero-dimensional input takes exactly one index, got ",
+                 n);
+  } else {
+    outShape[dim] = n;
+  }
+  int64_t outer = productOf(a.shape(), 0, dim), inner = a.dim() == 0 ? 1 : productOf(a.shape(), dim + 1, a.dim());
+  Tensor out = empty(outShape, {.dtype = a.dtype()});
+  if (out.numel() > 0) {
+    Tensor x = a.contiguous();
+    kernels::cpu::indexSelectForward(a.dtype(), x.rawData(), outer, size, inner, ip, n, out.rawData());
+  }
+  if (anyRequiresGrad({&a})) {
+    SavedTensor savedIndex(idx);
+    Shape inShape = a.shape();
+    recordOp("IndexSelectBackward", {a}, {out},
+             [savedIndex, inShape, outer, size, inner, n](const std::vector<Tensor>& g) {
+               Tensor ix = savedIndex.unpack("IndexSelectBackward");
+               Tensor go = g[0].contiguous();
+               Tensor gi = empty(inShape, {.dtype = go.dtype()});
+               if (gi.numel() > 0) {
+                 kernels::cpu::indexSelectBackward(go.dtype(), go.rawData(), outer, size, inner,
+                                                   ix.data<int64_t>(), n, gi.rawData());
+               }
+               return std::vector<Tensor>{gi};
+             });
+  }
+  return out;
+}
+
+Tensor Tensor::indexSelect(int64_t dim, const Tensor& index) const { return weft::indexSelect(*this, dim, index); }
+
+}  // namespace weft
