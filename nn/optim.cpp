@@ -1,0 +1,645 @@
+// The update rules of the local optimizers. Each rule is written twice, in
+// the same order of floating-point operations as PyTorch 1.13's
+// single-tensor implementation: a fused per-element loop for contiguous CPU
+// tensors (one parallel pass, no temporaries) and the same arithmetic as
+// tensor ops for everything else (strided views, CUDA).
+#include "nn/optim.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#include "kernels/cpu/loops.h"
+#include "tensor/ops.h"
+
+namespace weft::nn::optim {
+
+using kernels::cpu::kParallelGrain;
+using kernels::cpu::parallelFor;
+
+const Tensor& ParamState::at(const std::string& name) const {
+  auto it = buffers.find(name);
+  WEFT_ENFORCE(it != buffers.end(), NotFoundError, "ParamState: no buffer named '", name, "'");
+  return it->second;
+}
+
+// ---- options ----------------------------------------------------------------------
+
+namespace {
+
+void checkNonNegative(const char* opt, const char* what, double v) {
+  WEFT_ENFORCE(v >= 0.0, InvalidArgumentError, opt, ": invalid ", what, " ", v, " (must be >= 0)");
+}
+
+void checkBetas(const char* opt, std::pair<double, double> betas) {
+  WEFT_ENFORCE(betas.first >= 0.0 && betas.first < 1.0, InvalidArgumentError, opt, ": invalid beta1 ", betas.first,
+               " (must be in [0, 1))");
+  WEFT_ENFORCE(betas.second >= 0.0 && betas.second < 1.0, InvalidArgumentError, opt, ": invalid beta2 ",
+               betas.second, " (must be in [0, 1))");
+}
+
+void checkOptions(const SgdOptions& o) {
+  WEFT_ENFORCE(!std::isnan(o.lr), InvalidArgumentError, "SGD: the learning rate is required (SgdOptions::lr)");
+  checkNonNegative("SGD", "learning rate", o.lr);
+  checkNonNegative("SGD", "momentum", o.momentum);
+  checkNonNegative("SGD", "weight decay", o.weightDecay);
+  WEFT_ENFORCE(!o.nesterov || (o.momentum > 0 && o.dampening == 0), InvalidArgumentError,
+               "SGD: nesterov momentum requires momentum > 0 and zero dampening (momentum ", o.momentum,
+               ", dampening ", o.dampening, ")");
+}
+
+template <class O>
+void checkAdamLike(const char* opt, const O& o) {
+  checkNonNegative(opt, "learning rate", o.lr);
+  checkNonNegative(opt, "epsilon", o.eps);
+  checkBetas(opt, o.betas);
+  checkNonNegative(opt, "weight decay", o.weightDecay);
+}
+
+void checkOptions(const AdamOptions& o) { checkAdamLike("Adam", o); }
+void checkOptions(const AdamWOptions& o) { checkAdamLike("AdamW", o); }
+
+void checkOptions(const AdagradOptions& o) {
+  checkNonNegative("Adagrad", "learning rate", o.lr);
+  checkNonNegative("Adagrad", "lr decay", o.lrDecay);
+  checkNonNegative("Adagrad", "weight decay", o.weightDecay);
+  checkNonNegative("Adagrad", "initial accumulator value", o.initialAccumulatorValue);
+  checkNonNegative("Adagrad", "epsilon", o.eps);
+}
+
+void checkOptions(const RmspropOptions& o) {
+  checkNonNegative("RMSprop", "learning rate", o.lr);
+  checkNonNegative("RMSprop", "epsilon", o.eps);
+  checkNonNegative("RMSprop", "momentum", o.momentum);
+  checkNonNegative("RMSprop", "weight decay", o.weightDecay);
+  checkNonNegative("RMSprop", "alpha", o.alpha);
+}
+
+// Buffers that must exist once a parameter has been updated (SGD's momentum
+// buffer is re-created from the gradient when absent, as in PyTorch).
+std::vector<std::string> requiredBufferNames(const OptimizerOptions& options) {
+  if (std::holds_alternative<SgdOptions>(options)) return {};
+  return stateBufferNames(options);
+}
+
+// Every buffer name an optimizer of this kind may hold, whatever its flags.
+std::vector<std::string> knownBufferNames(const OptimizerOptions& options) {
+  switch (options.index()) {
+    case 0: return {"momentum_buffer"};
+    case 1:
+    case 2: return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    case 3: return {"sum"};
+    default: return {"square_avg", "momentum_buffer", "grad_avg"};
+  }
+}
+
+}  // namespace
+
+const char* optimizerName(const OptimizerOptions& options) {
+  static constexpr const char* kNames[] = {"SGD", "Adam", "AdamW", "Adagrad", "RMSprop"};
+  return kNames[options.index()];
+}
+
+void validate(const OptimizerOptions& options) {
+  std::visit([](const auto& o) { checkOptions(o); }, options);
+}
+
+double learningRate(const OptimizerOptions& options) {
+  return std::visit([](const auto& o) { return o.lr; }, options);
+}
+
+OptimizerOptions withLearningRate(OptimizerOptions options, double lr) {
+  std::visit([lr](auto& o) { o.lr = lr; }, options);
+  validate(options);
+  return options;
+}
+
+std::vector<std::string> stateBufferNames(const OptimizerOptions& options) {
+  struct Names {
+    std::vector<std::string> operator()(const SgdOptions& o) const {
+      if (o.momentum != 0) return {"momentum_buffer"};
+      return {};
+    }
+    std::vector<std::string> operator()(const AdamOptions& o) const { return adamLike(o.amsgrad); }
+    std::vector<std::string> operator()(const AdamWOptions& o) const { return adamLike(o.amsgrad); }
+    std::vector<std::string> operator()(const AdagradOptions&) const { return {"sum"}; }
+    std::vector<std::string> operator()(const RmspropOptions& o) const {
+      std::vector<std::string> n{"square_avg"};
+      if (o.momentum > 0) n.push_back("momentum_buffer");
+      if (o.centered) n.push_back("grad_avg");
+      return n;
+    }
+    static std::vector<std::string> adamLike(bool amsgrad) {
+      std::vector<std::string> n{"exp_avg", "exp_avg_sq"};
+      if (amsgrad) n.push_back("max_exp_avg_sq");
+      return n;
+    }
+  };
+  return std::visit(Names{}, options);
+}
+
+// ---- shared step machinery ----------------------------------------------------------
+
+namespace {
+
+void checkLists(const char* opt, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<ParamState>& state) {
+  WEFT_ENFORCE(grads.size() == params.size() && state.size() == params.size(), InvalidArgumentError, opt, ": ",
+               params.size(), " parameters but ", grads.size(), " gradients and ", state.size(), " states");
+}
+
+void checkParamAndGrad(const char* opt, size_t i, const Tensor& p, const Tensor& g) {
+  WEFT_ENFORCE(p.defined(), InvalidArgumentError, opt, ": parameter ", i, " is undefined");
+  WEFT_ENFORCE(isFloating(p.dtype()), InvalidArgumentError, opt, ": parameter ", i, " has non-floating dtype ",
+               dtypeName(p.dtype()));
+  WEFT_ENFORCE(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device(), InvalidArgumentError,
+               opt, ": gradient ", i, " (shape ", g.shape(), ", ", dtypeName(g.dtype()), ", ", g.device().str(),
+               ") does not match its parameter (shape ", p.shape(), ", ", dtypeName(p.dtype()), ", ",
+               p.device().str(), ")");
+}
+
+// The buffer `name` of a parameter's state, created filled with `init` when
+// the parameter has not been updated yet. A buffer missing after updates
+// (state loaded from elsewhere, or a flag such as amsgrad switched on midway)
+// is an error rather than a silent restart.
+Tensor stateBuffer(const char* opt, size_t i, ParamState& st, const std::string& name, const Tensor& p,
+                   double init) {
+  auto it = st.buffers.find(name);
+  if (it == st.buffers.end()) {
+    WEFT_ENFORCE(st.step == 0, InvalidArgumentError, opt, ": the state of parameter ", i, " has step ", st.step,
+                 " but no '", name, "' buffer");
+    Tensor b = full(p.shape(), init, {.dtype = p.dtype(), .device = p.device()});
+    it = st.buffers.emplace(name, b).first;
+  }
+  const Tensor& b = it->second;
+  WEFT_ENFORCE(b.defined() && b.shape() == p.shape() && b.dtype() == p.dtype() && b.device() == p.device(),
+               InvalidArgumentError, opt, ": the '", name, "' buffer of parameter ", i,
+               " does not match the parameter's shape ", p.shape(), ", dtype and device");
+  return b;
+}
+
+// True when every tensor can be updated by a fused loop: CPU, contiguous,
+// the same floating dtype and element count.
+bool fusable(std::initializer_list<Tensor> ts) {
+  const Tensor& first = *ts.begin();
+  if (first.dtype() != DType::Float32 && first.dtype() != DType::Float64) return false;
+  for (const Tensor& t : ts) {
+    if (!t.defined()) continue;
+    if (!t.device().isCpu() || !t.isContiguous() || t.dtype() != first.dtype() || t.numel() != first.numel()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Records the raw writes of a fused loop in the tensors' version counters.
+void bumpVersions(std::initializer_list<Tensor> ts) {
+  for (const Tensor& t : ts) {
+    if (t.defined()) t.storage()->bumpVersion();
+  }
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+// The gradient as the update sees it: negated when maximizing, plus the L2
+// penalty weightDecay·p when asked (tensor-op path).
+Tensor effectiveGrad(const Tensor& p, const Tensor& g, bool maximize, double weightDecay) {
+  Tensor d = maximize ? neg(g) : g;
+  if (weightDecay != 0) d = add(d, p, weightDecay);
+  return d;
+}
+
+}  // namespace
+
+// ---- SGD ------------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+void sgdFused(int64_t n, T* p, const T* g, T* buf, bool freshBuf, const SgdOptions& o) {
+  const T wd = static_cast<T>(o.weightDecay), mom = static_cast<T>(o.momentum);
+  const T keep = static_cast<T>(1.0 - o.dampening), negLr = static_cast<T>(-o.lr);
+  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      T d = o.maximize ? -g[i] : g[i];
+      if (o.weightDecay != 0) d = d + wd * p[i];
+      if (buf) {
+        buf[i] = freshBuf ? d : buf[i] * mom + keep * d;
+        d = o.nesterov ? d + mom * buf[i] : buf[i];
+      }
+      p[i] = p[i] + negLr * d;
+    }
+  });
+}
+
+}  // namespace
+
+void sgd(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
+         const SgdOptions& o) {
+  checkOptions(o);
+  checkLists("SGD", params, grads, state);
+  NoGradGuard ng;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    Tensor p = params[i];
+    const Tensor& g = grads[i];
+    checkParamAndGrad("SGD", i, p, g);
+    ParamState& st = state[i];
+    Tensor buf;
+    bool fresh = false;
+    if (o.momentum != 0) {
+      auto it = st.buffers.find("momentum_buffer");
+      fresh = it == st.buffers.end();
+      buf = fresh ? emptyLike(p) : it->second;
+      WEFT_ENFORCE(buf.defined() && buf.shape() == p.shape() && buf.dtype() == p.dtype() && buf.device() == p.device(),
+                   InvalidArgumentError, "SGD: the 'momentum_buffer' buffer of parameter ", i,
+                   " does not match the parameter");
+    }
+    st.step += 1;
+    if (fusable({p, g, buf})) {
+      WEFT_DISPATCH_FLOATING(p.dtype(), "SGD", [&]<class T>() {
+        sgdFused<T>(p.numel(), p.data<T>(), g.data<T>(), ptr<T>(buf), fresh, o);
+      });
+      bumpVersions({p, buf});
+    } else {
+      Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
+      if (buf.defined()) {
+        if (fresh) {
+          buf.copy_(d);
+        } else {
+          buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
+        }
+        d = o.nesterov ? add(d, buf, o.momentum) : buf;
+      }
+      p.add_(d, -o.lr);
+    }
+    if (fresh) st.buffers["momentum_buffer"] = buf;
+  }
+}
+
+// ---- Adam and AdamW ------------------------------------------------------------------
+
+namespace {
+
+struct AdamRule {
+  const char* name;
+  double lr;
+  std::pair<double, double> betas;
+  double eps;
+  double weightDecay;
+  bool amsgrad;
+  bool maximize;
+  bool decoupled;  // AdamW: decay the parameter, not the gradient
+};
+
+template <class T>
+void adamFused(int64_t n, T* p, const T* g, T* m, T* v, T* vmax, const AdamRule& r, double stepSize,
+               double bc2Sqrt) {
+  const T b1 = static_cast<T>(r.betas.first), b2 = static_cast<T>(r.betas.second);
+  const T oneMinusB1 = static_cast<T>(1.0 - r.betas.first), oneMinusB2 = static_cast<T>(1.0 - r.betas.second);
+  const T wd = static_cast<T>(r.weightDecay), decay = static_cast<T>(1.0 - r.lr * r.weightDecay);
+  const T eps = static_cast<T>(r.eps), bc2 = static_cast<T>(bc2Sqrt), negStep = static_cast<T>(-stepSize);
+  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      T d = r.maximize ? -g[i] : g[i];
+      T pi = p[i];
+      if (r.decoupled) {
+        pi = pi * decay;
+      } else if (r.weightDecay != 0) {
+        d = d + wd * pi;
+      }
+      T mi = m[i] * b1 + oneMinusB1 * d;
+      T vi = v[i] * b2 + (oneMinusB2 * d) * d;
+      m[i] = mi;
+      v[i] = vi;
+      if (vmax) {
+        vi = std::max(vmax[i], vi);
+        vmax[i] = vi;
+      }
+      T denom = std::sqrt(vi) / bc2 + eps;
+      p[i] = pi + (negStep * mi) / denom;
+    }
+  });
+}
+
+void adamSteps(const AdamRule& r, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+               std::vector<ParamState>& state) {
+  checkLists(r.name, params, grads, state);
+  NoGradGuard ng;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    Tensor p = params[i];
+    const Tensor& g = grads[i];
+    checkParamAndGrad(r.name, i, p, g);
+    ParamState& st = state[i];
+    Tensor m = stateBuffer(r.name, i, st, "exp_avg", p, 0.0);
+    Tensor v = stateBuffer(r.name, i, st, "exp_avg_sq", p, 0.0);
+    Tensor vmax = r.amsgrad ? stateBuffer(r.name, i, st, "max_exp_avg_sq", p, 0.0) : Tensor();
+    st.step += 1;
+    double stepD = static_cast<double>(st.step);
+    double bc1 = 1.0 - std::pow(r.betas.first, stepD);
+    double bc2 = 1.0 - std::pow(r.betas.second, stepD);
+    double stepSize = r.lr / bc1;
+    double bc2Sqrt = std::sqrt(bc2);
+    if (fusable({p, g, m, v, vmax})) {
+      WEFT_DISPATCH_FLOATING(p.dtype(), r.name, [&]<class T>() {
+        adamFused<T>(p.numel(), p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), ptr<T>(vmax), r, stepSize,
+                     bc2Sqrt);
+      });
+      bumpVersions({p, m, v, vmax});
+      continue;
+    }
+    Tensor d = r.maximize ? neg(g) : g;
+    if (r.decoupled) {
+      p.mul_(1.0 - r.lr * r.weightDecay);
+    } else if (r.weightDecay != 0) {
+      d = add(d, p, r.weightDecay);
+    }
+    m.mul_(r.betas.first).add_(d, 1.0 - r.betas.first);
+    v.mul_(r.betas.second).addcmul_(d, d, 1.0 - r.betas.second);
+    Tensor denom;
+    if (r.amsgrad) {
+      vmax.copy_(maximum(vmax, v));
+      denom = add(sqrt(vmax) / bc2Sqrt, r.eps);
+    } else {
+      denom = add(sqrt(v) / bc2Sqrt, r.eps);
+    }
+    p.addcdiv_(m, denom, -stepSize);
+  }
+}
+
+}  // namespace
+
+void adam(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
+          const AdamOptions& o) {
+  checkOptions(o);
+  adamSteps({"Adam", o.lr, o.betas, o.eps, o.weightDecay, o.amsgrad, o.maximize, false}, params, grads, state);
+}
+
+void adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
+           const AdamWOptions& o) {
+  checkOptions(o);
+  adamSteps({"AdamW", o.lr, o.betas, o.eps, o.weightDecay, o.amsgrad, o.maximize, true}, params, grads, state);
+}
+
+// ---- Adagrad ----------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+void adagradFused(int64_t n, T* p, const T* g, T* sum, const AdagradOptions& o, double clr) {
+  const T wd = static_cast<T>(o.weightDecay), eps = static_cast<T>(o.eps), negClr = static_cast<T>(-clr);
+  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      T d = o.maximize ? -g[i] : g[i];
+      if (o.weightDecay != 0) d = d + wd * p[i];
+      T s = sum[i] + d * d;
+      sum[i] = s;
+      p[i] = p[i] + (negClr * d) / (std::sqrt(s) + eps);
+    }
+  });
+}
+
+}  // namespace
+
+void adagrad(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
+             const AdagradOptions& o) {
+  checkOptions(o);
+  checkLists("Adagrad", params, grads, state);
+  NoGradGuard ng;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    Tensor p = params[i];
+    const Tensor& g = grads[i];
+    checkParamAndGrad("Adagrad", i, p, g);
+    ParamState& st = state[i];
+    Tensor sum = stateBuffer("Adagrad", i, st, "sum", p, o.initialAccumulatorValue);
+    st.step += 1;
+    double clr = o.lr / (1.0 + static_cast<double>(st.step - 1) * o.lrDecay);
+    if (fusable({p, g, sum})) {
+      WEFT_DISPATCH_FLOATING(p.dtype(), "Adagrad", [&]<class T>() {
+        adagradFused<T>(p.numel(), p.data<T>(), g.data<T>(), sum.data<T>(), o, clr);
+      });
+      bumpVersions({p, sum});
+      continue;
+    }
+    Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
+    sum.addcmul_(d, d, 1.0);
+    p.addcdiv_(d, add(sqrt(sum), o.eps), -clr);
+  }
+}
+
+// ---- RMSprop ----------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+void rmspropFused(int64_t n, T* p, const T* g, T* sq, T* buf, T* gavg, const RmspropOptions& o) {
+  const T wd = static_cast<T>(o.weightDecay), alpha = static_cast<T>(o.alpha);
+  const T oneMinusAlpha = static_cast<T>(1.0 - o.alpha), eps = static_cast<T>(o.eps);
+  const T mom = static_cast<T>(o.momentum), negLr = static_cast<T>(-o.lr);
+  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      T d = o.maximize ? -g[i] : g[i];
+      if (o.weightDecay != 0) d = d + wd * p[i];
+      T s = sq[i] * alpha + (oneMinusAlpha * d) * d;
+      sq[i] = s;
+      T avg;
+      if (gavg) {
+        T ga = gavg[i] * alpha + oneMinusAlpha * d;
+        gavg[i] = ga;
+        avg = std::sqrt(s + (-ga) * ga);
+      } else {
+        avg = std::sqrt(s);
+      }
+      avg = avg + eps;
+      if (buf) {
+        T bi = buf[i] * mom + d / avg;
+        buf[i] = bi;
+        p[i] = p[i] + negLr * bi;
+      } else {
+        p[i] = p[i] + (negLr * d) / avg;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void rmsprop(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
+             const RmspropOptions& o) {
+  checkOptions(o);
+  checkLists("RMSprop", params, grads, state);
+  NoGradGuard ng;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    Tensor p = params[i];
+    const Tensor& g = grads[i];
+    checkParamAndGrad("RMSprop", i, p, g);
+    ParamState& st = state[i];
+    Tensor sq = stateBuffer("RMSprop", i, st, "square_avg", p, 0.0);
+    Tensor buf = o.momentum > 0 ? stateBuffer("RMSprop", i, st, "momentum_buffer", p, 0.0) : Tensor();
+    Tensor gavg = o.centered ? stateBuffer("RMSprop", i, st, "grad_avg", p, 0.0) : Tensor();
+    st.step += 1;
+    if (fusable({p, g, sq, buf, gavg})) {
+      WEFT_DISPATCH_FLOATING(p.dtype(), "RMSprop", [&]<class T>() {
+        rmspropFused<T>(p.numel(), p.data<T>(), g.data<T>(), sq.data<T>(), ptr<T>(buf), ptr<T>(gavg), o);
+      });
+      bumpVersions({p, sq, buf, gavg});
+      continue;
+    }
+    Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
+    sq.mul_(o.alpha).addcmul_(d, d, 1.0 - o.alpha);
+    Tensor avg;
+    if (gavg.defined()) {
+      gavg.mul_(o.alpha).add_(d, 1.0 - o.alpha);
+      avg = sqrt(sub(sq, mul(gavg, gavg)));
+    } else {
+      avg = sqrt(sq);
+    }
+    avg = add(avg, o.eps);
+    if (buf.defined()) {
+      buf.mul_(o.momentum).addcdiv_(d, avg, 1.0);
+      p.add_(buf, -o.lr);
+    } else {
+      p.addcdiv_(d, avg, -o.lr);
+    }
+  }
+}
+
+void step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+          std::vector<ParamState>& state) {
+  struct Step {
+    const std::vector<Tensor>& params;
+    const std::vector<Tensor>& grads;
+    std::vector<ParamState>& state;
+    void operator()(const SgdOptions& o) const { sgd(params, grads, state, o); }
+    void operator()(const AdamOptions& o) const { adam(params, grads, state, o); }
+    void operator()(const AdamWOptions& o) const { adamw(params, grads, state, o); }
+    void operator()(const AdagradOptions& o) const { adagrad(params, grads, state, o); }
+    void operator()(const RmspropOptions& o) const { rmsprop(params, grads, state, o); }
+  };
+  std::visit(Step{params, grads, state}, options);
+}
+
+// ---- Optimizer ---------------------------------------------------------------------------
+
+Optimizer::Optimizer(std::vector<Tensor> params, OptimizerOptions options)
+    : params_(std::move(params)), options_(std::move(options)), state_(params_.size()) {
+  validate(options_);
+  const char* opt = optimizerName(options_);
+  WEFT_ENFORCE(!params_.empty(), InvalidArgumentError, opt, ": got an empty parameter list");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    WEFT_ENFORCE(params_[i].defined(), InvalidArgumentError, opt, ": parameter ", i, " is undefined");
+    WEFT_ENFORCE(isFloating(params_[i].dtype()), InvalidArgumentError, opt, ": parameter ", i,
+                 " has non-floating dtype ", dtypeName(params_[i].dtype()));
+    for (size_t j = 0; j < i; ++j) {
+      WEFT_ENFORCE(!params_[j].sameAs(params_[i]), InvalidArgumentError, opt, ": parameter ", i,
+                   " is the same tensor as parameter ", j);
+    }
+  }
+}
+
+void Optimizer::step() {
+  std::vector<Tensor> grads;
+  grads.reserve(params_.size());
+  for (const Tensor& p : params_) grads.push_back(p.grad());
+  step(grads);
+}
+
+void Optimizer::step(const std::vector<Tensor>& grads) { optim::step(options_, params_, grads, state_); }
+
+void Optimizer::zeroGrad(bool setToNone) {
+  NoGradGuard ng;
+  for (const Tensor& p : params_) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (setToNone) {
+      p.setGrad(Tensor());
+    } else {
+      g.zero_();
+    }
+  }
+}
+
+void Optimizer::setOptions(OptimizerOptions options) {
+  WEFT_ENFORCE(options.index() == options_.index(), InvalidArgumentError, "setOptions: ", optimizerName(options_),
+               " cannot take ", optimizerName(options), " options");
+  validate(options);
+  options_ = std::move(options);
+}
+
+StateDict Optimizer::stateDict() const {
+  StateDict out;
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const ParamState& st = state_[i];
+    if (st.step == 0 && st.buffers.empty()) continue;
+    std::string prefix = detail::concat("state.", i, ".");
+    out.emplace(prefix + "step", scalarTensor(static_cast<double>(st.step), DType::Int64));
+    for (const auto& [name, buf] : st.buffers) out.emplace(prefix + name, buf.detach());
+  }
+  return out;
+}
+
+void Optimizer::loadStateDict(const StateDict& dict) {
+  const char* opt = optimizerName(options_);
+  std::vector<std::string> known = knownBufferNames(options_);
+  std::vector<ParamState> loaded(params_.size());
+  std::vector<bool> hasStep(params_.size(), false);
+  for (const auto& [key, value] : dict) {
+    // "state.<index>.<name>"
+    size_t dot = key.find('.', 6);
+    size_t index = 0;
+    bool ok = key.rfind("state.", 0) == 0 && dot != std::string::npos && dot > 6;
+    if (ok) {
+      auto [end, ec] = std::from_chars(key.data() + 6, key.data() + dot, index);
+      ok = ec == std::errc() && end == key.data() + dot;
+    }
+    WEFT_ENFORCE(ok, InvalidArgumentError, opt, ".loadStateDict: malformed key '", key,
+                 "' (expected state.<index>.<name>)");
+    WEFT_ENFORCE(index < params_.size(), InvalidArgumentError, opt, ".loadStateDict: key '", key,
+                 "' refers to parameter ", index, " but the optimizer has ", params_.size());
+    WEFT_ENFORCE(value.defined(), InvalidArgumentError, opt, ".loadStateDict: '", key, "' is undefined");
+    std::string name = key.substr(dot + 1);
+    const Tensor& p = params_[index];
+    if (name == "step") {
+      WEFT_ENFORCE(value.numel() == 1, InvalidArgumentError, opt, ".loadStateDict: '", key,
+                   "' must hold one value, got shape ", value.shape());
+      double s = value.to(Device::cpu()).item<double>();
+      WEFT_ENFORCE(s >= 0 && s == std::floor(s) && s < 9.0e15, InvalidArgumentError, opt, ".loadStateDict: '", key,
+                   "' is not a valid step count: ", s);
+      loaded[index].step = static_cast<int64_t>(s);
+      hasStep[index] = true;
+      continue;
+    }
+    WEFT_ENFORCE(std::find(known.begin(), known.end(), name) != known.end(), InvalidArgumentError, opt,
+                 ".loadStateDict: unexpected state buffer '", key, "'");
+    WEFT_ENFORCE(value.shape() == p.shape(), InvalidArgumentError, opt, ".loadStateDict: '", key, "' has shape ",
+                 value.shape(), " but parameter ", index, " has shape ", p.shape());
+    loaded[index].buffers.emplace(name, value);
+  }
+  std::vector<std::string> required = requiredBufferNames(options_);
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    WEFT_ENFORCE(hasStep[i] || loaded[i].buffers.empty(), InvalidArgumentError, opt,
+                 ".loadStateDict: parameter ", i, " has buffers but no 'state.", i, ".step'");
+    if (loaded[i].step == 0) continue;
+    for (const auto& name : required) {
+      WEFT_ENFORCE(loaded[i].buffers.count(name), InvalidArgumentError, opt, ".loadStateDict: parameter ", i,
+                   " has step ", loaded[i].step, " but no 'state.", i, ".", name, "'");
+    }
+  }
+  // Copies, so the optimizer never shares buffers with the dict's owner.
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    const Tensor& p = params_[i];
+    for (auto& [name, buf] : loaded[i].buffers) {
+      Tensor b = buf.dtype() == p.dtype() ? buf : buf.to(p.dtype());
+      buf = b.device() == p.device() ? b.clone() : b.contiguous().to(p.device());
+    }
+  }
+  state_ = std::move(loaded);
+}
+
+}  // namespace weft::nn::optim
