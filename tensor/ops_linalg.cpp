@@ -194,7 +194,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   GemmInput xIn = gemmInput(x2, {}), wIn = gemmInput(weight.detach(), {});
   double beta = 0.0;
   if (bias.defined() && rows > 0) {
-    Tensor b = bias.contiguous();
+    Tensor b = bias.detach().contiguous();
     kernels::cpu::fillRows(x.dtype(), b.rawData(), rows, outF, out.rawData(), outF);
     beta = 1.0;
   }

@@ -1,0 +1,422 @@
+// Neural-network ops (embedding, embeddingBag, conv2d, maxPool2d, dropout,
+// lstmCell) and their backward rules. Losses are in ops_loss.cpp.
+#include <mutex>
+
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/lstm.h"
+#include "kernels/cpu/pool.h"
+#include "kernels/cpu/reduce.h"
+#include "tensor/autograd.h"
+#include "tensor/generator.h"
+#include "tensor/op_utils.h"
+#include "tensor/ops.h"
+
+namespace weft {
+namespace {
+
+using kernels::cpu::BagReduce;
+
+// A contiguous tensor with the same values and no history: what kernels read.
+Tensor packed(const Tensor& t) { return t.defined() ? t.detach().contiguous() : Tensor(); }
+
+void checkTable(const char* op, const Tensor& weight) {
+  detail::checkDefined(op, weight, "weight");
+  detail::requireCpu(op, weight);
+  detail::requireFloating(op, weight);
+  WEFT_ENFORCE(weight.dim() == 2, InvalidArgumentError, op, ": weight must be 2-D [num, dim], got shape ",
+               weight.shape());
+}
+
+void checkIndexTensor(const char* op, const Tensor& t, const char* what) {
+  detail::requireDType(op, t, DType::Int64, what);
+  detail::requireCpu(op, t);
+}
+
+TensorOptions like(const Tensor& t) { return {.dtype = t.dtype(), .device = t.device()}; }
+
+}  // namespace
+
+// ---- embedding ------------------------------------------------------------
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  checkTable("embedding", weight);
+  checkIndexTensor("embedding", indices, "indices");
+  Tensor w = packed(weight), idx = packed(indices);
+  int64_t num = w.size(0), dim = w.size(1), n = idx.numel();
+  kernels::cpu::checkEmbeddingIndices("embedding", idx.data<int64_t>(), n, num);
+  Shape outShape = indices.shape();
+  outShape.push_back(dim);
+  Tensor out = empty(outShape, like(weight));
+  kernels::cpu::embeddingForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(), n, out.rawData());
+  if (anyRequiresGrad({&weight})) {
+    SavedTensor si(idx);
+    Shape wShape = weight.shape();
+    DType dt = weight.dtype();
+    recordOp("EmbeddingBackward", {weight}, {out}, [si, wShape, dt](const std::vector<Tensor>& g) {
+      Tensor ix = si.unpack("EmbeddingBackward");
+      Tensor go = g[0].contiguous();
+      Tensor gw = zeros(wShape, {.dtype = dt});
+      kernels::cpu::embeddingBackward(dt, go.rawData(), ix.data<int64_t>(), ix.numel(), wShape[0], wShape[1],
+                                      gw.rawData());
+      return std::vector<Tensor>{gw};
+    });
+  }
+  return out;
+}
+
+namespace {
+
+// Bag b covers indices [starts[b], starts[b+1]); validates offsets as
+// PyTorch's embedding_bag does (plus monotonicity, which it leaves unchecked).
+std::vector<int64_t> bagStarts(const Tensor& indices, const Tensor& offsets) {
+  const char* op = "embeddingBag";
+  std::vector<int64_t> starts;
+  if (indices.dim() == 2) {
+    WEFT_ENFORCE(!offsets.defined(), InvalidArgumentError, op,
+                 ": offsets must be undefined when indices are 2-D [bags, n] (fixed-size bags), got indices of shape ",
+                 indices.shape(), " and offsets of shape ", offsets.shape());
+    int64_t bags = indices.size(0), len = indices.size(1);
+    starts.resize(bags + 1);
+    for (int64_t b = 0; b <= bags; ++b) starts[b] = b * len;
+    return starts;
+  }
+  WEFT_ENFORCE(offsets.defined(), InvalidArgumentError, op,
+               ": 1-D indices need offsets (the position where each bag starts), got indices of shape ",
+               indices.shape());
+  checkIndexTensor(op, offsets, "offsets");
+  WEFT_ENFORCE(offsets.dim() == 1, InvalidArgumentError, op, ": offsets must be 1-D, got shape ", offsets.shape());
+  starts = offsets.toVector<int64_t>();
+  int64_t n = indices.numel();
+  if (!starts.empty()) {
+    WEFT_ENFORCE(starts[0] == 0, InvalidArgumentError, op,
+                 ": offsets[0] must be 0 (the first bag starts at the first index), got ", starts[0]);
+    for (size_t b = 1; b < starts.size(); ++b) {
+      WEFT_ENFORCE(starts[b] >= starts[b - 1], InvalidArgumentError, op, ": offsets must be non-decreasing, got offsets[",
+                   b - 1, "] = ", starts[b - 1], " > offsets[", b, "] = ", starts[b]);
+    }
+    WEFT_ENFORCE(starts.back() <= n, InvalidArgumentError, op, ": offsets[", starts.size() - 1, "] = ", starts.back(),
+                 " is beyond the end of the ", n, " indices");
+  }
+  starts.push_back(n);
+  return starts;
+}
+
+const char* modeName(EmbeddingBagMode m) {
+  switch (m) {
+    case EmbeddingBagMode::Sum: return "Sum";
+    case EmbeddingBagMode::Mean: return "Mean";
+    case EmbeddingBagMode::Max: return "Max";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Tensor embeddingBag(const Tensor& weight, const Tensor& indices, const Tensor& offsets, EmbeddingBagMode mode,
+                    const Tensor& perSampleWeights) {
+  const char* op = "embeddingBag";
+  checkTable(op, weight);
+  checkIndexTensor(op, indices, "indices");
+  WEFT_ENFORCE(indices.dim() == 1 || indices.dim() == 2, InvalidArgumentError, op,
+               ": indices must be 1-D (with offsets) or 2-D [bags, n], got shape ", indices.shape());
+  std::vector<int64_t> starts = bagStarts(indices, offsets);
+  int64_t bags = static_cast<int64_t>(starts.size()) - 1;
+  Tensor psw;
+  if (perSampleWeights.defined()) {
+    WEFT_ENFORCE(mode == EmbeddingBagMode::Sum, InvalidArgumentError, op,
+                 ": perSampleWeights are only supported in Sum mode, got mode ", modeName(mode));
+    detail::checkSameKind(op, weight, perSampleWeights);
+    WEFT_ENFORCE(perSampleWeights.shape() == indices.shape(), InvalidArgumentError, op, ": perSampleWeights of shape ",
+                 perSampleWeights.shape(), " must match indices of shape ", indices.shape());
+    psw = packed(perSampleWeights);
+  }
+  Tensor w = packed(weight), idx = packed(indices);
+  int64_t num = w.size(0), dim = w.size(1);
+  kernels::cpu::checkEmbeddingIndices(op, idx.data<int64_t>(), idx.numel(), num);
+  BagReduce reduce = mode == EmbeddingBagMode::Sum ? BagReduce::Sum
+                     : mode == EmbeddingBagMode::Mean ? BagReduce::Mean
+                                                      : BagReduce::Max;
+  Tensor out = empty({bags, dim}, like(weight));
+  Tensor argmax = reduce == BagReduce::Max ? empty({bags, dim}, {.dtype = DType::Int64}) : Tensor();
+  kernels::cpu::embeddingBagForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(), starts.data(), bags, reduce,
+                                    psw.defined() ? psw.rawData() : nullptr, out.rawData(),
+                                    argmax.defined() ? argmax.data<int64_t>() : nullptr);
+
+  if (anyRequiresGrad({&weight, &perSampleWeights})) {
+    bool needW = weight.requiresGrad(), needPsw = perSampleWeights.defined() && perSampleWeights.requiresGrad();
+    SavedTensor si(idx), sp(needW ? psw : Tensor()), sw(needPsw ? w : Tensor());
+    Shape wShape = weight.shape(), pShape = indices.shape();
+    DType dt = weight.dtype();
+    recordOp("EmbeddingBagBackward", {weight, perSampleWeights}, {out},
+             [needW, needPsw, si, sp, sw, argmax, starts, reduce, wShape, pShape, dt](const std::vector<Tensor>& g) {
+               const char* name = "EmbeddingBagBackward";
+               Tensor ix = si.unpack(name), go = g[0].contiguous();
+               int64_t nb = static_cast<int64_t>(starts.size()) - 1;
+               std::vector<Tensor> grads(2);
+               if (needW) {
+                 Tensor p = sp.unpack(name);
+                 Tensor gw = zeros(wShape, {.dtype = dt});
+                 kernels::cpu::embeddingBagBackward(dt, go.rawData(), ix.data<int64_t>(), starts.data(), nb, reduce,
+                                                    p.defined() ? p.rawData() : nullptr,
+                                                    argmax.defined() ? argmax.data<int64_t>() : nullptr, wShape[0],
+                                                    wShape[1], gw.rawData());
+                 grads[0] = gw;
+               }
+               if (needPsw) {
+                 Tensor gp = empty(pShape, {.dtype = dt});
+                 kernels::cpu::embeddingBagSampleWeightsBackward(dt, go.rawData(), sw.unpack(name).rawData(), wShape[1],
+                                                                 ix.data<int64_t>(), starts.data(), nb, gp.rawData());
+                 grads[1] = gp;
+               }
+               return grads;
+             });
+  }
+  return out;
+}
+
+// ---- convolution and pooling -------------------------------------------------
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pair<int64_t, int64_t> stride,
+              std::pair<int64_t, int64_t> padding) {
+  const char* op = "conv2d";
+  detail::checkSameKind(op, x, weight);
+  detail::requireCpu(op, x);
+  detail::requireFloating(op, x);
+  WEFT_ENFORCE(x.dim() == 4, InvalidArgumentError, op, ": input must be 4-D [N, C, H, W], got shape ", x.shape());
+  WEFT_ENFORCE(weight.dim() == 4, InvalidArgumentError, op, ": weight must be 4-D [O, C, kh, kw], got shape ",
+               weight.shape());
+  WEFT_ENFORCE(weight.size(1) == x.size(1), InvalidArgumentError, op, ": weight of shape ", weight.shape(),
+               " expects ", weight.size(1), " input channels, got input of shape ", x.shape());
+  if (bias.defined()) {
+    detail::checkSameKind(op, x, bias);
+    WEFT_ENFORCE(bias.dim() == 1 && bias.size(0) == weight.size(0), InvalidArgumentError, op, ": bias of shape ",
+                 bias.shape(), " does not match weight of shape ", weight.shape(), " (expected [", weight.size(0), "])");
+  }
+  auto [sh, sw] = stride;
+  auto [ph, pw] = padding;
+  WEFT_ENFORCE(sh >= 1 && sw >= 1, InvalidArgumentError, op, ": stride must be positive, got (", sh, ", ", sw, ")");
+  WEFT_ENFORCE(ph >= 0 && pw >= 0, InvalidArgumentError, op, ": padding must be non-negative, got (", ph, ", ", pw,
+               ")");
+  kernels::cpu::Conv2dGeometry geo{.batch = x.size(0), .inChannels = x.size(1), .height = x.size(2),
+                                   .width = x.size(3), .outChannels = weight.size(0), .kernelH = weight.size(2),
+                                   .kernelW = weight.size(3), .strideH = sh, .strideW = sw, .padH = ph, .padW = pw};
+  WEFT_ENFORCE(geo.height + 2 * ph >= geo.kernelH && geo.width + 2 * pw >= geo.kernelW, InvalidArgumentError, op,
+               ": kernel of size (", geo.kernelH, ", ", geo.kernelW, ") is larger than the padded input (",
+               geo.height + 2 * ph, ", ", geo.width + 2 * pw, ") of input shape ", x.shape());
+  geo.outH = (geo.height + 2 * ph - geo.kernelH) / sh + 1;
+  geo.outW = (geo.width + 2 * pw - geo.kernelW) / sw + 1;
+  Tensor xc = packed(x), wc = packed(weight), bc = packed(bias);
+  Tensor out = empty({geo.batch, geo.outChannels, geo.outH, geo.outW}, like(x));
+  kernels::cpu::conv2dForward(x.dtype(), geo, xc.rawData(), wc.rawData(), bc.defined() ? bc.rawData() : nullptr,
+                              out.rawData());
+  if (anyRequiresGrad({&x, &weight, &bias})) {
+    bool needX = x.requiresGrad(), needW = weight.requiresGrad(), hasBias = bias.defined();
+    bool needB = hasBias && bias.requiresGrad();
+    SavedTensor sx(needW ? xc : Tensor()), sw2(needX ? wc : Tensor());
+    Shape xShape = x.shape(), wShape = weight.shape();
+    DType dt = x.dtype();
+    std::vector<Tensor> inputs{x, weight};
+    if (hasBias) inputs.push_back(bias);
+    recordOp("Conv2dBackward", inputs, {out},
+             [needX, needW, needB, hasBias, sx, sw2, geo, xShape, wShape, dt](const std::vector<Tensor>& g) {
+               Tensor go = g[0].contiguous();
+               Tensor xv = sx.unpack("Conv2dBackward"), wv = sw2.unpack("Conv2dBackward");
+               Tensor gx = needX ? empty(xShape, {.dtype = dt}) : Tensor();
+               Tensor gw = needW ? empty(wShape, {.dtype = dt}) : Tensor();
+               Tensor gb = needB ? empty({wShape[0]}, {.dtype = dt}) : Tensor();
+               kernels::cpu::conv2dBackward(dt, geo, xv.defined() ? xv.rawData() : nullptr,
+                                            wv.defined() ? wv.rawData() : nullptr, go.rawData(),
+                                            gx.defined() ? gx.rawData() : nullptr,
+                                            gw.defined() ? gw.rawData() : nullptr,
+                                            gb.defined() ? gb.rawData() : nullptr);
+               std::vector<Tensor> grads{gx, gw};
+               if (hasBias) grads.push_back(gb);
+               return grads;
+             });
+  }
+  return out;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
+  return conv2d(x, weight, bias, {stride, stride}, {padding, padding});
+}
+
+Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
+  const char* op = "maxPool2d";
+  detail::checkDefined(op, x, "input");
+  detail::requireCpu(op, x);
+  detail::requireFloating(op, x);
+  WEFT_ENFORCE(x.dim() == 4, InvalidArgumentError, op, ": input must be 4-D [N, C, H, W], got shape ", x.shape());
+  if (stride == 0) stride = kernel;
+  WEFT_ENFORCE(kernel >= 1 && stride >= 1, InvalidArgumentError, op, ": kernel (", kernel, ") and stride (", stride,
+               ") must be positive");
+  WEFT_ENFORCE(padding >= 0 && 2 * padding <= kernel, InvalidArgumentError, op, ": padding ", padding,
+               " must be between 0 and half the kernel size ", kernel);
+  int64_t H = x.size(2), W = x.size(3);
+  WEFT_ENFORCE(H + 2 * padding >= kernel && W + 2 * padding >= kernel, InvalidArgumentError, op, ": input of shape ",
+               x.shape(), " is smaller than the kernel ", kernel, " (padding ", padding, ")");
+  kernels::cpu::Pool2dGeometry geo{.planes = x.size(0) * x.size(1), .height = H, .width = W, .kernelH = kernel,
+                                   .kernelW = kernel, .strideH = stride, .strideW = stride, .padH = padding,
+                                   .padW = padding};
+  geo.outH = (H + 2 * padding - kernel) / stride + 1;
+  geo.outW = (W + 2 * padding - kernel) / stride + 1;
+  Tensor xc = packed(x);
+  Tensor out = empty({x.size(0), x.size(1), geo.outH, geo.outW}, like(x));
+  Tensor argmax = empty(out.shape(), {.dtype = DType::Int64});
+  if (out.numel() > 0) {
+    kernels::cpu::maxPool2dForward(x.dtype(), geo, xc.rawData(), out.rawData(), argmax.data<int64_t>());
+  }
+  if (anyRequiresGrad({&x})) {
+    Shape xShape = x.shape();
+    DType dt = x.dtype();
+    recordOp("MaxPool2dBackward", {x}, {out}, [argmax, geo, xShape, dt](const std::vector<Tensor>& g) {
+      Tensor go = g[0].contiguous();
+      Tensor gx = zeros(xShape, {.dtype = dt});
+      if (go.numel() > 0) {
+        kernels::cpu::maxPool2dBackward(dt, geo, go.rawData(), argmax.data<int64_t>(), gx.rawData());
+      }
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return out;
+}
+
+// ---- dropout ---------------------------------------------------------------------
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  detail::checkDefined("dropout", x, "input");
+  WEFT_ENFORCE(p >= 0.0 && p <= 1.0, InvalidArgumentError, "dropout: probability has to be between 0 and 1, got ", p);
+  if (!training || p == 0.0) return x;
+  detail::requireCpu("dropout", x);
+  detail::requireFloating("dropout", x);
+  // mask = 0 with probability p, else 1 / (1 - p); all zeros when p == 1.
+  Tensor mask = empty(x.shape(), like(x));
+  int64_t n = mask.numel();
+  if (p == 1.0) {
+    mask.zero_();
+  } else {
+    std::unique_lock<std::mutex> lock;
+    if (!gen) {
+      lock = std::unique_lock<std::mutex>(defaultGeneratorMutex());
+      gen = &defaultGenerator();
+    }
+    double scale = 1.0 / (1.0 - p);
+    WEFT_DISPATCH_FLOATING(x.dtype(), "dropout", [&]<class T>() {
+      T* m = mask.data<T>();
+      T keep = static_cast<T>(scale);
+      for (int64_t i = 0; i < n; ++i) m[i] = gen->nextDouble() < p ? T(0) : keep;
+    });
+  }
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = mul(x, mask);
+  }
+  if (anyRequiresGrad({&x})) {
+    recordOp("DropoutBackward", {x}, {out},
+             [mask](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], mask)}; });
+  }
+  return out;
+}
+
+// ---- LSTM cell ---------------------------------------------------------------------
+
+std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& wIh,
+                                   const Tensor& wHh, const Tensor& bIh, const Tensor& bHh) {
+  const char* op = "lstmCell";
+  detail::checkSameKind(op, x, wIh);
+  detail::checkSameKind(op, x, wHh);
+  detail::checkSameKind(op, x, h);
+  detail::checkSameKind(op, x, c);
+  detail::requireCpu(op, x);
+  detail::requireFloating(op, x);
+  WEFT_ENFORCE(x.dim() == 2, InvalidArgumentError, op, ": input must be 2-D [N, in], got shape ", x.shape());
+  WEFT_ENFORCE(wIh.dim() == 2 && wIh.size(0) % 4 == 0 && wIh.size(1) == x.size(1), InvalidArgumentError, op,
+               ": wIh of shape ", wIh.shape(), " must be [4*hidden, in] for input of shape ", x.shape());
+  int64_t N = x.size(0), in = x.size(1), H = wIh.size(0) / 4;
+  WEFT_ENFORCE(wHh.shape() == (Shape{4 * H, H}), InvalidArgumentError, op, ": wHh of shape ", wHh.shape(),
+               " must be [", 4 * H, ", ", H, "] for wIh of shape ", wIh.shape());
+  WEFT_ENFORCE(h.shape() == (Shape{N, H}) && c.shape() == (Shape{N, H}), InvalidArgumentError, op, ": h of shape ",
+               h.shape(), " and c of shape ", c.shape(), " must both be [", N, ", ", H, "]");
+  for (const Tensor* b : {&bIh, &bHh}) {
+    if (!b->defined()) continue;
+    detail::checkSameKind(op, x, *b);
+    WEFT_ENFORCE(b->shape() == Shape{4 * H}, InvalidArgumentError, op, ": bias of shape ", b->shape(), " must be [",
+                 4 * H, "]");
+  }
+  DType dt = x.dtype();
+  Tensor xc = packed(x), hc = packed(h), cc = packed(c), wi = packed(wIh), wh = packed(wHh);
+
+  // gates = x · wIh^T + h · wHh^T + (bIh + bHh)
+  Tensor gates = empty({N, 4 * H}, like(x));
+  double beta = 0.0;
+  if (bIh.defined() || bHh.defined()) {
+    Tensor bias;
+    if (bIh.defined() && bHh.defined()) {
+      NoGradGuard ng;
+      bias = add(bIh.detach(), bHh.detach()).contiguous();
+    } else {
+      bias = packed(bIh.defined() ? bIh : bHh);
+    }
+    kernels::cpu::fillRows(dt, bias.rawData(), N, 4 * H, gates.rawData(), 4 * H);
+    beta = 1.0;
+  }
+  kernels::cpu::gemm(dt, {xc.rawData(), false, in}, {wi.rawData(), true, in}, N, 4 * H, in, 1.0, beta,
+                     gates.rawData(), 4 * H);
+  kernels::cpu::gemm(dt, {hc.rawData(), false, H}, {wh.rawData(), true, H}, N, 4 * H, H, 1.0, 1.0, gates.rawData(),
+                     4 * H);
+  Tensor cNew = empty({N, H}, like(x)), hNew = empty({N, H}, like(x));
+  kernels::cpu::lstmCellForward(dt, N, H, gates.rawData(), cc.rawData(), cNew.rawData(), hNew.rawData());
+
+  std::vector<Tensor> inputs{x, h, c, wIh, wHh, bIh, bHh};
+  if (anyRequiresGrad(inputs)) {
+    std::vector<bool> need(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) need[i] = inputs[i].defined() && inputs[i].requiresGrad();
+    SavedTensor sx(need[3] ? xc : Tensor()), sh(need[4] ? hc : Tensor()), sc(cc), scn(cNew);
+    SavedTensor swi(need[0] ? wi : Tensor()), swh(need[1] ? wh : Tensor());
+    recordOp("LstmCellBackward", inputs, {hNew, cNew},
+             [need, sx, sh, sc, scn, swi, swh, gates, N, in, H, dt](const std::vector<Tensor>& g) {
+               const char* name = "LstmCellBackward";
+               Tensor gh = g[0].contiguous(), gc = g[1].contiguous();
+               Tensor dGates = empty({N, 4 * H}, {.dtype = dt}), gcPrev = empty({N, H}, {.dtype = dt});
+               kernels::cpu::lstmCellBackward(dt, N, H, gates.rawData(), sc.unpack(name).rawData(),
+                                              scn.unpack(name).rawData(), gh.rawData(), gc.rawData(), dGates.rawData(),
+                                              gcPrev.rawData());
+               kernels::cpu::MatrixOperand dg{dGates.rawData(), false, 4 * H}, dgT{dGates.rawData(), true, 4 * H};
+               std::vector<Tensor> grads(7);
+               if (need[0]) {  // dx = dGates · wIh
+                 grads[0] = empty({N, in}, {.dtype = dt});
+                 kernels::cpu::gemm(dt, dg, {swi.unpack(name).rawData(), false, in}, N, in, 4 * H, 1.0, 0.0,
+                                    grads[0].rawData(), in);
+               }
+               if (need[1]) {  // dh = dGates · wHh
+                 grads[1] = empty({N, H}, {.dtype = dt});
+                 kernels::cpu::gemm(dt, dg, {swh.unpack(name).rawData(), false, H}, N, H, 4 * H, 1.0, 0.0,
+                                    grads[1].rawData(), H);
+               }
+               if (need[2]) grads[2] = gcPrev;
+               if (need[3]) {  // dwIh = dGates^T · x
+                 grads[3] = empty({4 * H, in}, {.dtype = dt});
+                 kernels::cpu::gemm(dt, dgT, {sx.unpack(name).rawData(), false, in}, 4 * H, in, N, 1.0, 0.0,
+                                    grads[3].rawData(), in);
+               }
+               if (need[4]) {  // dwHh = dGates^T · h
+                 grads[4] = empty({4 * H, H}, {.dtype = dt});
+                 kernels::cpu::gemm(dt, dgT, {sh.unpack(name).rawData(), false, H}, 4 * H, H, N, 1.0, 0.0,
+                                    grads[4].rawData(), H);
+               }
+               if (need[5] || need[6]) {  // both biases receive the column sums of dGates
+                 Tensor gb = empty({4 * H}, {.dtype = dt});
+                 kernels::cpu::sumCols(dt, dGates.rawData(), N, 4 * H, gb.rawData());
+                 if (need[5]) grads[5] = gb;
+                 if (need[6]) grads[6] = need[5] ? gb.clone() : gb;
+               }
+               return grads;
+             });
+  }
+  return {hNew, cNew};
+}
+
+}  // namespace weft
