@@ -1,0 +1,83 @@
+#include "nn/utils.h"
+
+#include <cmath>
+
+#include "tensor/ops.h"
+
+namespace weft::nn {
+
+double clipGradNorm_(const std::vector<Tensor>& params, double maxNorm, double normType, bool errorIfNonfinite) {
+  WEFT_ENFORCE(normType > 0, InvalidArgumentError, "clipGradNorm_: normType must be positive, got ", normType);
+  WEFT_ENFORCE(maxNorm >= 0, InvalidArgumentError, "clipGradNorm_: maxNorm must be non-negative, got ", maxNorm);
+  NoGradGuard ng;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return 0.0;
+  bool inf = std::isinf(normType);
+  double total = 0.0;
+  for (const Tensor& g : grads) {
+    if (g.numel() == 0) continue;
+    Tensor a = abs(g);
+    if (inf) {
+      total = std::max(total, max(a).item<double>());
+    } else if (normType == 2.0) {
+      total += sum(square(a)).item<double>();
+    } else {
+      total += sum(pow(a, normType)).item<double>();
+    }
+  }
+  if (!inf) total = normType == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / normType);
+  WEFT_ENFORCE(!errorIfNonfinite || std::isfinite(total), InvalidArgumentError, "clipGradNorm_: the total norm ",
+               "of order ", normType, " of the gradients is ", total);
+  double coef = maxNorm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (Tensor& g : grads) g.mul_(coef);
+  }
+  return total;
+}
+
+void clipGradValue_(const std::vector<Tensor>& params, double clipValue) {
+  WEFT_ENFORCE(clipValue >= 0, InvalidArgumentError, "clipGradValue_: clipValue must be non-negative, got ",
+               clipValue);
+  NoGradGuard ng;
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    Tensor g = p.grad();
+    g.copy_(clamp(g, -clipValue, clipValue));
+  }
+}
+
+Tensor parametersToVector(const std::vector<Tensor>& params) {
+  WEFT_ENFORCE(!params.empty(), InvalidArgumentError, "parametersToVector: no parameters");
+  NoGradGuard ng;
+  std::vector<Tensor> flat;
+  for (size_t i = 0; i < params.size(); ++i) {
+    WEFT_ENFORCE(params[i].defined(), InvalidArgumentError, "parametersToVector: parameter ", i, " is undefined");
+    WEFT_ENFORCE(params[i].dtype() == params[0].dtype() && params[i].device() == params[0].device(),
+                 InvalidArgumentError, "parametersToVector: parameter ", i, " is ", dtypeName(params[i].dtype()),
+                 " on ", params[i].device().str(), " but parameter 0 is ", dtypeName(params[0].dtype()), " on ",
+                 params[0].device().str());
+    flat.push_back(params[i].reshape({-1}));
+  }
+  return cat(flat, 0);
+}
+
+void vectorToParameters(const Tensor& vec, const std::vector<Tensor>& params) {
+  WEFT_ENFORCE(vec.defined() && vec.dim() == 1, InvalidArgumentError, "vectorToParameters: expected a 1-D vector, got ",
+               vec.defined() ? shapeString(vec.shape()) : std::string("an undefined tensor"));
+  int64_t total = 0;
+  for (const Tensor& p : params) total += p.numel();
+  WEFT_ENFORCE(total == vec.numel(), InvalidArgumentError, "vectorToParameters: the vector has ", vec.numel(),
+               " elements but the parameters have ", total);
+  NoGradGuard ng;
+  int64_t offset = 0;
+  for (const Tensor& p : params) {
+    Tensor dst = p;
+    dst.copy_(vec.narrow(0, offset, p.numel()).view(p.shape()));
+    offset += p.numel();
+  }
+}
+
+}  // namespace weft::nn
