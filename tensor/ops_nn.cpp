@@ -93,8 +93,9 @@ std::vector<int64_t> bagStarts(const Tensor& indices, const Tensor& offsets) {
     WEFT_ENFORCE(starts[0] == 0, InvalidArgumentError, op,
                  ": offsets[0] must be 0 (the first bag starts at the first index), got ", starts[0]);
     for (size_t b = 1; b < starts.size(); ++b) {
-      WEFT_ENFORCE(starts[b] >= starts[b - 1], InvalidArgumentError, op, ": offsets must be non-decreasing, got offsets[",
-                   b - 1, "] = ", starts[b - 1], " > offsets[", b, "] = ", starts[b]);
+      WEFT_ENFORCE(starts[b] >= starts[b - 1], InvalidArgumentError, op,
+                   ": offsets must be non-decreasing, got offsets[", b - 1, "] = ", starts[b - 1], " > offsets[", b,
+                   "] = ", starts[b]);
     }
     WEFT_ENFORCE(starts.back() <= n, InvalidArgumentError, op, ": offsets[", starts.size() - 1, "] = ", starts.back(),
                  " is beyond the end of the ", n, " indices");
@@ -192,7 +193,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pa
   if (bias.defined()) {
     detail::checkSameKind(op, x, bias);
     WEFT_ENFORCE(bias.dim() == 1 && bias.size(0) == weight.size(0), InvalidArgumentError, op, ": bias of shape ",
-                 bias.shape(), " does not match weight of shape ", weight.shape(), " (expected [", weight.size(0), "])");
+                 bias.shape(), " does not match weight of shape ", weight.shape(), " (expected [", weight.size(0),
+                 "])");
   }
   auto [sh, sw] = stride;
   auto [ph, pw] = padding;

@@ -19,9 +19,17 @@ def wave(shape, phase, scale=1.0):
 
 
 def emit(name, t):
-    vals = ", ".join(repr(v) for v in t.flatten().tolist())
     print(f"// {name}: shape {list(t.shape)}")
-    print(f"const std::vector<double> {name} = {{{vals}}};")
+    print(f"const std::vector<double> {name} = {{")
+    line = "   "
+    for v in t.flatten().tolist():
+        item = f" {v!r},"
+        if len(line) + len(item) > 118:
+            print(line)
+            line = "   "
+        line += item
+    print(line)
+    print("};")
 
 
 # conv2d: rectangular kernel, stride (2, 1), padding (1, 0)
