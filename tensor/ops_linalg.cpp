@@ -204,7 +204,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (anyRequiresGrad({&x, &weight, &bias})) {
     bool needX = x.requiresGrad(), needW = weight.requiresGrad(), hasBias = bias.defined();
     bool needB = hasBias && bias.requiresGrad();
-    SavedTensor sx(needW ? x2 : Tensor()), sw(needX ? weight : Tensor());
+    SavedTensor sx(needW ? xIn.keep : Tensor()), sw(needX ? wIn.keep : Tensor());
     Shape xShape = x.shape(), wShape = weight.shape();
     DType dt = x.dtype();
     std::vector<Tensor> inputs{x, weight};
