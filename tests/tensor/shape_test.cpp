@@ -37,7 +37,7 @@ TEST_CASE("cat accepts non-contiguous, empty and int64 inputs") {
   Tensor a = iota({2, 3});
   Tensor t = a.t();  // [[0,3],[1,4],[2,5]], non-contiguous
   CHECK(cat({t, t}, 1).toVector<double>() == std::vector<double>{0, 3, 0, 3, 1, 4, 1, 4, 2, 5, 2, 5});
-  CHECK(cat({a, zeros({0, 3}, kF64)}).toVector<double>() == a.toVector<double>());
+  CHECK(cat({a, empty({0, 3}, kF64)}).toVector<double>() == a.toVector<double>());
   Tensor i = iota({3}, DType::Int64);
   Tensor ii = cat({i, i});
   CHECK(ii.dtype() == DType::Int64);
@@ -130,7 +130,7 @@ TEST_CASE("chunk follows torch.chunk, including fewer pieces than asked") {
   };
   CHECK(sizes(chunk(zeros({5}), 3)) == std::vector<int64_t>{2, 2, 1});
   CHECK(sizes(chunk(zeros({6}), 4)) == std::vector<int64_t>{2, 2, 2});
-  CHECK(sizes(chunk(zeros({0}), 3)) == std::vector<int64_t>{0, 0, 0});
+  CHECK(sizes(chunk(empty({0}), 3)) == std::vector<int64_t>{0, 0, 0});
   CHECK(sizes(chunk(zeros({3}), 5)) == std::vector<int64_t>{1, 1, 1});
   Tensor a = iota({2, 4});
   auto halves = chunk(a, 2, -1);
