@@ -43,6 +43,56 @@ class StateError : public Error {
   using Error::Error;
 };
 
+// ---- failures of distributed operations (see common/status.h) -----------------
+
+// A call failed on another worker: its handler threw, or the remote runtime
+// failed while serving it. Names the worker and function where it happened;
+// what() reads "remote error on worker 'w1' in 'add': std::runtime_error: boom".
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string worker, std::string function, std::string remoteMessage)
+      : Error(describe(worker, function, remoteMessage)),
+        worker_(std::move(worker)),
+        function_(std::move(function)),
+        remoteMessage_(std::move(remoteMessage)) {}
+  const std::string& worker() const noexcept { return worker_; }
+  const std::string& function() const noexcept { return function_; }
+  // The message as raised on the remote worker, without the origin.
+  const std::string& remoteMessage() const noexcept { return remoteMessage_; }
+
+ private:
+  static std::string describe(const std::string& worker, const std::string& function, const std::string& message) {
+    std::string s = "remote error on worker '" + worker + "'";
+    if (!function.empty()) s += " in '" + function + "'";
+    return s + ": " + message;
+  }
+  std::string worker_;
+  std::string function_;
+  std::string remoteMessage_;
+};
+// An operation did not complete before its deadline.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+// The connection to a peer dropped or its process died, so the operation
+// cannot complete.
+class DisconnectedError : public Error {
+ public:
+  using Error::Error;
+};
+// Bytes from a peer broke the wire protocol (malformed, truncated, oversized,
+// wrong version or types that do not match the declaration).
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+// The operation was cancelled before it completed.
+class CancelledError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 template <class T>
