@@ -65,6 +65,7 @@ void copyContiguousToStrided(DType type, const void* src, std::span<const int64_
 }
 
 void fill(DType type, void* dst, int64_t n, double value) {
+  if (n <= 0) return;
   WEFT_DISPATCH_ALL(type, "fill", [&]<class T>() {
     T v = static_cast<T>(value);
     T* d = static_cast<T*>(dst);
