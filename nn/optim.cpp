@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/loops.h"
 #include "tensor/ops.h"
@@ -179,14 +180,21 @@ Tensor stateBuffer(const char* opt, size_t i, ParamState& st, const std::string&
 }
 
 // True when every tensor can be updated by a fused loop: CPU, contiguous,
-// the same floating dtype and element count.
+// the same floating dtype and element count, and no two overlapping in
+// memory (the loops are compiled assuming independent elements).
 bool fusable(std::initializer_list<Tensor> ts) {
   const Tensor& first = *ts.begin();
   if (first.dtype() != DType::Float32 && first.dtype() != DType::Float64) return false;
-  for (const Tensor& t : ts) {
-    if (!t.defined()) continue;
-    if (!t.device().isCpu() || !t.isContiguous() || t.dtype() != first.dtype() || t.numel() != first.numel()) {
+  for (auto a = ts.begin(); a != ts.end(); ++a) {
+    if (!a->defined()) continue;
+    if (!a->device().isCpu() || !a->isContiguous() || a->dtype() != first.dtype() || a->numel() != first.numel()) {
       return false;
+    }
+    const char* aBegin = static_cast<const char*>(a->rawData());
+    for (auto b = ts.begin(); b != a; ++b) {
+      if (!b->defined()) continue;
+      const char* bBegin = static_cast<const char*>(b->rawData());
+      if (aBegin < bBegin + b->nbytes() && bBegin < aBegin + a->nbytes()) return false;
     }
   }
   return true;
@@ -204,6 +212,29 @@ T* ptr(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
+// Calls fn(std::bool_constant<flags>...) so that a fused loop is compiled
+// once per combination of its options: branch-free inside, vectorisable.
+template <class F>
+void withFlags(F&& fn) {
+  fn();
+}
+template <class F, class... Rest>
+void withFlags(F&& fn, bool flag, Rest... rest) {
+  if (flag) {
+    withFlags([&](auto... more) { fn(std::true_type{}, more...); }, rest...);
+  } else {
+    withFlags([&](auto... more) { fn(std::false_type{}, more...); }, rest...);
+  }
+}
+
+// Runs range(begin, end) over [0, n) in parallel. Each fused rule's range
+// function takes its pointers and constants by value, so that the compiler
+// knows the loop's stores cannot change them and keeps them in registers.
+template <class Range>
+void fusedLoop(int64_t n, const Range& range) {
+  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) { range(b, e); });
+}
+
 // The gradient as the update sees it: negated when maximizing, plus the L2
 // penalty weightDecay·p when asked (tensor-op path).
 Tensor effectiveGrad(const Tensor& p, const Tensor& g, bool maximize, double weightDecay) {
@@ -219,20 +250,23 @@ Tensor effectiveGrad(const Tensor& p, const Tensor& g, bool maximize, double wei
 namespace {
 
 template <class T>
-void sgdFused(int64_t n, T* p, const T* g, T* buf, bool freshBuf, const SgdOptions& o) {
-  const T wd = static_cast<T>(o.weightDecay), mom = static_cast<T>(o.momentum);
-  const T keep = static_cast<T>(1.0 - o.dampening), negLr = static_cast<T>(-o.lr);
-  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      T d = o.maximize ? -g[i] : g[i];
-      if (o.weightDecay != 0) d = d + wd * p[i];
-      if (buf) {
-        buf[i] = freshBuf ? d : buf[i] * mom + keep * d;
-        d = o.nesterov ? d + mom * buf[i] : buf[i];
-      }
-      p[i] = p[i] + negLr * d;
+struct SgdConstants {
+  T weightDecay, momentum, keep, negLr;
+};
+
+template <class T, bool kMaximize, bool kDecay, bool kMomentum, bool kNesterov, bool kFreshBuffer>
+void sgdRange(int64_t b, int64_t e, T* p, const T* g, T* buf, SgdConstants<T> c) {
+#pragma GCC ivdep
+  for (int64_t i = b; i < e; ++i) {
+    T d = kMaximize ? -g[i] : g[i];
+    if constexpr (kDecay) d = d + c.weightDecay * p[i];
+    if constexpr (kMomentum) {
+      T bi = kFreshBuffer ? d : buf[i] * c.momentum + c.keep * d;
+      buf[i] = bi;
+      d = kNesterov ? d + c.momentum * bi : bi;
     }
-  });
+    p[i] = p[i] + c.negLr * d;
+  }
 }
 
 }  // namespace
@@ -261,7 +295,17 @@ void sgd(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, st
     st.step += 1;
     if (fusable({p, g, buf})) {
       WEFT_DISPATCH_FLOATING(p.dtype(), "SGD", [&]<class T>() {
-        sgdFused<T>(p.numel(), p.data<T>(), g.data<T>(), ptr<T>(buf), fresh, o);
+        withFlags(
+            [&](auto maximize, auto decay, auto momentum, auto nesterov, auto freshBuffer) {
+              SgdConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.momentum),
+                                static_cast<T>(1.0 - o.dampening), static_cast<T>(-o.lr)};
+              T *pp = p.data<T>(), *bp = ptr<T>(buf);
+              const T* gp = g.data<T>();
+              fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
+                sgdRange<T, maximize, decay, momentum, nesterov, freshBuffer>(b, e, pp, gp, bp, c);
+              });
+            },
+            o.maximize, o.weightDecay != 0, buf.defined(), o.nesterov, fresh);
       });
       bumpVersions({p, buf});
     } else {
@@ -296,33 +340,32 @@ struct AdamRule {
 };
 
 template <class T>
-void adamFused(int64_t n, T* p, const T* g, T* m, T* v, T* vmax, const AdamRule& r, double stepSize,
-               double bc2Sqrt) {
-  const T b1 = static_cast<T>(r.betas.first), b2 = static_cast<T>(r.betas.second);
-  const T oneMinusB1 = static_cast<T>(1.0 - r.betas.first), oneMinusB2 = static_cast<T>(1.0 - r.betas.second);
-  const T wd = static_cast<T>(r.weightDecay), decay = static_cast<T>(1.0 - r.lr * r.weightDecay);
-  const T eps = static_cast<T>(r.eps), bc2 = static_cast<T>(bc2Sqrt), negStep = static_cast<T>(-stepSize);
-  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      T d = r.maximize ? -g[i] : g[i];
-      T pi = p[i];
-      if (r.decoupled) {
-        pi = pi * decay;
-      } else if (r.weightDecay != 0) {
-        d = d + wd * pi;
-      }
-      T mi = m[i] * b1 + oneMinusB1 * d;
-      T vi = v[i] * b2 + (oneMinusB2 * d) * d;
-      m[i] = mi;
-      v[i] = vi;
-      if (vmax) {
-        vi = std::max(vmax[i], vi);
-        vmax[i] = vi;
-      }
-      T denom = std::sqrt(vi) / bc2 + eps;
-      p[i] = pi + (negStep * mi) / denom;
+struct AdamConstants {
+  T beta1, beta2, oneMinusBeta1, oneMinusBeta2, weightDecay, decay, eps, bc2Sqrt, negStepSize;
+};
+
+template <class T, bool kMaximize, bool kDecoupled, bool kDecay, bool kAmsgrad>
+void adamRange(int64_t b, int64_t e, T* p, const T* g, T* m, T* v, T* vmax, AdamConstants<T> c) {
+#pragma GCC ivdep
+  for (int64_t i = b; i < e; ++i) {
+    T d = kMaximize ? -g[i] : g[i];
+    T pi = p[i];
+    if constexpr (kDecoupled) {
+      pi = pi * c.decay;
+    } else if constexpr (kDecay) {
+      d = d + c.weightDecay * pi;
     }
-  });
+    T mi = m[i] * c.beta1 + c.oneMinusBeta1 * d;
+    T vi = v[i] * c.beta2 + (c.oneMinusBeta2 * d) * d;
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (kAmsgrad) {
+      vi = std::max(vmax[i], vi);
+      vmax[i] = vi;
+    }
+    T denom = std::sqrt(vi) / c.bc2Sqrt + c.eps;
+    p[i] = pi + (c.negStepSize * mi) / denom;
+  }
 }
 
 void adamSteps(const AdamRule& r, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -346,8 +389,20 @@ void adamSteps(const AdamRule& r, const std::vector<Tensor>& params, const std::
     double bc2Sqrt = std::sqrt(bc2);
     if (fusable({p, g, m, v, vmax})) {
       WEFT_DISPATCH_FLOATING(p.dtype(), r.name, [&]<class T>() {
-        adamFused<T>(p.numel(), p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), ptr<T>(vmax), r, stepSize,
-                     bc2Sqrt);
+        withFlags(
+            [&](auto maximize, auto decoupled, auto decay, auto amsgrad) {
+              AdamConstants<T> c{static_cast<T>(r.betas.first),         static_cast<T>(r.betas.second),
+                                 static_cast<T>(1.0 - r.betas.first),   static_cast<T>(1.0 - r.betas.second),
+                                 static_cast<T>(r.weightDecay),         static_cast<T>(1.0 - r.lr * r.weightDecay),
+                                 static_cast<T>(r.eps),                 static_cast<T>(bc2Sqrt),
+                                 static_cast<T>(-stepSize)};
+              T *pp = p.data<T>(), *mp = m.data<T>(), *vp = v.data<T>(), *xp = ptr<T>(vmax);
+              const T* gp = g.data<T>();
+              fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
+                adamRange<T, maximize, decoupled, decay, amsgrad>(b, e, pp, gp, mp, vp, xp, c);
+              });
+            },
+            r.maximize, r.decoupled, r.weightDecay != 0, r.amsgrad);
       });
       bumpVersions({p, m, v, vmax});
       continue;
@@ -390,17 +445,20 @@ void adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, 
 namespace {
 
 template <class T>
-void adagradFused(int64_t n, T* p, const T* g, T* sum, const AdagradOptions& o, double clr) {
-  const T wd = static_cast<T>(o.weightDecay), eps = static_cast<T>(o.eps), negClr = static_cast<T>(-clr);
-  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      T d = o.maximize ? -g[i] : g[i];
-      if (o.weightDecay != 0) d = d + wd * p[i];
-      T s = sum[i] + d * d;
-      sum[i] = s;
-      p[i] = p[i] + (negClr * d) / (std::sqrt(s) + eps);
-    }
-  });
+struct AdagradConstants {
+  T weightDecay, eps, negClr;
+};
+
+template <class T, bool kMaximize, bool kDecay>
+void adagradRange(int64_t b, int64_t e, T* p, const T* g, T* sum, AdagradConstants<T> c) {
+#pragma GCC ivdep
+  for (int64_t i = b; i < e; ++i) {
+    T d = kMaximize ? -g[i] : g[i];
+    if constexpr (kDecay) d = d + c.weightDecay * p[i];
+    T s = sum[i] + d * d;
+    sum[i] = s;
+    p[i] = p[i] + (c.negClr * d) / (std::sqrt(s) + c.eps);
+  }
 }
 
 }  // namespace
@@ -421,7 +479,15 @@ void adagrad(const std::vector<Tensor>& params, const std::vector<Tensor>& grads
     double clr = o.lr / (1.0 + static_cast<double>(st.step - 1) * o.lrDecay);
     if (fusable({p, g, sum})) {
       WEFT_DISPATCH_FLOATING(p.dtype(), "Adagrad", [&]<class T>() {
-        adagradFused<T>(p.numel(), p.data<T>(), g.data<T>(), sum.data<T>(), o, clr);
+        withFlags(
+            [&](auto maximize, auto decay) {
+              AdagradConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.eps), static_cast<T>(-clr)};
+              T *pp = p.data<T>(), *sp = sum.data<T>();
+              const T* gp = g.data<T>();
+              fusedLoop(p.numel(),
+                        [&](int64_t b, int64_t e) { adagradRange<T, maximize, decay>(b, e, pp, gp, sp, c); });
+            },
+            o.maximize, o.weightDecay != 0);
       });
       bumpVersions({p, sum});
       continue;
@@ -437,34 +503,35 @@ void adagrad(const std::vector<Tensor>& params, const std::vector<Tensor>& grads
 namespace {
 
 template <class T>
-void rmspropFused(int64_t n, T* p, const T* g, T* sq, T* buf, T* gavg, const RmspropOptions& o) {
-  const T wd = static_cast<T>(o.weightDecay), alpha = static_cast<T>(o.alpha);
-  const T oneMinusAlpha = static_cast<T>(1.0 - o.alpha), eps = static_cast<T>(o.eps);
-  const T mom = static_cast<T>(o.momentum), negLr = static_cast<T>(-o.lr);
-  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      T d = o.maximize ? -g[i] : g[i];
-      if (o.weightDecay != 0) d = d + wd * p[i];
-      T s = sq[i] * alpha + (oneMinusAlpha * d) * d;
-      sq[i] = s;
-      T avg;
-      if (gavg) {
-        T ga = gavg[i] * alpha + oneMinusAlpha * d;
-        gavg[i] = ga;
-        avg = std::sqrt(s + (-ga) * ga);
-      } else {
-        avg = std::sqrt(s);
-      }
-      avg = avg + eps;
-      if (buf) {
-        T bi = buf[i] * mom + d / avg;
-        buf[i] = bi;
-        p[i] = p[i] + negLr * bi;
-      } else {
-        p[i] = p[i] + (negLr * d) / avg;
-      }
+struct RmspropConstants {
+  T weightDecay, alpha, oneMinusAlpha, eps, momentum, negLr;
+};
+
+template <class T, bool kMaximize, bool kDecay, bool kCentered, bool kMomentum>
+void rmspropRange(int64_t b, int64_t e, T* p, const T* g, T* sq, T* buf, T* gavg, RmspropConstants<T> c) {
+#pragma GCC ivdep
+  for (int64_t i = b; i < e; ++i) {
+    T d = kMaximize ? -g[i] : g[i];
+    if constexpr (kDecay) d = d + c.weightDecay * p[i];
+    T s = sq[i] * c.alpha + (c.oneMinusAlpha * d) * d;
+    sq[i] = s;
+    T avg;
+    if constexpr (kCentered) {
+      T ga = gavg[i] * c.alpha + c.oneMinusAlpha * d;
+      gavg[i] = ga;
+      avg = std::sqrt(s + (-ga) * ga);
+    } else {
+      avg = std::sqrt(s);
     }
-  });
+    avg = avg + c.eps;
+    if constexpr (kMomentum) {
+      T bi = buf[i] * c.momentum + d / avg;
+      buf[i] = bi;
+      p[i] = p[i] + c.negLr * bi;
+    } else {
+      p[i] = p[i] + (c.negLr * d) / avg;
+    }
+  }
 }
 
 }  // namespace
@@ -486,7 +553,18 @@ void rmsprop(const std::vector<Tensor>& params, const std::vector<Tensor>& grads
     st.step += 1;
     if (fusable({p, g, sq, buf, gavg})) {
       WEFT_DISPATCH_FLOATING(p.dtype(), "RMSprop", [&]<class T>() {
-        rmspropFused<T>(p.numel(), p.data<T>(), g.data<T>(), sq.data<T>(), ptr<T>(buf), ptr<T>(gavg), o);
+        withFlags(
+            [&](auto maximize, auto decay, auto centered, auto momentum) {
+              RmspropConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.alpha),
+                                    static_cast<T>(1.0 - o.alpha),  static_cast<T>(o.eps),
+                                    static_cast<T>(o.momentum),     static_cast<T>(-o.lr)};
+              T *pp = p.data<T>(), *sp = sq.data<T>(), *bp = ptr<T>(buf), *ap = ptr<T>(gavg);
+              const T* gp = g.data<T>();
+              fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
+                rmspropRange<T, maximize, decay, centered, momentum>(b, e, pp, gp, sp, bp, ap, c);
+              });
+            },
+            o.maximize, o.weightDecay != 0, gavg.defined(), buf.defined());
       });
       bumpVersions({p, sq, buf, gavg});
       continue;
