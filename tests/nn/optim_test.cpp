@@ -294,3 +294,15 @@ TEST_CASE("the step with explicit gradients leaves .grad alone") {
   // buf = 0.5·0.25 + 0.25 = 0.375
   CHECK(p.toVector<float>() == std::vector<float>{0.375f, 0.375f});
 }
+
+TEST_CASE("a gradient that is the parameter itself is handled (no fused loop over overlapping memory)") {
+  Tensor p = fromVector<float>({1, 2, 4});
+  std::vector<optim::ParamState> state(1);
+  optim::sgd({p}, {p}, state, {.lr = 0.25});
+  CHECK(p.toVector<float>() == std::vector<float>{0.75f, 1.5f, 3});
+  Tensor q = fromVector<double>({1, -2});
+  std::vector<optim::ParamState> st2(1);
+  optim::adam({q}, {q}, st2, {.lr = 0.1});
+  // First Adam step moves each element by lr·sign(g) (up to eps).
+  weft::testing::expectClose(q, fromVector<double>({0.9, -1.9}), 1e-6, 1e-7);
+}
