@@ -273,6 +273,25 @@ TEST_CASE("SIGINT and SIGTERM sent to weftrun reach every rank") {
   }
 }
 
+TEST_CASE("a second SIGINT kills ranks that ignored the first at once, without waiting out the grace period") {
+  Subprocess p(weftrun({"-n", "2", "--grace-period", "60", "--tag-output", kProbe, "deaf"}));
+  bool ready =
+      p.readUntil([](const std::string& out, const std::string&) { return count(out, "] ready") == 2; }, 20000ms);
+  REQUIRE(ready);
+  REQUIRE(::kill(p.pid(), SIGINT) == 0);
+  bool forwarded = p.readUntil(
+      [](const std::string&, const std::string& err) { return err.find("forwarding it") != std::string::npos; },
+      20000ms);
+  REQUIRE(forwarded);
+  REQUIRE(::kill(p.pid(), SIGINT) == 0);
+  auto r = p.wait(kRunLimit);
+  REQUIRE_FALSE(r.timedOut);
+  CHECK(r.exitCode == 128 + SIGINT);
+  CHECK(r.seconds < 20);  // far below the 60 s grace period
+  CHECK(r.err.find("got SIGINT again; sending SIGKILL to 2 running ranks") != std::string::npos);
+  checkAllGone(probePids(r.out));
+}
+
 TEST_CASE("--max-restarts restarts the whole group and tells each attempt its count") {
   SyncDir sync;
   Subprocess p(weftrun({"-n", "2", "--max-restarts", "3", "--tag-output", kProbe, "restart", "2", "4"}),

@@ -1,6 +1,7 @@
 // A program for the launcher tests to start through weftrun: each mode plays
 // one behaviour of a rank (report the environment, write interleaving-prone
-// output, fail, ignore SIGTERM, wait for a signal, fail until a restart).
+// output, fail, ignore SIGTERM or every stop signal, wait for a signal, fail
+// until a restart).
 //
 //   weftrun -n 3 --tag-output weftrun_probe env
 //   weftrun -n 3 weftrun_probe fail 1 3          # rank 1 exits 3, the others wait
@@ -113,7 +114,7 @@ void writeLines(int count) {
 int usage() {
   std::fprintf(stderr,
                "usage: weftrun_probe env | lines N | partial | exit CODE | sleep | fail R CODE | "
-               "selfsignal R SIG | stubborn R CODE | wait-signal | restart FAILS CODE\n");
+               "selfsignal R SIG | stubborn R CODE | deaf | wait-signal | restart FAILS CODE\n");
   return 64;
 }
 
@@ -152,6 +153,12 @@ int main(int argc, char** argv) {
     }
     waitForOthers();
     return arg(3);
+  } else if (mode == "deaf") {
+    ::signal(SIGINT, SIG_IGN);
+    ::signal(SIGTERM, SIG_IGN);
+    ::signal(SIGHUP, SIG_IGN);
+    say("ready");
+    waitThenExit();
   } else if (mode == "wait-signal") {
     struct sigaction sa {};
     sa.sa_handler = recordSignal;
