@@ -51,8 +51,10 @@
 // depth grows with the chain length); keep continuations short and hand long
 // work to a pool.
 //
-// Thread-safety: every member of Future and Promise may be called from any
-// thread concurrently, through the same handle or different ones.
+// Thread-safety: every member of Future and Promise except assignment may be
+// called from any thread concurrently, through the same handle or different
+// ones. Assigning to a handle while another thread uses that same handle is a
+// race, as with std::shared_ptr; copies are independent.
 #pragma once
 
 #include <atomic>

@@ -353,6 +353,13 @@ TEST_CASE("then works from and to Future<void>") {
   done.get();
   CHECK(seen == 5);
   CHECK(n.get() == 5);
+
+  Promise<void> inner;
+  Future<void> flattened = makeReadyFuture(1).then([inner](int) { return inner.getFuture(); });
+  CHECK_FALSE(flattened.isReady());
+  inner.setValue();
+  CHECK(flattened.isReady());
+  CHECK_FALSE(flattened.hasError());
 }
 
 TEST_CASE("an error skips every then() continuation and reaches the end of the chain") {
