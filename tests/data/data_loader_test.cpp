@@ -3,7 +3,7 @@
 #include <numeric>
 #include <set>
 
-#include "data/data_loader.h"
+#include "data/data.h"
 #include "weft_test.h"
 
 using namespace weft;
@@ -188,9 +188,9 @@ TEST_CASE("TensorDataset checks its tensors and indices") {
   CHECK_THROWS_WITH_AS(ds.getBatch(bad), doctest::Contains("index -1 out of range for 3 examples"), IndexError);
 }
 
-TEST_CASE("large batches gather the right rows across threads") {
-  // 4096 rows of 64 floats: big enough for the parallel copy path.
-  const int64_t n = 4096, w = 64;
+TEST_CASE("large shuffled batches gather exactly the rows their targets name") {
+  // Batches of 2048 rows of 1024 floats (8 MiB).
+  const int64_t n = 4096, w = 1024;
   Tensor data = arange(static_cast<double>(n * w), 0.0, -1.0, {.dtype = DType::Float32}).view({n, w});
   auto ds = std::make_shared<TensorDataset>(data, arange(n));
   DataLoader loader(ds, {.batchSize = 2048, .shuffle = true, .seed = 3});
