@@ -11,9 +11,11 @@
 // no copy is made. Only Float32 and Float64 are supported (others throw
 // InvalidArgumentError naming the dtype).
 //
-// Threading: OpenBLAS parallelises each GEMM internally; the batched entry
-// point walks the batch in order, so batches whose C matrices alias (batch
-// stride 0) accumulate correctly when beta is 1.
+// Threading: OpenBLAS is set to run single-threaded inside each call (once,
+// process-wide); a large product is split into row or column blocks across
+// weft's OpenMP threads instead, so that BLAS and the other kernels share one
+// thread pool rather than two pools spinning against each other. Called from
+// inside a parallel region, a product runs on the calling thread.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +38,9 @@ void gemm(DType type, MatrixOperand a, MatrixOperand b, int64_t m, int64_t n, in
 
 // One GEMM per element of `batchShape`: operand X of batch element (i0, i1, ...)
 // starts at X.data + sum_d i_d * xBatchStrides[d] (element strides; 0 repeats
-// a matrix across that dimension). Runs the batch sequentially in row-major
-// order of `batchShape`.
+// a matrix across that dimension). When C matrices repeat (a zero C batch
+// stride), the batch runs in row-major order of `batchShape`, so beta = 1
+// accumulates; otherwise small products are spread across threads.
 void gemmBatched(DType type, std::span<const int64_t> batchShape, MatrixOperand a,
                  std::span<const int64_t> aBatchStrides, MatrixOperand b, std::span<const int64_t> bBatchStrides,
                  int64_t m, int64_t n, int64_t k, double alpha, double beta, void* c,

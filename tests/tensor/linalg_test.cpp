@@ -1,3 +1,4 @@
+#include <tuple>
 #include <vector>
 
 #include "gradcheck.h"
@@ -45,6 +46,37 @@ TEST_CASE("mm reads transposed and strided operands without changing the result"
   // A row and a column whose unused stride is arbitrary.
   Tensor row = randn({4, 3}, kF64).narrow(1, 1, 1).t();  // [1, 4], strides (1, 3)
   expectClose(mm(row, b), naiveMm(row, b), 1e-12, 1e-12);
+}
+
+TEST_CASE("large products split across threads agree with the reference in every layout") {
+  // Big enough to be cut into row blocks (m >= n) or column blocks (m < n).
+  for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{300, 90, 70}, {70, 90, 300}, {257, 65, 33}}) {
+    Tensor a = randn({m, k}, kF64), b = randn({k, n}, kF64);
+    Tensor at = a.t().contiguous().t(), bt = b.t().contiguous().t();  // same values, transposed storage
+    Tensor expected = naiveMm(a, b);
+    expectClose(mm(a, b), expected, 1e-11, 1e-11);
+    expectClose(mm(at, b), expected, 1e-11, 1e-11);
+    expectClose(mm(a, bt), expected, 1e-11, 1e-11);
+    expectClose(mm(at, bt), expected, 1e-11, 1e-11);
+  }
+}
+
+TEST_CASE("a batch of many small products gives each element its own product") {
+  // Enough of them that the batch is spread across threads.
+  Tensor a = randn({600, 16, 12}, kF64), b = randn({600, 12, 16}, kF64).transpose(1, 2).contiguous().transpose(1, 2);
+  Tensor out = bmm(a, b);
+  for (int64_t i = 0; i < 600; i += 37) {
+    expectClose(out.select(0, i), naiveMm(a.select(0, i), b.select(0, i)), 1e-12, 1e-12);
+  }
+  // The gradient of a matrix broadcast over the batch accumulates one
+  // product per batch element into the same matrix.
+  Tensor x = randn({5, 96, 7}, kF64).transpose(0, 1);  // not foldable into one GEMM
+  Tensor w = randn({7, 6}, kF64).requiresGrad_();
+  Tensor g = randn({96, 5, 6}, kF64);
+  matmul(x, w).backward(g);
+  Tensor expected = zeros({7, 6}, kF64);
+  for (int64_t i = 0; i < 96; ++i) expected = add(expected, naiveMm(x.select(0, i).t(), g.select(0, i)));
+  expectClose(w.grad(), expected, 1e-10, 1e-10);
 }
 
 TEST_CASE("mm float32 agrees with float64") {
