@@ -1,0 +1,113 @@
+// tensor_bench: weft's tensor library against its baselines, in one run.
+//
+// 1. GEMM: weft::mm (float32, output allocated per call, as a user calls it)
+//    against cblas_sgemm into a preallocated output, same process, same
+//    threads, measured in alternating rounds; prints GFLOP/s and the overhead.
+// 2. MLP training step (784-256-128-10, ReLU, batch 64, SGD): weft samples/s,
+//    and when /usr/bin/python3 has torch, the same step in PyTorch measured in
+//    the same run (bench/torch_mlp_step.py), with the ratio.
+//
+// Usage: tensor_bench [--quick]
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "bench/bench_util.h"
+#include "nn/nn.h"
+#include "tensor/ops.h"
+
+using namespace weft;
+
+namespace {
+
+void benchGemm(bool quick) {
+  std::printf("== GEMM float32: weft::mm vs direct cblas_sgemm (median of rounds)\n");
+  std::printf("%6s %12s %12s %10s\n", "n", "weft GF/s", "blas GF/s", "overhead");
+  for (int64_t n : {64, 128, 256, 512, 1024}) {
+    if (quick && n > 512) break;
+    Tensor a = randn({n, n}), b = randn({n, n});
+    Tensor c = empty({n, n});
+    double flops = 2.0 * n * n * n;
+    int inner = n <= 128 ? 200 : (n <= 256 ? 40 : (n <= 512 ? 8 : 2));
+    int rounds = quick ? 5 : 15;
+    std::vector<double> tw, tb;
+    for (int r = 0; r < rounds + 1; ++r) {
+      double w = bench::medianSeconds(0, 1, [&] {
+        for (int i = 0; i < inner; ++i) {
+          Tensor out = mm(a, b);
+          (void)out;
+        }
+      });
+      double d = bench::medianSeconds(0, 1, [&] {
+        for (int i = 0; i < inner; ++i)
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data<float>(), n,
+                      b.data<float>(), n, 0.0f, c.data<float>(), n);
+      });
+      if (r == 0) continue;  // warm-up round
+      tw.push_back(w / inner);
+      tb.push_back(d / inner);
+    }
+    std::sort(tw.begin(), tw.end());
+    std::sort(tb.begin(), tb.end());
+    double mw = tw[tw.size() / 2], mb = tb[tb.size() / 2];
+    std::printf("%6lld %12.2f %12.2f %9.2f%%\n", static_cast<long long>(n), flops / mw / 1e9, flops / mb / 1e9,
+                (mw / mb - 1.0) * 100.0);
+  }
+}
+
+double benchWeftMlp(int64_t batch, int steps) {
+  manualSeed(0);
+  auto model = nn::makeSequential({std::make_shared<nn::Linear>(784, 256), std::make_shared<nn::ReLU>(),
+                                   std::make_shared<nn::Linear>(256, 128), std::make_shared<nn::ReLU>(),
+                                   std::make_shared<nn::Linear>(128, 10)});
+  nn::optim::SGD opt(model->parameters(), {.lr = 0.01});
+  Tensor x = rand({batch, 784});
+  Tensor y = randint(0, 10, {batch});
+  auto step = [&] {
+    opt.zeroGrad();
+    Tensor loss = crossEntropy(model->forward(x), y);
+    loss.backward();
+    opt.step();
+  };
+  double t = bench::medianSeconds(20, steps, step);
+  return static_cast<double>(batch) / t;
+}
+
+// Runs the PyTorch version of the same step; returns samples/s or 0 when torch
+// is unavailable.
+double torchMlp(int64_t batch, int steps) {
+  std::string cmd = "/usr/bin/python3 " WEFT_BENCH_DIR "/torch_mlp_step.py " + std::to_string(batch) + " " +
+                    std::to_string(steps) + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return 0;
+  char buf[256] = {};
+  double v = 0;
+  if (std::fgets(buf, sizeof buf, p)) v = std::atof(buf);
+  pclose(p);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::printf("threads: OpenMP %d, OpenBLAS %d\n", omp_get_max_threads(), openblas_get_num_threads());
+  benchGemm(quick);
+  std::printf("\n== MLP 784-256-128-10 training step (forward, cross-entropy, backward, SGD), median samples/s\n");
+  std::printf("%6s %14s %14s %12s\n", "batch", "weft", "pytorch", "weft/pytorch");
+  for (int64_t batch : {32, 64, 256}) {
+    int steps = quick ? 50 : 300;
+    double w = benchWeftMlp(batch, steps);
+    double t = torchMlp(batch, steps);
+    if (t > 0) {
+      std::printf("%6lld %14.0f %14.0f %11.2fx\n", static_cast<long long>(batch), w, t, w / t);
+    } else {
+      std::printf("%6lld %14.0f %14s %12s\n", static_cast<long long>(batch), w, "n/a", "n/a");
+    }
+  }
+  return 0;
+}
