@@ -5,6 +5,8 @@
 #include "tensor/ops_linalg.h"
 
 #include <algorithm>
+#include <tuple>
+#include <utility>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reduce.h"
@@ -36,14 +38,19 @@ bool blasLayout(int64_t rows, int64_t cols, int64_t rowStride, int64_t colStride
 // t's strides over the leading (batch) dimensions, aligned to `batch` from
 // the right; 0 where t has no such dimension or repeats a size-1 one.
 Shape batchStrides(const Tensor& t, const Shape& batch) {
-  int64_t nb = static_cast<int64_t>(batch.size()), tb = t.dim() - 2;
+  const Shape& shape = t.shape();
+  const Shape& strides = t.strides();
+  int64_t nb = static_cast<int64_t>(batch.size()), tb = static_cast<int64_t>(shape.size()) - 2;
   Shape st(nb, 0);
   for (int64_t i = nb - tb; i < nb; ++i) {
     int64_t d = i - (nb - tb);
-    st[i] = t.size(d) == 1 ? 0 : t.stride(d);
+    st[i] = shape[d] == 1 ? 0 : strides[d];
   }
   return st;
 }
+
+// The last two entries of a shape or strides vector (a matrix's rows, cols).
+std::pair<int64_t, int64_t> lastTwo(const Shape& v) { return {v[v.size() - 2], v[v.size() - 1]}; }
 
 // A tensor [..., rows, cols] as GEMM reads it: one matrix per batch element.
 struct GemmInput {
@@ -56,13 +63,15 @@ struct GemmInput {
 GemmInput gemmInput(const Tensor& t, const Shape& batch) {
   GemmInput in;
   in.keep = t;
-  int64_t rows = t.size(-2), cols = t.size(-1);
-  if (!blasLayout(rows, cols, t.stride(-2), t.stride(-1), in.mat)) {
+  auto [rows, cols] = lastTwo(t.shape());
+  auto [rowStride, colStride] = lastTwo(t.strides());
+  if (!blasLayout(rows, cols, rowStride, colStride, in.mat)) {
     in.keep = t.detach().contiguous();
-    blasLayout(rows, cols, in.keep.stride(-2), in.keep.stride(-1), in.mat);
+    std::tie(rowStride, colStride) = lastTwo(in.keep.strides());
+    blasLayout(rows, cols, rowStride, colStride, in.mat);
   }
   in.mat.data = in.keep.rawData();
-  in.strides = batchStrides(in.keep, batch);
+  if (!batch.empty()) in.strides = batchStrides(in.keep, batch);
   return in;
 }
 
@@ -73,14 +82,20 @@ GemmInput gemmInput(const Tensor& t, const Shape& batch) {
 Tensor batchedGemm(const Tensor& x, bool xT, const Tensor& y, bool yT, const Shape& batch, const Shape& resultShape) {
   size_t nd = resultShape.size();
   int64_t m = resultShape[nd - 2], n = resultShape[nd - 1];
-  int64_t k = xT ? x.size(-2) : x.size(-1);
+  auto [xRows, xCols] = lastTwo(x.shape());
+  int64_t k = xT ? xRows : xCols;
+  DType dt = x.dtype();
   GemmInput gx = gemmInput(x, batch), gy = gemmInput(y, batch);
-  Tensor r = empty(resultShape, {.dtype = x.dtype(), .device = x.device()});
+  Tensor r = empty(resultShape, {.dtype = dt});
+  if (batch.empty()) {
+    kernels::cpu::gemm(dt, gx.maybeTransposed(xT), gy.maybeTransposed(yT), m, n, k, 1.0, 0.0, r.rawData(), n);
+    return r;
+  }
   Shape rStrides = batchStrides(r, batch);
   bool accumulates = false;
   for (size_t i = 0; i < batch.size(); ++i) accumulates |= rStrides[i] == 0 && batch[i] > 1;
   if (accumulates) r.zero_();
-  kernels::cpu::gemmBatched(x.dtype(), batch, gx.maybeTransposed(xT), gx.strides, gy.maybeTransposed(yT), gy.strides,
+  kernels::cpu::gemmBatched(dt, batch, gx.maybeTransposed(xT), gx.strides, gy.maybeTransposed(yT), gy.strides,
                             m, n, k, 1.0, accumulates ? 1.0 : 0.0, r.rawData(), rStrides, n);
   return r;
 }
@@ -188,13 +203,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // when the leading dimensions cannot be merged, a copy).
   Shape outShape(x.shape().begin(), x.shape().end() - 1);
   int64_t rows = shapeNumel(outShape);
-  Tensor x2 = x.dim() == 2 ? x.detach() : x.detach().reshape({rows, in});
+  Tensor x2 = x.dim() == 2 ? x : x.detach().reshape({rows, in});
   outShape.push_back(outF);
   Tensor out = empty(outShape, {.dtype = x.dtype()});
-  GemmInput xIn = gemmInput(x2, {}), wIn = gemmInput(weight.detach(), {});
+  GemmInput xIn = gemmInput(x2, {}), wIn = gemmInput(weight, {});
   double beta = 0.0;
   if (bias.defined() && rows > 0) {
-    Tensor b = bias.detach().contiguous();
+    Tensor b = bias.isContiguous() ? bias : bias.detach().contiguous();
     kernels::cpu::fillRows(x.dtype(), b.rawData(), rows, outF, out.rawData(), outF);
     beta = 1.0;
   }

@@ -19,14 +19,16 @@ constexpr double kParallelGemmWork = 1 << 19;
 // (a cache line of float32).
 constexpr int64_t kBlockAlign = 16;
 
-// OpenBLAS's own pthread pool would compete with the OpenMP threads of the
-// other kernels (both spin while waiting; on a small machine each stalls the
-// other by whole scheduler slices). OpenBLAS therefore runs single-threaded
-// inside every call, and large products are split across OpenMP threads
-// here, so one pool serves every kernel.
+// weft's kernels and BLAS must share one thread pool: two pools spinning
+// against each other stall each other by whole scheduler slices on a small
+// machine. Large products are split across weft's OpenMP threads here, and
+// each BLAS call runs on the thread that makes it. OpenBLAS's OpenMP build
+// does so by itself inside a parallel region (and must not be told to use one
+// thread: that would set OpenMP's thread count for the whole process); its
+// pthread build is set to one thread once.
 void useSingleThreadedBlas() {
   static const bool once = [] {
-    openblas_set_num_threads(1);
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
     return true;
   }();
   (void)once;
@@ -86,7 +88,6 @@ void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, cons
     scaleMatrix(c, m, n, ldc, beta);
     return;
   }
-  useSingleThreadedBlas();
   // Stored shapes: A is [m, k] or, transposed, [k, m]; B is [k, n] or [n, k].
   int64_t lda = a.trans ? normalizedLd(a, k, m) : normalizedLd(a, m, k);
   int64_t ldb = b.trans ? normalizedLd(b, n, k) : normalizedLd(b, k, n);
@@ -124,6 +125,7 @@ int gemmThreads(double work) {
 void gemm(DType type, MatrixOperand a, MatrixOperand b, int64_t m, int64_t n, int64_t k, double alpha, double beta,
           void* c, int64_t ldc) {
   checkBlasRange(m, n, k, a, b, ldc);
+  useSingleThreadedBlas();
   int threads = gemmThreads(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   WEFT_DISPATCH_FLOATING(type, "gemm", [&]<class T>() {
     gemmTyped<T>(a, static_cast<const T*>(a.data), b, static_cast<const T*>(b.data), m, n, k, static_cast<T>(alpha),
@@ -136,6 +138,7 @@ void gemmBatched(DType type, std::span<const int64_t> batchShape, MatrixOperand 
                  int64_t m, int64_t n, int64_t k, double alpha, double beta, void* c,
                  std::span<const int64_t> cBatchStrides, int64_t ldc) {
   checkBlasRange(m, n, k, a, b, ldc);
+  useSingleThreadedBlas();
   const int nd = static_cast<int>(batchShape.size());
   int64_t count = 1;
   bool cAliases = false;  // some C matrix is written by several batch elements

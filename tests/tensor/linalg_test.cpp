@@ -1,3 +1,5 @@
+#include <omp.h>
+
 #include <tuple>
 #include <vector>
 
@@ -59,6 +61,14 @@ TEST_CASE("large products split across threads agree with the reference in every
     expectClose(mm(a, bt), expected, 1e-11, 1e-11);
     expectClose(mm(at, bt), expected, 1e-11, 1e-11);
   }
+}
+
+TEST_CASE("products leave the process's OpenMP thread count alone") {
+  int before = omp_get_max_threads();
+  Tensor a = randn({300, 200}), b = randn({200, 100});
+  mm(a, b);
+  mm(randn({4, 4}), randn({4, 4}));
+  CHECK(omp_get_max_threads() == before);
 }
 
 TEST_CASE("a batch of many small products gives each element its own product") {
