@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "nn/serialize.h"
+#include "nn/utils.h"
 #include "tensor/autograd.h"
 
 namespace weft::nn {
@@ -192,18 +193,7 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
-void Module::zeroGrad(bool setToNone) {
-  NoGradGuard ng;
-  for (const Tensor& p : parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (setToNone) {
-      p.setGrad(Tensor());
-    } else {
-      g.zero_();
-    }
-  }
-}
+void Module::zeroGrad(bool setToNone) { zeroGrads(parameters(), setToNone); }
 
 void Module::convertTensors(const std::function<Tensor(const Tensor&)>& convert) {
   NoGradGuard ng;

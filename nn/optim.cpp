@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/loops.h"
+#include "nn/utils.h"
 #include "tensor/ops.h"
 
 namespace weft::nn::optim {
@@ -630,18 +631,7 @@ void Optimizer::step() {
 
 void Optimizer::step(const std::vector<Tensor>& grads) { optim::step(options_, params_, grads, state_); }
 
-void Optimizer::zeroGrad(bool setToNone) {
-  NoGradGuard ng;
-  for (const Tensor& p : params_) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (setToNone) {
-      p.setGrad(Tensor());
-    } else {
-      g.zero_();
-    }
-  }
-}
+void Optimizer::zeroGrad(bool setToNone) { zeroGrads(params_, setToNone); }
 
 void Optimizer::setOptions(OptimizerOptions options) {
   WEFT_ENFORCE(options.index() == options_.index(), InvalidArgumentError, "setOptions: ", optimizerName(options_),

@@ -6,6 +6,19 @@
 
 namespace weft::nn {
 
+void zeroGrads(const std::vector<Tensor>& params, bool setToNone) {
+  NoGradGuard ng;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (setToNone) {
+      p.setGrad(Tensor());
+    } else {
+      g.zero_();
+    }
+  }
+}
+
 double clipGradNorm_(const std::vector<Tensor>& params, double maxNorm, double normType, bool errorIfNonfinite) {
   WEFT_ENFORCE(normType > 0, InvalidArgumentError, "clipGradNorm_: normType must be positive, got ", normType);
   WEFT_ENFORCE(maxNorm >= 0, InvalidArgumentError, "clipGradNorm_: maxNorm must be non-negative, got ", maxNorm);

@@ -24,6 +24,9 @@ namespace weft::nn {
 // infinite, raises InvalidArgumentError and leaves the gradients alone.
 double clipGradNorm_(const std::vector<Tensor>& params, double maxNorm, double normType = 2.0,
                      bool errorIfNonfinite = false);
+// Zeroes every defined gradient in place (PyTorch 1.13's default), or drops
+// it when setToNone. Module::zeroGrad and Optimizer::zeroGrad both use it.
+void zeroGrads(const std::vector<Tensor>& params, bool setToNone = false);
 // Clamps every gradient element into [-clipValue, clipValue].
 void clipGradValue_(const std::vector<Tensor>& params, double clipValue);
 

@@ -33,6 +33,24 @@ void parallelFor(int64_t n, int64_t grain, F&& fn) {
   }
 }
 
+// Splits a reduction over the middle axis of a contiguous [outer, R, inner]
+// buffer into tasks of (outer index o, first column ib, column count n <= Block)
+// and runs fn(o, ib, n) for each, in parallel when the work is large. Blocking
+// the columns lets a task keep one running value per column on the stack.
+template <int64_t Block, class F>
+void forEachColumnBlock(int64_t outer, int64_t R, int64_t inner, F&& fn) {
+  int64_t blocks = (inner + Block - 1) / Block;
+  int64_t blockLen = inner < Block ? inner : Block;
+  int64_t perTask = R * blockLen > 0 ? R * blockLen : 1;
+  parallelFor(outer * blocks, kParallelGrain / perTask + 1, [&](int64_t tb, int64_t te) {
+    for (int64_t task = tb; task < te; ++task) {
+      int64_t o = task / blocks;
+      int64_t ib = (task % blocks) * Block;
+      fn(o, ib, inner - ib < Block ? inner - ib : Block);
+    }
+  });
+}
+
 // Row-wise iteration over an N-operand elementwise loop. `shape` is the output
 // shape; strides[k] are operand k's strides in elements, already broadcast to
 // `shape` (0 where the operand is broadcast). For each innermost row it calls

@@ -63,46 +63,39 @@ void extremumTyped(const T* p, int64_t outer, int64_t R, int64_t inner, T* value
     if (indices) indices[0] = bi;
     return;
   }
-  int64_t blocks = (inner + kInnerBlock - 1) / kInnerBlock;
-  int64_t blockLen = std::min(inner, kInnerBlock);
-  parallelFor(outer * blocks, kParallelGrain / (R * blockLen) + 1, [&](int64_t tb, int64_t te) {
-    for (int64_t task = tb; task < te; ++task) {
-      int64_t o = task / blocks;
-      int64_t ib = (task % blocks) * kInnerBlock;
-      int64_t n = std::min(inner - ib, kInnerBlock);
-      const T* base = p + o * R * inner + ib;
-      int64_t outAt = o * inner + ib;
-      if (inner == 1) {
-        T bv = base[0];
-        int64_t bi = 0;
-        for (int64_t r = 1; r < R; ++r) {
-          if (beats<T, IsMax>(base[r], bv)) {
-            bv = base[r];
-            bi = r;
-          }
-        }
-        if (values) values[outAt] = bv;
-        if (indices) indices[outAt] = bi;
-        continue;
-      }
-      T bv[kInnerBlock];
-      int64_t bi[kInnerBlock];
-      for (int64_t i = 0; i < n; ++i) {
-        bv[i] = base[i];
-        bi[i] = 0;
-      }
+  forEachColumnBlock<kInnerBlock>(outer, R, inner, [&](int64_t o, int64_t ib, int64_t n) {
+    const T* base = p + o * R * inner + ib;
+    int64_t outAt = o * inner + ib;
+    if (inner == 1) {
+      T bv = base[0];
+      int64_t bi = 0;
       for (int64_t r = 1; r < R; ++r) {
-        const T* row = base + r * inner;
-        for (int64_t i = 0; i < n; ++i) {
-          if (beats<T, IsMax>(row[i], bv[i])) {
-            bv[i] = row[i];
-            bi[i] = r;
-          }
+        if (beats<T, IsMax>(base[r], bv)) {
+          bv = base[r];
+          bi = r;
         }
       }
-      if (values) std::copy(bv, bv + n, values + outAt);
-      if (indices) std::copy(bi, bi + n, indices + outAt);
+      if (values) values[outAt] = bv;
+      if (indices) indices[outAt] = bi;
+      return;
     }
+    T bv[kInnerBlock];
+    int64_t bi[kInnerBlock];
+    for (int64_t i = 0; i < n; ++i) {
+      bv[i] = base[i];
+      bi[i] = 0;
+    }
+    for (int64_t r = 1; r < R; ++r) {
+      const T* row = base + r * inner;
+      for (int64_t i = 0; i < n; ++i) {
+        if (beats<T, IsMax>(row[i], bv[i])) {
+          bv[i] = row[i];
+          bi[i] = r;
+        }
+      }
+    }
+    if (values) std::copy(bv, bv + n, values + outAt);
+    if (indices) std::copy(bi, bi + n, indices + outAt);
   });
 }
 

@@ -17,21 +17,6 @@ using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
 // per-column maxima and sums of a block live on the stack.
 constexpr int64_t kInnerBlock = 128;
 
-// Runs fn(base offset, column count) over every (outer, column block) pair,
-// in parallel when the work is large. For inner == 1 a "block" is one row.
-template <class F>
-void forEachBlock(int64_t outer, int64_t R, int64_t inner, F&& fn) {
-  int64_t blocks = (inner + kInnerBlock - 1) / kInnerBlock;
-  int64_t blockLen = std::min(inner, kInnerBlock);
-  parallelFor(outer * blocks, kParallelGrain / (R * blockLen) + 1, [&](int64_t tb, int64_t te) {
-    for (int64_t task = tb; task < te; ++task) {
-      int64_t o = task / blocks;
-      int64_t ib = (task % blocks) * kInnerBlock;
-      fn(o * R * inner + ib, std::min(inner - ib, kInnerBlock));
-    }
-  });
-}
-
 template <class T>
 void forwardRow(const T* x, T* y, int64_t R, bool log) {
   T m = x[0];
@@ -138,7 +123,8 @@ void softmaxForward(DType type, const void* in, int64_t outer, int64_t R, int64_
   WEFT_DISPATCH_FLOATING(type, log ? "logSoftmax" : "softmax", [&]<class T>() {
     const T* x = static_cast<const T*>(in);
     T* y = static_cast<T*>(out);
-    forEachBlock(outer, R, inner, [&](int64_t at, int64_t n) {
+    forEachColumnBlock<kInnerBlock>(outer, R, inner, [&](int64_t o, int64_t ib, int64_t n) {
+      int64_t at = o * R * inner + ib;
       if (inner == 1) {
         forwardRow(x + at, y + at, R, log);
       } else {
@@ -154,7 +140,8 @@ void softmaxBackward(DType type, const void* y, const void* g, int64_t outer, in
     const T* yp = static_cast<const T*>(y);
     const T* gp = static_cast<const T*>(g);
     T* gx = static_cast<T*>(gradIn);
-    forEachBlock(outer, R, inner, [&](int64_t at, int64_t n) {
+    forEachColumnBlock<kInnerBlock>(outer, R, inner, [&](int64_t o, int64_t ib, int64_t n) {
+      int64_t at = o * R * inner + ib;
       if (inner == 1) {
         backwardRow(yp + at, gp + at, gx + at, R, log);
       } else {
