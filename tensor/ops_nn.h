@@ -31,7 +31,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pa
 Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride = 0, int64_t padding = 0);
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p) when
-// `training`; identity otherwise.
+// `training`; identity otherwise. p must lie in [0, 1]; p = 1 gives zeros.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
 // input [N, C] log-probabilities (or [N, C, d...]), target Int64 [N] (or
@@ -40,6 +40,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullpt
 Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction r = Reduction::Mean, int64_t ignoreIndex = -100);
 Tensor crossEntropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::Mean,
                     int64_t ignoreIndex = -100);
+// input and target must have equal shapes (PyTorch broadcasts with a warning;
+// here [N, 1] against [N] is an InvalidArgumentError, as it is almost always a
+// bug). Both receive gradients.
 Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction r = Reduction::Mean);
 
 // One LSTM step as torch.nn.LSTMCell: x [N, in], h/c [N, hidden],
