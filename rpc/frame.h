@@ -1,0 +1,298 @@
+// Frames: how one wire::Message (rpc/protocol.capnp) and the bytes of its tensors travel on a
+// byte stream, and how they are taken back off it.
+//
+//   // sending
+//   rpc::FrameWriter writer;
+//   auto call = writer.message().initCall();
+//   call.setCallId(7);
+//   rpc::EncodeContext ctx(writer);                         // rpc/codec.h
+//   rpc::encodeArguments(ctx, call.initArgs(2), a, b);      // tensors become out-of-band buffers
+//   rpc::OutgoingFrame frame = std::move(writer).finish();
+//   for (auto span : frame.spans()) ...                     // one writev / uv_write, in order
+//
+//   // receiving (on the loop thread that owns the socket)
+//   rpc::FrameDecoder decoder(limits);
+//   std::span<std::byte> dst = decoder.prepareRead();      // read(fd, dst.data(), dst.size())
+//   weft::Status s = decoder.commitRead(n);                 // not ok: close the connection
+//   while (auto frame = decoder.next()) handle(frame->message(), frame->buffers());
+//
+// Wire layout of a frame (all integers little-endian):
+//
+//   offset  size  field
+//   0       4     magic          the bytes 'W' 'E' 'F' 'T' (kFrameMagic)
+//   4       2     version        kProtocolVersion; anything else is rejected
+//   6       2     flags          0 (no flag is defined in version 1; others are rejected)
+//   8       4     segmentCount   Cap'n Proto segments, 1..limits.maxSegments
+//   12      4     bufferCount    out-of-band buffers (one per distinct tensor), 0..limits.maxBuffers
+//   16      8     messageWords   total size of the segments, in 8-byte words
+//   24      8     bufferBytes    total size of the out-of-band buffers, in bytes
+//   32      4*segmentCount, then zero padding to a multiple of 8: each segment's size in words
+//   ..      8*bufferCount: each buffer's size in bytes
+//   ..      the segments, back to back (8*messageWords bytes)
+//   ..      the buffers, back to back, unpadded (bufferBytes bytes)
+//
+// The preamble is validated before anything is allocated for the frame: magic, version, flags,
+// segment and buffer counts against their limits, and the whole frame size (preamble, tables,
+// segments and buffers, computed without overflow) against limits.maxFrameBytes. The tables are
+// then read (their size is bounded by the counts just checked) and must add up exactly to
+// messageWords and bufferBytes. Only then is the segment memory allocated, and each buffer's
+// Storage when the stream reaches it; the message's root is checked as soon as the segments are
+// in, before any buffer is allocated. Cap'n Proto then reads the segments with a nesting limit
+// and a traversal limit derived from the frame (see FrameDecoder). Every failure is a
+// Status{protocol} naming what was wrong; the decoder never aborts and never allocates more than
+// the limits allow.
+//
+// No copy of tensor bytes, on either side:
+//  - Sending: OutgoingFrame::spans() are (1) the preamble and tables, a small buffer the frame
+//    owns, (2) each Cap'n Proto segment, owned by the frame's message builder, and (3) each
+//    out-of-band buffer, pointing straight into the tensor's Storage (the frame holds a
+//    shared_ptr to it until destroyed). The transport hands the spans to writev/uv_write, so
+//    the kernel copies tensor bytes from the Storage to the socket directly. The only copy on
+//    the sending side is the one a non-contiguous view needs to become contiguous (rpc/codec.h).
+//    Consequence: the bytes are read when the transport writes, so a tensor must not be
+//    modified in place until its frame has been written.
+//  - Receiving: while the decoder is inside an out-of-band buffer, prepareRead() returns the
+//    rest of that buffer's freshly allocated Storage (Storage::allocate, 64-byte aligned), so
+//    the kernel's read() lands the bytes in the Storage the decoded tensor will own; the frame
+//    hands that same Storage to the codec. Between frames prepareRead() returns a small staging
+//    buffer (limits.readChunkBytes) so that many small frames are taken in one read(); tensor
+//    bytes that arrive in such a read, together with their frame's preamble, are copied once
+//    from it: at most readChunkBytes per frame, counted by stagedTensorBytes(). feed() is for
+//    bytes already in memory (in-memory transports, tests, the fuzzer): it copies each byte once
+//    into its final place, tensor bytes straight into their Storage.
+//
+// Threading: a FrameWriter, OutgoingFrame and FrameDecoder belong to one thread at a time (the
+// loop thread for a decoder). An IncomingFrame may be moved to another thread and read there.
+#pragma once
+
+#include <capnp/message.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "rpc/protocol.capnp.h"
+#include "tensor/storage.h"
+
+namespace weft::rpc {
+
+// The bytes 'W' 'E' 'F' 'T' read as a little-endian 32-bit integer.
+inline constexpr uint32_t kFrameMagic = 0x54464557u;
+inline constexpr uint16_t kProtocolVersion = wire::PROTOCOL_VERSION;
+inline constexpr size_t kPreambleBytes = 32;
+
+// 64-bit FNV-1a of a name's bytes: the id under which functions travel (wire::Call.functionId).
+// Any implementation can compute it from the name alone.
+constexpr uint64_t nameId(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : name) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// What a decoder accepts, and what a writer refuses to produce (so an oversized message fails
+// at the sender with InvalidArgumentError instead of killing the connection at the receiver).
+struct FrameLimits {
+  // Whole frame: preamble, tables, segments and out-of-band buffers.
+  uint64_t maxFrameBytes = uint64_t{4} << 30;
+  // Cap'n Proto segments per frame (a builder grows geometrically: 64 MiB of message is ~20).
+  uint32_t maxSegments = 512;
+  // Out-of-band buffers, i.e. distinct tensors, per frame.
+  uint32_t maxBuffers = 16384;
+  // How deeply values may nest (a vector of maps of vectors is 3). Cap'n Proto's own pointer
+  // nesting limit is derived from it (twice this plus the envelope), so deeper messages are
+  // rejected while reading, before any recursion could exhaust the stack.
+  uint32_t maxNesting = 64;
+  // Size of the staging buffer prepareRead() offers between frames.
+  size_t readChunkBytes = size_t{64} << 10;
+};
+
+// ---- sending --------------------------------------------------------------------------
+
+// A complete frame ready to be written: spans() in order are its bytes. Owns everything the
+// spans point to (the header, the message segments, references to the tensor Storages), so it
+// must live until the transport reports the write done. Move-only; moving keeps spans valid.
+class OutgoingFrame {
+ public:
+  OutgoingFrame(OutgoingFrame&&) noexcept = default;
+  OutgoingFrame& operator=(OutgoingFrame&&) noexcept = default;
+  ~OutgoingFrame();
+
+  // The frame's bytes, in order: header (preamble and tables), each segment, each buffer.
+  // Zero-length buffers appear as empty spans. A transport with an iovec limit (IOV_MAX,
+  // usually 1024) writes them in batches.
+  std::span<const std::span<const std::byte>> spans() const { return spans_; }
+  uint64_t byteSize() const { return byteSize_; }
+  size_t bufferCount() const { return storages_.size(); }
+  // Appends the frame's bytes to out: a copy, for coalescing small frames into one write and
+  // for in-memory transports and tests.
+  void appendTo(std::vector<std::byte>& out) const;
+
+ private:
+  friend class FrameWriter;
+  OutgoingFrame() = default;
+
+  std::unique_ptr<capnp::MallocMessageBuilder> message_;
+  std::vector<std::byte> header_;
+  std::vector<std::shared_ptr<Storage>> storages_;
+  std::vector<std::span<const std::byte>> spans_;
+  uint64_t byteSize_ = 0;
+};
+
+// Builds one outgoing frame: fill message(), add the out-of-band buffers its TensorDescs name,
+// then finish(). Use once.
+class FrameWriter {
+ public:
+  // firstSegmentWords: size of the builder's first segment; most messages fit in the default.
+  explicit FrameWriter(unsigned firstSegmentWords = 256);
+  ~FrameWriter();
+  FrameWriter(const FrameWriter&) = delete;
+  FrameWriter& operator=(const FrameWriter&) = delete;
+
+  // The message's root (created on first use).
+  wire::Message::Builder message();
+  capnp::MessageBuilder& builder() { return *message_; }
+
+  // Appends an out-of-band buffer: `size` bytes at `offset` in `storage`, which the frame keeps
+  // alive. Returns its index (for wire::TensorDesc.buffer). The bytes are not copied; they are
+  // read when the frame is written. storage may be null only when size is 0. A storage on a
+  // non-CPU device is an InvalidArgumentError; a range past the storage's end is a bug (aborts).
+  uint32_t addBuffer(std::shared_ptr<Storage> storage, size_t offset, size_t size);
+  size_t bufferCount() const { return buffers_.size(); }
+
+  // Lays out the header and the spans. Throws InvalidArgumentError naming the limit when the
+  // frame would exceed one of `limits` (the receiver would reject it).
+  OutgoingFrame finish(const FrameLimits& limits = {}) &&;
+
+ private:
+  struct Buffer {
+    std::shared_ptr<Storage> storage;
+    size_t offset;
+    size_t size;
+  };
+  std::unique_ptr<capnp::MallocMessageBuilder> message_;
+  std::vector<Buffer> buffers_;
+  bool hasRoot_ = false;
+};
+
+// ---- receiving --------------------------------------------------------------------------
+
+// One decoded frame: the message and the Storages of its out-of-band buffers. Its root has been
+// checked; reading deeper parts of the message may still throw kj::Exception on malformed data,
+// which rpc/codec.h turns into ProtocolError. Move-only.
+class IncomingFrame {
+ public:
+  IncomingFrame(IncomingFrame&&) noexcept;
+  IncomingFrame& operator=(IncomingFrame&&) noexcept;
+  ~IncomingFrame();
+
+  wire::Message::Reader message() const { return root_; }
+  // Buffer i is the Storage its bytes were read into, exactly as long as the buffer table said.
+  const std::vector<std::shared_ptr<Storage>>& buffers() const { return buffers_; }
+  uint64_t byteSize() const { return byteSize_; }
+
+ private:
+  friend class FrameDecoder;
+  IncomingFrame();
+
+  std::unique_ptr<capnp::word[]> words_;
+  std::vector<kj::ArrayPtr<const capnp::word>> segments_;
+  std::unique_ptr<capnp::SegmentArrayMessageReader> reader_;
+  wire::Message::Reader root_;
+  std::vector<std::shared_ptr<Storage>> buffers_;
+  uint64_t byteSize_ = 0;
+};
+
+// Incremental decoder for one byte stream: bytes arrive in arbitrary chunks; complete frames
+// come out of next() in order. The first error is sticky: every later call returns it, and the
+// connection must be closed. Never throws for anything the peer sent.
+//
+// Cap'n Proto reads each frame with ReaderOptions{nestingLimit = 2 * maxNesting + 8,
+// traversalLimitInWords = 4 * messageWords + 8192}: the traversal limit stops a small message
+// whose pointers alias (or a list of zero-sized elements) from being read as a huge one.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(FrameLimits limits = {});
+  ~FrameDecoder();
+  FrameDecoder(const FrameDecoder&) = delete;
+  FrameDecoder& operator=(const FrameDecoder&) = delete;
+
+  // Where the next read from the socket should put its bytes, and at most how many: inside an
+  // out-of-band buffer, the rest of its Storage; inside the tables or segments, the rest of
+  // them; between frames, the staging buffer. Never empty. Call commitRead(n) with the number
+  // of bytes actually read (0 <= n <= size) before calling prepareRead() or feed() again.
+  std::span<std::byte> prepareRead();
+  Status commitRead(size_t n);
+
+  // Takes bytes that are already in memory, copying each into its final place.
+  Status feed(std::span<const std::byte> bytes);
+  Status feed(const void* data, size_t size) { return feed({static_cast<const std::byte*>(data), size}); }
+
+  // The oldest complete frame not yet taken, if any.
+  std::optional<IncomingFrame> next();
+
+  // Call when the stream ended: ok when it ended between frames, otherwise Status{protocol}
+  // saying how much of which frame was missing (a truncated frame).
+  Status endOfStream() const;
+
+  const Status& status() const { return status_; }
+  const FrameLimits& limits() const { return limits_; }
+
+  // Tensor bytes that went through the staging buffer (see the header comment): zero for
+  // frames read through prepareRead() except the part of a frame's buffers that arrived in the
+  // same read as its preamble.
+  uint64_t stagedTensorBytes() const { return stagedTensorBytes_; }
+  // Bytes allocated for the frame being decoded so far (tables, segments, buffer Storages);
+  // 0 between frames. Bounded by limits.maxFrameBytes.
+  uint64_t currentFrameAllocation() const { return frameAllocation_; }
+
+ private:
+  enum class Stage { Preamble, Tables, Segments, Buffers };
+
+  // The bytes the current stage still needs.
+  std::span<std::byte> target();
+  void consume(const std::byte* data, size_t size, bool fromStaging);
+  // Called when the current stage's target is full; moves to the next stage (eagerly through
+  // zero-length ones). Sets status_ on a violation.
+  void completeStage();
+  void parsePreamble();
+  void parseTables();
+  void checkMessage();
+  void enterBuffer();
+  void finishFrame();
+  void fail(std::string message);
+  uint64_t frameOffset() const;
+
+  FrameLimits limits_;
+  Status status_;
+  Stage stage_ = Stage::Preamble;
+  size_t stagePos_ = 0;  // bytes of the current stage's target already filled
+
+  // The frame being decoded.
+  std::byte preamble_[kPreambleBytes];
+  uint32_t segmentCount_ = 0;
+  uint32_t bufferCount_ = 0;
+  uint64_t messageWords_ = 0;
+  uint64_t bufferBytes_ = 0;
+  uint64_t frameBytes_ = 0;
+  std::vector<std::byte> tables_;
+  std::vector<uint64_t> bufferSizes_;
+  std::unique_ptr<IncomingFrame> frame_;
+  size_t bufferIndex_ = 0;
+  uint64_t frameAllocation_ = 0;
+
+  std::vector<std::byte> staging_;
+  bool stagingLent_ = false;  // the last prepareRead() returned the staging buffer
+  std::deque<IncomingFrame> ready_;
+  uint64_t stagedTensorBytes_ = 0;
+};
+
+}  // namespace weft::rpc
