@@ -286,7 +286,8 @@ void FrameDecoder::parsePreamble() {
   }
   frameBytes_ = total;
   tables_.assign(tables, std::byte{0});
-  frameAllocation_ = tables;
+  frameAllocation_ = 0;
+  noteAllocation(tables);
   stage_ = Stage::Tables;
   stagePos_ = 0;
 }
@@ -324,7 +325,7 @@ void FrameDecoder::parseTables() {
   } catch (const std::bad_alloc&) {
     return fail("frame: cannot allocate " + bytesString(messageWords_ * 8) + " for the message (out of memory)");
   }
-  frameAllocation_ += messageWords_ * 8;
+  noteAllocation(messageWords_ * 8);
   frame_->segments_.reserve(segmentCount_);
   const capnp::word* w = frame_->words_.get();
   for (uint32_t i = 0; i < segmentCount_; ++i) {
@@ -338,7 +339,7 @@ void FrameDecoder::parseTables() {
 
 void FrameDecoder::checkMessage() {
   capnp::ReaderOptions options;
-  options.nestingLimit = static_cast<int>(std::min<uint64_t>(2 * uint64_t{limits_.maxNesting} + 8, INT32_MAX));
+  options.nestingLimit = static_cast<int>(std::min<uint64_t>(3 * uint64_t{limits_.maxNesting} + 8, INT32_MAX));
   options.traversalLimitInWords = 4 * messageWords_ + 8192;
   try {
     frame_->reader_ = std::make_unique<capnp::SegmentArrayMessageReader>(
@@ -363,7 +364,7 @@ void FrameDecoder::enterBuffer() {
       return fail("frame: cannot allocate " + bytesString(size) + " for tensor buffer " +
                   std::to_string(bufferIndex_) + " (out of memory)");
     }
-    frameAllocation_ += size;
+    noteAllocation(size);
     if (size > 0) {
       stage_ = Stage::Buffers;
       stagePos_ = 0;
@@ -390,6 +391,11 @@ void FrameDecoder::fail(std::string message) {
   tables_ = {};
   bufferSizes_ = {};
   frameAllocation_ = 0;
+}
+
+void FrameDecoder::noteAllocation(uint64_t bytes) {
+  frameAllocation_ += bytes;
+  peakAllocation_ = std::max(peakAllocation_, frameAllocation_);
 }
 
 uint64_t FrameDecoder::frameOffset() const {

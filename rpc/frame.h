@@ -66,6 +66,7 @@
 #pragma once
 
 #include <capnp/message.h>
+#include <kj/exception.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -73,9 +74,12 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "common/error.h"
 #include "common/status.h"
 #include "rpc/protocol.capnp.h"
 #include "tensor/storage.h"
@@ -108,8 +112,9 @@ struct FrameLimits {
   // Out-of-band buffers, i.e. distinct tensors, per frame.
   uint32_t maxBuffers = 16384;
   // How deeply values may nest (a vector of maps of vectors is 3). Cap'n Proto's own pointer
-  // nesting limit is derived from it (twice this plus the envelope), so deeper messages are
-  // rejected while reading, before any recursion could exhaust the stack.
+  // nesting limit is derived from it (three times this, the most pointers one level of Value
+  // takes, plus the envelope), so deeper messages are rejected while reading, before any
+  // recursion could exhaust the stack.
   uint32_t maxNesting = 64;
   // Size of the staging buffer prepareRead() offers between frames.
   size_t readChunkBytes = size_t{64} << 10;
@@ -186,8 +191,9 @@ class FrameWriter {
 // ---- receiving --------------------------------------------------------------------------
 
 // One decoded frame: the message and the Storages of its out-of-band buffers. Its root has been
-// checked; reading deeper parts of the message may still throw kj::Exception on malformed data,
-// which rpc/codec.h turns into ProtocolError. Move-only.
+// checked, and its kind is one this build knows; reading deeper parts of the message may still
+// throw kj::Exception on malformed data (a pointer out of bounds, a list where a struct should
+// be), so read it inside guardRead() below. Move-only.
 class IncomingFrame {
  public:
   IncomingFrame(IncomingFrame&&) noexcept;
@@ -211,11 +217,28 @@ class IncomingFrame {
   uint64_t byteSize_ = 0;
 };
 
+// Runs fn, which reads a received message, and returns what malformed data made it throw as
+// Status{protocol}: a kj::Exception from Cap'n Proto ("malformed message: ...") or a
+// ProtocolError from the codec (its message). Anything else propagates.
+//
+//   Status s = rpc::guardRead([&] { handleCall(frame.message().getCall()); });
+template <class Fn>
+Status guardRead(Fn&& fn) {
+  try {
+    std::forward<Fn>(fn)();
+    return {};
+  } catch (const ProtocolError& e) {
+    return Status::protocol(e.what());
+  } catch (const kj::Exception& e) {
+    return Status::protocol(std::string("malformed message: ") + e.getDescription().cStr());
+  }
+}
+
 // Incremental decoder for one byte stream: bytes arrive in arbitrary chunks; complete frames
 // come out of next() in order. The first error is sticky: every later call returns it, and the
 // connection must be closed. Never throws for anything the peer sent.
 //
-// Cap'n Proto reads each frame with ReaderOptions{nestingLimit = 2 * maxNesting + 8,
+// Cap'n Proto reads each frame with ReaderOptions{nestingLimit = 3 * maxNesting + 8,
 // traversalLimitInWords = 4 * messageWords + 8192}: the traversal limit stops a small message
 // whose pointers alias (or a list of zero-sized elements) from being read as a huge one.
 class FrameDecoder {
@@ -250,9 +273,9 @@ class FrameDecoder {
   // frames read through prepareRead() except the part of a frame's buffers that arrived in the
   // same read as its preamble.
   uint64_t stagedTensorBytes() const { return stagedTensorBytes_; }
-  // Bytes allocated for the frame being decoded so far (tables, segments, buffer Storages);
-  // 0 between frames. Bounded by limits.maxFrameBytes.
-  uint64_t currentFrameAllocation() const { return frameAllocation_; }
+  // The most bytes allocated for any one frame so far (its tables, segments and buffer
+  // Storages), including frames rejected part way. Never more than limits.maxFrameBytes.
+  uint64_t peakFrameAllocation() const { return peakAllocation_; }
 
  private:
   enum class Stage { Preamble, Tables, Segments, Buffers };
@@ -269,6 +292,7 @@ class FrameDecoder {
   void enterBuffer();
   void finishFrame();
   void fail(std::string message);
+  void noteAllocation(uint64_t bytes);
   uint64_t frameOffset() const;
 
   FrameLimits limits_;
@@ -288,6 +312,7 @@ class FrameDecoder {
   std::unique_ptr<IncomingFrame> frame_;
   size_t bufferIndex_ = 0;
   uint64_t frameAllocation_ = 0;
+  uint64_t peakAllocation_ = 0;
 
   std::vector<std::byte> staging_;
   bool stagingLent_ = false;  // the last prepareRead() returned the staging buffer

@@ -170,8 +170,9 @@ struct Call {
   #
   # The callee looks the function up by functionId; an unknown id (or a known id whose name
   # differs, a hash collision) is answered with an error response of code `notFound`. Arguments
-  # that do not match the declared parameter types are answered with code `protocol`, naming the
-  # function and the argument index. Neither ends the connection: the bytes were well formed.
+  # that do not decode as the declared parameter types (another kind of value, a value out of
+  # range, a malformed pointer inside them) are answered with code `protocol`, naming the
+  # function and the argument index. Neither ends the connection: the frame itself was sound.
 
   callId @0 :UInt64;
   # Chosen by the caller; see "The tables, and the lifetime of every id" above.
