@@ -144,13 +144,12 @@ class EncodeContext {
 // State of decoding one frame's values: its buffers and the nesting budget.
 class DecodeContext {
  public:
-  explicit DecodeContext(const IncomingFrame& frame)
-      : DecodeContext(frame.buffers(), kDefaultMaxNesting) {}
+  // Values of `frame`, nested at most as deep as the decoder that produced it allowed (or
+  // maxNesting). The frame must outlive the context.
+  explicit DecodeContext(const IncomingFrame& frame) : DecodeContext(frame.buffers(), frame.maxNesting()) {}
   DecodeContext(const IncomingFrame& frame, uint32_t maxNesting) : DecodeContext(frame.buffers(), maxNesting) {}
   DecodeContext(std::span<const std::shared_ptr<Storage>> buffers, uint32_t maxNesting)
       : buffers_(buffers), maxNesting_(maxNesting) {}
-
-  static constexpr uint32_t kDefaultMaxNesting = FrameLimits{}.maxNesting;
 
   // Buffer `index`, checked to exist and to be exactly byteLength long (ProtocolError if not).
   const std::shared_ptr<Storage>& buffer(uint32_t index, uint64_t byteLength) const;
@@ -647,6 +646,12 @@ void encodeArguments(EncodeContext& ctx, capnp::List<wire::Value>::Builder out, 
                                             << sizeof...(Args) << " arguments";
   [[maybe_unused]] unsigned i = 0;
   (encodeValue(args, out[i++], ctx), ...);
+}
+
+// The same for arguments held in a tuple (a call queued before it is sent).
+template <class... Args>
+void encodeArgumentTuple(EncodeContext& ctx, capnp::List<wire::Value>::Builder out, const std::tuple<Args...>& args) {
+  std::apply([&](const Args&... a) { encodeArguments(ctx, out, a...); }, args);
 }
 
 // Decodes the arguments of `function` as the declared types Args (decayed: a parameter

@@ -174,7 +174,9 @@ std::span<std::byte> FrameDecoder::target() {
 }
 
 std::span<std::byte> FrameDecoder::prepareRead() {
-  if (!status_.ok() || stage_ == Stage::Preamble) {
+  // A preamble already begun is finished with a read of exactly its rest, so the staging
+  // buffer is only lent between frames.
+  if (!status_.ok() || (stage_ == Stage::Preamble && stagePos_ == 0)) {
     if (staging_.size() != limits_.readChunkBytes) staging_.resize(limits_.readChunkBytes);
     stagingLent_ = true;
     return staging_;
@@ -377,6 +379,7 @@ void FrameDecoder::enterBuffer() {
 
 void FrameDecoder::finishFrame() {
   frame_->byteSize_ = frameBytes_;
+  frame_->maxNesting_ = limits_.maxNesting;
   ready_.push_back(std::move(*frame_));
   frame_.reset();
   stage_ = Stage::Preamble;

@@ -57,9 +57,11 @@
 //    hands that same Storage to the codec. Between frames prepareRead() returns a small staging
 //    buffer (limits.readChunkBytes) so that many small frames are taken in one read(); tensor
 //    bytes that arrive in such a read, together with their frame's preamble, are copied once
-//    from it: at most readChunkBytes per frame, counted by stagedTensorBytes(). feed() is for
-//    bytes already in memory (in-memory transports, tests, the fuzzer): it copies each byte once
-//    into its final place, tensor bytes straight into their Storage.
+//    from it: at most readChunkBytes per frame, counted by stagedTensorBytes(). With
+//    readChunkBytes = kPreambleBytes no tensor byte is ever staged, at the cost of one more
+//    read() per frame. feed() is for bytes already in memory (in-memory transports, tests, the
+//    fuzzer): it copies each byte once into its final place, tensor bytes straight into their
+//    Storage.
 //
 // Threading: a FrameWriter, OutgoingFrame and FrameDecoder belong to one thread at a time (the
 // loop thread for a decoder). An IncomingFrame may be moved to another thread and read there.
@@ -116,7 +118,7 @@ struct FrameLimits {
   // takes, plus the envelope), so deeper messages are rejected while reading, before any
   // recursion could exhaust the stack.
   uint32_t maxNesting = 64;
-  // Size of the staging buffer prepareRead() offers between frames.
+  // Size of the staging buffer prepareRead() offers between frames (see "No copy" above).
   size_t readChunkBytes = size_t{64} << 10;
 };
 
@@ -204,6 +206,8 @@ class IncomingFrame {
   // Buffer i is the Storage its bytes were read into, exactly as long as the buffer table said.
   const std::vector<std::shared_ptr<Storage>>& buffers() const { return buffers_; }
   uint64_t byteSize() const { return byteSize_; }
+  // The decoder's FrameLimits::maxNesting, which decoding this frame's values should respect.
+  uint32_t maxNesting() const { return maxNesting_; }
 
  private:
   friend class FrameDecoder;
@@ -215,6 +219,7 @@ class IncomingFrame {
   wire::Message::Reader root_;
   std::vector<std::shared_ptr<Storage>> buffers_;
   uint64_t byteSize_ = 0;
+  uint32_t maxNesting_ = 0;
 };
 
 // Runs fn, which reads a received message, and returns what malformed data made it throw as
@@ -249,8 +254,8 @@ class FrameDecoder {
   FrameDecoder& operator=(const FrameDecoder&) = delete;
 
   // Where the next read from the socket should put its bytes, and at most how many: inside an
-  // out-of-band buffer, the rest of its Storage; inside the tables or segments, the rest of
-  // them; between frames, the staging buffer. Never empty. Call commitRead(n) with the number
+  // out-of-band buffer, the rest of its Storage; inside the preamble, tables or segments, the
+  // rest of them; between frames, the staging buffer. Never empty. Call commitRead(n) with the number
   // of bytes actually read (0 <= n <= size) before calling prepareRead() or feed() again.
   std::span<std::byte> prepareRead();
   Status commitRead(size_t n);

@@ -313,6 +313,23 @@ TEST_CASE("function arguments decode as their declared types, decayed") {
   CHECK(decodeArguments<>("ping", none.args(), ctx2) == std::tuple<>());
 }
 
+TEST_CASE("arguments held in a tuple encode like a parameter pack") {
+  FrameWriter writer;
+  auto call = writer.message().initCall();
+  EncodeContext ectx(writer);
+  std::tuple<int32_t, std::string, std::vector<double>> args{7, "seven", {7.0}};
+  encodeArgumentTuple(ectx, call.initArgs(3), args);
+  std::vector<std::byte> bytes;
+  std::move(writer).finish().appendTo(bytes);
+  FrameDecoder d;
+  REQUIRE(d.feed(bytes.data(), bytes.size()).ok());
+  auto f = d.next();
+  REQUIRE(f.has_value());
+  DecodeContext ctx(*f);
+  CHECK(decodeArguments<int32_t, std::string, std::vector<double>>("f", f->message().getCall().getArgs(), ctx) ==
+        args);
+}
+
 TEST_CASE("results decode as their declared type, and a mismatch names the result") {
   FrameWriter writer;
   auto response = writer.message().initResponse();
@@ -485,6 +502,18 @@ TEST_CASE("values nested past the limit are rejected, whichever limit trips firs
   } catch (const ProtocolError& err) {
     CHECK_MESSAGE(std::string(err.what()).find("malformed value") != std::string::npos, err.what());
   }
+}
+
+TEST_CASE("a frame's values are decoded under its decoder's nesting limit") {
+  Wire w = Wire::call(chain(12));  // 26 levels
+  FrameDecoder d(FrameLimits{.maxNesting = 20});
+  REQUIRE(d.feed(w.bytes.data(), w.bytes.size()).ok());
+  auto f = d.next();
+  REQUIRE(f.has_value());
+  CHECK(f->maxNesting() == 20);
+  DecodeContext ctx(*f);
+  CHECK_THROWS_WITH_AS(decodeArguments<geo::Tree>("f", f->message().getCall().getArgs(), ctx),
+                       doctest::Contains("nested deeper than the limit of 20 levels"), ProtocolError);
 }
 
 TEST_CASE("a list of zero-sized elements cannot pose as a huge list") {

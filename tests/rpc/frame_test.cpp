@@ -239,6 +239,25 @@ TEST_CASE("a 64 MiB tensor is read by the socket straight into the decoded tenso
   CHECK(d.peakFrameAllocation() <= bytes.size());
 }
 
+TEST_CASE("with a preamble-sized staging buffer no tensor byte is ever staged") {
+  Tensor t = patterned(int64_t{1} << 16);  // 256 KiB
+  Bytes two = flatten(makeCallFrame({t}, 1));
+  Bytes second = flatten(makeCallFrame({t}, 2));
+  two.insert(two.end(), second.begin(), second.end());
+  for (size_t maxRead : {size_t{1}, size_t{7}, size_t{64} << 10}) {
+    INFO("max read " << maxRead);
+    FrameDecoder d(FrameLimits{.readChunkBytes = kPreambleBytes});
+    SimulatedSocket sock;
+    REQUIRE(sock.readAll(d, two, maxRead).ok());
+    CHECK(d.stagedTensorBytes() == 0);
+    auto f1 = d.next();
+    auto f2 = d.next();
+    REQUIRE(f1.has_value());
+    REQUIRE(f2.has_value());
+    checkCallFrame(*f2, {t}, 2);
+  }
+}
+
 TEST_CASE("a frame written with writev to a socket is decoded from read() into its storages") {
   int fds[2];
   REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
@@ -541,6 +560,41 @@ TEST_CASE("benchmark: encode and decode a frame carrying a 64 MiB tensor" * doct
     }
     decodeRead = std::min(decodeRead, seconds(Clock::now() - t0));
   }
+  // Small calls: encode, frame, decode and decode the arguments, as one call's request costs.
+  const int calls = 200000;
+  Bytes small;
+  auto t0 = Clock::now();
+  for (int i = 0; i < calls; ++i) {
+    FrameWriter w;
+    auto call = w.message().initCall();
+    call.setCallId(static_cast<uint64_t>(i) + 1);
+    call.setFunctionId(nameId("add"));
+    call.setFunctionName("add");
+    EncodeContext ectx(w);
+    encodeArguments(ectx, call.initArgs(3), int64_t{i}, 2.5, std::string("eight by"));
+    OutgoingFrame f = std::move(w).finish();
+    small.clear();
+    f.appendTo(small);
+  }
+  double encodeSmall = seconds(Clock::now() - t0) / calls;
+  Bytes stream;
+  for (int i = 0; i < 1000; ++i) stream.insert(stream.end(), small.begin(), small.end());
+  FrameDecoder sd;
+  int64_t sum = 0;
+  t0 = Clock::now();
+  for (int rep = 0; rep < calls / 1000; ++rep) {
+    REQUIRE(feedInChunks(sd, stream, [] { return size_t{64} << 10; }).ok());
+    while (auto f = sd.next()) {
+      DecodeContext dctx(*f);
+      auto [a, b, c] = decodeArguments<int64_t, double, std::string>("add", f->message().getCall().getArgs(), dctx);
+      sum += a + static_cast<int64_t>(b) + static_cast<int64_t>(c.size());
+    }
+  }
+  double decodeSmall = seconds(Clock::now() - t0) / calls;
+  CHECK(sum > 0);
+  MESSAGE("small call frame (" << small.size() << " bytes, 3 scalar arguments): encode " << encodeSmall * 1e9
+          << " ns, decode " << decodeSmall * 1e9 << " ns per frame");
+
   double gb = static_cast<double>(n) / 1e9;
   MESSAGE("64 MiB tensor frame (best of " << reps << "): encode " << encode * 1e6 << " us (no byte copied); "
           << "decode via feed() in 1 MiB chunks " << gb / decodeFeed << " GB/s; decode via prepareRead() in 1 MiB "
