@@ -1,0 +1,101 @@
+// Options: what one process of a weft job needs to know to join it — its name
+// and place in the group, where the rendezvous store is, and the settings of
+// its RPC agent.
+//
+// Programs usually take everything from the environment their launcher set:
+//
+//   weft::rpc::Options opt = weft::rpc::Options::fromEnv();   // throws InvalidArgumentError naming the variable
+//   opt.numWorkerThreads = 8;                                  // then adjust in code
+//   opt.validate();
+//   weft::rpc::Agent agent(opt);
+//
+// or build them by hand (tests, embedding in another launcher):
+//
+//   weft::rpc::Options opt;
+//   opt.rank = 0; opt.worldSize = 2; opt.masterPort = 29500;
+//   opt.validate();                       // fills nothing in; workerName() gives "worker0"
+//
+// Environment (fromEnv). A process's place comes from the first of these sets
+// that is present (a set is present when any of its variables is set), the
+// order tools/weftrun/README.md documents:
+//   1. WEFT_RANK, WEFT_WORLD_SIZE, WEFT_LOCAL_RANK          (weftrun)
+//   2. RANK, WORLD_SIZE, LOCAL_RANK                         (torchrun and the like)
+//   3. SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID            (srun)
+//   4. OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK (mpirun)
+// Rank and world size must both come from that set; the local rank may be
+// missing, and is then taken to be the rank (right on one machine, the only
+// case where a launcher omits it). No set at all means a single process:
+// rank 0 of a world of 1.
+// The store's address: WEFT_MASTER_ADDR / WEFT_MASTER_PORT, else MASTER_ADDR /
+// MASTER_PORT. Both are required when the world has more than one process;
+// alone, a process defaults to 127.0.0.1 and port 0 (any free port).
+// The rest, all optional:
+//   WEFT_WORKER_NAME          name (default "worker<rank>")
+//   WEFT_LISTEN_ADDR          address the agent's RPC listener binds (default below)
+//   WEFT_LISTEN_PORT          its port (default 0: any free port)
+//   WEFT_NUM_WORKER_THREADS   threads running user handlers (default 4)
+//   WEFT_RPC_TIMEOUT          default RPC timeout in seconds, fractional allowed, 0 = none (default 60)
+//   WEFT_STORE_TIMEOUT        rendezvous and store timeout in seconds, 0 = none (default 300)
+//   WEFT_RPC_TOKEN            shared secret checked at every handshake (default none)
+//   WEFT_LOG_LEVEL            debug, info, warn, error or off (default warn)
+// A value that does not parse is an error naming the variable and the value
+// ("WEFT_RANK='x' is not an integer"); nothing is silently ignored.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "common/logging.h"
+
+namespace weft::rpc {
+
+struct Options {
+  // Set by hand, or empty for the default "worker<rank>" (see workerName()).
+  // 1 to 128 characters from [A-Za-z0-9_.:-].
+  std::string name;
+  int rank = 0;
+  int worldSize = 1;
+  // Rank among the processes on this machine; -1 means "the same as rank".
+  int localRank = -1;
+
+  // Where rank 0 serves the rendezvous store. Port 0 lets rank 0 pick a free
+  // port, which only works for a world of one (nobody else could find it).
+  std::string masterAddr = "127.0.0.1";
+  uint16_t masterPort = 0;
+
+  // Where this process's RPC listener binds. Empty picks the default: the
+  // loopback address when masterAddr is a loopback address (the whole job is on
+  // this machine), else every interface (0.0.0.0). See listenHost().
+  std::string listenAddr;
+  uint16_t listenPort = 0;
+
+  int numWorkerThreads = 4;
+  // Zero means no timeout.
+  std::chrono::milliseconds rpcTimeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds storeTimeout{std::chrono::seconds(300)};
+  // Shared secret every handshake must present; empty disables the check.
+  std::string authToken;
+  log::Level logLevel = log::Level::Warn;
+
+  // Reads the environment as described above, then validate()s. Throws
+  // InvalidArgumentError naming the variable at fault.
+  static Options fromEnv();
+
+  // Checks every field; throws InvalidArgumentError naming the field and value.
+  void validate() const;
+
+  // name, or "worker<rank>" when name is empty.
+  std::string workerName() const;
+  // localRank, or rank when localRank is -1.
+  int effectiveLocalRank() const { return localRank >= 0 ? localRank : rank; }
+  // listenAddr, or the default described there.
+  std::string listenHost() const;
+  // "host:port" of the store (IPv6 literals in brackets).
+  std::string masterEndpoint() const;
+};
+
+// True for "localhost", 127.0.0.0/8 and ::1.
+bool isLoopbackHost(const std::string& host);
+
+}  // namespace weft::rpc

@@ -1,0 +1,47 @@
+// SocketAddress: a resolved TCP endpoint (IPv4 or IPv6), and the one place
+// where weft turns "host" + port into one, so that every socket of a job —
+// the store's, later the agents' — resolves names the same way.
+//
+//   weft::rpc::SocketAddress a = weft::rpc::SocketAddress::resolve("node0", 29500);
+//   uv_tcp_connect(&req, &tcp, a.sockaddr(), onConnect);
+//   WEFT_LOG(Info) << "connecting to " << a.toString();     // "10.0.0.1:29500", "[::1]:29500"
+//
+// Names resolve through getaddrinfo. When a name has both IPv4 and IPv6
+// addresses the first IPv4 one is taken, on every process alike, so that a
+// server bound to "localhost" and its clients agree (getaddrinfo may list
+// ::1 first on some hosts and 127.0.0.1 first on others).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace weft::rpc {
+
+class SocketAddress {
+ public:
+  // Resolves host (a name or a numeric literal). Throws InvalidArgumentError
+  // naming the host when it does not resolve. temporaryFailure, when given, is
+  // set instead of throwing for a failure worth retrying (EAI_AGAIN: the name
+  // server did not answer), and nullopt is returned.
+  static std::optional<SocketAddress> resolve(const std::string& host, uint16_t port,
+                                              std::string* temporaryFailure = nullptr);
+  // The address a bound or connected socket has (getsockname / getpeername
+  // results).
+  static SocketAddress fromSockaddr(const struct sockaddr* addr, socklen_t len);
+
+  const struct sockaddr* sockaddr() const { return reinterpret_cast<const struct sockaddr*>(&storage_); }
+  socklen_t length() const { return length_; }
+  uint16_t port() const;
+  // "1.2.3.4:80" or "[::1]:80".
+  std::string toString() const;
+
+ private:
+  sockaddr_storage storage_{};
+  socklen_t length_ = 0;
+};
+
+}  // namespace weft::rpc

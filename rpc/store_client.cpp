@@ -1,0 +1,819 @@
+// StoreClient: connection, requests and replies on the loop thread, behind the
+// thread-safe API of rpc/store.h.
+//
+// States (loop thread):  Connecting -> Handshaking -> Ready -> Closed
+//   Connecting/Handshaking may fall back to Connecting (after a retry delay)
+//   until the connect deadline; Closed is final (lost connection, rejected
+//   handshake, connect timeout or close()).
+// Tables (loop thread):
+//   pending_     request id -> what was asked and how to complete its future
+//   deadlines_   (reply deadline, request id); one timer serves them all
+// Request ids come from an atomic counter so that frames are encoded on the
+// calling thread; id 0 is the Hello.
+#include <uv.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "common/logging.h"
+#include "rpc/socket_address.h"
+#include "rpc/store.h"
+
+namespace weft::rpc {
+
+using store::BodyReader;
+using store::FrameWriter;
+using store::Op;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr uint64_t kHelloId = 0;
+constexpr unsigned kKeepAliveSeconds = 30;
+constexpr milliseconds kFirstRetryDelay{10};
+constexpr milliseconds kMaxRetryDelay{250};
+// How much longer than a get/wait's own timeout the client waits for the
+// server to report it, before giving up on the server itself.
+constexpr milliseconds kReplyGrace{2000};
+
+std::string barrierPrefix(const std::string& name) { return "weft/barrier/" + name + "/"; }
+
+}  // namespace
+
+class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
+ public:
+  // Completes a request: with the reply's payload when s is ok, else with s.
+  using Completion = std::function<void(const Status& s, BodyReader* payload)>;
+
+  Impl(UvLoop& loop, Config config, SocketAddress address, std::string endpoint)
+      : loop_(loop), config_(std::move(config)), address_(address), endpoint_(std::move(endpoint)) {}
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  uint64_t nextRequestId() { return nextId_.fetch_add(1, std::memory_order_relaxed); }
+  bool connected() const { return connected_.load(std::memory_order_acquire); }
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Sends a frame built on the calling thread (any thread) and returns the
+  // future of its reply, decoded by decode(BodyReader&) -> T.
+  template <class T, class Decode>
+  Future<T> request(uint64_t id, std::string what, std::string frame, std::optional<milliseconds> replyTimeout,
+                    Decode decode) {
+    Promise<T> promise;
+    Future<T> result = promise.getFuture();
+    Pending p;
+    p.what = std::move(what);
+    p.replyTimeout = replyTimeout;
+    p.complete = [promise, decode](const Status& s, BodyReader* payload) mutable {
+      if (!s.ok()) {
+        promise.setError(s);
+      } else if constexpr (std::is_void_v<T>) {
+        decode(*payload);
+        promise.setValue();
+      } else {
+        promise.setValue(decode(*payload));
+      }
+    };
+    bool posted = loop_.post([self = shared_from_this(), id, frame = std::move(frame), p = std::move(p)]() mutable {
+      self->start(id, std::move(frame), std::move(p));
+    });
+    if (!posted) {
+      promise.setError(Status::disconnected("store: cannot send a request to the server at " + endpoint_ +
+                                            ": the client's event loop has stopped"));
+    }
+    return result;
+  }
+
+  // ---- connecting (loop thread) -------------------------------------------------------
+
+  void startConnect(Promise<store::Limits> connected) {
+    connectPromise_ = std::move(connected);
+    uv_loop_t* loop = loop_.raw();
+    for (uv_timer_t* t : {&connectTimer_, &retryTimer_, &replyTimer_}) {
+      uv_timer_init(loop, t);
+      t->data = this;
+      ++openHandles_;
+    }
+    if (config_.connectTimeout.count() > 0) {
+      uv_timer_start(&connectTimer_, &Impl::onConnectDeadline, static_cast<uint64_t>(config_.connectTimeout.count()), 0);
+    }
+    attempt();
+  }
+
+  // ---- closing (loop thread) -----------------------------------------------------------
+
+  void beginClose(Promise<void> done) {
+    closeWaiters_.push_back(std::move(done));
+    if (!closing_) {
+      closing_ = true;
+      setClosed("the client was closed");
+      failAll(StatusCode::Cancelled, "the client was closed");
+      if (connectPromise_.has_value()) {
+        connectPromise_->setError(Status::cancelled("store: the client was closed while connecting to " + endpoint_));
+        connectPromise_.reset();
+      }
+      closeSocket(false);
+      for (uv_timer_t* t : {&connectTimer_, &retryTimer_, &replyTimer_}) {
+        uv_close(reinterpret_cast<uv_handle_t*>(t), &Impl::onHandleClosed);
+      }
+    }
+    maybeFinishClose();
+  }
+
+  // ---- operations (any thread) -------------------------------------------------------
+  // Arguments are checked by StoreClient before they get here.
+
+  Future<void> setAsync(const std::string& key, std::string value) {
+    uint64_t id = nextRequestId();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Set)).str(key).str(value).finish();
+    return request<void>(id, "set(" + store::describeKey(key) + ")", std::move(frame), replyTimeout(),
+                         [](BodyReader& r) { r.expectEnd("set reply"); });
+  }
+
+  Future<std::string> getAsync(const std::string& key, milliseconds timeout) {
+    uint64_t id = nextRequestId();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Get))
+                            .str(key)
+                            .u64(static_cast<uint64_t>(timeout.count()))
+                            .finish();
+    return request<std::string>(id, "get(" + store::describeKey(key) + ")", std::move(frame),
+                                waitingReplyTimeout(timeout), [](BodyReader& r) {
+                                  std::string value(r.str("value", UINT32_MAX));
+                                  r.expectEnd("get reply");
+                                  return value;
+                                });
+  }
+
+  Future<void> waitAsync(const std::vector<std::string>& keys, milliseconds timeout) {
+    uint64_t id = nextRequestId();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Wait))
+                            .keys(keys)
+                            .u64(static_cast<uint64_t>(timeout.count()))
+                            .finish();
+    return request<void>(id, "wait(" + store::describeKeys(keys) + ")", std::move(frame),
+                         waitingReplyTimeout(timeout), [](BodyReader& r) { r.expectEnd("wait reply"); });
+  }
+
+  Future<bool> checkAsync(const std::vector<std::string>& keys) {
+    uint64_t id = nextRequestId();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Check)).keys(keys).finish();
+    return request<bool>(id, "check(" + store::describeKeys(keys) + ")", std::move(frame), replyTimeout(),
+                         [](BodyReader& r) {
+                           bool all = r.u8("allExist") != 0;
+                           r.expectEnd("check reply");
+                           return all;
+                         });
+  }
+
+  Future<int64_t> addAsync(const std::string& key, int64_t delta) {
+    uint64_t id = nextRequestId();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Add)).str(key).i64(delta).finish();
+    return request<int64_t>(id, "add(" + store::describeKey(key) + ", " + std::to_string(delta) + ")",
+                            std::move(frame), replyTimeout(), [](BodyReader& r) {
+                              int64_t value = r.i64("value");
+                              r.expectEnd("add reply");
+                              return value;
+                            });
+  }
+
+  Future<std::string> compareSetAsync(const std::string& key, std::string expected, std::string desired) {
+    uint64_t id = nextRequestId();
+    std::string frame =
+        FrameWriter(id, static_cast<uint8_t>(Op::CompareSet)).str(key).str(expected).str(desired).finish();
+    return request<std::string>(id, "compareSet(" + store::describeKey(key) + ")", std::move(frame),
+                                replyTimeout(), [](BodyReader& r) {
+                                  std::string value(r.str("value", UINT32_MAX));
+                                  r.expectEnd("compareSet reply");
+                                  return value;
+                                });
+  }
+
+  Future<bool> deleteKeyAsync(const std::string& key) {
+    uint64_t id = nextRequestId();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Delete)).str(key).finish();
+    return request<bool>(id, "deleteKey(" + store::describeKey(key) + ")", std::move(frame), replyTimeout(),
+                         [](BodyReader& r) {
+                           bool existed = r.u8("existed") != 0;
+                           r.expectEnd("deleteKey reply");
+                           return existed;
+                         });
+  }
+
+  Future<int64_t> numKeysAsync() {
+    uint64_t id = nextRequestId();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::NumKeys)).finish();
+    return request<int64_t>(id, "numKeys()", std::move(frame), replyTimeout(), [](BodyReader& r) {
+      int64_t n = r.i64("count");
+      r.expectEnd("numKeys reply");
+      return n;
+    });
+  }
+
+  // Round k of a barrier: the participants' k-th arrivals raise the counter
+  // from k*W+1 to (k+1)*W; the one that reaches (k+1)*W sets "round<k>", which
+  // the others wait for. That one also deletes "round<k-1>": every participant
+  // has left round k-1, or it could not have arrived for round k.
+  Future<void> barrierAsync(const std::string& name, int worldSize, milliseconds timeout) {
+    std::string prefix = barrierPrefix(name);
+    Clock::time_point start = Clock::now();
+    Promise<void> done;
+    Future<void> result = done.getFuture();
+    auto self = shared_from_this();
+    addAsync(prefix + "count", 1)
+        .onComplete([self, done, prefix, name, worldSize, timeout, start](const Future<int64_t>& arrival) mutable {
+          if (arrival.hasError()) {
+            done.setError(arrival.exception());
+            return;
+          }
+          int64_t n = arrival.get();
+          int64_t round = (n - 1) / worldSize;
+          std::string release = prefix + "round" + std::to_string(round);
+          if (n % worldSize == 0) {
+            done.setFrom(self->setAsync(release, "1"));
+            if (round > 0) self->deleteKeyAsync(prefix + "round" + std::to_string(round - 1));
+            return;
+          }
+          milliseconds remaining{0};
+          if (timeout.count() > 0) {
+            auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+            remaining = std::max(milliseconds(1), timeout - elapsed);
+          }
+          self->waitAsync({release}, remaining)
+              .onComplete([self, done, prefix, name, worldSize, timeout, round](const Future<void>& released) mutable {
+                if (!released.hasError()) {
+                  done.setValue();
+                  return;
+                }
+                if (released.status().code() != StatusCode::Timeout) {
+                  done.setError(released.exception());
+                  return;
+                }
+                // Say how far the round got: the counter, read by adding 0.
+                self->addAsync(prefix + "count", 0)
+                    .onComplete([done, name, worldSize, timeout, round](const Future<int64_t>& count) mutable {
+                      std::string arrived =
+                          count.hasError() ? "an unknown number"
+                                           : std::to_string(std::clamp<int64_t>(count.get() - round * worldSize, 0,
+                                                                                worldSize));
+                      done.setError(Status::timeout("store: barrier '" + name + "' timed out after " +
+                                                    store::describeDuration(timeout) + ": " + arrived + " of " +
+                                                    std::to_string(worldSize) + " participants arrived"));
+                    });
+              });
+        });
+    return result;
+  }
+
+ private:
+  enum class State { Connecting, Handshaking, Ready, Closed };
+
+  struct Pending {
+    std::string what;  // "get('key')": names the request in errors
+    std::optional<milliseconds> replyTimeout;
+    Completion complete;
+  };
+
+  struct WriteRequest {
+    uv_write_t req{};
+    Impl* client = nullptr;
+    std::string bytes;
+  };
+
+  static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }
+
+  // How long a non-waiting request waits for its reply.
+  std::optional<milliseconds> replyTimeout() const {
+    if (config_.timeout.count() == 0) return std::nullopt;
+    return config_.timeout;
+  }
+  // For get/wait: the server reports their own timeout; the client gives up
+  // on the server only a grace period later.
+  static std::optional<milliseconds> waitingReplyTimeout(milliseconds timeout) {
+    if (timeout.count() == 0) return std::nullopt;
+    return timeout + kReplyGrace;
+  }
+
+  // ---- connection attempts -----------------------------------------------------------
+
+  void attempt() {
+    ++attempts_;
+    state_ = State::Connecting;
+    uv_tcp_init(loop_.raw(), &tcp_);
+    tcp_.data = this;
+    socketOpen_ = true;
+    ++openHandles_;
+    in_ = store::FrameBuffer(store::Limits().maxReplyBody());
+    connectRequest_.data = this;
+    int rc = uv_tcp_connect(&connectRequest_, &tcp_, address_.sockaddr(), &Impl::onConnected);
+    if (rc < 0) attemptFailed(uv_strerror(rc));
+  }
+
+  static void onConnected(uv_connect_t* req, int status) {
+    Impl* s = static_cast<Impl*>(req->data);
+    if (status == UV_ECANCELED || s->state_ != State::Connecting) return;  // we closed the socket
+    if (status < 0) return s->attemptFailed(uv_strerror(status));
+    uv_tcp_nodelay(&s->tcp_, 1);
+    uv_tcp_keepalive(&s->tcp_, 1, kKeepAliveSeconds);
+    uv_read_start(reinterpret_cast<uv_stream_t*>(&s->tcp_), &Impl::onAlloc, &Impl::onRead);
+    s->state_ = State::Handshaking;
+    s->write(FrameWriter(kHelloId, static_cast<uint8_t>(Op::Hello))
+                 .u32(store::kMagic)
+                 .u16(store::kVersion)
+                 .str(s->config_.token)
+                 .finish());
+  }
+
+  // This attempt failed in a way worth retrying: close the socket, retry after
+  // a delay (unless the connect deadline fires first).
+  void attemptFailed(const std::string& error) {
+    lastError_ = error;
+    retryDelay_ = retryDelay_.count() == 0 ? kFirstRetryDelay : std::min(retryDelay_ * 2, kMaxRetryDelay);
+    state_ = State::Connecting;
+    closeSocket(true);
+  }
+
+  static void onRetry(uv_timer_t* t) {
+    Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
+    if (s->state_ == State::Connecting && !s->socketOpen_) s->attempt();
+  }
+
+  static void onConnectDeadline(uv_timer_t* t) {
+    Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
+    if (s->state_ != State::Connecting && s->state_ != State::Handshaking) return;
+    std::string message = "store: could not connect to the server at " + s->endpoint_ + " within " +
+                          store::describeDuration(s->config_.connectTimeout) + " (" + std::to_string(s->attempts_) +
+                          " attempt(s); last error: " + (s->lastError_.empty() ? "none" : s->lastError_) + ")";
+    s->failConnect(Status::timeout(message));
+  }
+
+  void failConnect(const Status& status) {
+    setClosed(status.message());
+    closeSocket(false);
+    uv_timer_stop(&retryTimer_);
+    uv_timer_stop(&connectTimer_);
+    if (connectPromise_.has_value()) {
+      connectPromise_->setError(status);
+      connectPromise_.reset();
+    }
+  }
+
+  void handleHelloReply(BodyReader& r) {
+    uint64_t id = r.u64("request id");
+    WEFT_ENFORCE(id == kHelloId, ProtocolError, "store: a reply to request ", id, " before the hello reply");
+    std::optional<StatusCode> code = statusCodeFromWire(r.u8("status"));
+    WEFT_ENFORCE(code.has_value(), ProtocolError, "store: the hello reply carries an unknown status");
+    if (*code != StatusCode::Ok) {
+      std::string message(r.str("message", store::kMaxMessageBytes));
+      failConnect(Status(*code, "store: the server at " + endpoint_ + " refused the connection: " + message));
+      return;
+    }
+    store::Limits limits;
+    limits.maxKeyBytes = r.u32("maxKeyBytes");
+    limits.maxValueBytes = r.u32("maxValueBytes");
+    limits.maxKeysPerRequest = r.u32("maxKeysPerRequest");
+    r.expectEnd("hello reply");
+    in_.setMaxBody(std::min<uint64_t>(limits.maxReplyBody(), UINT32_MAX));
+    state_ = State::Ready;
+    connected_.store(true, std::memory_order_release);
+    uv_timer_stop(&connectTimer_);
+    uv_timer_stop(&retryTimer_);
+    WEFT_LOG(Debug) << "store: connected to " << endpoint_ << " after " << attempts_ << " attempt(s)";
+    connectPromise_->setValue(limits);
+    connectPromise_.reset();
+  }
+
+  // ---- requests -----------------------------------------------------------------------
+
+  void start(uint64_t id, std::string frame, Pending p) {
+    if (state_ != State::Ready) {
+      p.complete(Status::disconnected("store: cannot " + p.what + ": not connected to the server at " + endpoint_ +
+                                      " (" + closeReason_ + ")"),
+                 nullptr);
+      return;
+    }
+    if (p.replyTimeout) {
+      Clock::time_point deadline = Clock::now() + *p.replyTimeout;
+      deadlines_.emplace(deadline, id);
+      deadlineOf_[id] = deadline;
+      armReplyTimer();
+    }
+    pending_.emplace(id, std::move(p));
+    write(std::move(frame));
+  }
+
+  void write(std::string bytes) {
+    auto* w = new WriteRequest;
+    w->client = this;
+    w->bytes = std::move(bytes);
+    w->req.data = w;
+    uv_buf_t buf = uv_buf_init(w->bytes.data(), static_cast<unsigned>(w->bytes.size()));
+    int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1, &Impl::onWritten);
+    if (rc < 0) {
+      delete w;
+      connectionFailed(std::string("writing failed: ") + uv_strerror(rc));
+    }
+  }
+
+  static void onWritten(uv_write_t* req, int status) {
+    std::unique_ptr<WriteRequest> w(static_cast<WriteRequest*>(req->data));
+    if (status < 0 && status != UV_ECANCELED) w->client->connectionFailed(std::string("writing failed: ") + uv_strerror(status));
+  }
+
+  static void onAlloc(uv_handle_t* h, size_t, uv_buf_t* buf) {
+    size_t size = 0;
+    char* space = self(h)->in_.readSpace(&size);
+    *buf = uv_buf_init(space, static_cast<unsigned>(std::min<size_t>(size, UINT_MAX)));
+  }
+
+  static void onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t*) {
+    Impl* s = self(reinterpret_cast<uv_handle_t*>(stream));
+    if (nread < 0) {
+      s->connectionFailed(nread == UV_EOF ? "the server closed the connection"
+                                          : std::string("the connection failed: ") + uv_strerror(static_cast<int>(nread)));
+      return;
+    }
+    if (nread == 0) return;
+    s->in_.commit(static_cast<size_t>(nread));
+    try {
+      std::string_view body;
+      while ((s->state_ == State::Handshaking || s->state_ == State::Ready) && s->in_.next(&body)) {
+        BodyReader r(body.data(), body.size());
+        if (s->state_ == State::Handshaking) {
+          s->handleHelloReply(r);
+        } else {
+          s->handleReply(r);
+        }
+      }
+      s->in_.compact();
+    } catch (const ProtocolError& e) {
+      // Not a weft store, or a broken one: retrying will not help.
+      if (s->state_ == State::Handshaking) {
+        s->failConnect(Status::protocol("store: the server at " + s->endpoint_ +
+                                        " does not speak the store protocol: " + e.what()));
+      } else {
+        s->connectionLost(StatusCode::Protocol, std::string("the server sent a malformed reply (") + e.what() + ")");
+      }
+    }
+  }
+
+  void handleReply(BodyReader& r) {
+    uint64_t id = r.u64("request id");
+    std::optional<StatusCode> code = statusCodeFromWire(r.u8("status"));
+    WEFT_ENFORCE(code.has_value(), ProtocolError, "store: a reply carries an unknown status");
+    auto it = pending_.find(id);
+    if (it == pending_.end()) {
+      // The request timed out here already; its reply is dropped.
+      WEFT_LOG(Debug) << "store: dropping a late reply to request " << id;
+      return;
+    }
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    forgetDeadline(id);
+    if (*code != StatusCode::Ok) {
+      std::string message(r.str("message", store::kMaxMessageBytes));
+      p.complete(Status(*code, std::move(message)), nullptr);
+      return;
+    }
+    try {
+      p.complete(Status(), &r);
+    } catch (const ProtocolError& e) {
+      // The promise is still open: decoding failed before it was completed.
+      p.complete(Status::protocol(std::string(e.what()) + " in the reply to " + p.what), nullptr);
+      throw;
+    }
+  }
+
+  // A connection failure: retried while connecting, final once Ready.
+  void connectionFailed(const std::string& reason) {
+    if (state_ == State::Connecting || state_ == State::Handshaking) return attemptFailed(reason);
+    connectionLost(StatusCode::Disconnected, reason);
+  }
+
+  void connectionLost(StatusCode code, const std::string& reason) {
+    if (state_ == State::Closed) return;
+    WEFT_LOG(Info) << "store: lost the connection to the server at " << endpoint_ << ": " << reason;
+    setClosed("connection lost: " + reason);
+    closeSocket(false);
+    failAll(code, reason);
+  }
+
+  void setClosed(const std::string& reason) {
+    if (state_ == State::Closed) return;
+    state_ = State::Closed;
+    closeReason_ = reason;
+    connected_.store(false, std::memory_order_release);
+  }
+
+  // Fails every pending request; their continuations may submit new requests,
+  // which fail too (state_ is Closed by now).
+  void failAll(StatusCode code, const std::string& reason) {
+    std::map<uint64_t, Pending> failing;
+    failing.swap(pending_);
+    deadlines_.clear();
+    deadlineOf_.clear();
+    for (auto& [id, p] : failing) {
+      p.complete(Status(code, "store: " + reason + " while waiting for " + p.what + " (server " + endpoint_ + ")"),
+                 nullptr);
+    }
+  }
+
+  // ---- reply deadlines -----------------------------------------------------------------
+
+  void forgetDeadline(uint64_t id) {
+    auto it = deadlineOf_.find(id);
+    if (it == deadlineOf_.end()) return;
+    deadlines_.erase({it->second, id});
+    deadlineOf_.erase(it);
+  }
+
+  void armReplyTimer() {
+    if (closing_) return;
+    if (deadlines_.empty()) {
+      uv_timer_stop(&replyTimer_);
+      return;
+    }
+    auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - Clock::now());
+    uv_timer_start(&replyTimer_, &Impl::onReplyDeadline, static_cast<uint64_t>(std::max<int64_t>(1, wait.count())), 0);
+  }
+
+  static void onReplyDeadline(uv_timer_t* t) {
+    Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
+    Clock::time_point now = Clock::now();
+    while (!s->deadlines_.empty() && s->deadlines_.begin()->first <= now) {
+      uint64_t id = s->deadlines_.begin()->second;
+      s->forgetDeadline(id);
+      auto it = s->pending_.find(id);
+      if (it == s->pending_.end()) continue;
+      Pending p = std::move(it->second);
+      s->pending_.erase(it);
+      p.complete(Status::timeout("store: the server at " + s->endpoint_ + " did not answer " + p.what + " within " +
+                                 store::describeDuration(*p.replyTimeout)),
+                 nullptr);
+    }
+    s->armReplyTimer();
+  }
+
+  // ---- handles --------------------------------------------------------------------------
+
+  // Closes the socket if open; with retry, the next attempt starts after the
+  // retry delay once it is closed.
+  void closeSocket(bool retry) {
+    retryAfterClose_ = retry;
+    if (!socketOpen_ || socketClosing_) return;
+    socketClosing_ = true;
+    uv_close(reinterpret_cast<uv_handle_t*>(&tcp_), &Impl::onSocketClosed);
+  }
+
+  static void onSocketClosed(uv_handle_t* h) {
+    Impl* s = self(h);
+    s->socketOpen_ = false;
+    s->socketClosing_ = false;
+    --s->openHandles_;
+    if (s->retryAfterClose_ && !s->closing_ && s->state_ == State::Connecting) {
+      uv_timer_start(&s->retryTimer_, &Impl::onRetry, static_cast<uint64_t>(s->retryDelay_.count()), 0);
+    }
+    s->maybeFinishClose();
+  }
+
+  static void onHandleClosed(uv_handle_t* h) {
+    Impl* s = self(h);
+    --s->openHandles_;
+    s->maybeFinishClose();
+  }
+
+  void maybeFinishClose() {
+    if (!closing_ || openHandles_ > 0) return;
+    std::vector<Promise<void>> waiters;
+    waiters.swap(closeWaiters_);
+    for (Promise<void>& p : waiters) p.setValue();
+  }
+
+  UvLoop& loop_;
+  const Config config_;  // a copy: tasks may run this after the StoreClient is gone
+  const SocketAddress address_;
+  const std::string endpoint_;
+  std::atomic<uint64_t> nextId_{kHelloId + 1};
+  std::atomic<bool> connected_{false};
+
+  State state_ = State::Connecting;
+  std::string closeReason_;
+  std::optional<Promise<store::Limits>> connectPromise_;
+  int attempts_ = 0;
+  std::string lastError_;
+  milliseconds retryDelay_{0};
+
+  uv_tcp_t tcp_{};
+  uv_connect_t connectRequest_{};
+  uv_timer_t connectTimer_{};
+  uv_timer_t retryTimer_{};
+  uv_timer_t replyTimer_{};
+  bool socketOpen_ = false;
+  bool socketClosing_ = false;
+  bool retryAfterClose_ = false;
+  int openHandles_ = 0;
+  bool closing_ = false;
+  std::vector<Promise<void>> closeWaiters_;
+
+  store::FrameBuffer in_{0};
+  std::map<uint64_t, Pending> pending_;  // ordered: failAll fails them in submission order
+  std::set<std::pair<Clock::time_point, uint64_t>> deadlines_;
+  std::map<uint64_t, Clock::time_point> deadlineOf_;
+};
+
+// ---- StoreClient --------------------------------------------------------------------
+
+namespace {
+
+std::string formatEndpoint(const std::string& host, uint16_t port) {
+  bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+void checkTimeout(milliseconds timeout, const char* op) {
+  WEFT_ENFORCE(timeout.count() >= 0, InvalidArgumentError, "StoreClient::", op, ": negative timeout ",
+               timeout.count(), " ms (0 means none)");
+}
+
+}  // namespace
+
+StoreClient::Config StoreClient::configFor(const Options& opt) {
+  Config c;
+  c.host = opt.masterAddr;
+  c.port = opt.masterPort;
+  c.token = opt.authToken;
+  c.connectTimeout = opt.storeTimeout;
+  c.timeout = opt.storeTimeout;
+  return c;
+}
+
+StoreClient::StoreClient(Config config, UvLoop* loop) : config_(std::move(config)) {
+  WEFT_ENFORCE(config_.port != 0, InvalidArgumentError, "StoreClient: port 0 names no server (host '",
+               config_.host, "')");
+  WEFT_ENFORCE(config_.connectTimeout.count() >= 0 && config_.timeout.count() >= 0, InvalidArgumentError,
+               "StoreClient: negative timeout (0 means none)");
+  endpoint_ = formatEndpoint(config_.host, config_.port);
+  if (!loop) {
+    ownedLoop_ = std::make_unique<UvLoop>("weft-store-cli");
+    loop = ownedLoop_.get();
+  }
+  loop_ = loop;
+  checkBlockingAllowed("StoreClient");
+
+  // Names are resolved here, on the calling thread: getaddrinfo blocks. A name
+  // server that does not answer (EAI_AGAIN) is retried like a refused connection.
+  Clock::time_point deadline = Clock::now() + config_.connectTimeout;
+  std::optional<SocketAddress> address;
+  std::string temporaryFailure;
+  while (!(address = SocketAddress::resolve(config_.host, config_.port, &temporaryFailure))) {
+    WEFT_ENFORCE(config_.connectTimeout.count() == 0 || Clock::now() < deadline, TimeoutError,
+                 "store: could not connect to the server at ", endpoint_, " within ",
+                 store::describeDuration(config_.connectTimeout), ": ", temporaryFailure);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+
+  impl_ = std::make_shared<Impl>(*loop_, config_, *address, endpoint_);
+  Promise<store::Limits> connected;
+  Future<store::Limits> limits = connected.getFuture();
+  bool posted = loop_->post([impl = impl_, connected]() mutable { impl->startConnect(std::move(connected)); });
+  WEFT_ENFORCE(posted, StateError, "StoreClient: the event loop '", loop_->name(), "' has stopped");
+  try {
+    serverLimits_ = limits.get();
+  } catch (...) {
+    close();
+    throw;
+  }
+}
+
+StoreClient::~StoreClient() { close(); }
+
+void StoreClient::close() {
+  checkBlockingAllowed("close");
+  Promise<void> done;
+  Future<void> closed = done.getFuture();
+  // A loop that has stopped already closed our handles (see UvLoop::stop).
+  if (loop_->post([impl = impl_, done]() mutable { impl->beginClose(std::move(done)); })) closed.get();
+}
+
+bool StoreClient::connected() const { return impl_->connected(); }
+
+void StoreClient::checkBlockingAllowed(const char* op) const {
+  WEFT_CHECK(!loop_->inLoopThread()) << "StoreClient::" << op << " blocks, and was called on the thread of event loop '"
+                                     << loop_->name() << "' that serves it; use the Async form there";
+}
+
+void StoreClient::checkKey(const std::string& key, const char* op) const {
+  WEFT_ENFORCE(!key.empty(), InvalidArgumentError, "StoreClient::", op, ": empty key");
+  WEFT_ENFORCE(key.size() <= serverLimits_.maxKeyBytes, InvalidArgumentError, "StoreClient::", op, ": key ",
+               store::describeKey(key), " of ", key.size(), " bytes exceeds the server's limit of ",
+               serverLimits_.maxKeyBytes);
+}
+
+void StoreClient::checkKeys(const std::vector<std::string>& keys, const char* op) const {
+  WEFT_ENFORCE(keys.size() <= serverLimits_.maxKeysPerRequest, InvalidArgumentError, "StoreClient::", op, ": ",
+               keys.size(), " keys exceed the server's limit of ", serverLimits_.maxKeysPerRequest, " per request");
+  for (const std::string& k : keys) checkKey(k, op);
+}
+
+void StoreClient::checkValue(const std::string& value, const char* op, const char* what) const {
+  WEFT_ENFORCE(value.size() <= serverLimits_.maxValueBytes, InvalidArgumentError, "StoreClient::", op, ": ", what,
+               " of ", value.size(), " bytes exceeds the server's limit of ", serverLimits_.maxValueBytes);
+}
+
+Future<void> StoreClient::setAsync(const std::string& key, std::string value) {
+  checkKey(key, "set");
+  checkValue(value, "set", "value");
+  return impl_->setAsync(key, std::move(value));
+}
+void StoreClient::set(const std::string& key, std::string value) {
+  checkBlockingAllowed("set");
+  setAsync(key, std::move(value)).get();
+}
+
+Future<std::string> StoreClient::getAsync(const std::string& key, milliseconds timeout) {
+  checkKey(key, "get");
+  checkTimeout(timeout, "get");
+  return impl_->getAsync(key, timeout);
+}
+std::string StoreClient::get(const std::string& key) { return get(key, config_.timeout); }
+std::string StoreClient::get(const std::string& key, milliseconds timeout) {
+  checkBlockingAllowed("get");
+  return getAsync(key, timeout).get();
+}
+
+Future<void> StoreClient::waitAsync(const std::vector<std::string>& keys, milliseconds timeout) {
+  checkKeys(keys, "wait");
+  checkTimeout(timeout, "wait");
+  return impl_->waitAsync(keys, timeout);
+}
+void StoreClient::wait(const std::vector<std::string>& keys) { wait(keys, config_.timeout); }
+void StoreClient::wait(const std::vector<std::string>& keys, milliseconds timeout) {
+  checkBlockingAllowed("wait");
+  waitAsync(keys, timeout).get();
+}
+
+Future<bool> StoreClient::checkAsync(const std::vector<std::string>& keys) {
+  checkKeys(keys, "check");
+  return impl_->checkAsync(keys);
+}
+bool StoreClient::check(const std::vector<std::string>& keys) {
+  checkBlockingAllowed("check");
+  return checkAsync(keys).get();
+}
+
+Future<int64_t> StoreClient::addAsync(const std::string& key, int64_t delta) {
+  checkKey(key, "add");
+  return impl_->addAsync(key, delta);
+}
+int64_t StoreClient::add(const std::string& key, int64_t delta) {
+  checkBlockingAllowed("add");
+  return addAsync(key, delta).get();
+}
+
+Future<std::string> StoreClient::compareSetAsync(const std::string& key, std::string expected, std::string desired) {
+  checkKey(key, "compareSet");
+  checkValue(expected, "compareSet", "expected value");
+  checkValue(desired, "compareSet", "desired value");
+  return impl_->compareSetAsync(key, std::move(expected), std::move(desired));
+}
+std::string StoreClient::compareSet(const std::string& key, std::string expected, std::string desired) {
+  checkBlockingAllowed("compareSet");
+  return compareSetAsync(key, std::move(expected), std::move(desired)).get();
+}
+
+Future<bool> StoreClient::deleteKeyAsync(const std::string& key) {
+  checkKey(key, "deleteKey");
+  return impl_->deleteKeyAsync(key);
+}
+bool StoreClient::deleteKey(const std::string& key) {
+  checkBlockingAllowed("deleteKey");
+  return deleteKeyAsync(key).get();
+}
+
+Future<int64_t> StoreClient::numKeysAsync() { return impl_->numKeysAsync(); }
+int64_t StoreClient::numKeys() {
+  checkBlockingAllowed("numKeys");
+  return numKeysAsync().get();
+}
+
+Future<void> StoreClient::barrierAsync(const std::string& name, int worldSize, milliseconds timeout) {
+  WEFT_ENFORCE(!name.empty(), InvalidArgumentError, "StoreClient::barrier: empty name");
+  WEFT_ENFORCE(worldSize >= 1, InvalidArgumentError, "StoreClient::barrier('", name, "'): worldSize ", worldSize,
+               " must be at least 1");
+  checkTimeout(timeout, "barrier");
+  // The longest key the barrier uses: the prefix and a 19-digit round number.
+  checkKey(barrierPrefix(name) + "round" + std::string(19, '9'), "barrier");
+  return impl_->barrierAsync(name, worldSize, timeout);
+}
+void StoreClient::barrier(const std::string& name, int worldSize) { barrier(name, worldSize, config_.timeout); }
+void StoreClient::barrier(const std::string& name, int worldSize, milliseconds timeout) {
+  checkBlockingAllowed("barrier");
+  barrierAsync(name, worldSize, timeout).get();
+}
+
+}  // namespace weft::rpc

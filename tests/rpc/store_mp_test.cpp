@@ -1,0 +1,166 @@
+// The rendezvous store across real processes on 127.0.0.1: started through the
+// built weftrun, or one by one with a spawn helper, always with bounded waits,
+// and checked to leave no process behind.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "rpc/store.h"
+#include "tools/subprocess.h"
+
+using namespace weft;
+using namespace weft::rpc;
+using namespace std::chrono_literals;
+using weft::testing::processGone;
+using weft::testing::Subprocess;
+
+namespace {
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The pids a store_worker run printed ("rank R pid P ..."), to check that none
+// outlives the test.
+std::vector<pid_t> printedPids(const std::string& out) {
+  std::vector<pid_t> pids;
+  std::regex re("pid (\\d+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    pids.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+  }
+  return pids;
+}
+
+// The environment of rank `rank` of `world` whose store is at 127.0.0.1:port.
+std::vector<std::string> rankEnv(int rank, int world, uint16_t port) {
+  return {"WEFT_RANK=" + std::to_string(rank), "WEFT_WORLD_SIZE=" + std::to_string(world),
+          "WEFT_LOCAL_RANK=" + std::to_string(rank), "WEFT_MASTER_ADDR=127.0.0.1",
+          "WEFT_MASTER_PORT=" + std::to_string(port)};
+}
+
+StoreClient::Config clientConfig(uint16_t port) {
+  StoreClient::Config c;
+  c.port = port;
+  c.connectTimeout = 10s;
+  c.timeout = 30s;
+  return c;
+}
+
+void checkCount(const Subprocess::Result& r, int world, int adds) {
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK_FALSE(r.timedOut);
+  CHECK(r.exitCode == 0);
+  for (int rank = 0; rank < world; ++rank) {
+    std::string tag = std::to_string(rank);
+    CHECK(contains(r.out, std::string("[").append(tag).append("] rank ").append(tag).append(" pid ")));
+  }
+  std::regex line("rank \\d+ pid \\d+ counter (\\d+)");
+  int lines = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it) {
+    CHECK((*it)[1] == std::to_string(world * adds));
+    ++lines;
+  }
+  CHECK(lines == world);
+  for (pid_t pid : printedPids(r.out)) CHECK(processGone(pid, 5s));
+}
+
+}  // namespace
+
+TEST_CASE("four processes started by weftrun count to the exact total through rank 0's store") {
+  Subprocess run({WEFTRUN_PATH, "-n", "4", "--tag-output", STORE_WORKER_PATH, "count", "200"});
+  checkCount(run.wait(90s), 4, 200);
+}
+
+TEST_CASE("ranks that start before rank 0's store connect once it listens") {
+  Subprocess run({WEFTRUN_PATH, "-n", "4", "--tag-output", STORE_WORKER_PATH, "count", "20", "800"});
+  auto r = run.wait(90s);
+  checkCount(r, 4, 20);
+  CHECK(r.seconds >= 0.8);
+}
+
+TEST_CASE("a client killed with SIGKILL mid-wait does not disturb the others") {
+  StoreServer::Config sc;
+  sc.port = 0;
+  StoreServer server(sc);
+  StoreClient observer(clientConfig(server.port()));
+
+  constexpr int kSurvivors = 3;
+  std::vector<std::unique_ptr<Subprocess>> survivors;
+  for (int r = 0; r < kSurvivors; ++r) {
+    survivors.push_back(
+        std::make_unique<Subprocess>(std::vector<std::string>{STORE_WORKER_PATH, "survivor", std::to_string(kSurvivors)},
+                                     rankEnv(r, kSurvivors + 1, server.port())));
+  }
+  Subprocess victim({STORE_WORKER_PATH, "victim"}, rankEnv(kSurvivors, kSurvivors + 1, server.port()));
+
+  // Everyone is waiting: the survivors for "go", the victim for "never".
+  std::string victimPid = observer.get("victim/pid", 30s);
+  CHECK(victimPid == std::to_string(victim.pid()));
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (server.stats().waiters < kSurvivors + 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(server.stats().waiters == kSurvivors + 1);
+  REQUIRE(server.stats().connections == kSurvivors + 2);  // with the observer
+
+  ::kill(victim.pid(), SIGKILL);
+  auto v = victim.wait(10s);
+  CHECK(v.signal == SIGKILL);
+  // The server notices the dead connection and forgets its waiter.
+  deadline = std::chrono::steady_clock::now() + 10s;
+  while (server.stats().connections != kSurvivors + 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(server.stats().connections == kSurvivors + 1);
+  CHECK(server.stats().waiters == kSurvivors);
+
+  observer.set("go", "1");
+  for (int r = 0; r < kSurvivors; ++r) {
+    auto res = survivors[static_cast<size_t>(r)]->wait(30s);
+    INFO("survivor " << r << " stdout:\n" << res.out << "\nstderr:\n" << res.err);
+    CHECK_FALSE(res.timedOut);
+    CHECK(res.exitCode == 0);
+    CHECK(contains(res.out, "survivor rank " + std::to_string(r) + " done"));
+    CHECK(processGone(survivors[static_cast<size_t>(r)]->pid(), 5s));
+  }
+  CHECK(observer.get("finished") == std::to_string(kSurvivors));
+  CHECK(observer.get("survivors") == std::to_string(kSurvivors));
+  CHECK(server.stats().waiters == 0);
+  CHECK(server.stats().connections == 1);
+}
+
+TEST_CASE("clients of a store whose process is killed fail with DisconnectedError promptly") {
+  Subprocess serverProcess({STORE_WORKER_PATH, "serve"}, {"WEFT_RANK=0", "WEFT_WORLD_SIZE=1"});
+  std::smatch m;
+  std::regex listening("listening (\\d+)");
+  REQUIRE(serverProcess.readUntil(
+      [&](const std::string& out, const std::string&) { return std::regex_search(out, m, listening); }, 20s));
+  std::string port = m[1];
+
+  std::vector<std::string> env = {"WEFT_RANK=0", "WEFT_WORLD_SIZE=1", "WEFT_MASTER_ADDR=127.0.0.1",
+                                  "WEFT_MASTER_PORT=" + port};
+  Subprocess a({STORE_WORKER_PATH, "wait-disconnect"}, env);
+  Subprocess b({STORE_WORKER_PATH, "wait-disconnect"}, env);
+  // Both are connected and about to wait (or waiting) when they say so.
+  for (Subprocess* client : {&a, &b}) {
+    REQUIRE(client->readUntil([](const std::string& out, const std::string&) { return contains(out, "waiting"); },
+                              20s));
+  }
+  auto killedAt = std::chrono::steady_clock::now();
+  ::kill(serverProcess.pid(), SIGKILL);
+  for (Subprocess* client : {&a, &b}) {
+    auto r = client->wait(10s);
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exitCode == 0);
+    CHECK(contains(r.out, "disconnected after"));
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - killedAt).count() < 2.0);
+    CHECK(processGone(client->pid(), 5s));
+  }
+  CHECK(serverProcess.wait(10s).signal == SIGKILL);
+}

@@ -1,0 +1,907 @@
+#include "rpc/store.h"
+
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <latch>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+
+using namespace weft;
+using namespace weft::rpc;
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+StoreServer::Config serverConfig(store::Limits limits = {}) {
+  StoreServer::Config c;
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.limits = limits;
+  return c;
+}
+
+StoreClient::Config clientConfig(uint16_t port, milliseconds timeout = 30s) {
+  StoreClient::Config c;
+  c.host = "127.0.0.1";
+  c.port = port;
+  c.connectTimeout = 10s;
+  c.timeout = timeout;
+  return c;
+}
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Polls cond until it holds or the time is up; the store's own behaviour is
+// event driven, but what a test observes from outside (another socket, the
+// server's counters) has to be sampled.
+template <class F>
+bool eventually(F cond, milliseconds within = 10s) {
+  auto deadline = Clock::now() + within;
+  while (!cond()) {
+    if (Clock::now() >= deadline) return cond();
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// The message of the exception of type E that fn throws.
+template <class E, class F>
+std::string errorOf(F fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL("threw another exception: ", e.what());
+    return "";
+  }
+  FAIL("threw nothing");
+  return "";
+}
+
+// A port nobody listens on (bound once by the kernel's choice, then released).
+uint16_t unusedPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+uint32_t loadU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+std::string helloFrame(const std::string& token = "", uint16_t version = store::kVersion,
+                       uint32_t magic = store::kMagic) {
+  return store::FrameWriter(0, static_cast<uint8_t>(store::Op::Hello)).u32(magic).u16(version).str(token).finish();
+}
+
+struct Reply {
+  uint64_t id = 0;
+  int status = -1;
+  std::string payload;
+};
+
+Reply parseReply(const std::string& body) {
+  REQUIRE(body.size() >= store::kBodyHeaderBytes);
+  store::BodyReader r(body.data(), body.size());
+  Reply out;
+  out.id = r.u64("id");
+  out.status = r.u8("status");
+  out.payload = body.substr(store::kBodyHeaderBytes);
+  return out;
+}
+
+// A plain TCP connection for writing bytes of the test's choosing.
+class RawSocket {
+ public:
+  explicit RawSocket(uint16_t port, int receiveBuffer = 0) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    if (receiveBuffer > 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receiveBuffer, sizeof receiveBuffer);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  }
+  ~RawSocket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawSocket(const RawSocket&) = delete;
+  RawSocket& operator=(const RawSocket&) = delete;
+
+  // Writes what the socket takes; the server may close it midway.
+  void send(const std::string& bytes) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      off += static_cast<size_t>(n);
+    }
+  }
+
+  // True when the peer closed (end of stream or reset) within the time.
+  // Whatever it sent first is read and discarded.
+  bool closedWithin(milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    char buf[4096];
+    while (Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      int left = static_cast<int>(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count());
+      if (::poll(&p, 1, std::max(left, 1)) <= 0) continue;
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+    }
+    return false;
+  }
+
+  // The body of the next frame, or nullopt when the peer closes first or the
+  // time runs out.
+  std::optional<std::string> readFrame(milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (true) {
+      if (buffer_.size() >= 4) {
+        uint32_t len = loadU32(buffer_.data());
+        if (buffer_.size() >= 4 + static_cast<size_t>(len)) {
+          std::string body = buffer_.substr(4, len);
+          buffer_.erase(0, 4 + static_cast<size_t>(len));
+          return body;
+        }
+      }
+      int left = static_cast<int>(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count());
+      if (left <= 0) return std::nullopt;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, left) <= 0) continue;
+      char buf[65536];
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) return std::nullopt;
+      buffer_.append(buf, static_cast<size_t>(n));
+    }
+  }
+
+  // Sends a Hello and checks that it is accepted.
+  void handshake(const std::string& token = "") {
+    send(helloFrame(token));
+    std::optional<std::string> reply = readFrame(5s);
+    REQUIRE(reply.has_value());
+    REQUIRE(parseReply(*reply).status == 0);
+  }
+
+ private:
+  int fd_ = -1;
+  std::string buffer_;
+};
+
+// What the process writes to stderr (the logger's lines) while it lives.
+class StderrCapture {
+ public:
+  StderrCapture() {
+    std::fflush(stderr);
+    saved_ = ::dup(STDERR_FILENO);
+    file_ = std::tmpfile();
+    REQUIRE(file_ != nullptr);
+    ::dup2(::fileno(file_), STDERR_FILENO);
+  }
+  ~StderrCapture() { restore(); }
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+
+  // Stops capturing and returns what was written.
+  std::string text() {
+    restore();
+    std::string out;
+    std::rewind(file_);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, file_)) > 0) out.append(buf, n);
+    return out;
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  int saved_ = -1;
+  std::FILE* file_ = nullptr;
+};
+
+size_t countLines(const std::string& text, const std::string& needle) {
+  size_t count = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++count;
+  return count;
+}
+
+}  // namespace
+
+// ---- operations -------------------------------------------------------------------
+
+TEST_CASE("a client sets and gets values, and values are arbitrary bytes") {
+  StoreServer server(serverConfig());
+  CHECK(server.port() != 0);
+  StoreClient client(clientConfig(server.port()));
+  CHECK(client.connected());
+  CHECK(client.endpoint() == "127.0.0.1:" + std::to_string(server.port()));
+
+  client.set("addr/worker0", "10.0.0.1:4000");
+  CHECK(client.get("addr/worker0") == "10.0.0.1:4000");
+  client.set("addr/worker0", "10.0.0.2:4001");  // replaces
+  CHECK(client.get("addr/worker0", 1s) == "10.0.0.2:4001");
+
+  std::string bytes;
+  for (int i = 0; i < 256; ++i) bytes.push_back(static_cast<char>(i));
+  client.set(std::string("bin\0key", 7), bytes);
+  CHECK(client.get(std::string("bin\0key", 7)) == bytes);
+  client.set("empty", "");
+  CHECK(client.get("empty") == "");
+  CHECK(client.check({"empty", "addr/worker0"}));
+  CHECK_FALSE(client.check({"empty", "absent"}));
+  CHECK(client.numKeys() == 3);
+}
+
+TEST_CASE("a client started through localhost reaches a server bound to 127.0.0.1") {
+  StoreServer server(serverConfig());
+  StoreClient::Config c = clientConfig(server.port());
+  c.host = "localhost";
+  StoreClient client(c);
+  client.set("k", "v");
+  CHECK(client.get("k") == "v");
+}
+
+TEST_CASE("get before set blocks, then wakes as soon as another client sets the key") {
+  StoreServer server(serverConfig());
+  StoreClient waiter(clientConfig(server.port()));
+  StoreClient setter(clientConfig(server.port()));
+  Future<std::string> got = waiter.getAsync("late", 20s);
+  CHECK(eventually([&] { return server.stats().waiters == 1; }));
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(got.isReady());
+  auto setAt = Clock::now();
+  setter.set("late", "here");
+  REQUIRE(got.waitFor(5s));
+  CHECK(secondsSince(setAt) < 1.0);
+  CHECK(got.get() == "here");
+  CHECK(server.stats().waiters == 0);
+}
+
+TEST_CASE("a zero timeout waits without a deadline") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port(), 100ms));  // the default timeout does not apply
+  Future<std::string> got = client.getAsync("k", 0ms);
+  Future<void> waited = client.waitAsync({"k"}, 0ms);
+  std::this_thread::sleep_for(400ms);
+  CHECK_FALSE(got.isReady());
+  CHECK_FALSE(waited.isReady());
+  StoreClient other(clientConfig(server.port()));
+  other.set("k", "v");
+  CHECK(got.get() == "v");
+  CHECK_NOTHROW(waited.get());
+}
+
+TEST_CASE("get and wait time out with a TimeoutError naming the keys still missing") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  auto start = Clock::now();
+  std::string e = errorOf<TimeoutError>([&] { client.get("rank3/addr", 200ms); });
+  double took = secondsSince(start);
+  CHECK(contains(e, "get('rank3/addr') timed out after 0.2 s"));
+  CHECK(took >= 0.19);
+  CHECK(took < 2.0);
+
+  client.set("present", "1");
+  start = Clock::now();
+  e = errorOf<TimeoutError>([&] { client.wait({"present", "missing/a", "missing/b"}, 300ms); });
+  CHECK(contains(e, "wait timed out after 0.3 s"));
+  CHECK(contains(e, "'missing/a'"));
+  CHECK(contains(e, "'missing/b'"));
+  CHECK_FALSE(contains(e, "'present'"));
+  CHECK(secondsSince(start) >= 0.29);
+  CHECK(server.stats().waiters == 0);
+  // The connection is still good.
+  CHECK(client.get("present") == "1");
+}
+
+TEST_CASE("wait returns once all keys exist at the same time, and is woken by set and add") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  StoreClient other(clientConfig(server.port()));
+  Future<void> w = client.waitAsync({"a", "b", "counter"}, 20s);
+  other.set("a", "1");
+  other.deleteKey("a");
+  other.set("b", "1");
+  other.add("counter", 5);
+  // Every key has been set, but "a" no longer exists.
+  CHECK(eventually([&] { return server.stats().waiters == 1; }));
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(w.isReady());
+  other.set("a", "again");
+  CHECK_NOTHROW(w.get());
+  CHECK_NOTHROW(client.wait({}, 1s));  // nothing to wait for
+  CHECK_NOTHROW(client.wait({"a", "a"}, 1s));
+}
+
+TEST_CASE("a thousand gets waiting on distinct keys are all answered with their own value") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  StoreClient setter(clientConfig(server.port()));
+  constexpr int kKeys = 1000;
+  // (Appending rather than "k" + to_string(i) keeps GCC 12's -Wrestrict false positive away.)
+  auto numbered = [](char prefix, int i) { return std::string(1, prefix).append(std::to_string(i)); };
+  std::vector<Future<std::string>> gets;
+  for (int i = 0; i < kKeys; ++i) gets.push_back(client.getAsync(numbered('k', i), 30s));
+  CHECK(eventually([&] { return server.stats().waiters == kKeys; }));
+  std::vector<Future<void>> sets;
+  for (int i = kKeys - 1; i >= 0; --i) sets.push_back(setter.setAsync(numbered('k', i), numbered('v', i)));
+  whenAll(sets).get();
+  for (int i = 0; i < kKeys; ++i) CHECK(gets[static_cast<size_t>(i)].get() == numbered('v', i));
+  CHECK(server.stats().waiters == 0);
+}
+
+TEST_CASE("concurrent adds from threads sharing one client, and from separate clients, give exact totals") {
+  StoreServer server(serverConfig());
+  constexpr int kThreads = 4;
+  constexpr int kAdds = 1000;
+
+  StoreClient shared(clientConfig(server.port()));
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kAdds; ++i) seen[static_cast<size_t>(t)].push_back(shared.add("shared", 1));
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(shared.get("shared") == std::to_string(kThreads * kAdds));
+  std::set<int64_t> all;
+  for (const auto& s : seen) {
+    CHECK(std::is_sorted(s.begin(), s.end()));  // one thread's adds apply in order
+    all.insert(s.begin(), s.end());
+  }
+  CHECK(all.size() == static_cast<size_t>(kThreads * kAdds));  // every value handed out once
+  CHECK(*all.begin() == 1);
+  CHECK(*all.rbegin() == kThreads * kAdds);
+
+  threads.clear();
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      StoreClient own(clientConfig(server.port()));
+      for (int i = 0; i < kAdds; ++i) own.add("separate", t % 2 ? 3 : -1);
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(shared.add("separate", 0) == kAdds * 2 * 3 - kAdds * 2);
+}
+
+TEST_CASE("add counts from zero, stores decimal text, and refuses values that are not integers") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  CHECK(client.add("n", 5) == 5);
+  CHECK(client.add("n", -7) == -2);
+  CHECK(client.get("n") == "-2");
+  client.set("text", "abc");
+  std::string e = errorOf<InvalidArgumentError>([&] { client.add("text", 1); });
+  CHECK(contains(e, "add('text')"));
+  CHECK(contains(e, "not a decimal integer"));
+  client.set("max", std::to_string(INT64_MAX));
+  CHECK(contains(errorOf<InvalidArgumentError>([&] { client.add("max", 1); }), "overflows"));
+  CHECK(client.get("max") == std::to_string(INT64_MAX));
+  CHECK(client.add("n", 0) == -2);  // the connection is still good
+}
+
+TEST_CASE("compareSet follows torch's TCPStore compare_set") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  // Missing key, empty expected: stores desired.
+  CHECK(client.compareSet("a", "", "x") == "x");
+  CHECK(client.get("a") == "x");
+  // Missing key, non-empty expected: stores nothing, returns expected.
+  CHECK(client.compareSet("b", "zz", "y") == "zz");
+  CHECK_FALSE(client.check({"b"}));
+  // Present and equal: swaps.
+  CHECK(client.compareSet("a", "x", "z") == "z");
+  CHECK(client.get("a") == "z");
+  // Present and different: returns the current value, changes nothing.
+  CHECK(client.compareSet("a", "q", "w") == "z");
+  CHECK(client.compareSet("a", "", "w") == "z");
+  CHECK(client.get("a") == "z");
+  // A successful compareSet wakes waiters.
+  Future<std::string> got = client.getAsync("c", 10s);
+  CHECK(client.compareSet("c", "", "first") == "first");
+  CHECK(got.get() == "first");
+}
+
+TEST_CASE("deleteKey says whether the key existed, and numKeys counts what is stored") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  CHECK(client.numKeys() == 0);
+  client.set("x", "1");
+  client.add("y", 1);
+  CHECK(client.numKeys() == 2);
+  CHECK(client.deleteKey("x"));
+  CHECK_FALSE(client.deleteKey("x"));
+  CHECK(client.numKeys() == 1);
+  CHECK(server.stats().keys == 1);
+  CHECK(server.stats().storedBytes == 2);  // "y" and "1"
+  CHECK_THROWS_AS(client.get("x", 100ms), TimeoutError);
+}
+
+TEST_CASE("values and keys at the size limit are stored, larger ones are refused before sending") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  uint32_t maxValue = client.maxValueBytes();
+  uint32_t maxKey = client.maxKeyBytes();
+  CHECK(maxValue == store::Limits().maxValueBytes);
+
+  std::string big(maxValue, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  client.set("big", big);
+  CHECK(client.get("big") == big);
+  CHECK(client.compareSet("big", big, "small") == "small");
+
+  std::string e = errorOf<InvalidArgumentError>([&] { client.set("too-big", std::string(maxValue + 1, 'v')); });
+  CHECK(contains(e, "StoreClient::set: value of " + std::to_string(maxValue + 1) + " bytes exceeds the server's limit"));
+  CHECK_THROWS_AS(client.compareSet("k", "", std::string(maxValue + 1, 'v')), InvalidArgumentError);
+
+  std::string longKey(maxKey, 'k');
+  client.set(longKey, "v");
+  CHECK(client.get(longKey) == "v");
+  CHECK_THROWS_AS(client.set(longKey + "k", "v"), InvalidArgumentError);
+  CHECK(contains(errorOf<InvalidArgumentError>([&] { client.get(""); }), "StoreClient::get: empty key"));
+  std::vector<std::string> manyKeys(client.maxKeysPerRequest() + 1, "k");
+  CHECK_THROWS_AS(client.wait(manyKeys, 1s), InvalidArgumentError);
+  CHECK_THROWS_AS(client.get("k", -1ms), InvalidArgumentError);
+  CHECK(server.stats().droppedConnections == 0);  // nothing oversized reached the server
+  CHECK(client.get("big") == "small");
+}
+
+TEST_CASE("a set beyond the store's total capacity fails and leaves the store as it was") {
+  store::Limits limits;
+  limits.maxStoredBytes = 1000;
+  StoreServer server(serverConfig(limits));
+  StoreClient client(clientConfig(server.port()));
+  client.set("a", std::string(900, 'a'));
+  std::string e = errorOf<InvalidArgumentError>([&] { client.set("b", std::string(200, 'b')); });
+  CHECK(contains(e, "no room for 200 bytes under 'b'"));
+  CHECK_FALSE(client.check({"b"}));
+  client.set("a", std::string(990, 'a'));  // replacing counts the old value out
+  CHECK(server.stats().storedBytes == 991);
+}
+
+// ---- barrier -------------------------------------------------------------------------
+
+TEST_CASE("a barrier releases nobody before everyone arrived, and can be used again") {
+  StoreServer server(serverConfig());
+  constexpr int kWorkers = 4;
+  constexpr int kRounds = 5;
+  std::atomic<int> arrived[kRounds] = {};
+  std::atomic<int> early{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      StoreClient client(clientConfig(server.port()));
+      for (int r = 0; r < kRounds; ++r) {
+        std::this_thread::sleep_for(milliseconds(5 * ((w + r) % kWorkers)));  // stagger arrivals
+        ++arrived[r];
+        client.barrier("rounds", kWorkers, 20s);
+        if (arrived[r].load() != kWorkers) ++early;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(early.load() == 0);
+  // Only the counter and the last round's key remain.
+  StoreClient client(clientConfig(server.port()));
+  CHECK(client.numKeys() == 2);
+  CHECK(client.get("weft/barrier/rounds/count") == std::to_string(kWorkers * kRounds));
+}
+
+TEST_CASE("a barrier that times out says how many participants arrived") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  std::vector<std::future<std::string>> results;
+  for (int i = 0; i < 3; ++i) {
+    results.push_back(std::async(std::launch::async, [&] {
+      return errorOf<TimeoutError>([&] { client.barrier("lonely", 4, 300ms); });
+    }));
+  }
+  for (auto& r : results) {
+    std::string e = r.get();
+    CHECK(contains(e, "barrier 'lonely' timed out after 0.3 s: 3 of 4 participants arrived"));
+  }
+  CHECK_THROWS_AS(client.barrier("x", 0, 1s), InvalidArgumentError);
+  CHECK_NOTHROW(client.barrier("alone", 1, 1s));
+}
+
+// ---- connecting ----------------------------------------------------------------------
+
+TEST_CASE("a client started before its server connects once the server listens") {
+  uint16_t port = unusedPort();
+  auto start = Clock::now();
+  auto connecting = std::async(std::launch::async, [&] {
+    StoreClient client(clientConfig(port));
+    client.set("hello", "world");
+    return client.get("hello");
+  });
+  std::this_thread::sleep_for(300ms);
+  CHECK(connecting.wait_for(0s) == std::future_status::timeout);
+  StoreServer::Config c = serverConfig();
+  c.port = port;
+  StoreServer server(c);
+  REQUIRE(connecting.wait_for(10s) == std::future_status::ready);
+  CHECK(connecting.get() == "world");
+  CHECK(secondsSince(start) < 5.0);
+}
+
+TEST_CASE("connecting where nobody listens times out naming the address and the last error") {
+  uint16_t port = unusedPort();
+  StoreClient::Config c = clientConfig(port);
+  c.connectTimeout = 300ms;
+  auto start = Clock::now();
+  std::string e = errorOf<TimeoutError>([&] { StoreClient client(c); });
+  CHECK(contains(e, "could not connect to the server at 127.0.0.1:" + std::to_string(port) + " within 0.3 s"));
+  CHECK(contains(e, "connection refused"));
+  CHECK(secondsSince(start) >= 0.29);
+  CHECK(secondsSince(start) < 3.0);
+}
+
+TEST_CASE("a second server on a port in use fails with an error naming the address") {
+  StoreServer server(serverConfig());
+  StoreServer::Config c = serverConfig();
+  c.port = server.port();
+  std::string e = errorOf<Error>([&] { StoreServer second(c); });
+  CHECK(contains(e, "cannot listen on 127.0.0.1:" + std::to_string(server.port())));
+  CHECK(contains(e, "address already in use"));
+  StoreClient client(clientConfig(server.port()));  // the first one still serves
+  client.set("k", "v");
+}
+
+TEST_CASE("a server with a token refuses clients without it, with a clear error on both sides") {
+  StoreServer::Config c = serverConfig();
+  c.token = "s3cret";
+  StoreServer server(c);
+  StoreClient::Config cc = clientConfig(server.port());
+  cc.connectTimeout = 30s;
+
+  auto start = Clock::now();
+  StderrCapture log;
+  std::string none = errorOf<ProtocolError>([&] { StoreClient client(cc); });
+  cc.token = "wrong";
+  std::string wrong = errorOf<ProtocolError>([&] { StoreClient client(cc); });
+  std::string serverLog = log.text();
+  CHECK(secondsSince(start) < 5.0);  // a refusal is final: no retrying until the connect timeout
+  CHECK(contains(none, "refused the connection: authentication failed: the client sent no token"));
+  CHECK(contains(wrong, "authentication failed: the client's token differs"));
+  CHECK_FALSE(contains(wrong, "s3cret"));
+  CHECK(countLines(serverLog, "store: refusing the connection from 127.0.0.1") == 2);
+
+  cc.token = "s3cret";
+  StoreClient client(cc);
+  client.set("k", "v");
+  CHECK(client.get("k") == "v");
+}
+
+TEST_CASE("a hello with another protocol version is answered with a protocol error, then closed") {
+  StoreServer server(serverConfig());
+  RawSocket raw(server.port());
+  raw.send(helloFrame("", 99));
+  std::optional<std::string> body = raw.readFrame(5s);
+  REQUIRE(body.has_value());
+  Reply reply = parseReply(*body);
+  CHECK(reply.status == static_cast<int>(StatusCode::Protocol));
+  CHECK(contains(reply.payload, "version 99"));
+  CHECK(raw.closedWithin(5s));
+}
+
+// ---- hostile input -------------------------------------------------------------------
+
+TEST_CASE("malformed bytes close that connection with one log line, and the server keeps serving") {
+  store::Limits limits;
+  limits.maxValueBytes = 1024;
+  StoreServer server(serverConfig(limits));
+  StoreClient client(clientConfig(server.port()));
+  client.set("before", "1");
+  using store::FrameWriter;
+  using store::Op;
+  auto op = [](Op o) { return static_cast<uint8_t>(o); };
+
+  struct Case {
+    const char* name;
+    bool afterHello;
+    std::string bytes;
+  };
+  std::string runaway = FrameWriter(1, op(Op::Set)).u32(1000).finish();  // a key of 1000 bytes, none sent
+  std::vector<Case> cases = {
+      {"text instead of frames", false, "GET / HTTP/1.1\r\nHost: store\r\n\r\n"},
+      {"a length prefix claiming 4 GiB", false, std::string("\xff\xff\xff\xff", 4) + "data"},
+      {"a frame shorter than its header", false, std::string("\x03\x00\x00\x00", 4) + "abc"},
+      {"a request before the hello", false, FrameWriter(1, op(Op::Set)).str("k").str("v").finish()},
+      {"a hello with the wrong magic", false, helloFrame("", store::kVersion, 0xdeadbeef)},
+      {"an unknown op", true, FrameWriter(1, 200).finish()},
+      {"a key above the limit", true, FrameWriter(1, op(Op::Set)).str(std::string(5000, 'k')).str("v").finish()},
+      {"a value above the limit", true, FrameWriter(1, op(Op::Set)).str("k").str(std::string(2000, 'v')).finish()},
+      {"a string running past the end of its frame", true, runaway},
+      {"bytes after the payload", true, FrameWriter(1, op(Op::NumKeys)).u8(7).finish()},
+      {"a second hello", true, helloFrame()},
+      {"a wait announcing a billion keys", true, FrameWriter(1, op(Op::Wait)).u32(1000000000).u64(0).finish()},
+      {"a truncated add", true, FrameWriter(1, op(Op::Add)).str("k").u32(1).finish()},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    uint64_t droppedBefore = server.stats().droppedConnections;
+    StderrCapture log;
+    {
+      RawSocket raw(server.port());
+      if (c.afterHello) raw.handshake();
+      raw.send(c.bytes);
+      CHECK(raw.closedWithin(5s));
+    }
+    std::string text = log.text();
+    CHECK(countLines(text, "store: closing the connection from 127.0.0.1") == 1);
+    CHECK(server.stats().droppedConnections == droppedBefore + 1);
+    CHECK(client.get("before") == "1");
+  }
+  CHECK(client.add("after", 1) == 1);
+}
+
+TEST_CASE("random bytes on many connections never stop the server") {
+  StoreServer server(serverConfig());
+  StoreClient client(clientConfig(server.port()));
+  StderrCapture quiet;  // one line per dropped connection
+  std::srand(7);
+  for (int i = 0; i < 200; ++i) {
+    RawSocket raw(server.port());
+    bool hello = i % 2 == 0;
+    if (hello) raw.handshake();
+    std::string junk(static_cast<size_t>(std::rand() % 64 + 1), '\0');
+    for (char& ch : junk) ch = static_cast<char>(std::rand());
+    // Half the time a plausible length prefix, so the junk reaches the parser.
+    if (i % 4 < 2 && junk.size() >= 4) {
+      uint32_t len = static_cast<uint32_t>(junk.size() - 4);
+      for (int b = 0; b < 4; ++b) junk[static_cast<size_t>(b)] = static_cast<char>(len >> (8 * b));
+    }
+    raw.send(junk);
+  }
+  CHECK(eventually([&] { return server.stats().connections == 1; }));
+  CHECK(countLines(quiet.text(), "store: closing the connection") <= 200);
+  client.set("alive", "yes");
+  CHECK(client.get("alive") == "yes");
+}
+
+TEST_CASE("a silent connection is closed after the hello timeout, a stalled frame after the frame timeout") {
+  store::Limits limits;
+  limits.helloTimeout = 300ms;
+  limits.frameTimeout = 300ms;
+  StoreServer server(serverConfig(limits));
+  StderrCapture log;
+  auto start = Clock::now();
+  RawSocket silent(server.port());
+  RawSocket stalled(server.port());
+  stalled.handshake();
+  stalled.send(store::FrameWriter(1, static_cast<uint8_t>(store::Op::Set)).str("k").str("v").finish().substr(0, 10));
+  RawSocket idle(server.port());  // through the hello, nothing pending: may stay
+  idle.handshake();
+  CHECK(silent.closedWithin(5s));
+  CHECK(stalled.closedWithin(5s));
+  CHECK(secondsSince(start) >= 0.29);
+  CHECK_FALSE(idle.closedWithin(500ms));
+  std::string text = log.text();
+  CHECK(countLines(text, "no hello within 0.3 s") == 1);
+  CHECK(countLines(text, "a request stayed incomplete for 0.3 s") == 1);
+}
+
+TEST_CASE("a flood of idle connections does not stop the server serving others") {
+  StoreServer server(serverConfig());
+  std::vector<std::unique_ptr<RawSocket>> flood;
+  for (int i = 0; i < 300; ++i) flood.push_back(std::make_unique<RawSocket>(server.port()));
+  auto start = Clock::now();
+  StoreClient client(clientConfig(server.port()));
+  for (int i = 0; i < 100; ++i) client.add("n", 1);
+  CHECK(client.get("n") == "100");
+  CHECK(secondsSince(start) < 5.0);
+  CHECK(server.stats().connections == 301);
+  flood.clear();
+  CHECK(eventually([&] { return server.stats().connections == 1; }));
+}
+
+TEST_CASE("beyond the connection limit new connections are closed, and serving resumes as the flood times out") {
+  store::Limits limits;
+  limits.maxConnections = 16;
+  limits.helloTimeout = 500ms;
+  StoreServer server(serverConfig(limits));
+  StderrCapture log;
+  std::vector<std::unique_ptr<RawSocket>> flood;
+  for (int i = 0; i < 16; ++i) flood.push_back(std::make_unique<RawSocket>(server.port()));
+  RawSocket extra(server.port());
+  CHECK(extra.closedWithin(5s));
+  auto start = Clock::now();
+  StoreClient client(clientConfig(server.port()));  // retries until the idle ones are dropped
+  client.set("k", "v");
+  CHECK(secondsSince(start) < 5.0);
+  std::string text = log.text();
+  CHECK(countLines(text, "connections are open, the limit") >= 1);
+  CHECK(countLines(text, "no hello within 0.5 s") == 16);
+}
+
+TEST_CASE("a client that does not read its replies is disconnected once its backlog passes the limit") {
+  store::Limits limits;
+  limits.maxWriteBacklogBytes = 1u << 20;
+  StoreServer server(serverConfig(limits));
+  StoreClient client(clientConfig(server.port()));
+  client.set("big", std::string(256 * 1024, 'b'));
+  StderrCapture log;
+  RawSocket greedy(server.port(), 4096);
+  greedy.handshake();
+  std::string requests;
+  for (uint64_t i = 1; i <= 200; ++i) {
+    requests += store::FrameWriter(i, static_cast<uint8_t>(store::Op::Get)).str("big").u64(0).finish();
+  }
+  greedy.send(requests);
+  CHECK(eventually([&] { return server.stats().droppedConnections == 1; }));
+  CHECK(countLines(log.text(), "it does not read its replies") == 1);
+  CHECK(client.get("big").size() == 256 * 1024);
+}
+
+// ---- shutdown and failures -------------------------------------------------------------
+
+TEST_CASE("closing the server fails pending client calls with DisconnectedError promptly, and later calls at once") {
+  auto server = std::make_unique<StoreServer>(serverConfig());
+  StoreClient client(clientConfig(server->port()));
+  auto pending = std::async(std::launch::async, [&] {
+    return errorOf<DisconnectedError>([&] { client.get("never", 60s); });
+  });
+  Future<void> waiting = client.waitAsync({"never", "also-never"}, 0ms);
+  CHECK(eventually([&] { return server->stats().waiters == 2; }));
+  auto closedAt = Clock::now();
+  server->close();
+  REQUIRE(pending.wait_for(5s) == std::future_status::ready);
+  CHECK(secondsSince(closedAt) < 2.0);
+  std::string e = pending.get();
+  CHECK(contains(e, "the server closed the connection while waiting for get('never')"));
+  CHECK_THROWS_AS(waiting.get(), DisconnectedError);
+  CHECK(eventually([&] { return !client.connected(); }));
+  auto start = Clock::now();
+  e = errorOf<DisconnectedError>([&] { client.set("k", "v"); });
+  CHECK(secondsSince(start) < 1.0);
+  CHECK(contains(e, "cannot set('k'): not connected to the server at 127.0.0.1:"));
+  server.reset();  // close() twice is fine
+}
+
+TEST_CASE("closing a client fails its pending calls with CancelledError and frees its waiters on the server") {
+  StoreServer server(serverConfig());
+  auto client = std::make_unique<StoreClient>(clientConfig(server.port()));
+  Future<std::string> got = client->getAsync("never", 0ms);
+  Future<void> barrier = client->barrierAsync("b", 2, 0ms);
+  CHECK(eventually([&] { return server.stats().waiters == 2; }));
+  client->close();
+  CHECK_THROWS_AS(got.get(), CancelledError);
+  CHECK_THROWS_AS(barrier.get(), CancelledError);
+  CHECK_THROWS_AS(client->set("k", "v"), DisconnectedError);
+  client.reset();
+  CHECK(eventually([&] { return server.stats().waiters == 0 && server.stats().connections == 0; }));
+}
+
+namespace {
+
+// A server that accepts the Hello and then never answers: the client's own
+// reply deadline must fail the call.
+class MuteServer {
+ public:
+  MuteServer() {
+    listenFd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listenFd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listenFd_, 4) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listenFd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~MuteServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(listenFd_);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  void serve() {
+    int fd = -1;
+    std::string in;
+    bool answered = false;
+    while (!stop_) {
+      pollfd p{fd < 0 ? listenFd_ : fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      if (fd < 0) {
+        fd = ::accept(listenFd_, nullptr, nullptr);
+        continue;
+      }
+      char buf[4096];
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      in.append(buf, static_cast<size_t>(n));
+      if (!answered && in.size() >= 4 && in.size() >= 4 + loadU32(in.data())) {
+        answered = true;
+        std::string reply = store::FrameWriter(0, 0).u32(4096).u32(1024).u32(16).finish();
+        ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+      }
+    }
+    if (fd >= 0) ::close(fd);
+  }
+
+  int listenFd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a call the server never answers fails with TimeoutError after the client's timeout") {
+  MuteServer mute;
+  StoreClient client(clientConfig(mute.port(), 300ms));
+  CHECK(client.maxValueBytes() == 1024);  // the limits announced in the hello reply
+  auto start = Clock::now();
+  std::string e = errorOf<TimeoutError>([&] { client.set("k", "v"); });
+  CHECK(contains(e, "did not answer set('k') within 0.3 s"));
+  CHECK(secondsSince(start) >= 0.29);
+  CHECK(secondsSince(start) < 3.0);
+  CHECK(client.connected());  // a slow server is not a lost one
+}
+
+TEST_CASE("server and client can share one event loop, whose thread runs their continuations") {
+  UvLoop loop("shared-loop");
+  {
+    StoreServer server(serverConfig(), &loop);
+    StoreClient client(clientConfig(server.port()), &loop);
+    std::atomic<bool> onLoop{false};
+    Future<size_t> size = client.getAsync("k", 5s).then([&](const std::string& v) {
+      onLoop = loop.inLoopThread();
+      return v.size();
+    });
+    client.set("k", "four");
+    CHECK(size.get() == 4);
+    CHECK(onLoop.load());
+    // A continuation may issue further requests (never block) on the loop thread.
+    Future<int64_t> chained = client.addAsync("n", 1).then([&](int64_t) { return client.addAsync("n", 10); });
+    CHECK(chained.get() == 11);
+    CHECK(server.stats().connections == 1);
+  }
+  loop.stop();
+}
