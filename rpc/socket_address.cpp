@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/tcp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -70,6 +71,20 @@ std::string SocketAddress::toString() const {
     return out;
   }
   return "<unknown address family>";
+}
+
+void detectDeadPeers(int fd) {
+  int on = 1;
+  int idleSeconds = 15;
+  int intervalSeconds = 5;
+  int probes = 3;
+  unsigned userTimeoutMs = 30000;
+  // Best effort: a socket option the kernel lacks leaves the defaults.
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idleSeconds, sizeof idleSeconds);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intervalSeconds, sizeof intervalSeconds);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeoutMs, sizeof userTimeoutMs);
 }
 
 }  // namespace weft::rpc

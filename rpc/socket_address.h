@@ -1,6 +1,7 @@
 // SocketAddress: a resolved TCP endpoint (IPv4 or IPv6), and the one place
 // where weft turns "host" + port into one, so that every socket of a job —
-// the store's, later the agents' — resolves names the same way.
+// the store's, later the agents' — resolves names the same way. Also the
+// liveness settings every weft TCP connection gets (detectDeadPeers).
 //
 //   weft::rpc::SocketAddress a = weft::rpc::SocketAddress::resolve("node0", 29500);
 //   uv_tcp_connect(&req, &tcp, a.sockaddr(), onConnect);
@@ -43,5 +44,13 @@ class SocketAddress {
   sockaddr_storage storage_{};
   socklen_t length_ = 0;
 };
+
+// Makes the kernel notice a peer that vanished without closing (its machine
+// died, the network split): keepalive probes after 15 s idle, every 5 s, 3
+// unanswered probes end the connection; data unacknowledged for 30 s ends it
+// too (TCP_USER_TIMEOUT). Either way the socket then reports an error, and
+// pending calls fail with DisconnectedError instead of waiting for their
+// timeouts. fd is a connected TCP socket (uv_fileno of an uv_tcp_t).
+void detectDeadPeers(int fd);
 
 }  // namespace weft::rpc

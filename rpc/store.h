@@ -29,9 +29,10 @@
 // blocking form:
 //  - TimeoutError: a get/wait/barrier deadline passed (names the keys still
 //    missing), or the server did not answer within the client's timeout;
-//  - DisconnectedError: the connection was lost (server gone, or closed our
-//    connection); every pending call fails at once, and every later call fails
-//    immediately: a client does not reconnect;
+//  - DisconnectedError: the connection was lost (the server closed it or its
+//    process died; a vanished machine is noticed within about 30 s, see
+//    detectDeadPeers in rpc/socket_address.h); every pending call fails at
+//    once, and every later call fails immediately: a client does not reconnect;
 //  - CancelledError: the client was closed while the call was pending;
 //  - InvalidArgumentError: thrown at once by the call itself for an empty key
 //    or a key/value/key count above the server's limits (learnt at connect);
@@ -97,9 +98,11 @@ class StoreServer {
   // A snapshot, taken on the loop thread (the caller blocks for it).
   Stats stats() const;
 
-  // Stops listening and closes every connection; waiters are dropped unanswered
-  // (their clients see the connection close). Blocks until every socket is
-  // closed. Idempotent.
+  // Stops listening and closes every connection, each once the replies
+  // already made to it are written (at most a second later); requests still
+  // waiting are dropped unanswered (their clients see the connection close).
+  // Blocks until every socket is closed; not on the loop thread (WEFT_CHECK).
+  // Idempotent.
   void close();
 
  private:
@@ -193,7 +196,7 @@ class StoreClient {
   const std::string& endpoint() const noexcept { return endpoint_; }
 
   // Fails every pending call with CancelledError and closes the connection;
-  // blocks until it is closed. Idempotent.
+  // blocks until it is closed; not on the loop thread (WEFT_CHECK). Idempotent.
   void close();
 
  private:

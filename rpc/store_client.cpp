@@ -35,7 +35,6 @@ using std::chrono::milliseconds;
 namespace {
 
 constexpr uint64_t kHelloId = 0;
-constexpr unsigned kKeepAliveSeconds = 30;
 constexpr milliseconds kFirstRetryDelay{10};
 constexpr milliseconds kMaxRetryDelay{250};
 // How much longer than a get/wait's own timeout the client waits for the
@@ -319,7 +318,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     if (status == UV_ECANCELED || s->state_ != State::Connecting) return;  // we closed the socket
     if (status < 0) return s->attemptFailed(uv_strerror(status));
     uv_tcp_nodelay(&s->tcp_, 1);
-    uv_tcp_keepalive(&s->tcp_, 1, kKeepAliveSeconds);
+    uv_os_fd_t fd;
+    if (uv_fileno(reinterpret_cast<uv_handle_t*>(&s->tcp_), &fd) == 0) detectDeadPeers(fd);
     uv_read_start(reinterpret_cast<uv_stream_t*>(&s->tcp_), &Impl::onAlloc, &Impl::onRead);
     s->state_ = State::Handshaking;
     s->write(FrameWriter(kHelloId, static_cast<uint8_t>(Op::Hello))

@@ -32,7 +32,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kListenBacklog = 1024;
-constexpr unsigned kKeepAliveSeconds = 30;
 // How long close() lets connections finish writing the replies already made.
 constexpr std::chrono::milliseconds kCloseFlushTimeout{1000};
 // Requested timeouts beyond this count as "no timeout" (and cannot overflow
@@ -242,7 +241,8 @@ class StoreServer::Impl {
       return;
     }
     uv_tcp_nodelay(&c.tcp, 1);
-    uv_tcp_keepalive(&c.tcp, 1, kKeepAliveSeconds);
+    uv_os_fd_t fd;
+    if (uv_fileno(reinterpret_cast<uv_handle_t*>(&c.tcp), &fd) == 0) detectDeadPeers(fd);
     uv_timer_start(&c.timer, &Impl::onConnectionTimer, static_cast<uint64_t>(limits_.helloTimeout.count()), 0);
     uv_read_start(reinterpret_cast<uv_stream_t*>(&c.tcp), &Impl::onAlloc, &Impl::onRead);
   }

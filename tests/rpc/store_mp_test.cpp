@@ -133,6 +133,12 @@ TEST_CASE("a client killed with SIGKILL mid-wait does not disturb the others") {
   CHECK(observer.get("survivors") == std::to_string(kSurvivors));
   CHECK(server.stats().waiters == 0);
   CHECK(server.stats().connections == 1);
+
+  // The port is free again once the server is gone.
+  uint16_t port = server.port();
+  server.close();
+  sc.port = port;
+  CHECK_NOTHROW(StoreServer{sc});
 }
 
 TEST_CASE("clients of a store whose process is killed fail with DisconnectedError promptly") {
