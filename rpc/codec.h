@@ -639,13 +639,29 @@ struct Codec<T> {
 // ---- arguments and results -----------------------------------------------------------------
 
 // Encodes a function's arguments into `out`, which must have exactly sizeof...(Args) elements
-// (call.initArgs(sizeof...(Args))).
+// (call.initArgs(sizeof...(Args))). A value Cap'n Proto cannot hold (a list or string of 2^29
+// elements or more) is an InvalidArgumentError naming the argument.
 template <class... Args>
 void encodeArguments(EncodeContext& ctx, capnp::List<wire::Value>::Builder out, const Args&... args) {
   WEFT_CHECK(out.size() == sizeof...(Args)) << "encodeArguments: a list of " << out.size() << " for "
                                             << sizeof...(Args) << " arguments";
   [[maybe_unused]] unsigned i = 0;
-  (encodeValue(args, out[i++], ctx), ...);
+  try {
+    (encodeValue(args, out[i++], ctx), ...);
+  } catch (const kj::Exception& e) {
+    throw InvalidArgumentError("rpc: cannot encode argument " + std::to_string(i - 1) + ": " +
+                               e.getDescription().cStr());
+  }
+}
+
+// Encodes a function's return value into `out` (response.initValue()); errors as above.
+template <class T>
+void encodeResult(EncodeContext& ctx, wire::Value::Builder out, const T& value) {
+  try {
+    encodeValue(value, out, ctx);
+  } catch (const kj::Exception& e) {
+    throw InvalidArgumentError(std::string("rpc: cannot encode the result: ") + e.getDescription().cStr());
+  }
 }
 
 // The same for arguments held in a tuple (a call queued before it is sent).

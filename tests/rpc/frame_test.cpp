@@ -91,7 +91,7 @@ void checkCallFrame(const IncomingFrame& f, const std::vector<Tensor>& expected,
     Tensor t = decodeValue<Tensor>(call.getArgs()[static_cast<unsigned>(i)], ctx);
     REQUIRE(t.shape() == expected[i].shape());
     REQUIRE(t.dtype() == expected[i].dtype());
-    CHECK(std::memcmp(t.rawData(), expected[i].contiguous().rawData(), t.nbytes()) == 0);
+    if (t.nbytes() > 0) CHECK(std::memcmp(t.rawData(), expected[i].contiguous().rawData(), t.nbytes()) == 0);
   }
 }
 
