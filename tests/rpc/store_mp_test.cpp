@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <memory>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -26,15 +25,17 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-// The pids a store_worker run printed ("rank R pid P ..."), to check that none
-// outlives the test.
-std::vector<pid_t> printedPids(const std::string& out) {
-  std::vector<pid_t> pids;
-  std::regex re("pid (\\d+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-    pids.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+// The number following each occurrence of `label` in text ("pid 4711" ->
+// 4711 for label "pid "), in order.
+std::vector<long> numbersAfter(const std::string& text, const std::string& label) {
+  std::vector<long> out;
+  for (size_t pos = text.find(label); pos != std::string::npos; pos = text.find(label, pos + 1)) {
+    size_t start = pos + label.size();
+    size_t end = start;
+    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+    if (end > start) out.push_back(std::stol(text.substr(start, end - start)));
   }
-  return pids;
+  return out;
 }
 
 // The environment of rank `rank` of `world` whose store is at 127.0.0.1:port.
@@ -60,14 +61,12 @@ void checkCount(const Subprocess::Result& r, int world, int adds) {
     std::string tag = std::to_string(rank);
     CHECK(contains(r.out, std::string("[").append(tag).append("] rank ").append(tag).append(" pid ")));
   }
-  std::regex line("rank \\d+ pid \\d+ counter (\\d+)");
-  int lines = 0;
-  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it) {
-    CHECK((*it)[1] == std::to_string(world * adds));
-    ++lines;
-  }
-  CHECK(lines == world);
-  for (pid_t pid : printedPids(r.out)) CHECK(processGone(pid, 5s));
+  std::vector<long> totals = numbersAfter(r.out, " counter ");
+  CHECK(totals.size() == static_cast<size_t>(world));
+  for (long total : totals) CHECK(total == world * adds);
+  std::vector<long> pids = numbersAfter(r.out, " pid ");
+  CHECK(pids.size() == static_cast<size_t>(world));
+  for (long pid : pids) CHECK(processGone(static_cast<pid_t>(pid), 5s));
 }
 
 }  // namespace
@@ -143,11 +142,15 @@ TEST_CASE("a client killed with SIGKILL mid-wait does not disturb the others") {
 
 TEST_CASE("clients of a store whose process is killed fail with DisconnectedError promptly") {
   Subprocess serverProcess({STORE_WORKER_PATH, "serve"}, {"WEFT_RANK=0", "WEFT_WORLD_SIZE=1"});
-  std::smatch m;
-  std::regex listening("listening (\\d+)");
   REQUIRE(serverProcess.readUntil(
-      [&](const std::string& out, const std::string&) { return std::regex_search(out, m, listening); }, 20s));
-  std::string port = m[1];
+      [](const std::string& out, const std::string&) {
+        size_t at = out.find("listening ");
+        return at != std::string::npos && out.find('\n', at) != std::string::npos;  // the whole line
+      },
+      20s));
+  std::vector<long> ports = numbersAfter(serverProcess.out(), "listening ");
+  REQUIRE(ports.size() == 1);
+  std::string port = std::to_string(ports[0]);
 
   std::vector<std::string> env = {"WEFT_RANK=0", "WEFT_WORLD_SIZE=1", "WEFT_MASTER_ADDR=127.0.0.1",
                                   "WEFT_MASTER_PORT=" + port};
