@@ -38,7 +38,9 @@
 //    or a key/value/key count above the server's limits (learnt at connect);
 //    from the future, for an add on a value that is not an integer or a set
 //    the store has no room for;
-//  - ProtocolError: the server rejected the handshake (version or token).
+//  - ProtocolError: the server rejected the handshake (version or token), or
+//    sent bytes that break the protocol (the connection is then closed, and
+//    every pending call fails with it).
 // Timeouts are std::chrono::milliseconds; zero means none (wait forever). The
 // overloads without one use Config::timeout.
 #pragma once
