@@ -59,6 +59,10 @@ struct Wire {
     call.setCallId(1);
     EncodeContext ctx(writer);
     encodeArguments(ctx, call.initArgs(sizeof...(Args)), args...);
+    return finish(std::move(writer));
+  }
+  // Flattens the frame `writer` built and decodes it back.
+  static Wire finish(FrameWriter&& writer) {
     Wire w;
     std::move(writer).finish().appendTo(w.bytes);
     FrameDecoder decoder;
@@ -319,15 +323,9 @@ TEST_CASE("arguments held in a tuple encode like a parameter pack") {
   EncodeContext ectx(writer);
   std::tuple<int32_t, std::string, std::vector<double>> args{7, "seven", {7.0}};
   encodeArgumentTuple(ectx, call.initArgs(3), args);
-  std::vector<std::byte> bytes;
-  std::move(writer).finish().appendTo(bytes);
-  FrameDecoder d;
-  REQUIRE(d.feed(bytes.data(), bytes.size()).ok());
-  auto f = d.next();
-  REQUIRE(f.has_value());
-  DecodeContext ctx(*f);
-  CHECK(decodeArguments<int32_t, std::string, std::vector<double>>("f", f->message().getCall().getArgs(), ctx) ==
-        args);
+  Wire w = Wire::finish(std::move(writer));
+  DecodeContext ctx(*w.frame);
+  CHECK(decodeArguments<int32_t, std::string, std::vector<double>>("f", w.args(), ctx) == args);
 }
 
 TEST_CASE("results decode as their declared type, and a mismatch names the result") {
@@ -336,14 +334,9 @@ TEST_CASE("results decode as their declared type, and a mismatch names the resul
   response.setCallId(3);
   EncodeContext ectx(writer);
   encodeResult(ectx, response.initValue(), std::string("oops"));
-  std::vector<std::byte> bytes;
-  std::move(writer).finish().appendTo(bytes);
-  FrameDecoder d;
-  REQUIRE(d.feed(bytes.data(), bytes.size()).ok());
-  auto f = d.next();
-  REQUIRE(f.has_value());
-  DecodeContext ctx(*f);
-  auto value = f->message().getResponse().getValue();
+  Wire w = Wire::finish(std::move(writer));
+  DecodeContext ctx(*w.frame);
+  auto value = w.frame->message().getResponse().getValue();
   CHECK(decodeResult<std::string>("add", value, ctx) == "oops");
   CHECK_THROWS_WITH_AS(decodeResult<Tensor>("add", value, ctx), "add: result: expected tensor, got string",
                        ProtocolError);
@@ -401,13 +394,9 @@ TEST_CASE("a struct with a different number of fields is rejected") {
   auto record = call.initArgs(1)[0].initRecord();
   record.setTypeName("Point");
   record.initFields(2);
-  std::vector<std::byte> bytes;
-  std::move(writer).finish().appendTo(bytes);
-  FrameDecoder d;
-  REQUIRE(d.feed(bytes.data(), bytes.size()).ok());
-  auto f = d.next();
-  DecodeContext ctx(*f);
-  CHECK_THROWS_WITH_AS(decodeArguments<geo::Point>("f", f->message().getCall().getArgs(), ctx),
+  Wire w = Wire::finish(std::move(writer));
+  DecodeContext ctx(*w.frame);
+  CHECK_THROWS_WITH_AS(decodeArguments<geo::Point>("f", w.args(), ctx),
                        "f: argument 0: expected struct Point with 3 fields, got 2", ProtocolError);
 }
 
@@ -423,13 +412,7 @@ Wire handMade(Fill fill, std::vector<size_t> buffers = {}) {
   auto call = writer.message().initCall();
   fill(call.initArgs(1)[0]);
   for (size_t n : buffers) writer.addBuffer(n ? Storage::allocate(n, Device::cpu()) : nullptr, 0, n);
-  Wire w;
-  std::move(writer).finish().appendTo(w.bytes);
-  FrameDecoder decoder;
-  REQUIRE(decoder.feed(w.bytes.data(), w.bytes.size()).ok());
-  w.frame = decoder.next();
-  REQUIRE(w.frame.has_value());
-  return w;
+  return Wire::finish(std::move(writer));
 }
 
 void setDesc(wire::Value::Builder v, std::vector<int64_t> shape, uint64_t bytes, uint32_t buffer,
