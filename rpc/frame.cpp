@@ -148,6 +148,11 @@ IncomingFrame::~IncomingFrame() = default;
 
 // ---- FrameDecoder -----------------------------------------------------------------------
 
+void FrameDecoder::setLimits(FrameLimits limits) {
+  limits.readChunkBytes = limits_.readChunkBytes;
+  limits_ = limits;
+}
+
 FrameDecoder::FrameDecoder(FrameLimits limits) : limits_(limits) {
   limits_.readChunkBytes = std::max<size_t>(limits_.readChunkBytes, 1);
 }

@@ -273,6 +273,11 @@ class FrameDecoder {
 
   const Status& status() const { return status_; }
   const FrameLimits& limits() const { return limits_; }
+  // Replaces the limits for the frames whose preamble is parsed from now on (a
+  // connection reads its handshake under tight limits, then widens them); a frame
+  // already past its preamble keeps the limits it was checked against.
+  // readChunkBytes keeps its value.
+  void setLimits(FrameLimits limits);
 
   // Tensor bytes that went through the staging buffer (see the header comment): zero for
   // frames read through prepareRead() except the part of a frame's buffers that arrived in the

@@ -153,6 +153,9 @@ Options Options::fromEnv() {
   }
   if (auto v = env("WEFT_RPC_TIMEOUT")) opt.rpcTimeout = parseSeconds("WEFT_RPC_TIMEOUT", *v);
   if (auto v = env("WEFT_STORE_TIMEOUT")) opt.storeTimeout = parseSeconds("WEFT_STORE_TIMEOUT", *v);
+  if (auto v = env("WEFT_SHUTDOWN_TIMEOUT")) opt.shutdownTimeout = parseSeconds("WEFT_SHUTDOWN_TIMEOUT", *v);
+  if (auto v = env("WEFT_HEARTBEAT_INTERVAL")) opt.heartbeatInterval = parseSeconds("WEFT_HEARTBEAT_INTERVAL", *v);
+  if (auto v = env("WEFT_HEARTBEAT_MISSES")) opt.heartbeatMisses = static_cast<int>(parseInt("WEFT_HEARTBEAT_MISSES", *v, 2, 1000));
   if (auto v = env("WEFT_RPC_TOKEN")) opt.authToken = *v;
   opt.logLevel = log::level();
   if (auto v = env("WEFT_LOG_LEVEL")) opt.logLevel = parseLevel("WEFT_LOG_LEVEL", *v);
@@ -178,6 +181,13 @@ void Options::validate() const {
                rpcTimeout.count(), " ms is out of range (0 = none, at most a year)");
   WEFT_ENFORCE(storeTimeout.count() >= 0 && storeTimeout <= kMaxTimeout, InvalidArgumentError,
                "Options: storeTimeout ", storeTimeout.count(), " ms is out of range (0 = none, at most a year)");
+  WEFT_ENFORCE(shutdownTimeout.count() > 0 && shutdownTimeout <= kMaxTimeout, InvalidArgumentError,
+               "Options: shutdownTimeout ", shutdownTimeout.count(), " ms is out of range (more than 0, at most a year)");
+  WEFT_ENFORCE(heartbeatInterval.count() > 0 && heartbeatInterval <= kMaxTimeout, InvalidArgumentError,
+               "Options: heartbeatInterval ", heartbeatInterval.count(),
+               " ms is out of range (more than 0, at most a year)");
+  WEFT_ENFORCE(heartbeatMisses >= 2 && heartbeatMisses <= 1000, InvalidArgumentError, "Options: heartbeatMisses ",
+               heartbeatMisses, " is out of range (2 to 1000)");
   WEFT_ENFORCE(authToken.size() <= kMaxTokenLength, InvalidArgumentError, "Options: authToken of ", authToken.size(),
                " bytes is longer than ", kMaxTokenLength);
 }

@@ -36,6 +36,9 @@
 //   WEFT_NUM_WORKER_THREADS   threads running user handlers (default 4)
 //   WEFT_RPC_TIMEOUT          default RPC timeout in seconds, fractional allowed, 0 = none (default 60)
 //   WEFT_STORE_TIMEOUT        rendezvous and store timeout in seconds, 0 = none (default 300)
+//   WEFT_SHUTDOWN_TIMEOUT     how long a graceful shutdown waits for the job, seconds (default 60)
+//   WEFT_HEARTBEAT_INTERVAL   seconds of silence before a ping (default 2); a peer silent
+//                             for WEFT_HEARTBEAT_MISSES intervals (default 5) is declared dead
 //   WEFT_RPC_TOKEN            shared secret checked at every handshake (default none)
 //   WEFT_LOG_LEVEL            debug, info, warn, error or off (default warn)
 // A value that does not parse is an error naming the variable and the value
@@ -74,6 +77,13 @@ struct Options {
   // Zero means no timeout.
   std::chrono::milliseconds rpcTimeout{std::chrono::seconds(60)};
   std::chrono::milliseconds storeTimeout{std::chrono::seconds(300)};
+  // How long a graceful Agent::shutdown() waits for every worker; must be > 0.
+  std::chrono::milliseconds shutdownTimeout{std::chrono::seconds(60)};
+  // Failure detection: a connection silent for heartbeatInterval gets a ping; one
+  // silent for heartbeatMisses intervals is declared dead. A closed socket is
+  // noticed at once regardless. Interval > 0, misses >= 2.
+  std::chrono::milliseconds heartbeatInterval{std::chrono::seconds(2)};
+  int heartbeatMisses = 5;
   // Shared secret every handshake must present; empty disables the check.
   std::string authToken;
   log::Level logLevel = log::Level::Warn;

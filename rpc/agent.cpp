@@ -1,0 +1,1240 @@
+#include "rpc/agent.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "common/logging.h"
+#include "rpc/socket_address.h"
+#include "rpc/store.h"
+#include "rpc/thread_pool.h"
+#include "rpc/transport/connection.h"
+#include "rpc/transport/listener.h"
+#include "rpc/uv_loop.h"
+
+namespace weft::rpc {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using transport::Connection;
+
+// Frames a connection accepts before its handshake completes: a Hello is tiny.
+FrameLimits handshakeLimits() {
+  FrameLimits l;
+  l.maxFrameBytes = 64 << 10;
+  l.maxSegments = 4;
+  l.maxBuffers = 0;
+  l.maxNesting = 4;
+  return l;
+}
+
+// How long an accepted connection may take to say Hello, and how many may be
+// waiting to at once (more are closed on arrival).
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+constexpr size_t kMaxPendingHandshakes = 64;
+// The loop's housekeeping tick: deadlines, heartbeats, shutdown rounds.
+constexpr auto kTick = std::chrono::milliseconds(10);
+// How long a worker waits to become idle between shutdown rounds.
+constexpr auto kRoundPause = std::chrono::milliseconds(20);
+// How long closing connections may take to exchange their ends of stream.
+constexpr auto kCloseLinger = std::chrono::seconds(2);
+
+std::string seconds(Clock::duration d) {
+  std::ostringstream os;
+  os.precision(3);
+  os << std::fixed << std::chrono::duration<double>(d).count() << " s";
+  return os.str();
+}
+
+bool constantTimeEqual(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+void fillError(wire::ErrorStatus::Builder out, const Status& s) {
+  out.setCode(static_cast<wire::StatusCode>(static_cast<uint16_t>(s.code())));
+  out.setMessage(s.message());
+  out.setWorker(s.worker());
+  out.setFunction(s.function());
+}
+
+// A Status from a received ErrorStatus; nullopt for a code this build does not know.
+std::optional<Status> readError(wire::ErrorStatus::Reader in) {
+  auto code = statusCodeFromWire(static_cast<uint32_t>(in.getCode()));
+  if (!code || *code == StatusCode::Ok) return std::nullopt;
+  return Status(*code, std::string(in.getMessage().cStr()), std::string(in.getWorker().cStr()),
+                std::string(in.getFunction().cStr()));
+}
+
+}  // namespace
+
+// ---- the agent's state ---------------------------------------------------------------
+
+class Agent::Impl {
+ public:
+  struct Pending {
+    std::unique_ptr<detail::ResponseSink> sink;
+    std::string function;
+    Clock::time_point started;
+    std::multimap<Clock::time_point, uint64_t>::iterator deadline;
+    bool hasDeadline = false;
+  };
+
+  struct IncomingCall {
+    uint64_t callId = 0;
+    bool noReply = false;
+    const detail::Handler* handler = nullptr;
+    std::atomic<bool> cancelled{false};
+    std::atomic<bool> finished{false};
+  };
+
+  // Everything about one other worker (or this one, through a loopback).
+  struct Peer {
+    int rank = -1;
+    std::string name;      // under Impl::infoMutex_ until start() returns
+    std::string address;   // likewise
+
+    std::shared_ptr<Connection> conn;  // set once on the loop thread; read under mutex
+    std::atomic<bool> alive{false};
+    std::atomic<uint64_t> nextCallId{1};
+
+    std::mutex mutex;
+    Status death;  // why the connection ended (under mutex)
+    std::unordered_map<uint64_t, Pending> pending;
+    std::multimap<Clock::time_point, uint64_t> deadlines;
+    std::unordered_map<uint64_t, std::shared_ptr<IncomingCall>> incoming;
+
+    // Loop thread.
+    uint64_t pingSequence = 0;
+    Clock::time_point lastPing{};
+    Promise<void> connected;  // completed by the handshake
+  };
+
+  // A connection whose handshake has not completed. Loop thread.
+  struct Handshake {
+    std::shared_ptr<Connection> conn;
+    Clock::time_point deadline;
+    bool initiator = false;
+    int expectedRank = -1;  // initiator: the rank it dialled
+  };
+
+  Impl(Agent& owner, Options options)
+      : owner_(owner), options_(std::move(options)), loop_("weft-rpc"),
+        pool_("weft-handler", options_.numWorkerThreads) {
+    std::random_device rd;
+    incarnation_ = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+    if (incarnation_ == 0) incarnation_ = 1;
+    name_ = options_.workerName();
+    for (int r = 0; r < options_.worldSize; ++r) {
+      peers_.push_back(std::make_unique<Peer>());
+      peers_.back()->rank = r;
+    }
+    peers_[options_.rank]->name = name_;
+  }
+
+  // shutdown() (called by ~Agent) has stopped the pool, the timers and the loop.
+  ~Impl() = default;
+
+  // ---- start --------------------------------------------------------------------------
+
+  void start() {
+    {
+      std::lock_guard<std::mutex> lock(stateMutex_);
+      WEFT_ENFORCE(!startBegun_, StateError, "Agent::start: already started");
+      startBegun_ = true;
+    }
+    registry_.freeze();
+    log::setLevel(options_.logLevel);
+    log::setWorkerName(name_);
+    const int rank = options_.rank;
+    const int world = options_.worldSize;
+    auto deadline = options_.storeTimeout.count() == 0 ? Clock::time_point::max() : Clock::now() + options_.storeTimeout;
+
+    loop_.call([this] {
+      listener_ = std::make_unique<transport::Listener>(
+          loop_, options_.listenHost(), options_.listenPort,
+          [this](int fd, std::string who) { onAccepted(fd, std::move(who)); });
+      startTicking();
+      // The loopback connection to this worker itself.
+      Peer& self = *peers_[options_.rank];
+      self.conn = Connection::loopback(loop_, FrameLimits{}, handlersFor(&self, nullptr), "self");
+      self.conn->start();
+      self.alive = true;
+    });
+    listenAddress_ = options_.listenHost() + ":" + std::to_string(listener_->port());
+    if (isLoopbackHost(options_.listenHost()) || options_.listenHost() == "0.0.0.0" || options_.listenHost() == "::") {
+      // Advertise an address peers can dial.
+      advertised_ = (options_.listenHost() == "0.0.0.0" || options_.listenHost() == "::")
+                        ? hostForPeers() + ":" + std::to_string(listener_->port())
+                        : listenAddress_;
+    } else {
+      advertised_ = listenAddress_;
+    }
+
+    if (rank == 0) {
+      StoreServer::Config sc = StoreServer::configFor(options_);
+      storeServer_ = std::make_unique<StoreServer>(sc, &loop_);
+    }
+    StoreClient::Config cc = StoreClient::configFor(options_);
+    if (rank == 0 && options_.masterPort == 0) cc.port = storeServer_->port();
+    store_ = std::make_unique<StoreClient>(cc, &loop_);
+
+    // Identity checks: each is a compare-and-set that only the first claimant wins.
+    const std::string me = std::to_string(rank);
+    std::string ws = store_->compareSet("weft/world_size", "", std::to_string(world));
+    WEFT_ENFORCE(ws == std::to_string(world), InvalidArgumentError, "Agent::start: world size mismatch: worker '",
+                 name_, "' (rank ", rank, ") was started with world size ", world, " but another worker with ", ws);
+    std::string token = std::to_string(incarnation_);
+    std::string owner = store_->compareSet("weft/rank/" + me, "", token);
+    WEFT_ENFORCE(owner == token, InvalidArgumentError, "Agent::start: rank ", rank,
+                 " was started twice (another process already registered it)");
+    std::string holder = store_->compareSet("weft/name/" + name_, "", me);
+    WEFT_ENFORCE(holder == me, InvalidArgumentError, "Agent::start: duplicate worker name '", name_,
+                 "': ranks ", holder, " and ", rank, " both use it");
+    store_->set("weft/worker/" + me, name_ + "\n" + advertised_);
+
+    std::vector<std::string> keys;
+    for (int r = 0; r < world; ++r) keys.push_back("weft/worker/" + std::to_string(r));
+    try {
+      store_->wait(keys, remaining(deadline));
+    } catch (const TimeoutError&) {
+      std::string missing;
+      for (int r = 0; r < world; ++r) {
+        if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      throw TimeoutError("Agent::start: worker '" + name_ + "' waited " + seconds(options_.storeTimeout) +
+                         " for ranks " + missing + " to join");
+    }
+    for (int r = 0; r < world; ++r) {
+      std::string v = store_->get(keys[r]);
+      auto nl = v.find('\n');
+      WEFT_ENFORCE(nl != std::string::npos, ProtocolError, "Agent::start: malformed registration of rank ", r);
+      std::lock_guard<std::mutex> lock(infoMutex_);
+      peers_[r]->name = v.substr(0, nl);
+      peers_[r]->address = v.substr(nl + 1);
+    }
+
+    // Connect to every lower rank; the higher ranks connect to us.
+    for (int r = 0; r < rank; ++r) connectTo(r, deadline);
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      Future<void> f = peers_[r]->connected.getFuture();
+      if (!f.waitUntil(deadline)) {
+        std::string missing;
+        for (int q = 0; q < world; ++q) {
+          if (q != rank && !peers_[q]->connected.isReady()) missing += (missing.empty() ? "" : ", ") + peerLabel(q);
+        }
+        throw TimeoutError("Agent::start: worker '" + name_ + "' timed out after " + seconds(options_.storeTimeout) +
+                           " waiting for connections from " + missing);
+      }
+      f.get();
+    }
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      std::lock_guard<std::mutex> lock(infoMutex_);
+      WEFT_ENFORCE(helloNames_[r].empty() || helloNames_[r] == peers_[r]->name, InvalidArgumentError,
+                   "Agent::start: rank ", r, " registered as '", peers_[r]->name, "' but introduced itself as '",
+                   helloNames_[r], "'");
+    }
+    started_ = true;
+    WEFT_LOG(Info) << "rpc: agent '" << name_ << "' (rank " << rank << " of " << world << ") started on "
+                   << listenAddress_;
+  }
+
+  std::string hostForPeers() const {
+    char host[256] = {0};
+    if (::gethostname(host, sizeof(host) - 1) != 0) return "127.0.0.1";
+    return host;
+  }
+
+  static std::chrono::milliseconds remaining(Clock::time_point deadline) {
+    if (deadline == Clock::time_point::max()) return std::chrono::milliseconds(0);
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+
+  std::string peerLabel(int r) const {
+    std::lock_guard<std::mutex> lock(infoMutex_);
+    return "'" + peers_[r]->name + "' (rank " + std::to_string(r) + ")";
+  }
+
+  void connectTo(int r, Clock::time_point deadline) {
+    std::string address;
+    {
+      std::lock_guard<std::mutex> lock(infoMutex_);
+      address = peers_[r]->address;
+    }
+    auto colon = address.rfind(':');
+    WEFT_ENFORCE(colon != std::string::npos, ProtocolError, "Agent::start: malformed address '", address,
+                 "' of rank ", r);
+    std::string host = address.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+    int port = std::stoi(address.substr(colon + 1));
+    SocketAddress sa = *SocketAddress::resolve(host, static_cast<uint16_t>(port));
+    int fd = transport::connectTcp(sa, deadline == Clock::time_point::max() ? Clock::now() + std::chrono::hours(24 * 365)
+                                                                            : deadline);
+    loop_.call([&] {
+      auto hs = std::make_shared<Handshake>();
+      hs->initiator = true;
+      hs->expectedRank = r;
+      hs->deadline = Clock::now() + kHandshakeTimeout;
+      hs->conn = Connection::create(loop_, fd, handshakeLimits(), handlersFor(nullptr, hs),
+                                    "connection to " + peerLabel(r), &counters_);
+      handshakes_.insert(hs);
+      hs->conn->start();
+      FrameWriter w(64);
+      auto hello = w.message().initHello();
+      hello.setProtocolVersion(kProtocolVersion);
+      hello.setWorkerName(name_);
+      hello.setRank(static_cast<uint32_t>(options_.rank));
+      hello.setWorldSize(static_cast<uint32_t>(options_.worldSize));
+      hello.setIncarnation(incarnation_);
+      hello.setAuthToken(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(options_.authToken.data()),
+                                             options_.authToken.size()));
+      hs->conn->send(std::move(w).finish());
+    });
+  }
+
+  // ---- connections ----------------------------------------------------------------------
+
+  Connection::Handlers handlersFor(Peer* peer, std::shared_ptr<Handshake> hs) {
+    // The handshake (when any) is held weakly by the handlers: handshakes_ owns it.
+    std::weak_ptr<Handshake> weakHs = hs;
+    return Connection::Handlers{
+        .onFrame = [this, peer, weakHs](Connection& c, IncomingFrame f) mutable {
+          if (peer == nullptr) {
+            auto h = weakHs.lock();
+            if (!h) return;
+            Peer* attached = onHandshakeFrame(*h, c, std::move(f));
+            if (attached != nullptr) peer = attached;
+            return;
+          }
+          onFrame(*peer, c, std::move(f));
+        },
+        .onClosed = [this, peer, weakHs](Connection& c, const Status& why) mutable {
+          if (auto h = weakHs.lock()) {
+            handshakes_.erase(h);
+            if (h->initiator && !why.ok()) {
+              Peer& p = *peers_[h->expectedRank];
+              if (!p.connected.isReady()) {
+                p.connected.trySetError(Status(why.code(), "handshake with " + peerLabel(h->expectedRank) +
+                                                                " failed: " + why.message()));
+              }
+            }
+          }
+          Peer* p = peer != nullptr ? peer : attachedPeer(c);
+          if (p != nullptr) onPeerClosed(*p, c, why);
+        }};
+  }
+
+  Peer* attachedPeer(Connection& c) {
+    for (auto& p : peers_) {
+      if (p->conn.get() == &c) return p.get();
+    }
+    return nullptr;
+  }
+
+  void onAccepted(int fd, std::string who) {
+    if (handshakes_.size() >= kMaxPendingHandshakes || shutdownPhase_ != Phase::None) {
+      WEFT_LOG(Warn) << "rpc: refused a connection from " << who
+                     << (shutdownPhase_ != Phase::None ? ": shutting down" : ": too many connections in handshake");
+      ++connectionsRejected_;
+      ::close(fd);
+      return;
+    }
+    auto hs = std::make_shared<Handshake>();
+    hs->deadline = Clock::now() + kHandshakeTimeout;
+    hs->conn = Connection::create(loop_, fd, handshakeLimits(), handlersFor(nullptr, hs),
+                                  "connection from " + who, &counters_);
+    handshakes_.insert(hs);
+    hs->conn->start();
+  }
+
+  void reject(Handshake& hs, Connection& c, Status why) {
+    WEFT_LOG(Warn) << "rpc: " << c.description() << ": " << why.message();
+    ++connectionsRejected_;
+    auto keep = hs.conn;
+    c.fail(std::move(why));
+  }
+
+  // Returns the peer the connection now belongs to, once the handshake completes.
+  Peer* onHandshakeFrame(Handshake& hs, Connection& c, IncomingFrame frame) {
+    Peer* attached = nullptr;
+    Status bad;
+    try {
+    bad = guardRead([&] {
+      auto msg = frame.message();
+      if (!hs.initiator) {
+        if (msg.which() != wire::Message::HELLO) {
+          throw ProtocolError("expected a Hello as the first message, got another kind of message");
+        }
+        auto hello = msg.getHello();
+        if (hello.getProtocolVersion() != kProtocolVersion) {
+          throw ProtocolError("protocol version " + std::to_string(hello.getProtocolVersion()) + " (this worker speaks " +
+                              std::to_string(kProtocolVersion) + ")");
+        }
+        auto token = hello.getAuthToken();
+        if (!constantTimeEqual(std::string_view(reinterpret_cast<const char*>(token.begin()), token.size()),
+                               options_.authToken)) {
+          throw InvalidArgumentError("wrong authentication token (WEFT_RPC_TOKEN)");
+        }
+        if (hello.getWorldSize() != static_cast<uint32_t>(options_.worldSize)) {
+          throw InvalidArgumentError("world size mismatch: the peer has " + std::to_string(hello.getWorldSize()) +
+                                     ", this worker " + std::to_string(options_.worldSize));
+        }
+        uint32_t r = hello.getRank();
+        if (r >= static_cast<uint32_t>(options_.worldSize) || static_cast<int>(r) <= options_.rank) {
+          throw InvalidArgumentError("rank " + std::to_string(r) + " may not connect to rank " +
+                                     std::to_string(options_.rank) + " (world size " +
+                                     std::to_string(options_.worldSize) + "; higher ranks connect to lower ones)");
+        }
+        std::string name = hello.getWorkerName().cStr();
+        if (name.empty() || name.size() > 128) throw InvalidArgumentError("invalid worker name in Hello");
+        Peer& p = *peers_[r];
+        if (p.conn != nullptr) {
+          throw InvalidArgumentError("rank " + std::to_string(r) + " ('" + name + "') is already connected");
+        }
+        {
+          std::lock_guard<std::mutex> lock(infoMutex_);
+          if (!p.name.empty() && p.name != name) {
+            throw InvalidArgumentError("rank " + std::to_string(r) + " is registered as '" + p.name +
+                                       "', not '" + name + "'");
+          }
+          helloNames_[r] = name;
+        }
+        FrameWriter w(64);
+        auto welcome = w.message().initWelcome();
+        welcome.setProtocolVersion(kProtocolVersion);
+        welcome.setWorkerName(name_);
+        welcome.setRank(static_cast<uint32_t>(options_.rank));
+        welcome.setWorldSize(static_cast<uint32_t>(options_.worldSize));
+        welcome.setIncarnation(incarnation_);
+        c.send(std::move(w).finish());
+        attached = attach(hs, p, name);
+        return;
+      }
+      // Initiator: Welcome or Abort.
+      if (msg.which() == wire::Message::ABORT) {
+        auto s = readError(msg.getAbort());
+        throw ProtocolError("the peer refused the handshake: " +
+                            (s ? s->message() : std::string("(an abort with an unknown code)")));
+      }
+      if (msg.which() != wire::Message::WELCOME) throw ProtocolError("expected a Welcome, got another message");
+      auto welcome = msg.getWelcome();
+      Peer& p = *peers_[hs.expectedRank];
+      std::string expectedName;
+      {
+        std::lock_guard<std::mutex> lock(infoMutex_);
+        expectedName = p.name;
+      }
+      if (welcome.getProtocolVersion() != kProtocolVersion ||
+          welcome.getWorldSize() != static_cast<uint32_t>(options_.worldSize) ||
+          welcome.getRank() != static_cast<uint32_t>(hs.expectedRank) ||
+          std::string(welcome.getWorkerName().cStr()) != expectedName) {
+        throw InvalidArgumentError("the Welcome does not match: expected '" + expectedName + "' rank " +
+                                   std::to_string(hs.expectedRank) + ", got '" + welcome.getWorkerName().cStr() +
+                                   "' rank " + std::to_string(welcome.getRank()));
+      }
+      attached = attach(hs, p, expectedName);
+    });
+    } catch (const InvalidArgumentError& e) {
+      bad = Status::invalidArgument(e.what());
+    }
+    if (!bad.ok()) {
+      reject(hs, c, bad);
+      return nullptr;
+    }
+    return attached;
+  }
+
+  Peer* attach(Handshake& hs, Peer& p, const std::string& name) {
+    auto conn = hs.conn;
+    conn->setLimits(FrameLimits{});
+    conn->setDescription("connection with '" + name + "' (rank " + std::to_string(p.rank) + ")");
+    {
+      std::lock_guard<std::mutex> lock(p.mutex);
+      p.conn = conn;
+    }
+    p.alive = true;
+    p.lastPing = Clock::now();
+    // The handshake record is no longer needed; the handlers now go to the peer.
+    std::shared_ptr<Handshake> self;
+    for (auto& h : handshakes_) {
+      if (h.get() == &hs) self = h;
+    }
+    if (self) handshakes_.erase(self);
+    p.connected.trySetValue();
+    return &p;
+  }
+
+  // ---- frames after the handshake -----------------------------------------------------
+
+  void onFrame(Peer& peer, Connection& c, IncomingFrame frame) {
+    Status bad = guardRead([&] {
+      auto msg = frame.message();
+      switch (msg.which()) {
+        case wire::Message::CALL:
+          onCall(peer, c, std::move(frame));
+          return;
+        case wire::Message::RESPONSE:
+          onResponse(peer, c, frame);
+          return;
+        case wire::Message::CANCEL:
+          onCancel(peer, msg.getCancel().getCallId());
+          return;
+        case wire::Message::PING: {
+          FrameWriter w(16);
+          w.message().initPong().setSequence(msg.getPing().getSequence());
+          c.send(std::move(w).finish());
+          return;
+        }
+        case wire::Message::PONG:
+          return;
+        case wire::Message::SHUTDOWN_JOIN: {
+          auto j = msg.getShutdownJoin();
+          onShutdownJoin(peer, j.getRound(), j.getIdle());
+          return;
+        }
+        case wire::Message::SHUTDOWN_PROCEED: {
+          auto p = msg.getShutdownProceed();
+          std::vector<std::string> missing;
+          for (auto m : p.getMissing()) missing.emplace_back(m.cStr());
+          onShutdownProceed(peer, p.getRound(), p.getDone(), std::move(missing));
+          return;
+        }
+        case wire::Message::ABORT: {
+          auto s = readError(msg.getAbort());
+          Status why = s ? Status::disconnected("'" + peer.name + "' closed the connection: " + s->message())
+                         : Status::protocol("'" + peer.name + "' sent an abort with an unknown code");
+          c.close(why);
+          return;
+        }
+        case wire::Message::HELLO:
+        case wire::Message::WELCOME:
+          throw ProtocolError("a second handshake message on an established connection");
+      }
+      throw ProtocolError("unknown message kind");
+    });
+    if (!bad.ok()) {
+      WEFT_LOG(Warn) << "rpc: " << c.description() << ": " << bad.message() << "; closing it";
+      ++connectionsRejected_;
+      c.fail(bad);
+    }
+  }
+
+  void sendError(Connection& c, uint64_t callId, const Status& s) {
+    FrameWriter w(128);
+    auto resp = w.message().initResponse();
+    resp.setCallId(callId);
+    fillError(resp.initError(), s);
+    c.send(std::move(w).finish());
+  }
+
+  void onCall(Peer& peer, Connection& c, IncomingFrame frame) {
+    auto call = frame.message().getCall();
+    uint64_t callId = call.getCallId();
+    uint32_t flags = call.getFlags();
+    if (callId == 0) throw ProtocolError("a call with id 0");
+    if (flags & ~wire::CALL_FLAG_NO_REPLY) throw ProtocolError("a call with unknown flags " + std::to_string(flags));
+    bool noReply = (flags & wire::CALL_FLAG_NO_REPLY) != 0;
+    std::string name = call.getFunctionName().cStr();
+    const detail::Handler* handler = registry_.find(call.getFunctionId());
+    if (handler == nullptr || handler->name != name) {
+      if (!noReply) {
+        sendError(c, callId, Status::notFound("worker '" + name_ + "' has no function '" + name + "'")
+                                 .withOrigin(name_, name));
+      }
+      return;
+    }
+    auto ic = std::make_shared<IncomingCall>();
+    ic->callId = callId;
+    ic->noReply = noReply;
+    ic->handler = handler;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      if (!peer.incoming.emplace(callId, ic).second) {
+        throw ProtocolError("call id " + std::to_string(callId) + " is already in use");
+      }
+    }
+    activeIncoming_.fetch_add(1, std::memory_order_relaxed);
+    bool posted = pool_.post([this, &peer, ic, frame = std::move(frame)]() mutable { runCall(peer, ic, frame); });
+    if (!posted) finishIncoming(peer, *ic);
+  }
+
+  void runCall(Peer& peer, const std::shared_ptr<IncomingCall>& ic, IncomingFrame& frame) {
+    if (ic->cancelled) {
+      finishIncoming(peer, *ic);
+      return;
+    }
+    CallContext ctx;
+    ctx.callerName = peer.name;
+    ctx.callerRank = peer.rank;
+    ctx.callId = ic->callId;
+    ctx.function = &ic->handler->name;
+    Future<detail::ResultEncoder> result;
+    try {
+      DecodeContext dec(frame);
+      result = ic->handler->run(ctx, frame.message().getCall().getArgs(), dec);
+    } catch (const ProtocolError& e) {
+      result = makeErrorFuture<detail::ResultEncoder>(Status::protocol(e.what()));
+    } catch (const kj::Exception& e) {
+      result = makeErrorFuture<detail::ResultEncoder>(
+          Status::protocol(ic->handler->name + ": malformed arguments: " + e.getDescription().cStr()));
+    } catch (...) {
+      result = makeErrorFuture<detail::ResultEncoder>(std::current_exception());
+    }
+    result.onComplete([this, &peer, ic](const Future<detail::ResultEncoder>& f) noexcept { reply(peer, ic, f); });
+  }
+
+  // Ends an incoming call's bookkeeping; true when it was still in the table (not
+  // cancelled, peer alive), i.e. a response should be sent.
+  bool finishIncoming(Peer& peer, IncomingCall& ic) {
+    bool inTable = false;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      auto it = peer.incoming.find(ic.callId);
+      if (it != peer.incoming.end() && it->second.get() == &ic) {
+        peer.incoming.erase(it);
+        inTable = true;
+      }
+    }
+    if (!ic.finished.exchange(true)) activeIncoming_.fetch_sub(1, std::memory_order_relaxed);
+    return inTable;
+  }
+
+  void reply(Peer& peer, const std::shared_ptr<IncomingCall>& ic, const Future<detail::ResultEncoder>& f) {
+    bool answer = finishIncoming(peer, *ic) && !ic->noReply && !ic->cancelled;
+    if (!answer) return;
+    std::shared_ptr<Connection> conn = peer.conn;
+    const std::string& function = ic->handler->name;
+    std::optional<OutgoingFrame> out;
+    Status error;
+    if (!f.hasError()) {
+      try {
+        FrameWriter w;
+        auto resp = w.message().initResponse();
+        resp.setCallId(ic->callId);
+        EncodeContext enc(w);
+        f.get()(enc, resp.initValue());
+        out = std::move(w).finish();
+      } catch (...) {
+        error = statusFromException(std::current_exception());
+        error = Status(error.code(), function + ": cannot send the result: " + error.message());
+      }
+    } else {
+      error = f.status();
+    }
+    if (!out) {
+      if (!error.hasOrigin()) error = error.withOrigin(name_, function);
+      FrameWriter w(256);
+      auto resp = w.message().initResponse();
+      resp.setCallId(ic->callId);
+      fillError(resp.initError(), error);
+      out = std::move(w).finish();
+    }
+    if (conn->send(std::move(*out))) callsServed_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void onCancel(Peer& peer, uint64_t callId) {
+    cancelsReceived_.fetch_add(1, std::memory_order_relaxed);
+    std::shared_ptr<IncomingCall> ic;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      auto it = peer.incoming.find(callId);
+      if (it == peer.incoming.end()) return;  // crossed the response on the wire
+      ic = it->second;
+      peer.incoming.erase(it);
+    }
+    ic->cancelled = true;
+  }
+
+  void onResponse(Peer& peer, Connection& c, const IncomingFrame& frame) {
+    auto resp = frame.message().getResponse();
+    uint64_t callId = resp.getCallId();
+    Pending pending;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      auto it = peer.pending.find(callId);
+      if (it == peer.pending.end()) {
+        lateResponses_.fetch_add(1, std::memory_order_relaxed);
+        WEFT_LOG(Debug) << "rpc: dropped a response from '" << peer.name << "' for call " << callId
+                        << ", which is no longer pending";
+        return;
+      }
+      pending = std::move(it->second);
+      if (pending.hasDeadline) peer.deadlines.erase(pending.deadline);
+      peer.pending.erase(it);
+    }
+    pendingOutgoing_.fetch_sub(1, std::memory_order_relaxed);
+    if (resp.which() == wire::Response::VALUE) {
+      pending.sink->complete(frame, resp.getValue());
+      return;
+    }
+    if (resp.which() == wire::Response::ERROR) {
+      auto s = readError(resp.getError());
+      if (s) {
+        pending.sink->fail(*s);
+        return;
+      }
+      Status bad = Status::protocol("'" + peer.name + "' answered '" + pending.function +
+                                    "' with an error of unknown code");
+      pending.sink->fail(bad);
+      throw ProtocolError(bad.message());
+    }
+    Status bad = Status::protocol("'" + peer.name + "' answered '" + pending.function + "' with an unknown kind of response");
+    pending.sink->fail(bad);
+    throw ProtocolError(bad.message());
+  }
+
+  // ---- calls --------------------------------------------------------------------------
+
+  Peer* resolve(const WorkerRef& to) const {
+    if (to.byRank()) {
+      if (to.rank() < 0 || to.rank() >= options_.worldSize) return nullptr;
+      return peers_[to.rank()].get();
+    }
+    std::lock_guard<std::mutex> lock(infoMutex_);
+    for (auto& p : peers_) {
+      if (p->name == to.name()) return p.get();
+    }
+    return nullptr;
+  }
+
+  Peer& resolveOrThrow(const WorkerRef& to) const {
+    Peer* p = resolve(to);
+    if (p == nullptr) {
+      throw NotFoundError("rpc: no worker " + to.toString() + " in this job of " +
+                          std::to_string(options_.worldSize) + (options_.worldSize == 1 ? " worker" : " workers"));
+    }
+    return *p;
+  }
+
+  void sendCall(const WorkerRef& to, const std::string& function, uint64_t functionId, const CallOptions& opts,
+                FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink) {
+    try {
+      WEFT_ENFORCE(started_.load(), StateError, "rpc: call to '", function, "' before Agent::start()");
+      WEFT_ENFORCE(!shuttingDown_.load(), StateError, "rpc: call to '", function,
+                   "' after Agent::shutdown() began on worker '", name_, "'");
+      Peer& peer = resolveOrThrow(to);
+      auto timeout = opts.timeout.value_or(options_.rpcTimeout);
+      WEFT_ENFORCE(timeout.count() >= 0, InvalidArgumentError, "rpc: negative timeout for a call to '", function, "'");
+      uint64_t callId = peer.nextCallId.fetch_add(1, std::memory_order_relaxed);
+      auto call = writer.message().getCall();
+      call.setCallId(callId);
+      call.setFunctionId(functionId);
+      call.setFunctionName(function);
+      call.setTimeoutMs(static_cast<uint64_t>(timeout.count()));
+      OutgoingFrame frame = std::move(writer).finish();
+      auto now = Clock::now();
+      std::shared_ptr<Connection> conn;
+      {
+        std::lock_guard<std::mutex> lock(peer.mutex);
+        if (!peer.alive.load()) {
+          Status d = peer.death.ok() ? Status::disconnected("rpc: worker '" + peer.name + "' is not connected")
+                                     : peer.death;
+          sink->fail(Status::disconnected("rpc: call to '" + function + "' on worker '" + peer.name +
+                                          "' failed: " + d.message()));
+          return;
+        }
+        Pending& p = peer.pending[callId];
+        p.sink = std::move(sink);
+        p.function = function;
+        p.started = now;
+        if (timeout.count() > 0) {
+          p.deadline = peer.deadlines.emplace(now + timeout, callId);
+          p.hasDeadline = true;
+        }
+        conn = peer.conn;
+      }
+      pendingOutgoing_.fetch_add(1, std::memory_order_relaxed);
+      callsSent_.fetch_add(1, std::memory_order_relaxed);
+      // A closed connection drops the frame; the peer's death (reported on the
+      // loop) then fails the pending call.
+      conn->send(std::move(frame));
+    } catch (...) {
+      if (sink) sink->failWith(std::current_exception());
+    }
+  }
+
+  // ---- failures -------------------------------------------------------------------------
+
+  void onPeerClosed(Peer& peer, Connection& c, const Status& why) {
+    if (peer.conn.get() != &c) return;
+    std::unordered_map<uint64_t, Pending> pending;
+    std::unordered_map<uint64_t, std::shared_ptr<IncomingCall>> incoming;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      if (!peer.alive) return;
+      peer.alive = false;
+      peer.death = why;
+      pending.swap(peer.pending);
+      peer.deadlines.clear();
+      incoming.swap(peer.incoming);
+    }
+    for (auto& [id, ic] : incoming) ic->cancelled = true;
+    pendingOutgoing_.fetch_sub(pending.size(), std::memory_order_relaxed);
+    bool expected = shuttingDown_ || closingAll_;
+    if (!expected) {
+      WEFT_LOG(Warn) << "rpc: lost worker '" << peer.name << "' (rank " << peer.rank << "): " << why.message()
+                     << (pending.empty() ? "" : "; failing " + std::to_string(pending.size()) + " pending calls");
+    }
+    Status status = closingAll_ ? Status::cancelled("rpc: agent '" + name_ + "' shut down")
+                                : Status::disconnected("rpc: worker '" + peer.name + "' (rank " +
+                                                       std::to_string(peer.rank) + ") disconnected: " + why.message());
+    for (auto& [id, p] : pending) {
+      p.sink->fail(Status(status.code(), status.message() + " (call to '" + p.function + "')"));
+    }
+    if (!peer.connected.isReady()) peer.connected.trySetError(status);
+    if (shutdownPhase_ == Phase::Joining || shutdownPhase_ == Phase::Waiting) {
+      if (options_.rank == 0) {
+        maybeDecide();
+      } else if (peer.rank == 0) {
+        finishShutdown({peer.name});
+      }
+    }
+  }
+
+  // ---- housekeeping tick ---------------------------------------------------------------
+
+  void startTicking() {
+    tick_ = std::make_unique<uv_timer_t>();
+    uv_timer_init(loop_.raw(), tick_.get());
+    tick_->data = this;
+    uv_timer_start(tick_.get(), [](uv_timer_t* t) { static_cast<Impl*>(t->data)->onTick(); },
+                   kTick.count(), kTick.count());
+  }
+
+  void stopTicking() {
+    if (!tick_) return;
+    uv_timer_stop(tick_.get());
+    uv_close(reinterpret_cast<uv_handle_t*>(tick_.release()),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+  }
+
+  void onTick() {
+    transport::WriteBatch batch;
+    auto now = Clock::now();
+    expireCalls(now);
+    if (now - lastHeartbeatCheck_ >= options_.heartbeatInterval / 4) {
+      lastHeartbeatCheck_ = now;
+      checkHeartbeats(now);
+      expireHandshakes(now);
+    }
+    shutdownTick(now);
+  }
+
+  void expireCalls(Clock::time_point now) {
+    for (auto& pp : peers_) {
+      Peer& peer = *pp;
+      std::vector<std::pair<uint64_t, Pending>> expired;
+      std::shared_ptr<Connection> conn;
+      {
+        std::lock_guard<std::mutex> lock(peer.mutex);
+        while (!peer.deadlines.empty() && peer.deadlines.begin()->first <= now) {
+          uint64_t id = peer.deadlines.begin()->second;
+          peer.deadlines.erase(peer.deadlines.begin());
+          auto it = peer.pending.find(id);
+          if (it == peer.pending.end()) continue;
+          it->second.hasDeadline = false;
+          expired.emplace_back(id, std::move(it->second));
+          peer.pending.erase(it);
+        }
+        conn = peer.conn;
+      }
+      if (expired.empty()) continue;
+      pendingOutgoing_.fetch_sub(expired.size(), std::memory_order_relaxed);
+      timeouts_.fetch_add(expired.size(), std::memory_order_relaxed);
+      for (auto& [id, p] : expired) {
+        if (conn) {
+          FrameWriter w(16);
+          w.message().initCancel().setCallId(id);
+          conn->send(std::move(w).finish());
+        }
+        p.sink->fail(Status::timeout("rpc: call to '" + p.function + "' on worker '" + peer.name + "' (rank " +
+                                     std::to_string(peer.rank) + ") timed out after " + seconds(now - p.started)));
+      }
+    }
+  }
+
+  void checkHeartbeats(Clock::time_point now) {
+    for (auto& pp : peers_) {
+      Peer& peer = *pp;
+      if (!peer.alive || !peer.conn || peer.conn->isLoopback()) continue;
+      auto silent = now - peer.conn->lastReceived();
+      if (silent > options_.heartbeatInterval * options_.heartbeatMisses) {
+        peer.conn->fail(Status::disconnected("no message from '" + peer.name + "' for " + seconds(silent) +
+                                             " (heartbeat)"));
+        continue;
+      }
+      if (silent >= options_.heartbeatInterval && now - peer.lastPing >= options_.heartbeatInterval) {
+        peer.lastPing = now;
+        FrameWriter w(16);
+        w.message().initPing().setSequence(++peer.pingSequence);
+        peer.conn->send(std::move(w).finish());
+      }
+    }
+  }
+
+  void expireHandshakes(Clock::time_point now) {
+    std::vector<std::shared_ptr<Handshake>> late;
+    for (auto& h : handshakes_) {
+      if (h->deadline <= now) late.push_back(h);
+    }
+    for (auto& h : late) {
+      WEFT_LOG(Warn) << "rpc: " << h->conn->description() << ": no handshake within "
+                     << seconds(kHandshakeTimeout) << "; closing it";
+      ++connectionsRejected_;
+      h->conn->fail(Status::protocol("no handshake within " + seconds(kHandshakeTimeout)));
+    }
+  }
+
+  // ---- shutdown -------------------------------------------------------------------------
+
+  enum class Phase { None, Joining, Waiting, Closing, Done };
+
+  bool isIdle() const {
+    return pendingOutgoing_.load() == 0 && activeIncoming_.load() == 0;
+  }
+
+  // Loop thread.
+  void beginShutdown(Clock::duration timeout, Promise<ShutdownReport> done) {
+    shutdownDone_ = std::move(done);
+    shutdownDeadline_ = Clock::now() + timeout;
+    shutdownTimeout_ = timeout;
+    round_ = 1;
+    if (options_.worldSize == 1) {
+      finishShutdown({});
+      return;
+    }
+    join();
+  }
+
+  void join() {
+    shutdownPhase_ = Phase::Joining;
+    bool idle = isIdle();
+    if (options_.rank == 0) {
+      joins_[round_][0] = idle;
+      maybeDecide();
+      return;
+    }
+    Peer& leader = *peers_[0];
+    if (!leader.alive) {
+      finishShutdown({leader.name});
+      return;
+    }
+    FrameWriter w(32);
+    auto j = w.message().initShutdownJoin();
+    j.setRound(round_);
+    j.setIdle(idle);
+    leader.conn->send(std::move(w).finish());
+  }
+
+  void onShutdownJoin(Peer& peer, uint32_t round, bool idle) {
+    if (options_.rank != 0) throw ProtocolError("a shutdown join sent to a worker that does not lead shutdown");
+    if (round == 0 || round > round_ + 1000) throw ProtocolError("a shutdown join for round " + std::to_string(round));
+    joins_[round][peer.rank] = idle;
+    maybeDecide();
+  }
+
+  void maybeDecide() {
+    if (options_.rank != 0 || (shutdownPhase_ != Phase::Joining)) return;
+    auto& joined = joins_[round_];
+    bool timedOut = Clock::now() >= shutdownDeadline_;
+    bool all = true;
+    bool allIdle = true;
+    std::vector<std::string> missing;
+    for (auto& pp : peers_) {
+      auto it = joined.find(pp->rank);
+      bool alive = pp->alive.load();
+      if (!alive) {
+        missing.push_back(pp->name);
+        continue;
+      }
+      if (it == joined.end()) {
+        all = false;
+        if (timedOut) missing.push_back(pp->name);
+        continue;
+      }
+      allIdle = allIdle && it->second;
+    }
+    if (!all && !timedOut) return;
+    bool done = timedOut || allIdle;
+    for (auto& pp : peers_) {
+      if (pp->rank == 0 || !pp->alive || !joined.count(pp->rank)) continue;
+      FrameWriter w(128);
+      auto p = w.message().initShutdownProceed();
+      p.setRound(round_);
+      p.setDone(done);
+      auto list = p.initMissing(static_cast<unsigned>(missing.size()));
+      for (size_t i = 0; i < missing.size(); ++i) list.set(static_cast<unsigned>(i), missing[i]);
+      pp->conn->send(std::move(w).finish());
+    }
+    if (done) {
+      if (timedOut && !allIdle) {
+        WEFT_LOG(Warn) << "rpc: shutdown timed out after " << seconds(shutdownTimeout_)
+                       << " with calls still in flight; closing anyway";
+      }
+      finishShutdown(std::move(missing));
+      return;
+    }
+    joins_.erase(round_);
+    ++round_;
+    shutdownPhase_ = Phase::Waiting;
+    nextJoinAt_ = Clock::now() + kRoundPause;
+  }
+
+  void onShutdownProceed(Peer& peer, uint32_t round, bool done, std::vector<std::string> missing) {
+    if (peer.rank != 0) throw ProtocolError("a shutdown proceed from a worker that does not lead shutdown");
+    if (shutdownPhase_ != Phase::Joining || round != round_) {
+      throw ProtocolError("a shutdown proceed for round " + std::to_string(round) + " outside that round");
+    }
+    if (done) {
+      finishShutdown(std::move(missing));
+      return;
+    }
+    ++round_;
+    shutdownPhase_ = Phase::Waiting;
+    nextJoinAt_ = Clock::now() + kRoundPause;
+  }
+
+  void shutdownTick(Clock::time_point now) {
+    switch (shutdownPhase_) {
+      case Phase::Waiting:
+        if (isIdle() || now >= nextJoinAt_) join();
+        return;
+      case Phase::Joining:
+        if (options_.rank == 0) {
+          if (now >= shutdownDeadline_) maybeDecide();
+        } else if (now >= shutdownDeadline_ + std::chrono::seconds(1)) {
+          WEFT_LOG(Warn) << "rpc: no word from the shutdown leader '" << peers_[0]->name << "' within "
+                         << seconds(shutdownTimeout_) << "; closing";
+          finishShutdown({peers_[0]->name});
+        }
+        return;
+      case Phase::Closing: {
+        bool open = false;
+        for (auto& pp : peers_) {
+          if (pp->conn && !pp->conn->isLoopback() && !pp->conn->closed()) open = true;
+        }
+        if (open && now < closeDeadline_) return;
+        for (auto& pp : peers_) {
+          if (pp->conn && !pp->conn->closed()) pp->conn->close(Status::disconnected("shut down"));
+        }
+        shutdownPhase_ = Phase::Done;
+        shutdownDone_.trySetValue(report_);
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  void finishShutdown(std::vector<std::string> missing) {
+    std::sort(missing.begin(), missing.end());
+    missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    report_.graceful = true;
+    report_.missing = std::move(missing);
+    if (!report_.missing.empty()) {
+      std::string list;
+      for (auto& m : report_.missing) list += (list.empty() ? "" : ", ") + m;
+      WEFT_LOG(Warn) << "rpc: shut down without hearing from: " << list;
+    }
+    shutdownPhase_ = Phase::Closing;
+    closeDeadline_ = Clock::now() + kCloseLinger;
+    for (auto& pp : peers_) {
+      if (pp->conn) pp->conn->closeGracefully();
+    }
+  }
+
+  // Loop thread: the non-graceful path.
+  void closeAll() {
+    closingAll_ = true;
+    shutdownPhase_ = Phase::Done;
+    for (auto& pp : peers_) {
+      if (pp->conn) pp->conn->fail(Status::disconnected("worker '" + name_ + "' shut down"));
+    }
+    std::vector<std::shared_ptr<Handshake>> hs(handshakes_.begin(), handshakes_.end());
+    for (auto& h : hs) h->conn->close(Status::cancelled("shut down"));
+  }
+
+  ShutdownReport shutdown(ShutdownOptions opts) {
+    std::lock_guard<std::mutex> lock(shutdownMutex_);
+    if (finalReport_) return *finalReport_;
+    if (!startBegun_) {
+      finalReport_ = ShutdownReport{opts.graceful, {}};
+      return *finalReport_;
+    }
+    shuttingDown_ = true;
+    ShutdownReport report;
+    report.graceful = opts.graceful;
+    if (opts.graceful && started_) {
+      auto timeout = opts.timeout.value_or(options_.shutdownTimeout);
+      Promise<ShutdownReport> done;
+      Future<ShutdownReport> f = done.getFuture();
+      loop_.post([this, timeout, done]() mutable { beginShutdown(timeout, std::move(done)); });
+      if (f.waitFor(timeout + kCloseLinger + std::chrono::seconds(2))) {
+        report = f.get();
+      } else {
+        WEFT_LOG(Error) << "rpc: graceful shutdown did not complete; closing at once";
+        report.missing.push_back("(shutdown barrier incomplete)");
+      }
+    }
+    loop_.call([this] { closeAll(); });
+    pool_.stop();
+    loop_.call([this] {
+      if (listener_) listener_->close();
+      stopTicking();
+    });
+    store_.reset();
+    storeServer_.reset();
+    loop_.stop();
+    finalReport_ = report;
+    return report;
+  }
+
+  AgentStats stats() const {
+    AgentStats s;
+    s.pendingOutgoing = pendingOutgoing_.load();
+    s.activeIncoming = activeIncoming_.load();
+    s.callsSent = callsSent_.load();
+    s.callsServed = callsServed_.load();
+    s.timeouts = timeouts_.load();
+    s.lateResponses = lateResponses_.load();
+    s.cancelsReceived = cancelsReceived_.load();
+    s.connectionsRejected = connectionsRejected_.load();
+    s.writeSyscalls = counters_.writeSyscalls.load();
+    s.framesWritten = counters_.framesWritten.load();
+    for (auto& p : peers_) {
+      if (p->rank != options_.rank && p->alive) ++s.liveConnections;
+    }
+    return s;
+  }
+
+  Agent& owner_;
+  Options options_;
+  std::string name_;
+  uint64_t incarnation_ = 0;
+  Registry registry_;
+  UvLoop loop_;
+  ThreadPool pool_;
+  transport::TransportCounters counters_;
+
+  mutable std::mutex infoMutex_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::map<int, std::string> helloNames_;  // under infoMutex_
+  std::string listenAddress_;
+  std::string advertised_;
+
+  std::unique_ptr<transport::Listener> listener_;
+  std::unique_ptr<StoreServer> storeServer_;
+  std::unique_ptr<StoreClient> store_;
+  std::set<std::shared_ptr<Handshake>> handshakes_;  // loop thread
+  std::unique_ptr<uv_timer_t> tick_;
+  Clock::time_point lastHeartbeatCheck_{};
+
+  std::mutex stateMutex_;
+  bool startBegun_ = false;
+  std::atomic<bool> started_{false};
+  std::atomic<bool> shuttingDown_{false};
+
+  // Shutdown (loop thread unless noted).
+  std::mutex shutdownMutex_;
+  std::optional<ShutdownReport> finalReport_;  // under shutdownMutex_
+  Phase shutdownPhase_ = Phase::None;
+  bool closingAll_ = false;
+  uint32_t round_ = 0;
+  std::map<uint32_t, std::map<int, bool>> joins_;
+  Clock::time_point shutdownDeadline_{};
+  Clock::duration shutdownTimeout_{};
+  Clock::time_point nextJoinAt_{};
+  Clock::time_point closeDeadline_{};
+  ShutdownReport report_;
+  Promise<ShutdownReport> shutdownDone_;
+
+  std::atomic<size_t> pendingOutgoing_{0};
+  std::atomic<size_t> activeIncoming_{0};
+  std::atomic<uint64_t> callsSent_{0};
+  std::atomic<uint64_t> callsServed_{0};
+  std::atomic<uint64_t> timeouts_{0};
+  std::atomic<uint64_t> lateResponses_{0};
+  std::atomic<uint64_t> cancelsReceived_{0};
+  std::atomic<uint64_t> connectionsRejected_{0};
+};
+
+// ---- Agent ----------------------------------------------------------------------------
+
+Agent::Agent(Options options) {
+  options.validate();
+  impl_ = std::make_unique<Impl>(*this, std::move(options));
+}
+
+Agent::~Agent() {
+  if (impl_->started_ && !impl_->finalReport_) {
+    WEFT_LOG(Warn) << "rpc: agent '" << impl_->name_ << "' destroyed without shutdown(); closing at once";
+  }
+  impl_->shutdown(ShutdownOptions{.graceful = false, .timeout = std::nullopt});
+}
+
+Registry& Agent::registry() { return impl_->registry_; }
+const Options& Agent::options() const { return impl_->options_; }
+void Agent::start() { impl_->start(); }
+bool Agent::started() const { return impl_->started_; }
+const std::string& Agent::name() const { return impl_->name_; }
+int Agent::rank() const { return impl_->options_.rank; }
+int Agent::worldSize() const { return impl_->options_.worldSize; }
+
+std::vector<WorkerInfo> Agent::workers() const {
+  WEFT_ENFORCE(impl_->started_.load(), StateError, "Agent::workers: the agent has not started");
+  std::vector<WorkerInfo> out;
+  std::lock_guard<std::mutex> lock(impl_->infoMutex_);
+  for (auto& p : impl_->peers_) out.push_back({p->name, p->rank});
+  return out;
+}
+
+WorkerInfo Agent::worker(const WorkerRef& to) const {
+  auto& p = impl_->resolveOrThrow(to);
+  std::lock_guard<std::mutex> lock(impl_->infoMutex_);
+  return {p.name, p.rank};
+}
+
+bool Agent::isAlive(const WorkerRef& to) const { return impl_->resolveOrThrow(to).alive.load(); }
+
+std::string Agent::listenAddress() const {
+  WEFT_ENFORCE(impl_->listener_ != nullptr, StateError, "Agent::listenAddress: the agent has not started");
+  return impl_->listenAddress_;
+}
+
+uint16_t Agent::listenPort() const {
+  WEFT_ENFORCE(impl_->listener_ != nullptr, StateError, "Agent::listenPort: the agent has not started");
+  return impl_->listener_->port();
+}
+
+ShutdownReport Agent::shutdown(ShutdownOptions opts) { return impl_->shutdown(opts); }
+AgentStats Agent::stats() const { return impl_->stats(); }
+
+StoreClient& Agent::store() {
+  WEFT_ENFORCE(impl_->store_ != nullptr, StateError, "Agent::store: the agent has not started (or has shut down)");
+  return *impl_->store_;
+}
+
+UvLoop& Agent::loop() { return impl_->loop_; }
+
+void Agent::sendCall(const WorkerRef& to, const std::string& function, uint64_t functionId, const CallOptions& opts,
+                     FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink) {
+  impl_->sendCall(to, function, functionId, opts, writer, std::move(sink));
+}
+
+}  // namespace weft::rpc

@@ -1,0 +1,293 @@
+// Agent: one process's endpoint in a weft job. It joins the job through the
+// rendezvous store, connects to every other worker, serves the functions bound
+// in its registry and makes typed calls to the others.
+//
+//   // api.h, shared by every program of the job
+//   inline const weft::Function<Tensor(Tensor, Tensor)> add{"add"};
+//
+//   weft::rpc::Agent agent(weft::rpc::Options::fromEnv());
+//   agent.registry().impl(add, [](Tensor a, Tensor b) { return a + b; });
+//   agent.start();                                        // rendezvous + handshake with every peer
+//   Tensor c = agent.sync("worker1", add, a, b);          // blocks; throws the typed error
+//   weft::Future<Tensor> f = agent.async(1, add, {.timeout = 2s}, a, b);   // by rank, own timeout
+//   agent.shutdown();                                     // graceful: waits for the whole job
+//
+// Calls. async(to, fn, args...) returns at once with a Future; sync(...) is
+// async(...).get(). `to` is a worker's name or rank. The arguments are checked
+// against fn's declared parameters at compile time, converted to them, and
+// encoded on the calling thread before async returns: tensor bytes are then
+// read from the tensor's own storage when the frame is written (no copy, see
+// rpc/frame.h), so do not modify a tensor in place until its call has
+// completed. CallOptions come right after fn: {.timeout = 250ms}; 0 means no
+// timeout; unset means Options::rpcTimeout (60 s by default).
+//
+// What get() throws (common/error.h):
+//   RemoteError          the remote body threw; names the worker, the function and the message
+//                        (a body throwing a typed weft error raises that type instead)
+//   TimeoutError         no reply within the timeout: names the worker, the function and the
+//                        time waited. The callee is sent a cancel, and a reply arriving later
+//                        is dropped
+//   DisconnectedError    the peer's connection dropped or its process died (pending calls fail
+//                        within a heartbeat interval, at once on a closed socket); later calls
+//                        to that peer fail at once. Other peers are unaffected
+//   NotFoundError        the callee has no such function, or `to` names no worker
+//   ProtocolError        the arguments or the result did not decode as declared (names the
+//                        function and the argument), or the peer broke the protocol
+//   InvalidArgumentError an argument cannot be sent (a CUDA tensor, a value over the limits)
+//   StateError           the agent is not started, or is shutting down
+//
+// Threads. One loop thread (rpc/uv_loop.h) owns the sockets, the timers and
+// the handshake; a pool of Options::numWorkerThreads threads runs the bodies of
+// registered functions. A caller's frame is written by the calling thread when
+// the connection has nothing queued (no hop through the loop on the latency
+// path); otherwise it joins the queue, and the loop writes queued frames
+// together in one writev (coalescing: many small calls cost one system call).
+// Continuations attached to a call's future before it completes run on the loop
+// thread: keep them short and never block in them (call sync() there and the
+// loop waits for itself). Chaining a nested async() in a continuation is fine.
+//
+// Start. start() registers this worker in the store (served by rank 0 on this
+// agent's loop), checks that the name and rank are unique and that every
+// worker agrees on the world size (each a clear error), then connects to every
+// peer: a worker initiates the connection to each lower rank and accepts one
+// from each higher rank. Each connection begins with a Hello/Welcome handshake
+// (protocol version, name, rank, world size, token: rpc/protocol.capnp). It
+// returns once every peer is connected, or throws TimeoutError naming the
+// workers still missing after Options::storeTimeout.
+//
+// Failures. A peer silent for heartbeatMisses heartbeat intervals is declared
+// dead; a closed or reset socket is noticed at once. Bytes that break the
+// protocol (garbage, a truncated or oversized frame, a wrong version or token,
+// a connection that never says Hello) cost only that connection: it is closed,
+// its pending calls fail, one line is logged, and the agent keeps serving.
+//
+// Shutdown. shutdown() is graceful by default: a barrier led by rank 0 (see
+// rpc/protocol.capnp, ShutdownJoin) waits until no worker has a call in flight,
+// then every worker closes. Peers that died or never joined within the timeout
+// are reported in ShutdownReport::missing (and logged); it never hangs.
+// shutdown({.graceful = false}) closes at once, failing every pending call with
+// CancelledError on this side and DisconnectedError on the peers'. Calls made
+// after shutdown() began fail with StateError; incoming calls keep being served
+// until the barrier completes. The destructor of a started agent that was not
+// shut down performs a non-graceful shutdown and logs a warning.
+//
+// Thread-safety: after start(), every method may be called from any thread,
+// including from handler bodies (which should prefer async() to sync()).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "common/error.h"
+#include "common/future.h"
+#include "rpc/codec.h"
+#include "rpc/frame.h"
+#include "rpc/function.h"
+#include "rpc/options.h"
+#include "rpc/registry.h"
+
+namespace weft::rpc {
+
+class StoreClient;
+class UvLoop;
+
+struct CallOptions {
+  // Unset: Options::rpcTimeout. Zero: no timeout.
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
+};
+
+struct WorkerInfo {
+  std::string name;
+  int rank = -1;
+};
+
+// A worker named by rank or by name.
+class WorkerRef {
+ public:
+  WorkerRef(int rank) : rank_(rank) {}  // NOLINT: implicit by design
+  WorkerRef(std::string name) : name_(std::move(name)) {}  // NOLINT
+  WorkerRef(const char* name) : name_(name) {}  // NOLINT
+  WorkerRef(std::string_view name) : name_(name) {}  // NOLINT
+  WorkerRef(const WorkerInfo& w) : rank_(w.rank) {}  // NOLINT
+
+  bool byRank() const { return rank_ >= 0 || name_.empty(); }
+  int rank() const { return rank_; }
+  const std::string& name() const { return name_; }
+  std::string toString() const { return byRank() ? "rank " + std::to_string(rank_) : "'" + name_ + "'"; }
+
+ private:
+  int rank_ = -1;
+  std::string name_;
+};
+
+struct ShutdownOptions {
+  bool graceful = true;
+  // How long the graceful barrier may take; unset: Options::shutdownTimeout.
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
+};
+
+struct ShutdownReport {
+  bool graceful = true;
+  // Workers the barrier did not hear from: dead, or not joined before the timeout.
+  std::vector<std::string> missing;
+  bool clean() const { return missing.empty(); }
+};
+
+struct AgentStats {
+  size_t pendingOutgoing = 0;   // calls sent and not yet answered, timed out or failed
+  size_t activeIncoming = 0;    // calls received and not yet answered or dropped
+  uint64_t callsSent = 0;
+  uint64_t callsServed = 0;     // responses sent
+  uint64_t timeouts = 0;        // calls that failed with TimeoutError
+  uint64_t lateResponses = 0;   // responses for calls no longer pending, dropped
+  uint64_t cancelsReceived = 0;
+  uint64_t connectionsRejected = 0;  // closed for a protocol violation or a failed handshake
+  uint64_t writeSyscalls = 0;   // writev calls (frames / writeSyscalls = coalescing)
+  uint64_t framesWritten = 0;
+  size_t liveConnections = 0;
+};
+
+namespace detail {
+
+// Receives the outcome of one outgoing call; built by Agent::async for the
+// declared result type. Exactly one of complete/fail is called, on the loop
+// thread or the thread that failed the call.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  virtual void complete(const IncomingFrame& frame, wire::Value::Reader value) = 0;
+  virtual void fail(Status status) = 0;
+  virtual void failWith(std::exception_ptr error) = 0;
+};
+
+template <class R>
+class TypedSink final : public ResponseSink {
+ public:
+  TypedSink(Promise<R> promise, const std::string& function) : promise_(std::move(promise)), function_(function) {}
+  void complete(const IncomingFrame& frame, wire::Value::Reader value) override {
+    try {
+      if constexpr (std::is_void_v<R>) {
+        if (value.which() != wire::Value::NONE) {
+          throw ProtocolError(function_ + ": result: expected none, got " + describeKind(value));
+        }
+        promise_.trySetValue();
+      } else {
+        DecodeContext dec(frame);
+        promise_.trySetValue(decodeResult<R>(function_, value, dec));
+      }
+    } catch (const kj::Exception& e) {
+      promise_.trySetError(Status::protocol(function_ + ": result: malformed value: " + e.getDescription().cStr()));
+    } catch (...) {
+      promise_.trySetError(std::current_exception());
+    }
+  }
+  void fail(Status status) override { promise_.trySetError(std::move(status)); }
+  void failWith(std::exception_ptr error) override { promise_.trySetError(std::move(error)); }
+
+ private:
+  Promise<R> promise_;
+  const std::string& function_;  // the Function's name; the Function outlives its calls
+};
+
+}  // namespace detail
+
+class Agent {
+ public:
+  // Validates options (InvalidArgumentError) and starts the loop thread;
+  // nothing touches the network before start().
+  explicit Agent(Options options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  Registry& registry();
+  const Options& options() const;
+
+  // See "Start" above. Once only (StateError otherwise).
+  void start();
+  bool started() const;
+
+  const std::string& name() const;
+  int rank() const;
+  int worldSize() const;
+  // Every worker of the job, this one included, ordered by rank. After start().
+  std::vector<WorkerInfo> workers() const;
+  // The worker `to` names; NotFoundError when none does.
+  WorkerInfo worker(const WorkerRef& to) const;
+  // False once the connection to that worker has failed (always true for self).
+  bool isAlive(const WorkerRef& to) const;
+  // "host:port" this agent's RPC listener is bound to. After start().
+  std::string listenAddress() const;
+  uint16_t listenPort() const;
+
+  template <class R, class... A>
+  Future<R> async(const WorkerRef& to, const Function<R(A...)>& fn,
+                  std::type_identity_t<const std::decay_t<A>&>... args) {
+    return async(to, fn, CallOptions{}, args...);
+  }
+  template <class R, class... A>
+  Future<R> async(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
+                  std::type_identity_t<const std::decay_t<A>&>... args);
+
+  template <class R, class... A>
+  R sync(const WorkerRef& to, const Function<R(A...)>& fn, std::type_identity_t<const std::decay_t<A>&>... args) {
+    return async(to, fn, CallOptions{}, args...).get();
+  }
+  template <class R, class... A>
+  R sync(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
+         std::type_identity_t<const std::decay_t<A>&>... args) {
+    return async(to, fn, opts, args...).get();
+  }
+
+  // See "Shutdown" above. Idempotent: a second call returns the first report.
+  ShutdownReport shutdown(ShutdownOptions opts = {});
+
+  AgentStats stats() const;
+
+  // The rendezvous store this agent joined through (for process groups and
+  // other layers that rendezvous). After start().
+  StoreClient& store();
+  UvLoop& loop();
+
+ private:
+  class Impl;
+
+  // Sends a call whose message in `writer` has its arguments encoded; fills in
+  // the envelope and hands the outcome to sink. Never throws: every failure
+  // (unknown worker, agent not started, peer dead) goes to the sink.
+  void sendCall(const WorkerRef& to, const std::string& function, uint64_t functionId, const CallOptions& opts,
+                FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- implementation -------------------------------------------------------------
+
+template <class R, class... A>
+Future<R> Agent::async(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
+                       std::type_identity_t<const std::decay_t<A>&>... args) {
+  Promise<R> promise;
+  Future<R> result = promise.getFuture();
+  auto sink = std::make_unique<detail::TypedSink<R>>(std::move(promise), fn.name());
+  try {
+    FrameWriter writer;
+    auto call = writer.message().initCall();
+    EncodeContext enc(writer);
+    encodeArguments(enc, call.initArgs(sizeof...(A)), args...);
+    sendCall(to, fn.name(), fn.id(), opts, writer, std::move(sink));
+  } catch (...) {
+    // Encoding failed before sendCall took the sink (which never throws after).
+    if (!sink) throw;
+    sink->failWith(std::current_exception());
+  }
+  return result;
+}
+
+}  // namespace weft::rpc

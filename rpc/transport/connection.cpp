@@ -1,0 +1,424 @@
+#include "rpc/transport/connection.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/logging.h"
+#include "rpc/socket_address.h"
+#include "rpc/thread_pool.h"
+
+namespace weft::rpc::transport {
+
+namespace {
+
+thread_local WriteBatch* tlsBatch = nullptr;
+
+// Spans per writev; IOV_MAX is 1024 on Linux.
+constexpr size_t kMaxIov = 1024;
+// Reads per readable callback before other connections get their turn.
+constexpr int kReadsPerWakeup = 64;
+
+OutgoingFrame abortFrame(const Status& why) {
+  FrameWriter writer(64);
+  auto abort = writer.message().initAbort();
+  abort.setCode(static_cast<wire::StatusCode>(static_cast<uint16_t>(why.code())));
+  abort.setMessage(why.message());
+  return std::move(writer).finish();
+}
+
+}  // namespace
+
+// ---- WriteBatch ------------------------------------------------------------------
+
+WriteBatch::WriteBatch() : outermost_(tlsBatch == nullptr) {
+  if (outermost_) tlsBatch = this;
+}
+
+WriteBatch::~WriteBatch() {
+  if (!outermost_) return;
+  // Flushing may run code that sends again (nothing does today, but stay safe):
+  // take the list first.
+  while (!connections_.empty()) {
+    auto list = std::move(connections_);
+    connections_.clear();
+    for (auto& c : list) c->flushFromLoop();
+  }
+  tlsBatch = nullptr;
+}
+
+WriteBatch* WriteBatch::current() { return tlsBatch; }
+
+void WriteBatch::add(std::shared_ptr<Connection> connection) { tlsBatch->connections_.push_back(std::move(connection)); }
+
+// ---- Connection ------------------------------------------------------------------
+
+std::shared_ptr<Connection> Connection::create(UvLoop& loop, int fd, FrameLimits limits, Handlers handlers,
+                                               std::string description, TransportCounters* counters) {
+  WEFT_CHECK(fd >= 0) << "Connection::create with fd " << fd;
+  int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  detectDeadPeers(fd);
+  return std::shared_ptr<Connection>(
+      new Connection(loop, fd, limits, std::move(handlers), std::move(description), counters));
+}
+
+std::shared_ptr<Connection> Connection::loopback(UvLoop& loop, FrameLimits limits, Handlers handlers,
+                                                 std::string description) {
+  return std::shared_ptr<Connection>(new Connection(loop, -1, limits, std::move(handlers), std::move(description),
+                                                    nullptr));
+}
+
+Connection::Connection(UvLoop& loop, int fd, FrameLimits limits, Handlers handlers, std::string description,
+                       TransportCounters* counters)
+    : loop_(loop),
+      fd_(fd),
+      description_(std::move(description)),
+      counters_(counters),
+      handlers_(std::move(handlers)),
+      decoder_(limits),
+      fdOwned_(fd >= 0),
+      lastReceived_(std::chrono::steady_clock::now()) {}
+
+Connection::~Connection() {
+  // Normally closed through closeNow on the loop (which closes the fd in the
+  // poll handle's close callback, or here below when it never had one).
+  if (fdOwned_) ::close(fd_);
+}
+
+void Connection::start() {
+  WEFT_CHECK(loop_.inLoopThread()) << "Connection::start off the loop thread";
+  WEFT_CHECK(!started_) << "Connection::start twice";
+  started_ = true;
+  lastReceived_ = std::chrono::steady_clock::now();
+  if (fd_ < 0) return;
+  poll_ = new uv_poll_s;
+  int rc = uv_poll_init(loop_.raw(), poll_, fd_);
+  if (rc != 0) {
+    delete poll_;
+    poll_ = nullptr;
+    closeNow(Status::disconnected(description_ + ": cannot watch the socket: " + uv_strerror(rc)));
+    return;
+  }
+  poll_->data = this;
+  std::unique_lock<std::mutex> lock(writeMutex_);
+  updatePollLocked();
+}
+
+void Connection::setDescription(std::string description) {
+  std::lock_guard<std::mutex> lock(writeMutex_);
+  description_ = std::move(description);
+}
+
+bool Connection::closed() const {
+  std::lock_guard<std::mutex> lock(writeMutex_);
+  return closed_;
+}
+
+uint64_t Connection::queuedBytes() const {
+  std::lock_guard<std::mutex> lock(writeMutex_);
+  return queuedBytes_;
+}
+
+bool Connection::send(OutgoingFrame frame) {
+  if (fd_ < 0) {
+    {
+      std::lock_guard<std::mutex> lock(writeMutex_);
+      if (closed_ || closing_) return false;
+    }
+    std::vector<std::byte> bytes;
+    bytes.reserve(frame.byteSize());
+    frame.appendTo(bytes);
+    return loop_.post([self = shared_from_this(), bytes = std::move(bytes)]() mutable {
+      self->deliverLoopback(std::move(bytes));
+    });
+  }
+  std::unique_lock<std::mutex> lock(writeMutex_);
+  if (closed_ || closing_) return false;
+  queuedBytes_ += frame.byteSize();
+  queue_.push_back(std::move(frame));
+  if (awaitingWritable_ || inBatch_ || flushPosted_) return true;  // someone will write it
+  if (WriteBatch* batch = WriteBatch::current(); batch != nullptr && loop_.inLoopThread()) {
+    inBatch_ = true;
+    lock.unlock();
+    batch->add(shared_from_this());
+    return true;
+  }
+  if (ThreadPool::underLoad()) {
+    flushPosted_ = true;
+    lock.unlock();
+    if (!loop_.post([self = shared_from_this()] { self->flushFromLoop(); })) {
+      lock.lock();
+      flushPosted_ = false;
+      flushLocked(lock);
+    }
+    return true;
+  }
+  flushLocked(lock);
+  return true;
+}
+
+void Connection::flushFromLoop() {
+  std::unique_lock<std::mutex> lock(writeMutex_);
+  inBatch_ = false;
+  flushPosted_ = false;
+  if (closed_ || awaitingWritable_) return;
+  flushLocked(lock);
+}
+
+void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
+  iovec iov[kMaxIov];
+  while (!queue_.empty() && !closed_) {
+    size_t n = 0;
+    for (size_t f = 0; f < queue_.size() && n < kMaxIov; ++f) {
+      auto spans = queue_[f].spans();
+      for (size_t s = (f == 0 ? frontSpan_ : 0); s < spans.size() && n < kMaxIov; ++s) {
+        size_t skip = (f == 0 && s == frontSpan_) ? frontOffset_ : 0;
+        if (spans[s].size() <= skip) continue;
+        iov[n].iov_base = const_cast<std::byte*>(spans[s].data()) + skip;
+        iov[n].iov_len = spans[s].size() - skip;
+        ++n;
+      }
+    }
+    if (n == 0) {  // only empty spans left: every queued frame is complete
+      if (counters_) counters_->framesWritten.fetch_add(queue_.size(), std::memory_order_relaxed);
+      queue_.clear();
+      queuedBytes_ = 0;
+      frontSpan_ = frontOffset_ = 0;
+      break;
+    }
+    ssize_t w = ::writev(fd_, iov, static_cast<int>(n));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!awaitingWritable_) {
+          awaitingWritable_ = true;
+          if (loop_.inLoopThread()) {
+            updatePollLocked();
+          } else {
+            lock.unlock();
+            loop_.post([self = shared_from_this()] {
+              std::unique_lock<std::mutex> l(self->writeMutex_);
+              self->updatePollLocked();
+            });
+            lock.lock();
+          }
+        }
+        return;
+      }
+      int err = errno;
+      std::string why = description_ + ": write failed: " + std::strerror(err);
+      lock.unlock();
+      if (loop_.inLoopThread()) {
+        closeNow(Status::disconnected(why));
+      } else {
+        loop_.post([self = shared_from_this(), why] { self->closeNow(Status::disconnected(why)); });
+      }
+      lock.lock();
+      return;
+    }
+    if (counters_) {
+      counters_->writeSyscalls.fetch_add(1, std::memory_order_relaxed);
+      counters_->bytesWritten.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
+    }
+    // Advance through the queue by w bytes, releasing finished frames.
+    size_t left = static_cast<size_t>(w);
+    uint64_t done = 0;
+    while (!queue_.empty()) {
+      auto spans = queue_.front().spans();
+      while (frontSpan_ < spans.size()) {
+        size_t rest = spans[frontSpan_].size() - frontOffset_;
+        if (left < rest) {
+          frontOffset_ += left;
+          left = 0;
+          break;
+        }
+        left -= rest;
+        ++frontSpan_;
+        frontOffset_ = 0;
+      }
+      if (frontSpan_ < spans.size()) break;
+      queuedBytes_ -= queue_.front().byteSize();
+      queue_.pop_front();
+      frontSpan_ = 0;
+      frontOffset_ = 0;
+      ++done;
+    }
+    if (counters_) counters_->framesWritten.fetch_add(done, std::memory_order_relaxed);
+  }
+  if (queue_.empty()) afterDrainLocked();
+}
+
+void Connection::afterDrainLocked() {
+  if (closing_ && !halfClosed_ && fd_ >= 0 && !closed_) {
+    halfClosed_ = true;
+    ::shutdown(fd_, SHUT_WR);
+  }
+}
+
+void Connection::updatePollLocked() {
+  if (poll_ == nullptr || closed_) return;
+  bool wantWritable = awaitingWritable_;
+  int events = UV_READABLE | (wantWritable ? UV_WRITABLE : 0);
+  pollWritable_ = wantWritable;
+  uv_poll_start(poll_, events, &Connection::onPoll);
+}
+
+void Connection::onPoll(uv_poll_s* handle, int status, int events) {
+  auto* self = static_cast<Connection*>(handle->data);
+  auto keep = self->shared_from_this();
+  if (status < 0) {
+    // An error on the socket (ECONNRESET and the like): read it out through
+    // read() so the status names it, or report the poll error.
+    if (status != UV_EBADF) {
+      self->onReadable();
+      if (!self->closed()) self->closeNow(Status::disconnected(self->description_ + ": " + uv_strerror(status)));
+    }
+    return;
+  }
+  if (events & UV_WRITABLE) self->onWritable();
+  if ((events & UV_READABLE) && !self->closed()) self->onReadable();
+}
+
+void Connection::onWritable() {
+  std::unique_lock<std::mutex> lock(writeMutex_);
+  awaitingWritable_ = false;
+  flushLocked(lock);
+  if (!closed_ && pollWritable_ != awaitingWritable_) updatePollLocked();
+}
+
+void Connection::onReadable() {
+  WriteBatch batch;
+  lastReceived_ = std::chrono::steady_clock::now();
+  for (int i = 0; i < kReadsPerWakeup; ++i) {
+    if (closed()) return;
+    std::span<std::byte> dst = decoder_.prepareRead();
+    ssize_t n = ::read(fd_, dst.data(), dst.size());
+    if (n > 0) {
+      if (counters_) counters_->bytesRead.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      Status s = decoder_.commitRead(static_cast<size_t>(n));
+      deliverFrames();
+      if (!s.ok()) {
+        fail(Status::protocol(description_ + ": " + s.message()));
+        return;
+      }
+      if (static_cast<size_t>(n) < dst.size()) return;  // drained
+      continue;
+    }
+    if (n == 0) {
+      Status end = decoder_.endOfStream();
+      closeNow(end.ok() ? Status::disconnected(description_ + ": connection closed by the peer")
+                        : Status::protocol(description_ + ": " + end.message()));
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    closeNow(Status::disconnected(description_ + ": read failed: " + std::strerror(errno)));
+    return;
+  }
+}
+
+void Connection::deliverFrames() {
+  while (auto frame = decoder_.next()) {
+    if (closeReported_) return;
+    handlers_.onFrame(*this, std::move(*frame));
+  }
+}
+
+void Connection::deliverLoopback(std::vector<std::byte> bytes) {
+  if (closeReported_) return;
+  WriteBatch batch;
+  Status s = decoder_.feed(bytes);
+  deliverFrames();
+  if (!s.ok()) closeNow(Status::protocol(description_ + ": " + s.message()));
+}
+
+void Connection::close(Status why) {
+  if (loop_.inLoopThread()) {
+    closeNow(std::move(why));
+  } else {
+    loop_.post([self = shared_from_this(), why = std::move(why)]() mutable { self->closeNow(std::move(why)); });
+  }
+}
+
+void Connection::fail(Status why) {
+  auto run = [self = shared_from_this(), why = std::move(why)]() mutable {
+    {
+      std::unique_lock<std::mutex> lock(self->writeMutex_);
+      if (self->closed_) return;
+      if (self->fd_ >= 0 && !self->halfClosed_) {
+        // Best effort: whatever is queued, then the abort, without waiting for the socket.
+        self->queue_.push_back(abortFrame(why));
+        self->queuedBytes_ += self->queue_.back().byteSize();
+        self->awaitingWritable_ = false;
+        self->flushLocked(lock);
+      }
+    }
+    self->closeNow(std::move(why));
+  };
+  if (loop_.inLoopThread()) {
+    run();
+  } else {
+    loop_.post(std::move(run));
+  }
+}
+
+void Connection::closeGracefully() {
+  auto run = [self = shared_from_this()] {
+    std::unique_lock<std::mutex> lock(self->writeMutex_);
+    if (self->closed_ || self->closing_) return;
+    self->closing_ = true;
+    if (self->fd_ < 0) {
+      lock.unlock();
+      self->closeNow(Status::disconnected(self->description_ + ": closed"));
+      return;
+    }
+    if (self->queue_.empty()) self->afterDrainLocked();
+  };
+  if (loop_.inLoopThread()) {
+    run();
+  } else {
+    loop_.post(std::move(run));
+  }
+}
+
+void Connection::closeNow(Status why) {
+  WEFT_CHECK(loop_.inLoopThread()) << "Connection::closeNow off the loop thread";
+  {
+    std::lock_guard<std::mutex> lock(writeMutex_);
+    if (closed_) return;
+    closed_ = true;
+    queue_.clear();
+    queuedBytes_ = 0;
+  }
+  if (poll_ != nullptr) {
+    fdOwned_ = false;  // the close callback closes it
+    uv_poll_stop(poll_);
+    poll_->data = reinterpret_cast<void*>(static_cast<intptr_t>(fd_));
+    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) {
+      int fd = static_cast<int>(reinterpret_cast<intptr_t>(h->data));
+      ::close(fd);
+      delete reinterpret_cast<uv_poll_s*>(h);
+    });
+    poll_ = nullptr;
+  } else if (fdOwned_) {
+    fdOwned_ = false;
+    ::close(fd_);
+  }
+  if (!closeReported_) {
+    closeReported_ = true;
+    auto keep = shared_from_this();
+    if (handlers_.onClosed) handlers_.onClosed(*this, why);
+  }
+}
+
+}  // namespace weft::rpc::transport
