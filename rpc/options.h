@@ -86,7 +86,9 @@ struct Options {
   int heartbeatMisses = 5;
   // Shared secret every handshake must present; empty disables the check.
   std::string authToken;
-  log::Level logLevel = log::Level::Warn;
+  // Applied by Agent::start(). Defaults to the level the process already has
+  // (WEFT_LOG_LEVEL, else warn).
+  log::Level logLevel = log::level();
 
   // Reads the environment as described above, then validate()s. Throws
   // InvalidArgumentError naming the variable at fault.

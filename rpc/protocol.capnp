@@ -129,7 +129,8 @@ struct Hello {
   # process; a restarted process may reuse it (see `incarnation`).
 
   rank @2 :UInt32;
-  # The initiator's rank, in [0, worldSize).
+  # The initiator's rank, in [0, worldSize). weft's Agent connects each worker to every lower
+  # rank, so its acceptor also requires this rank to be above its own and not yet connected.
 
   worldSize @3 :UInt32;
   # How many workers the initiator believes the job has; must equal the acceptor's.
