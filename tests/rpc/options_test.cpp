@@ -23,7 +23,7 @@ const char* const kAllVariables[] = {
     "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "WEFT_MASTER_ADDR", "WEFT_MASTER_PORT", "MASTER_ADDR", "MASTER_PORT", "WEFT_WORKER_NAME", "WEFT_LISTEN_ADDR",
     "WEFT_LISTEN_PORT", "WEFT_NUM_WORKER_THREADS", "WEFT_RPC_TIMEOUT", "WEFT_STORE_TIMEOUT", "WEFT_RPC_TOKEN",
-    "WEFT_LOG_LEVEL",
+    "WEFT_LOG_LEVEL", "WEFT_SHUTDOWN_TIMEOUT", "WEFT_HEARTBEAT_INTERVAL", "WEFT_HEARTBEAT_MISSES",
 };
 
 // Sets exactly the given variables among those fromEnv reads (all others
@@ -207,6 +207,28 @@ TEST_CASE("the optional WEFT_ settings are read") {
 TEST_CASE("a tiny positive timeout is rounded up, never to 'no timeout'") {
   ScopedEnv env({{"WEFT_RPC_TIMEOUT", "0.0001"}});
   CHECK(Options::fromEnv().rpcTimeout == 1ms);
+}
+
+TEST_CASE("the shutdown and heartbeat settings are read and checked") {
+  {
+    ScopedEnv env({{"WEFT_SHUTDOWN_TIMEOUT", "7.5"}, {"WEFT_HEARTBEAT_INTERVAL", "0.25"}, {"WEFT_HEARTBEAT_MISSES", "3"}});
+    Options opt = Options::fromEnv();
+    CHECK(opt.shutdownTimeout == 7500ms);
+    CHECK(opt.heartbeatInterval == 250ms);
+    CHECK(opt.heartbeatMisses == 3);
+  }
+  {
+    ScopedEnv env({{"WEFT_HEARTBEAT_MISSES", "1"}});
+    CHECK(contains(fromEnvError(), "WEFT_HEARTBEAT_MISSES"));
+  }
+  {
+    ScopedEnv env({{"WEFT_SHUTDOWN_TIMEOUT", "0"}});
+    CHECK(contains(fromEnvError(), "shutdownTimeout"));
+  }
+  {
+    ScopedEnv env({{"WEFT_HEARTBEAT_INTERVAL", "soon"}});
+    CHECK(contains(fromEnvError(), "WEFT_HEARTBEAT_INTERVAL='soon'"));
+  }
 }
 
 TEST_CASE("values that do not parse are errors naming the variable and the value") {
