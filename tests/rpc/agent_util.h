@@ -107,6 +107,24 @@ class AgentGroup {
       if (e) std::rethrow_exception(e);
   }
 
+  // Starts every agent on its own thread and waits; returns each agent's
+  // failure (null where start() succeeded), for tests of start errors.
+  std::vector<std::exception_ptr> startEach() {
+    std::vector<std::exception_ptr> errors(agents_.size());
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < agents_.size(); ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          agents_[r]->start();
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return errors;
+  }
+
   // Shuts every agent down concurrently (a graceful shutdown is a barrier, so
   // the agents of one group must enter it together); returns their reports.
   std::vector<rpc::ShutdownReport> shutdownAll(rpc::ShutdownOptions opts = {}) {
@@ -123,5 +141,17 @@ class AgentGroup {
   uint16_t port_;
   std::vector<std::unique_ptr<rpc::Agent>> agents_;
 };
+
+// Polls pred every millisecond until it holds (true) or the timeout passes
+// (false, after one last look).
+template <class Pred>
+bool eventually(Pred&& pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 }  // namespace weft::testing
