@@ -1,0 +1,189 @@
+// The Agent across real processes on 127.0.0.1 (tests/rpc/helpers/agent_worker.cpp):
+// a worker killed with SIGKILL in the middle of calls made to it, and jobs started
+// through the built weftrun, one of whose ranks fails. Every wait is bounded and
+// every process is checked to be gone at the end.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rpc/agent_util.h"
+#include "tools/subprocess.h"
+
+using namespace std::chrono_literals;
+using weft::testing::freePort;
+using weft::testing::processGone;
+using weft::testing::Subprocess;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The number following each occurrence of `label` in text ("pid 4711" -> 4711
+// for label "pid "), in order; a fraction is cut at its point.
+std::vector<long long> numbersAfter(const std::string& text, const std::string& label) {
+  std::vector<long long> out;
+  for (size_t pos = text.find(label); pos != std::string::npos; pos = text.find(label, pos + 1)) {
+    size_t start = pos + label.size();
+    size_t end = start;
+    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+    if (end > start) out.push_back(std::stoll(text.substr(start, end - start)));
+  }
+  return out;
+}
+
+// The text after `label` up to the end of its line.
+std::string restOfLine(const std::string& text, const std::string& label) {
+  size_t pos = text.find(label);
+  if (pos == std::string::npos) return {};
+  size_t start = pos + label.size();
+  return text.substr(start, text.find('\n', start) - start);
+}
+
+// Settings every worker of these tests gets: short bounds, fast failure detection.
+std::vector<std::string> commonEnv() {
+  return {"WEFT_HEARTBEAT_INTERVAL=0.5", "WEFT_SHUTDOWN_TIMEOUT=5", "WEFT_STORE_TIMEOUT=20",
+          "WEFT_RPC_TIMEOUT=30", "WEFT_NUM_WORKER_THREADS=2"};
+}
+
+// The environment of rank `rank` of `world` whose store is at 127.0.0.1:port.
+std::vector<std::string> rankEnv(int rank, int world, uint16_t port) {
+  std::vector<std::string> env = commonEnv();
+  for (std::string v : {"WEFT_RANK=" + std::to_string(rank), "WEFT_WORLD_SIZE=" + std::to_string(world),
+                        "WEFT_LOCAL_RANK=" + std::to_string(rank), std::string("WEFT_MASTER_ADDR=127.0.0.1"),
+                        "WEFT_MASTER_PORT=" + std::to_string(port)}) {
+    env.push_back(v);
+  }
+  return env;
+}
+
+// "[r] rank r ", how weftrun --tag-output shows rank r's lines of agent_worker.
+// (Built with append: GCC 12 warns falsely, -Wrestrict, on "[" + std::string.)
+std::string tagged(int rank) {
+  std::string r = std::to_string(rank);
+  return std::string("[").append(r).append("] rank ").append(r).append(" ");
+}
+
+// "ring ok next worker<n>", the line rank r of a ring prints about its successor.
+std::string ringLine(int rank, int world) {
+  return std::string("ring ok next worker").append(std::to_string((rank + 1) % world));
+}
+
+long long steadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedError within 2 s, keep serving each "
+          "other and shut down cleanly") {
+  constexpr int kWorld = 3;
+  const uint16_t port = freePort();
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int r = 0; r < kWorld; ++r) {
+    procs.push_back(std::make_unique<Subprocess>(std::vector<std::string>{AGENT_WORKER_PATH, "kill"},
+                                                 rankEnv(r, kWorld, port)));
+  }
+  Subprocess& victim = *procs[kWorld - 1];
+
+  // Both survivors' calls are being served by the victim when it dies.
+  bool serving = victim.readUntil(
+      [](const std::string& out, const std::string&) {
+        return contains(out, "serving hang from worker0\n") && contains(out, "serving hang from worker1\n");
+      },
+      30s);
+  if (!serving) {
+    for (auto& p : procs) {
+      auto r = p->wait(1s);
+      INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+      CHECK(false);
+    }
+  }
+  REQUIRE(serving);
+  CHECK(contains(victim.out(), "rank 2 victim ready"));
+
+  long long killedAtNs = steadyNowNs();
+  REQUIRE(::kill(victim.pid(), SIGKILL) == 0);
+  auto v = victim.wait(10s);
+  CHECK(v.signal == SIGKILL);
+
+  for (int r = 0; r < kWorld - 1; ++r) {
+    CAPTURE(r);
+    Subprocess& p = *procs[static_cast<size_t>(r)];
+    auto res = p.wait(20s);
+    INFO("stdout:\n" << res.out << "\nstderr:\n" << res.err);
+    CHECK_FALSE(res.timedOut);
+    CHECK(res.exitCode == 0);
+    CHECK(contains(res.out, "rank " + std::to_string(r) + " pid "));
+    CHECK(contains(res.out, "calling"));
+
+    // The pending call failed within 2 s of the kill (both clocks are CLOCK_MONOTONIC).
+    std::vector<long long> at = numbersAfter(res.out, "disconnected at_ns ");
+    REQUIRE(at.size() == 1);
+    double afterKill = static_cast<double>(at[0] - killedAtNs) / 1e9;
+    MESSAGE("rank " << r << ": pending call failed " << afterKill * 1000 << " ms after the kill");
+    CHECK(afterKill >= 0);
+    CHECK(afterKill < 2.0);
+    CHECK(contains(restOfLine(res.out, "disconnected at_ns "), "worker2"));
+
+    // Later calls fail at once, and the victim no longer counts as alive.
+    std::vector<long long> laterUs = numbersAfter(res.out, "later DisconnectedError in_us ");
+    REQUIRE(laterUs.size() == 1);
+    CHECK(laterUs[0] < 100000);
+    CHECK(contains(res.out, "alive 0\n"));
+
+    // The survivors served each other: 0 + 1 + ... + 99.
+    CHECK(numbersAfter(res.out, "peer sum ") == std::vector<long long>{4950});
+
+    // Graceful shutdown names the dead worker and finishes within its 5 s timeout.
+    std::string shutdown = restOfLine(res.out, "shutdown graceful ");
+    CHECK(contains(shutdown, "1 missing worker2 seconds "));
+    std::string seconds = restOfLine(res.out, " seconds ");
+    REQUIRE_FALSE(seconds.empty());
+    CHECK(std::stod(seconds) < 5.5);
+  }
+  for (auto& p : procs) CHECK(processGone(p->pid(), 5s));
+}
+
+TEST_CASE("a job of three agents started by weftrun calls around the ring and shuts down cleanly") {
+  Subprocess run({WEFTRUN_PATH, "-n", "3", "--tag-output", AGENT_WORKER_PATH, "ring"}, commonEnv());
+  auto r = run.wait(60s);
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK_FALSE(r.timedOut);
+  CHECK(r.exitCode == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(contains(r.out, tagged(rank) + ringLine(rank, 3) + "\n"));
+    CHECK(contains(r.out, tagged(rank) + "shutdown clean 1\n"));
+  }
+  std::vector<long long> pids = numbersAfter(r.out, " pid ");
+  CHECK(pids.size() == 3);
+  for (long long pid : pids) CHECK(processGone(static_cast<pid_t>(pid), 5s));
+}
+
+TEST_CASE("when one agent of a weftrun job fails, weftrun stops the others and exits with that rank's status") {
+  Subprocess run({WEFTRUN_PATH, "-n", "3", "--tag-output", "--grace-period", "5", AGENT_WORKER_PATH, "fail", "1", "7"},
+                 commonEnv());
+  auto r = run.wait(60s);
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK_FALSE(r.timedOut);
+  CHECK(r.exitCode == 7);
+  CHECK(r.seconds < 15);  // the waiting ranks were stopped, not waited for
+  CHECK(contains(r.out, "[1] rank 1 failing with code 7\n"));
+  CHECK(contains(r.out, "[0] rank 0 waiting\n"));
+  CHECK(contains(r.out, "[2] rank 2 waiting\n"));
+  CHECK_FALSE(contains(r.out, "was not stopped"));
+  CHECK(contains(r.err, "rank 1"));
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(contains(r.out, tagged(rank) + ringLine(rank, 3)));
+  }
+  std::vector<long long> pids = numbersAfter(r.out, " pid ");
+  CHECK(pids.size() == 3);
+  for (long long pid : pids) CHECK(processGone(static_cast<pid_t>(pid), 5s));
+}

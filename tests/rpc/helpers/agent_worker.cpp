@@ -1,0 +1,186 @@
+// A program for the Agent's multiprocess tests: one process of a weft job, which
+// finds its place in the job through rpc::Options::fromEnv (as a real program
+// does) and plays the part its scenario names. It prints one line per event, in
+// a form the tests parse ("key value" pairs after a fixed phrase).
+//
+//   weftrun -n 3 agent_worker ring              # every rank calls the next, then all shut down
+//   WEFT_RANK=0 WEFT_WORLD_SIZE=3 ... agent_worker kill
+//
+// Scenarios:
+//   ring              calls echo and whoami on the next rank (round robin), prints
+//                     "rank R ring ok next <name>", shuts down gracefully, prints
+//                     "rank R shutdown clean <0|1>"; exits 0 when clean
+//   kill              the last rank is the victim: it prints "rank R victim ready"
+//                     and sleeps (a test kills it with SIGKILL while it serves).
+//                     The others each call `hang` on the victim (its body prints
+//                     "serving hang from <caller>" and sleeps), print "calling",
+//                     and when the call fails print
+//                       "disconnected at_ns <steady clock ns> after_ms <ms since the call>: <message>"
+//                     then call the victim again and print
+//                       "later DisconnectedError in_us <us>"
+//                     and "alive <0|1>" (whether the agent still counts it alive),
+//                     call each other 100 times ("peer sum <sum of the echoes>"),
+//                     shut down gracefully and print
+//                       "shutdown graceful <0|1> missing <names, comma-separated> seconds <s>"
+//   fail <rank> <code>  like ring; the others print "rank R waiting"; after a store
+//                     barrier of all ranks, rank <rank> prints "rank R failing with code C"
+//                     and returns C from main (the agent's destructor closes it) while
+//                     the others sleep, to be stopped by the launcher
+// Every rank first prints "rank R pid P started". Every wait is bounded (60 s at
+// most), so a broken agent cannot leave a process running for long. Errors print
+// one line to stderr and exit non-zero.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "common/error.h"
+#include "common/future.h"
+#include "rpc/agent.h"
+#include "rpc/options.h"
+#include "rpc/store.h"
+
+namespace {
+
+using namespace weft;
+using namespace weft::rpc;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const Function<int64_t(int64_t)> echo{"echo"};
+const Function<std::string()> whoami{"whoami"};
+const Function<int32_t(int32_t)> hang{"hang"};
+
+void say(const std::string& line) {
+  std::string text = line + "\n";
+  ssize_t unused = ::write(STDOUT_FILENO, text.data(), text.size());
+  (void)unused;
+}
+
+std::string prefix(const Agent& agent) { return "rank " + std::to_string(agent.rank()) + " "; }
+
+// Binds the functions every scenario serves.
+void bindAll(Agent& agent) {
+  agent.registry().impl(echo, [](int64_t v) { return v; });
+  agent.registry().impl(whoami, [&agent] { return agent.name(); });
+  agent.registry().impl(hang, [](const CallContext& ctx, int32_t ms) {
+    say("serving hang from " + ctx.callerName);
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return ms;
+  });
+}
+
+void startAgent(Agent& agent) {
+  bindAll(agent);
+  agent.start();
+  say(prefix(agent) + "pid " + std::to_string(::getpid()) + " started");
+}
+
+// Calls the next rank; throws on a wrong answer.
+std::string ringCall(Agent& agent) {
+  int next = (agent.rank() + 1) % agent.worldSize();
+  int64_t v = agent.rank() * 1000 + 7;
+  int64_t got = agent.sync(next, echo, v);
+  if (got != v) throw Error("echo from rank " + std::to_string(next) + " returned " + std::to_string(got));
+  return agent.sync(next, whoami);
+}
+
+int ring(Agent& agent) {
+  startAgent(agent);
+  say(prefix(agent) + "ring ok next " + ringCall(agent));
+  ShutdownReport report = agent.shutdown();
+  say(prefix(agent) + "shutdown clean " + std::to_string(report.clean()));
+  return report.clean() ? 0 : 5;
+}
+
+int kill(Agent& agent) {
+  startAgent(agent);
+  const int victim = agent.worldSize() - 1;
+  if (agent.rank() == victim) {
+    say(prefix(agent) + "victim ready");
+    std::this_thread::sleep_for(60s);
+    say(prefix(agent) + "victim was not killed");
+    return 6;
+  }
+
+  auto calledAt = Clock::now();
+  Future<int32_t> pending = agent.async(victim, hang, {.timeout = 0ms}, 30000);
+  say(prefix(agent) + "calling");
+  if (!pending.waitFor(40s)) {
+    say(prefix(agent) + "the call to the victim never failed");
+    return 3;
+  }
+  try {
+    pending.get();
+    say(prefix(agent) + "the call to the victim succeeded");
+    return 3;
+  } catch (const DisconnectedError& e) {
+    auto now = Clock::now();
+    say("disconnected at_ns " +
+        std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()) +
+        " after_ms " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - calledAt).count()) +
+        ": " + e.what());
+  }
+
+  auto laterAt = Clock::now();
+  try {
+    agent.sync(victim, echo, 1);
+    say(prefix(agent) + "a later call to the victim succeeded");
+    return 3;
+  } catch (const DisconnectedError&) {
+    auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - laterAt).count();
+    say("later DisconnectedError in_us " + std::to_string(us));
+  }
+  say(std::string("alive ") + (agent.isAlive(victim) ? "1" : "0"));
+
+  // The survivors keep serving each other.
+  int64_t sum = 0;
+  for (int i = 0; i < agent.worldSize() - 1; ++i) {
+    if (i == agent.rank()) continue;
+    for (int64_t k = 0; k < 100; ++k) sum += agent.sync(i, echo, k);
+  }
+  say("peer sum " + std::to_string(sum));
+
+  auto shutdownAt = Clock::now();
+  ShutdownReport report = agent.shutdown();
+  std::string missing;
+  for (const std::string& m : report.missing) missing += (missing.empty() ? "" : ",") + m;
+  say("shutdown graceful " + std::to_string(report.graceful) + " missing " + (missing.empty() ? "-" : missing) +
+      " seconds " + std::to_string(std::chrono::duration<double>(Clock::now() - shutdownAt).count()));
+  return 0;
+}
+
+int fail(Agent& agent, int failRank, int code) {
+  startAgent(agent);
+  say(prefix(agent) + "ring ok next " + ringCall(agent));
+  if (agent.rank() != failRank) say(prefix(agent) + "waiting");
+  // Nobody fails before every ring call is answered and every line above is out.
+  agent.store().barrier("ring-done", agent.worldSize(), 30s);
+  if (agent.rank() == failRank) {
+    say(prefix(agent) + "failing with code " + std::to_string(code));
+    return code;
+  }
+  std::this_thread::sleep_for(60s);
+  say(prefix(agent) + "was not stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string scenario = argc > 1 ? argv[1] : "";
+  try {
+    Agent agent(Options::fromEnv());
+    if (scenario == "ring") return ring(agent);
+    if (scenario == "kill") return kill(agent);
+    if (scenario == "fail" && argc >= 4) return fail(agent, std::atoi(argv[2]), std::atoi(argv[3]));
+    std::fprintf(stderr, "usage: agent_worker ring|kill|fail <rank> <code>\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "agent_worker %s: %s\n", scenario.c_str(), e.what());
+    return 1;
+  }
+}
