@@ -1,7 +1,7 @@
 // The Agent across real processes on 127.0.0.1 (tests/rpc/helpers/agent_worker.cpp):
-// a worker killed with SIGKILL in the middle of calls made to it, and jobs started
-// through the built weftrun, one of whose ranks fails. Every wait is bounded and
-// every process is checked to be gone at the end.
+// a worker killed with SIGKILL, or stopped with SIGSTOP, in the middle of calls
+// made to it, and jobs started through the built weftrun, one of whose ranks
+// fails. Every wait is bounded and every process is checked to be gone at the end.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -47,15 +47,16 @@ std::string restOfLine(const std::string& text, const std::string& label) {
   return text.substr(start, text.find('\n', start) - start);
 }
 
-// Settings every worker of these tests gets: short bounds, fast failure detection.
-std::vector<std::string> commonEnv() {
-  return {"WEFT_HEARTBEAT_INTERVAL=0.5", "WEFT_SHUTDOWN_TIMEOUT=5", "WEFT_STORE_TIMEOUT=20",
-          "WEFT_RPC_TIMEOUT=30", "WEFT_NUM_WORKER_THREADS=2"};
+// Settings every worker of these tests gets: short bounds, fast failure
+// detection (a silent peer is declared dead after 5 heartbeat intervals).
+std::vector<std::string> commonEnv(const std::string& heartbeatSeconds = "0.5") {
+  return {"WEFT_HEARTBEAT_INTERVAL=" + heartbeatSeconds, "WEFT_HEARTBEAT_MISSES=5", "WEFT_SHUTDOWN_TIMEOUT=5",
+          "WEFT_STORE_TIMEOUT=20", "WEFT_RPC_TIMEOUT=30", "WEFT_NUM_WORKER_THREADS=2"};
 }
 
 // The environment of rank `rank` of `world` whose store is at 127.0.0.1:port.
-std::vector<std::string> rankEnv(int rank, int world, uint16_t port) {
-  std::vector<std::string> env = commonEnv();
+std::vector<std::string> rankEnv(int rank, int world, uint16_t port, const std::string& heartbeatSeconds) {
+  std::vector<std::string> env = commonEnv(heartbeatSeconds);
   for (std::string v : {"WEFT_RANK=" + std::to_string(rank), "WEFT_WORLD_SIZE=" + std::to_string(world),
                         "WEFT_LOCAL_RANK=" + std::to_string(rank), std::string("WEFT_MASTER_ADDR=127.0.0.1"),
                         "WEFT_MASTER_PORT=" + std::to_string(port)}) {
@@ -80,20 +81,22 @@ long long steadyNowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-}  // namespace
-
-TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedError within 2 s, keep serving each "
-          "other and shut down cleanly") {
+// Runs the `kill` scenario of agent_worker with 3 workers: once the victim
+// (rank 2) is serving both survivors' calls, sends it `sig`, and checks that
+// the survivors' pending calls failed with DisconnectedError within 2 s of it,
+// that later calls failed at once, that they served each other and shut down
+// gracefully, reporting the victim missing.
+void loseVictimMidCall(int sig, const std::string& heartbeatSeconds) {
   constexpr int kWorld = 3;
   const uint16_t port = freePort();
   std::vector<std::unique_ptr<Subprocess>> procs;
   for (int r = 0; r < kWorld; ++r) {
     procs.push_back(std::make_unique<Subprocess>(std::vector<std::string>{AGENT_WORKER_PATH, "kill"},
-                                                 rankEnv(r, kWorld, port)));
+                                                 rankEnv(r, kWorld, port, heartbeatSeconds)));
   }
   Subprocess& victim = *procs[kWorld - 1];
 
-  // Both survivors' calls are being served by the victim when it dies.
+  // Both survivors' calls are being served by the victim when it is lost.
   bool serving = victim.readUntil(
       [](const std::string& out, const std::string&) {
         return contains(out, "serving hang from worker0\n") && contains(out, "serving hang from worker1\n");
@@ -109,10 +112,8 @@ TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedErr
   REQUIRE(serving);
   CHECK(contains(victim.out(), "rank 2 victim ready"));
 
-  long long killedAtNs = steadyNowNs();
-  REQUIRE(::kill(victim.pid(), SIGKILL) == 0);
-  auto v = victim.wait(10s);
-  CHECK(v.signal == SIGKILL);
+  long long lostAtNs = steadyNowNs();
+  REQUIRE(::kill(victim.pid(), sig) == 0);
 
   for (int r = 0; r < kWorld - 1; ++r) {
     CAPTURE(r);
@@ -124,13 +125,13 @@ TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedErr
     CHECK(contains(res.out, "rank " + std::to_string(r) + " pid "));
     CHECK(contains(res.out, "calling"));
 
-    // The pending call failed within 2 s of the kill (both clocks are CLOCK_MONOTONIC).
+    // The pending call failed within 2 s (both clocks are CLOCK_MONOTONIC).
     std::vector<long long> at = numbersAfter(res.out, "disconnected at_ns ");
     REQUIRE(at.size() == 1);
-    double afterKill = static_cast<double>(at[0] - killedAtNs) / 1e9;
-    MESSAGE("rank " << r << ": pending call failed " << afterKill * 1000 << " ms after the kill");
-    CHECK(afterKill >= 0);
-    CHECK(afterKill < 2.0);
+    double after = static_cast<double>(at[0] - lostAtNs) / 1e9;
+    MESSAGE("rank " << r << ": pending call failed " << after * 1000 << " ms after the signal");
+    CHECK(after >= 0);
+    CHECK(after < 2.0);
     CHECK(contains(restOfLine(res.out, "disconnected at_ns "), "worker2"));
 
     // Later calls fail at once, and the victim no longer counts as alive.
@@ -142,14 +143,29 @@ TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedErr
     // The survivors served each other: 0 + 1 + ... + 99.
     CHECK(numbersAfter(res.out, "peer sum ") == std::vector<long long>{4950});
 
-    // Graceful shutdown names the dead worker and finishes within its 5 s timeout.
+    // Graceful shutdown names the lost worker and finishes within its 5 s timeout.
     std::string shutdown = restOfLine(res.out, "shutdown graceful ");
     CHECK(contains(shutdown, "1 missing worker2 seconds "));
     std::string seconds = restOfLine(res.out, " seconds ");
     REQUIRE_FALSE(seconds.empty());
     CHECK(std::stod(seconds) < 5.5);
   }
+  if (sig != SIGKILL) ::kill(victim.pid(), SIGKILL);  // a stopped process still dies of SIGKILL
+  CHECK(victim.wait(10s).signal == SIGKILL);
   for (auto& p : procs) CHECK(processGone(p->pid(), 5s));
+}
+
+}  // namespace
+
+TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedError within 2 s, keep serving each "
+          "other and shut down cleanly") {
+  loseVictimMidCall(SIGKILL, "0.5");
+}
+
+TEST_CASE("a worker that stops answering (SIGSTOP) is declared dead by heartbeat: the others get DisconnectedError "
+          "within 2 s and shut down cleanly") {
+  // Its sockets stay open, so only the heartbeat notices: 5 intervals of 0.2 s of silence.
+  loseVictimMidCall(SIGSTOP, "0.2");
 }
 
 TEST_CASE("a job of three agents started by weftrun calls around the ring and shuts down cleanly") {
