@@ -70,6 +70,13 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+// "a, b, c", for messages about lists of names.
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 // Same dtype, shape and bytes.
 bool sameTensor(const Tensor& a, const Tensor& b) {
   if (a.defined() != b.defined()) return false;
@@ -794,7 +801,7 @@ TEST_CASE("a handler's exception arrives as RemoteError naming the worker, the f
   }
 }
 
-TEST_CASE("an unknown function or worker is a NotFoundError; calls before start or after shutdown a StateError") {
+TEST_CASE("an unknown function or worker is a NotFoundError, and a call before start or after shutdown a StateError") {
   const Function<int32_t(int32_t)> nobodyServes{"nobody.serves.this"};
   AgentGroup g(2);
   bindEcho(g.agent(1).registry(), echoI32);
@@ -862,7 +869,10 @@ TEST_CASE("a call past its timeout fails with TimeoutError, the callee is told, 
 
   // Once the first body has finished, nothing of that call is left on either side.
   CHECK(eventually([&] { return stats(g, 1).activeIncoming == 0; }, 2s));
-  std::this_thread::sleep_for(100ms);  // time for a late reply, if any, to arrive and be dropped
+  // Either the callee dropped the cancelled call's reply, or it sent it and the
+  // caller dropped it as late: every reply sent is accounted for (slow(0, 2) is
+  // the one other call answered so far).
+  CHECK(eventually([&] { return stats(g, 1).callsServed == 1 + stats(g, 0).lateResponses; }, 2s));
   AgentStats caller = stats(g, 0);
   AgentStats callee = stats(g, 1);
   CHECK(caller.pendingOutgoing == 0);
@@ -871,6 +881,46 @@ TEST_CASE("a call past its timeout fails with TimeoutError, the callee is told, 
   CHECK(caller.timeouts == 1);
   CHECK(a.isAlive(1));
   CHECK(a.sync(1, slow, 0, 3) == 3);
+  CHECK(stats(g, 1).callsServed == 2 + stats(g, 0).lateResponses);
+}
+
+TEST_CASE("hundreds of calls timing out together each fail once and leave nothing behind") {
+  AgentGroup g(2);
+  Gate gate;
+  std::atomic<int> bodies{0};
+  g.agent(1).registry().impl(hold, [&](int32_t v) {
+    ++bodies;
+    gate.wait();
+    return v;
+  });
+  g.start();
+  Agent& a = g.agent(0);
+
+  constexpr int kCalls = 500;
+  std::vector<Future<int32_t>> futures;
+  for (int i = 0; i < kCalls; ++i) futures.push_back(a.async(1, hold, {.timeout = 50ms}, i));
+  int timedOut = 0;
+  for (auto& f : futures) {
+    REQUIRE(f.waitFor(5s));
+    try {
+      f.get();
+    } catch (const TimeoutError&) {
+      ++timedOut;
+    } catch (...) {
+    }
+  }
+  CHECK(timedOut == kCalls);
+  CHECK(a.stats().timeouts == static_cast<uint64_t>(kCalls));
+  CHECK(a.stats().pendingOutgoing == 0);
+  CHECK(eventually([&] { return stats(g, 1).cancelsReceived == static_cast<uint64_t>(kCalls); }, 2s));
+
+  gate.open();
+  CHECK(eventually([&] { return stats(g, 1).activeIncoming == 0; }, 5s));
+  CHECK(eventually([&] { return stats(g, 1).callsServed == stats(g, 0).lateResponses; }, 2s));
+  CHECK(bodies <= kCalls);
+  // The connection is as good as new.
+  CHECK(a.sync(1, hold, {.timeout = 2s}, 7) == 7);
+  CHECK(eventually([&] { return quiet(g); }, 2s));
 }
 
 TEST_CASE("the default timeout comes from Options::rpcTimeout, and a timeout of 0 means none") {
@@ -897,7 +947,7 @@ TEST_CASE("the default timeout comes from Options::rpcTimeout, and a timeout of 
 
 // ---- failures and shutdown ---------------------------------------------------------------------
 
-TEST_CASE("a peer shut down abruptly mid-call fails that call with DisconnectedError promptly; the rest keep "
+TEST_CASE("a peer shut down abruptly mid-call fails that call with DisconnectedError promptly, and the rest keep "
           "working") {
   AgentGroup g(3, [](int, Options& o) { o.shutdownTimeout = 3s; });
   Gate gate;
@@ -946,6 +996,7 @@ TEST_CASE("a peer shut down abruptly mid-call fails that call with DisconnectedE
   s1.join();
   CHECK(secondsSince(t0) < 3.5);
   for (auto& r : reports) {
+    INFO("missing: " << joined(r.missing));
     CHECK(r.graceful);
     CHECK(r.missing == std::vector<std::string>{"worker2"});
   }
@@ -993,6 +1044,59 @@ TEST_CASE("a graceful shutdown begun with calls in flight lets them all complete
   CHECK(g.agent(0).shutdown().clean());
 }
 
+TEST_CASE("a worker shutting down keeps serving calls until the barrier completes, and makes none itself") {
+  AgentGroup g(2);
+  for (int r = 0; r < 2; ++r) bindEcho(g.agent(r).registry(), echoI32);
+  g.start();
+
+  ShutdownReport r1;
+  std::thread leaving([&] { r1 = g.agent(1).shutdown(); });
+  // worker1 is in its shutdown (it waits for worker0 there); worker0 is not.
+  CHECK(eventually([&] {
+    try {
+      g.agent(1).sync(0, echoI32, 1);
+      return false;
+    } catch (const StateError&) {
+      return true;
+    }
+  }, 2s));
+  for (int32_t i = 0; i < 20; ++i) CHECK(g.agent(0).sync(1, echoI32, i) == i);
+  ShutdownReport r0 = g.agent(0).shutdown();
+  leaving.join();
+  CHECK(r0.clean());
+  CHECK(r1.clean());
+}
+
+TEST_CASE("a graceful shutdown that a live worker never joins ends at its timeout, naming that worker") {
+  AgentGroup g(3, [](int, Options& o) { o.shutdownTimeout = 800ms; });
+  for (int r = 0; r < 3; ++r) bindEcho(g.agent(r).registry(), echoI32);
+  g.start();
+
+  auto t0 = Clock::now();
+  std::vector<ShutdownReport> reports(2);
+  std::thread s0([&] { reports[0] = g.agent(0).shutdown(); });
+  std::thread s1([&] { reports[1] = g.agent(1).shutdown(); });
+  s0.join();
+  s1.join();
+  double took = secondsSince(t0);
+  CHECK(took >= 0.75);
+  CHECK(took < 2.0);
+  for (auto& r : reports) {
+    INFO("missing: " << joined(r.missing));
+    CHECK(r.missing == std::vector<std::string>{"worker2"});
+  }
+  // worker2 was left serving; its own shutdown, later, finds both others gone
+  // (the leader and the other worker alike) and names them.
+  CHECK(eventually([&] { return !g.agent(2).isAlive(0) && !g.agent(2).isAlive(1); }, 2s));
+  t0 = Clock::now();
+  ShutdownReport r2 = g.agent(2).shutdown();
+  CHECK(secondsSince(t0) < 2.0);
+  std::vector<std::string> missing = r2.missing;
+  std::sort(missing.begin(), missing.end());
+  INFO("missing: " << joined(missing));
+  CHECK(missing == std::vector<std::string>{"worker0", "worker1"});
+}
+
 TEST_CASE("an abrupt shutdown fails this side's pending calls with CancelledError") {
   AgentGroup g(2, [](int, Options& o) { o.shutdownTimeout = 2s; });
   Gate gate;
@@ -1018,6 +1122,7 @@ TEST_CASE("an abrupt shutdown fails this side's pending calls with CancelledErro
   t0 = Clock::now();
   ShutdownReport r1 = g.agent(1).shutdown();
   CHECK(secondsSince(t0) < 2.5);
+  INFO("missing: " << joined(r1.missing));
   CHECK(r1.missing == std::vector<std::string>{"worker0"});
 }
 
