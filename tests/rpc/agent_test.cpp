@@ -464,8 +464,11 @@ TEST_CASE("tensors of 64 MiB round-trip through a real call with their content i
     CHECK(got.shape() == big.shape());
     CHECK(got.rawData() != big.rawData());
     CHECK(sameTensor(got, big));
-    // The callee sees the same content (not only the echo as a whole).
-    CHECK(a.sync(1, tensorSum, big) == doctest::Approx(big.to(DType::Float64).sum().item<double>()).epsilon(1e-9));
+    if (dt == DType::Float32) {
+      // The callee sees the same content (not only the echo as a whole).
+      CHECK(a.sync(1, tensorSum, big) ==
+            doctest::Approx(big.to(DType::Float64).sum().item<double>()).epsilon(1e-9));
+    }
   }
 }
 
