@@ -154,8 +154,54 @@ class Agent::Impl {
     {
       std::lock_guard<std::mutex> lock(stateMutex_);
       WEFT_ENFORCE(!startBegun_, StateError, "Agent::start: already started");
+      WEFT_ENFORCE(!shuttingDown_, StateError, "Agent::start: the agent has been shut down");
       startBegun_ = true;
+      startActive_ = true;
     }
+    struct Done {
+      Impl& impl;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(impl.stateMutex_);
+        impl.startActive_ = false;
+        impl.startEnded_.notify_all();
+      }
+    } done{*this};
+    try {
+      startSteps();
+    } catch (const std::exception& e) {
+      // Tell the rest of the job, so that every worker fails now with the reason
+      // instead of waiting out its store timeout (first reason wins).
+      if (store_ && !shuttingDown_) {
+        try {
+          store_->compareSet(kAbortKey, "", std::to_string(incarnation_) + "\nworker '" + name_ + "' (rank " +
+                                                std::to_string(options_.rank) + "): " + e.what());
+        } catch (...) {
+        }
+      }
+      throw;
+    }
+  }
+
+  static constexpr const char* kAbortKey = "weft/abort";
+
+  // Between slices of a wait in start(): stops it when the job cannot form (another
+  // worker failed to start) or this agent is being shut down.
+  void checkStartAborted() {
+    WEFT_ENFORCE(!shuttingDown_, StateError, "Agent::start: worker '", name_,
+                 "' was shut down while starting");
+    if (store_->check({kAbortKey})) {
+      // "<incarnation of the worker that failed>\n<its reason>"
+      std::string value = store_->get(kAbortKey);
+      auto nl = value.find('\n');
+      if (value.substr(0, nl) != std::to_string(incarnation_)) {
+        throw Error("Agent::start: the job cannot form: " + (nl == std::string::npos ? value : value.substr(nl + 1)));
+      }
+    }
+  }
+
+  static constexpr auto kStartSlice = std::chrono::milliseconds(100);
+
+  void startSteps() {
     registry_.freeze();
     log::setLevel(options_.logLevel);
     log::setWorkerName(name_);
@@ -209,7 +255,15 @@ class Agent::Impl {
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) keys.push_back("weft/worker/" + std::to_string(r));
     try {
-      store_->wait(keys, remaining(deadline));
+      for (;;) {
+        try {
+          store_->wait(keys, std::min<std::chrono::milliseconds>(kStartSlice, remaining(deadline)));
+          break;
+        } catch (const TimeoutError&) {
+          checkStartAborted();
+          if (Clock::now() >= deadline) throw;
+        }
+      }
     } catch (const TimeoutError&) {
       std::string missing;
       for (int r = 0; r < world; ++r) {
@@ -232,7 +286,8 @@ class Agent::Impl {
     for (int r = 0; r < world; ++r) {
       if (r == rank) continue;
       Future<void> f = peers_[r]->connected.getFuture();
-      if (!f.waitUntil(deadline)) {
+      while (!f.waitFor(kStartSlice) && Clock::now() < deadline) checkStartAborted();
+      if (!f.isReady()) {
         std::string missing;
         for (int q = 0; q < world; ++q) {
           if (q != rank && !peers_[q]->connected.isReady()) missing += (missing.empty() ? "" : ", ") + peerLabel(q);
@@ -284,8 +339,16 @@ class Agent::Impl {
     if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
     int port = std::stoi(address.substr(colon + 1));
     SocketAddress sa = *SocketAddress::resolve(host, static_cast<uint16_t>(port));
-    int fd = transport::connectTcp(sa, deadline == Clock::time_point::max() ? Clock::now() + std::chrono::hours(24 * 365)
-                                                                            : deadline);
+    int fd = -1;
+    for (;;) {
+      try {
+        fd = transport::connectTcp(sa, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+        break;
+      } catch (const TimeoutError&) {
+        checkStartAborted();
+        if (Clock::now() >= deadline) throw;
+      }
+    }
     loop_.call([&] {
       auto hs = std::make_shared<Handshake>();
       hs->initiator = true;
@@ -325,6 +388,11 @@ class Agent::Impl {
           onFrame(*peer, c, std::move(f));
         },
         .onClosed = [this, peer, weakHs](Connection& c, const Status& why) mutable {
+          if (why.code() == StatusCode::Protocol || why.code() == StatusCode::InvalidArgument) {
+            // Hostile or broken input, a failed handshake: one count, one line.
+            ++connectionsRejected_;
+            WEFT_LOG(Warn) << "rpc: " << c.description() << ": " << why.message() << "; closed it";
+          }
           if (auto h = weakHs.lock()) {
             handshakes_.erase(h);
             if (h->initiator && !why.ok()) {
@@ -364,10 +432,8 @@ class Agent::Impl {
   }
 
   void reject(Handshake& hs, Connection& c, Status why) {
-    WEFT_LOG(Warn) << "rpc: " << c.description() << ": " << why.message();
-    ++connectionsRejected_;
     auto keep = hs.conn;
-    c.fail(std::move(why));
+    c.fail(std::move(why));  // counted and logged when it closes
   }
 
   // Returns the peer the connection now belongs to, once the handshake completes.
@@ -528,11 +594,7 @@ class Agent::Impl {
       }
       throw ProtocolError("unknown message kind");
     });
-    if (!bad.ok()) {
-      WEFT_LOG(Warn) << "rpc: " << c.description() << ": " << bad.message() << "; closing it";
-      ++connectionsRejected_;
-      c.fail(bad);
-    }
+    if (!bad.ok()) c.fail(bad);  // counted and logged when it closes
   }
 
   void sendError(Connection& c, uint64_t callId, const Status& s) {
@@ -787,7 +849,8 @@ class Agent::Impl {
     for (auto& [id, ic] : incoming) ic->cancelled = true;
     pendingOutgoing_.fetch_sub(pending.size(), std::memory_order_relaxed);
     bool expected = shuttingDown_ || closingAll_;
-    if (!expected) {
+    bool logged = why.code() == StatusCode::Protocol || why.code() == StatusCode::InvalidArgument;  // by onClosed
+    if (!expected && (!logged || !pending.empty())) {
       WEFT_LOG(Warn) << "rpc: lost worker '" << peer.name << "' (rank " << peer.rank << "): " << why.message()
                      << (pending.empty() ? "" : "; failing " + std::to_string(pending.size()) + " pending calls");
     }
@@ -802,7 +865,7 @@ class Agent::Impl {
       if (options_.rank == 0) {
         maybeDecide();
       } else if (peer.rank == 0) {
-        finishShutdown({peer.name});
+        finishShutdown(deadPeers());
       }
     }
   }
@@ -894,9 +957,6 @@ class Agent::Impl {
       if (h->deadline <= now) late.push_back(h);
     }
     for (auto& h : late) {
-      WEFT_LOG(Warn) << "rpc: " << h->conn->description() << ": no handshake within "
-                     << seconds(kHandshakeTimeout) << "; closing it";
-      ++connectionsRejected_;
       h->conn->fail(Status::protocol("no handshake within " + seconds(kHandshakeTimeout)));
     }
   }
@@ -932,7 +992,7 @@ class Agent::Impl {
     }
     Peer& leader = *peers_[0];
     if (!leader.alive) {
-      finishShutdown({leader.name});
+      finishShutdown(deadPeers());
       return;
     }
     FrameWriter w(32);
@@ -1021,7 +1081,9 @@ class Agent::Impl {
         } else if (now >= shutdownDeadline_ + std::chrono::seconds(1)) {
           WEFT_LOG(Warn) << "rpc: no word from the shutdown leader '" << peers_[0]->name << "' within "
                          << seconds(shutdownTimeout_) << "; closing";
-          finishShutdown({peers_[0]->name});
+          auto missing = deadPeers();
+          missing.push_back(peers_[0]->name);
+          finishShutdown(std::move(missing));
         }
         return;
       case Phase::Closing: {
@@ -1040,6 +1102,15 @@ class Agent::Impl {
       default:
         return;
     }
+  }
+
+  // The names of the peers whose connection has ended.
+  std::vector<std::string> deadPeers() const {
+    std::vector<std::string> out;
+    for (auto& pp : peers_) {
+      if (!pp->alive) out.push_back(pp->name);
+    }
+    return out;
   }
 
   void finishShutdown(std::vector<std::string> missing) {
@@ -1073,11 +1144,19 @@ class Agent::Impl {
   ShutdownReport shutdown(ShutdownOptions opts) {
     std::lock_guard<std::mutex> lock(shutdownMutex_);
     if (finalReport_) return *finalReport_;
-    if (!startBegun_) {
+    bool begun = false;
+    {
+      // A start() still running on another thread notices within a slice; a
+      // later one fails.
+      std::unique_lock<std::mutex> state(stateMutex_);
+      shuttingDown_ = true;
+      begun = startBegun_;
+      startEnded_.wait(state, [&] { return !startActive_; });
+    }
+    if (!begun) {
       finalReport_ = ShutdownReport{opts.graceful, {}};
       return *finalReport_;
     }
-    shuttingDown_ = true;
     ShutdownReport report;
     report.graceful = opts.graceful;
     if (opts.graceful && started_) {
@@ -1146,6 +1225,8 @@ class Agent::Impl {
   Clock::time_point lastHeartbeatCheck_{};
 
   std::mutex stateMutex_;
+  std::condition_variable startEnded_;
+  bool startActive_ = false;  // under stateMutex_
   bool startBegun_ = false;
   std::atomic<bool> started_{false};
   std::atomic<bool> shuttingDown_{false};

@@ -106,7 +106,7 @@ void Connection::start() {
   if (rc != 0) {
     delete poll_;
     poll_ = nullptr;
-    closeNow(Status::disconnected(description_ + ": cannot watch the socket: " + uv_strerror(rc)));
+    closeNow(Status::disconnected(std::string("cannot watch the socket: ") + uv_strerror(rc)));
     return;
   }
   poll_->data = this;
@@ -216,7 +216,7 @@ void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
         return;
       }
       int err = errno;
-      std::string why = description_ + ": write failed: " + std::strerror(err);
+      std::string why = std::string("write failed: ") + std::strerror(err);
       lock.unlock();
       if (loop_.inLoopThread()) {
         closeNow(Status::disconnected(why));
@@ -281,7 +281,7 @@ void Connection::onPoll(uv_poll_s* handle, int status, int events) {
     // read() so the status names it, or report the poll error.
     if (status != UV_EBADF) {
       self->onReadable();
-      if (!self->closed()) self->closeNow(Status::disconnected(self->description_ + ": " + uv_strerror(status)));
+      if (!self->closed()) self->closeNow(Status::disconnected(uv_strerror(status)));
     }
     return;
   }
@@ -308,7 +308,7 @@ void Connection::onReadable() {
       Status s = decoder_.commitRead(static_cast<size_t>(n));
       deliverFrames();
       if (!s.ok()) {
-        fail(Status::protocol(description_ + ": " + s.message()));
+        fail(s);
         return;
       }
       if (static_cast<size_t>(n) < dst.size()) return;  // drained
@@ -316,13 +316,13 @@ void Connection::onReadable() {
     }
     if (n == 0) {
       Status end = decoder_.endOfStream();
-      closeNow(end.ok() ? Status::disconnected(description_ + ": connection closed by the peer")
-                        : Status::protocol(description_ + ": " + end.message()));
+      closeNow(end.ok() ? Status::disconnected("connection closed by the peer")
+                        : end);
       return;
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    closeNow(Status::disconnected(description_ + ": read failed: " + std::strerror(errno)));
+    closeNow(Status::disconnected(std::string("read failed: ") + std::strerror(errno)));
     return;
   }
 }
@@ -339,7 +339,7 @@ void Connection::deliverLoopback(std::vector<std::byte> bytes) {
   WriteBatch batch;
   Status s = decoder_.feed(bytes);
   deliverFrames();
-  if (!s.ok()) closeNow(Status::protocol(description_ + ": " + s.message()));
+  if (!s.ok()) closeNow(s);
 }
 
 void Connection::close(Status why) {
@@ -379,7 +379,7 @@ void Connection::closeGracefully() {
     self->closing_ = true;
     if (self->fd_ < 0) {
       lock.unlock();
-      self->closeNow(Status::disconnected(self->description_ + ": closed"));
+      self->closeNow(Status::disconnected("closed"));
       return;
     }
     if (self->queue_.empty()) self->afterDrainLocked();

@@ -37,6 +37,8 @@
 // writes an Abort first; closeGracefully() writes what is queued, half-closes
 // (shutdown SHUT_WR) and closes when the peer's end of stream arrives. onClosed
 // runs once in every case, on the loop thread, after which send() returns false.
+// Statuses say what happened ("connection closed by the peer", "frame 3: ...");
+// the owner adds description() where it reports them.
 //
 // Thread-safety: send, close, fail and closeGracefully from any thread; start,
 // setLimits and lastReceived on the loop thread.
