@@ -285,10 +285,28 @@ class RawConnection {
 
 // ---- what the process says and holds -----------------------------------------------------
 
+// Built with -fsanitize=address (WEFT_SANITIZE, which adds undefined as well).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
 // What the process writes to stderr (the logger's lines) while it lives.
+// Not in sanitized builds: UBSan writes its report to stderr whatever
+// log_path says and exits at once, so a capture would swallow the report.
+// There capturing() is false and text() empty; checks on log lines are the
+// plain build's.
 class StderrCapture {
  public:
   StderrCapture() {
+    if (kSanitized) return;
     std::fflush(stderr);
     saved_ = ::dup(STDERR_FILENO);
     file_ = std::tmpfile();
@@ -301,6 +319,8 @@ class StderrCapture {
   }
   StderrCapture(const StderrCapture&) = delete;
   StderrCapture& operator=(const StderrCapture&) = delete;
+
+  bool capturing() const { return file_ != nullptr; }
 
   // Stops capturing and returns what was written (once: the file is closed).
   std::string text() {
@@ -365,18 +385,6 @@ size_t openDescriptors() {
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
   return n;
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
 
 // ---- the agents under attack -------------------------------------------------------------
 
@@ -449,10 +457,11 @@ void expectRejected(LiveAgents& live, const HostileCase& c, Checks checks = Chec
   if (checks == Checks::CloseOnly) return;
   CHECK_MESSAGE(waitUntil([&] { return live.rejected() >= before + 1; }, 2s),
                 "AgentStats::connectionsRejected did not count the connection");
+  bool logged = log.capturing();
   std::string text = log.text();
   INFO("log:\n" << text);
   CHECK(live.rejected() == before + 1);
-  CHECK(linesMentioning(text, local) == 1);
+  if (logged) CHECK(linesMentioning(text, local) == 1);
   live.checkServing();
 }
 
@@ -682,7 +691,7 @@ TEST_CASE("three rounds of every hostile case against one agent keep its memory 
   uint64_t rssAfter = procStatusKiB("VmRSS");
   MESSAGE("VmRSS " << rssBefore << " KiB before three rounds, " << rssAfter << " KiB after");
   // ASan keeps freed memory in quarantine (256 MiB by default): only gross growth is visible there.
-  uint64_t allowed = kAddressSanitizer ? (uint64_t{512} << 10) : (uint64_t{32} << 10);
+  uint64_t allowed = kSanitized ? (uint64_t{512} << 10) : (uint64_t{32} << 10);
   CHECK(rssAfter < rssBefore + allowed);
   CHECK(waitUntil([&] { return openDescriptors() <= fdsBefore; }, 2s));
 }
@@ -715,10 +724,12 @@ TEST_CASE("a flood of 200 silent connections: the agent keeps serving, then clos
   MESSAGE("the flood was closed within " << took << " s");
   CHECK(closed == kFlood);
   CHECK(waitUntil([&] { return live.rejected() == before + kFlood + 1; }, 2s));
-  std::string text = log.text();
-  size_t logged = 0;
-  for (auto& c : flood) logged += linesMentioning(text, c->localAddress()) == 1 ? 1 : 0;
-  CHECK(logged == kFlood);
+  if (log.capturing()) {
+    std::string text = log.text();
+    size_t logged = 0;
+    for (auto& c : flood) logged += linesMentioning(text, c->localAddress()) == 1 ? 1 : 0;
+    CHECK(logged == kFlood);
+  }
   flood.clear();
   live.checkServing();
   // Nothing held on to: every descriptor of the flood is released on both sides.
@@ -772,11 +783,12 @@ TEST_CASE("a worker past the handshake gets error responses for unknown function
   CHECK_FALSE(r.isError);
   CHECK(r.value == 42);
 
+  bool logged = log.capturing();
   std::string text = log.text();
   INFO("log:\n" << text);
   CHECK(world.rejected() == before);
   CHECK(world.target().isAlive(2));
-  CHECK(linesMentioning(text, ImpostorWorld::kName) == 0);
+  if (logged) CHECK(linesMentioning(text, ImpostorWorld::kName) == 0);
   world.checkServing();
 }
 
@@ -822,11 +834,12 @@ TEST_CASE("a worker past the handshake that breaks the protocol loses its connec
     CHECK(waitUntil([&] { return !world.target().isAlive(2); }, 2s));
     CHECK_MESSAGE(waitUntil([&] { return world.rejected() >= before + 1; }, 2s),
                   "AgentStats::connectionsRejected did not count the connection");
+    bool logged = log.capturing();
     std::string text = log.text();
     INFO("log:\n" << text);
     CHECK(world.rejected() == before + 1);
     // Rank 0 logs the loss once (rank 1 still holds its own connection to the impostor).
-    CHECK(linesMentioning(text, std::string("'") + ImpostorWorld::kName + "'") == 1);
+    if (logged) CHECK(linesMentioning(text, std::string("'") + ImpostorWorld::kName + "'") == 1);
     // Later calls to the lost worker fail at once; everything else is untouched.
     auto t0 = Clock::now();
     CHECK_THROWS_AS(world.target().sync(2, hostileAdd, CallOptions{.timeout = 5s}, 1, 2), DisconnectedError);
