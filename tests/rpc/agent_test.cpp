@@ -1222,6 +1222,56 @@ TEST_CASE("two workers claiming one rank are a clear error at start, and nobody 
   CHECK(named);
 }
 
+TEST_CASE("an agent left waiting in start by a job that cannot form is released at once by its shutdown") {
+  // Both claim the name "a": one of them fails at once, the other waits for a
+  // peer that will never arrive, until the test shuts it down.
+  AgentGroup g(2, [](int, Options& o) {
+    o.name = std::string(1, 'a');
+    o.storeTimeout = 10s;
+    o.shutdownTimeout = 1s;
+  });
+  std::vector<std::exception_ptr> errors(2);
+  std::atomic<bool> done[2] = {false, false};
+  std::vector<std::thread> starters;
+  for (int r = 0; r < 2; ++r) {
+    starters.emplace_back([&, r] {
+      try {
+        g.agent(r).start();
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+      done[r] = true;
+    });
+  }
+  bool oneFailed = eventually([&] { return done[0] || done[1]; }, 3s);
+  CHECK(oneFailed);
+  int waiting = done[0] ? 1 : 0;
+  CHECK_FALSE(done[waiting]);
+  auto t0 = Clock::now();
+  ShutdownReport report = g.agent(waiting).shutdown({.graceful = false});
+  CHECK(eventually([&] { return done[waiting].load(); }, 2s));
+  double took = secondsSince(t0);
+  for (auto& t : starters) t.join();
+  CHECK(took < 2.0);
+  CHECK_FALSE(report.graceful);
+  REQUIRE(errors[0]);
+  REQUIRE(errors[1]);
+  // The interrupted start fails as cancelled (or as a start on an agent shut down).
+  bool cancelled = false;
+  try {
+    std::rethrow_exception(errors[static_cast<size_t>(waiting)]);
+  } catch (const CancelledError&) {
+    cancelled = true;
+  } catch (const StateError&) {
+    cancelled = true;
+  } catch (const std::exception& e) {
+    INFO(typeid(e).name() << ": " << e.what());
+    CHECK(cancelled);
+  }
+  CHECK(cancelled);
+  CHECK_FALSE(g.agent(waiting).started());
+}
+
 TEST_CASE("every worker of a job that cannot form learns why, without waiting out the store timeout") {
   // The worker that detects the problem is not the only one to hear of it: the
   // others would otherwise wait the whole store timeout (300 s by default) and
