@@ -87,6 +87,10 @@ bool sameTensor(const Tensor& a, const Tensor& b) {
   return ca.nbytes() == 0 || std::memcmp(ca.rawData(), cb.rawData(), ca.nbytes()) == 0;
 }
 
+// "TypeName: message" of an exception, for failure messages (doctest prints a
+// const char* as a pointer).
+std::string describeError(const std::exception& e) { return std::string(typeid(e).name()) + ": " + e.what(); }
+
 // Runs f and returns the message of the E it throws; any other outcome fails the check.
 template <class E, class F>
 std::string messageOf(F&& f) {
@@ -95,10 +99,10 @@ std::string messageOf(F&& f) {
   } catch (const E& e) {
     return e.what();
   } catch (const std::exception& e) {
-    FAIL_CHECK("expected " << typeid(E).name() << ", got " << typeid(e).name() << ": " << e.what());
+    FAIL_CHECK("expected " << std::string(typeid(E).name()) << ", got " << describeError(e));
     return {};
   }
-  FAIL_CHECK("expected " << typeid(E).name() << ", nothing was thrown");
+  FAIL_CHECK("expected " << std::string(typeid(E).name()) << ", nothing was thrown");
   return {};
 }
 
@@ -772,7 +776,7 @@ TEST_CASE("a handler's exception arrives as RemoteError naming the worker, the f
     CHECK(contains(e.what(), "throws.runtime"));
     CHECK(contains(e.what(), "boom 7"));
   } catch (const std::exception& e) {
-    FAIL_CHECK("expected RemoteError, got " << typeid(e).name() << ": " << e.what());
+    FAIL_CHECK("expected RemoteError, got " << describeError(e));
   }
 
   std::string invalid = messageOf<InvalidArgumentError>([&] { a.sync(1, throwsInvalid, 3); });
@@ -786,7 +790,7 @@ TEST_CASE("a handler's exception arrives as RemoteError naming the worker, the f
     CHECK(e.function() == "future.failed");
     CHECK(contains(e.remoteMessage(), "failed future 4"));
   } catch (const std::exception& e) {
-    FAIL_CHECK("expected RemoteError, got " << typeid(e).name() << ": " << e.what());
+    FAIL_CHECK("expected RemoteError, got " << describeError(e));
   }
 
   Future<int32_t> later = a.async(1, failedFutureLater, 5);
@@ -1239,7 +1243,10 @@ TEST_CASE("an agent waiting in start for a peer that never comes is released at 
     done = true;
   });
   std::this_thread::sleep_for(200ms);
-  CHECK_FALSE(done);
+  if (done) {
+    starter.join();
+    FAIL("start() returned before it was shut down: " << (error ? whatOf(error) : std::string("no error")));
+  }
   auto t0 = Clock::now();
   ShutdownReport report = g.agent(0).shutdown({.graceful = false});
   bool released = eventually([&] { return done.load(); }, 2s);
@@ -1258,8 +1265,7 @@ TEST_CASE("an agent waiting in start for a peer that never comes is released at 
   } catch (const StateError&) {
     cancelled = true;
   } catch (const std::exception& e) {
-    INFO(typeid(e).name() << ": " << e.what());
-    CHECK(cancelled);
+    FAIL_CHECK("start() failed with " << describeError(e));
   }
   CHECK(cancelled);
   CHECK_FALSE(g.agent(0).started());
