@@ -250,7 +250,6 @@ class RawConnection {
   }
   // Whatever the agent sent that did not decode (it must always send sound frames).
   const Status& decodeError() const { return decoder_.status(); }
-  bool reset() const { return reset_; }
 
  private:
   // Reads once; false when the deadline passed first.
@@ -269,8 +268,7 @@ class RawConnection {
         return true;
       }
       if (n < 0 && errno == EINTR) continue;
-      ended_ = true;
-      reset_ = n < 0;
+      ended_ = true;  // end of stream, or a reset (ECONNRESET)
       return true;
     }
   }
@@ -280,7 +278,6 @@ class RawConnection {
   FrameDecoder decoder_;
   std::vector<IncomingFrame> received_;
   bool ended_ = false;
-  bool reset_ = false;
 };
 
 // ---- what the process says and holds -----------------------------------------------------
