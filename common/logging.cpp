@@ -7,7 +7,7 @@
 #include <cstring>
 #include <mutex>
 
-namespace weft::log {
+namespace weft::logging {
 namespace {
 
 Level levelFromEnv() {
@@ -62,4 +62,4 @@ Line::~Line() {
   (void)unused;
 }
 
-}  // namespace weft::log
+}  // namespace weft::logging

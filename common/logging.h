@@ -3,7 +3,7 @@
 // The level comes from WEFT_LOG_LEVEL (debug, info, warn, error, off; default
 // warn). Each line is prefixed with the level and, once set, the worker name:
 //
-//   weft::log::setWorkerName("trainer1");
+//   weft::logging::setWorkerName("trainer1");
 //   WEFT_LOG(Info) << "connected to " << peer;   // "[I trainer1] connected to ps"
 //
 // Lines are written whole (one write per line), so lines from several threads
@@ -13,7 +13,7 @@
 #include <sstream>
 #include <string>
 
-namespace weft::log {
+namespace weft::logging {
 
 enum class Level { Debug = 0, Info = 1, Warn = 2, Error = 3, Off = 4 };
 
@@ -37,9 +37,9 @@ class Line {
   std::ostringstream os_;
 };
 
-}  // namespace weft::log
+}  // namespace weft::logging
 
 #define WEFT_LOG(lvl)                                                   \
-  if (!::weft::log::enabled(::weft::log::Level::lvl)) {                  \
+  if (!::weft::logging::enabled(::weft::logging::Level::lvl)) {                  \
   } else                                                                \
-    ::weft::log::Line(::weft::log::Level::lvl)
+    ::weft::logging::Line(::weft::logging::Level::lvl)

@@ -203,8 +203,8 @@ class Agent::Impl {
 
   void startSteps() {
     registry_.freeze();
-    log::setLevel(options_.logLevel);
-    log::setWorkerName(name_);
+    logging::setLevel(options_.logLevel);
+    logging::setWorkerName(name_);
     const int rank = options_.rank;
     const int world = options_.worldSize;
     auto deadline = options_.storeTimeout.count() == 0 ? Clock::time_point::max() : Clock::now() + options_.storeTimeout;

@@ -53,12 +53,12 @@ std::chrono::milliseconds parseSeconds(const char* var, const std::string& value
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
 }
 
-log::Level parseLevel(const char* var, const std::string& value) {
-  if (value == "debug") return log::Level::Debug;
-  if (value == "info") return log::Level::Info;
-  if (value == "warn") return log::Level::Warn;
-  if (value == "error") return log::Level::Error;
-  if (value == "off") return log::Level::Off;
+logging::Level parseLevel(const char* var, const std::string& value) {
+  if (value == "debug") return logging::Level::Debug;
+  if (value == "info") return logging::Level::Info;
+  if (value == "warn") return logging::Level::Warn;
+  if (value == "error") return logging::Level::Error;
+  if (value == "off") return logging::Level::Off;
   throw InvalidArgumentError(kFromEnv + quoted(var, value) + " is not one of debug, info, warn, error, off");
 }
 
@@ -157,7 +157,7 @@ Options Options::fromEnv() {
   if (auto v = env("WEFT_HEARTBEAT_INTERVAL")) opt.heartbeatInterval = parseSeconds("WEFT_HEARTBEAT_INTERVAL", *v);
   if (auto v = env("WEFT_HEARTBEAT_MISSES")) opt.heartbeatMisses = static_cast<int>(parseInt("WEFT_HEARTBEAT_MISSES", *v, 2, 1000));
   if (auto v = env("WEFT_RPC_TOKEN")) opt.authToken = *v;
-  opt.logLevel = log::level();
+  opt.logLevel = logging::level();
   if (auto v = env("WEFT_LOG_LEVEL")) opt.logLevel = parseLevel("WEFT_LOG_LEVEL", *v);
   opt.validate();
   return opt;

@@ -88,7 +88,7 @@ struct Options {
   std::string authToken;
   // Applied by Agent::start(). Defaults to the level the process already has
   // (WEFT_LOG_LEVEL, else warn).
-  log::Level logLevel = log::level();
+  logging::Level logLevel = logging::level();
 
   // Reads the environment as described above, then validate()s. Throws
   // InvalidArgumentError naming the variable at fault.

@@ -387,7 +387,7 @@ size_t openDescriptors() {
 
 void hostileOptions(int, Options& o) {
   o.authToken = kToken;
-  o.logLevel = log::Level::Warn;  // the level at which rejections are logged
+  o.logLevel = logging::Level::Warn;  // the level at which rejections are logged
 }
 
 // Two agents with a token; rank 0 serves hostileAdd and is the target.

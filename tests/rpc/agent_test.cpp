@@ -28,6 +28,7 @@
 #include "common/error.h"
 #include "common/future.h"
 #include "rpc/agent.h"
+#include "tensor/ops.h"  // every op beside the agent: programs use both
 #include "rpc/agent_util.h"
 
 using namespace weft;

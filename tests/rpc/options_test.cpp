@@ -201,7 +201,7 @@ TEST_CASE("the optional WEFT_ settings are read") {
   CHECK(opt.rpcTimeout == 2500ms);
   CHECK(opt.storeTimeout == 0ms);
   CHECK(opt.authToken == "s3cret");
-  CHECK(opt.logLevel == log::Level::Debug);
+  CHECK(opt.logLevel == logging::Level::Debug);
 }
 
 TEST_CASE("a tiny positive timeout is rounded up, never to 'no timeout'") {
