@@ -26,8 +26,8 @@
 //          process) to the second (default; with one CPU it degrades to same)
 //   same   both processes pinned to the first allowed CPU
 //   none   no pinning; the scheduler decides
-// Pinning (sched_setaffinity) happens first thing in main, before any thread
-// exists, so every thread of each process (the agent's loop thread and
+// Pinning (sched_setaffinity) happens first thing in main, before the agent
+// exists, so every thread the bench and the agent start (the loop thread, the
 // handler pool, the baseline's echo loop) inherits its process's CPU.
 //
 // What is measured.
