@@ -28,8 +28,10 @@
 //                        time waited. The callee is sent a cancel, and a reply arriving later
 //                        is dropped
 //   DisconnectedError    the peer's connection dropped or its process died (pending calls fail
-//                        within a heartbeat interval, at once on a closed socket); later calls
-//                        to that peer fail at once. Other peers are unaffected
+//                        at once when its socket closes, as when the process is killed, and
+//                        after heartbeatMisses x heartbeatInterval, 10 s by default, when it
+//                        falls silent); later calls to that peer fail at once. Other peers are
+//                        unaffected
 //   NotFoundError        the callee has no such function, or `to` names no worker
 //   ProtocolError        the arguments or the result did not decode as declared (names the
 //                        function and the argument), or the peer broke the protocol
