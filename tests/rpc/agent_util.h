@@ -18,6 +18,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -28,22 +29,27 @@
 
 namespace weft::testing {
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, for a store that rank 0
+// binds later. It is drawn at random below Linux's ephemeral range (32768 and
+// up), so the client side of the many connections other tests open at the same
+// time can never take it in between; only another listener choosing the same
+// random port could.
 inline uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("freePort: socket failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+  static std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(20000, 32000);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) throw std::runtime_error("freePort: socket failed");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    auto port = static_cast<uint16_t>(pick(rng));
+    addr.sin_port = htons(port);
+    bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     ::close(fd);
-    throw std::runtime_error("freePort: bind failed");
+    if (free) return port;
   }
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  throw std::runtime_error("freePort: no free port found in 20000-32000");
 }
 
 // Options for rank `rank` of `world` with the store on 127.0.0.1:port and
