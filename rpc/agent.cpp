@@ -131,8 +131,8 @@ class Agent::Impl {
     int expectedRank = -1;  // initiator: the rank it dialled
   };
 
-  Impl(Agent& owner, Options options)
-      : owner_(owner), options_(std::move(options)), loop_("weft-rpc"),
+  explicit Impl(Options options)
+      : options_(std::move(options)), loop_("weft-rpc"),
         pool_("weft-handler", options_.numWorkerThreads) {
     std::random_device rd;
     incarnation_ = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
@@ -360,15 +360,21 @@ class Agent::Impl {
       hs->conn->start();
       FrameWriter w(64);
       auto hello = w.message().initHello();
-      hello.setProtocolVersion(kProtocolVersion);
-      hello.setWorkerName(name_);
-      hello.setRank(static_cast<uint32_t>(options_.rank));
-      hello.setWorldSize(static_cast<uint32_t>(options_.worldSize));
-      hello.setIncarnation(incarnation_);
+      fillIdentity(hello);
       hello.setAuthToken(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(options_.authToken.data()),
                                              options_.authToken.size()));
       hs->conn->send(std::move(w).finish());
     });
+  }
+
+  // This worker's identity, as Hello and Welcome both carry it.
+  template <class Builder>
+  void fillIdentity(Builder out) const {
+    out.setProtocolVersion(kProtocolVersion);
+    out.setWorkerName(name_);
+    out.setRank(static_cast<uint32_t>(options_.rank));
+    out.setWorldSize(static_cast<uint32_t>(options_.worldSize));
+    out.setIncarnation(incarnation_);
   }
 
   // ---- connections ----------------------------------------------------------------------
@@ -381,7 +387,7 @@ class Agent::Impl {
           if (peer == nullptr) {
             auto h = weakHs.lock();
             if (!h) return;
-            Peer* attached = onHandshakeFrame(*h, c, std::move(f));
+            Peer* attached = onHandshakeFrame(h, c, std::move(f));
             if (attached != nullptr) peer = attached;
             return;
           }
@@ -431,13 +437,9 @@ class Agent::Impl {
     hs->conn->start();
   }
 
-  void reject(Handshake& hs, Connection& c, Status why) {
-    auto keep = hs.conn;
-    c.fail(std::move(why));  // counted and logged when it closes
-  }
-
   // Returns the peer the connection now belongs to, once the handshake completes.
-  Peer* onHandshakeFrame(Handshake& hs, Connection& c, IncomingFrame frame) {
+  Peer* onHandshakeFrame(const std::shared_ptr<Handshake>& record, Connection& c, IncomingFrame frame) {
+    const Handshake& hs = *record;
     Peer* attached = nullptr;
     Status bad;
     try {
@@ -482,14 +484,9 @@ class Agent::Impl {
           helloNames_[r] = name;
         }
         FrameWriter w(64);
-        auto welcome = w.message().initWelcome();
-        welcome.setProtocolVersion(kProtocolVersion);
-        welcome.setWorkerName(name_);
-        welcome.setRank(static_cast<uint32_t>(options_.rank));
-        welcome.setWorldSize(static_cast<uint32_t>(options_.worldSize));
-        welcome.setIncarnation(incarnation_);
+        fillIdentity(w.message().initWelcome());
         c.send(std::move(w).finish());
-        attached = attach(hs, p, name);
+        attached = attach(record, p, name);
         return;
       }
       // Initiator: Welcome or Abort.
@@ -514,20 +511,20 @@ class Agent::Impl {
                                    std::to_string(hs.expectedRank) + ", got '" + welcome.getWorkerName().cStr() +
                                    "' rank " + std::to_string(welcome.getRank()));
       }
-      attached = attach(hs, p, expectedName);
+      attached = attach(record, p, expectedName);
     });
     } catch (const InvalidArgumentError& e) {
       bad = Status::invalidArgument(e.what());
     }
     if (!bad.ok()) {
-      reject(hs, c, bad);
+      c.fail(bad);  // counted and logged when it closes
       return nullptr;
     }
     return attached;
   }
 
-  Peer* attach(Handshake& hs, Peer& p, const std::string& name) {
-    auto conn = hs.conn;
+  Peer* attach(const std::shared_ptr<Handshake>& record, Peer& p, const std::string& name) {
+    auto conn = record->conn;
     conn->setLimits(FrameLimits{});
     conn->setDescription("connection with '" + name + "' (rank " + std::to_string(p.rank) + ")");
     {
@@ -537,11 +534,7 @@ class Agent::Impl {
     p.alive = true;
     p.lastPing = Clock::now();
     // The handshake record is no longer needed; the handlers now go to the peer.
-    std::shared_ptr<Handshake> self;
-    for (auto& h : handshakes_) {
-      if (h.get() == &hs) self = h;
-    }
-    if (self) handshakes_.erase(self);
+    handshakes_.erase(record);
     p.connected.trySetValue();
     return &p;
   }
@@ -1202,7 +1195,6 @@ class Agent::Impl {
     return s;
   }
 
-  Agent& owner_;
   Options options_;
   std::string name_;
   uint64_t incarnation_ = 0;
@@ -1259,7 +1251,7 @@ class Agent::Impl {
 
 Agent::Agent(Options options) {
   options.validate();
-  impl_ = std::make_unique<Impl>(*this, std::move(options));
+  impl_ = std::make_unique<Impl>(std::move(options));
 }
 
 Agent::~Agent() {

@@ -50,7 +50,6 @@ void ThreadPool::stop() {
 }
 
 bool ThreadPool::underLoad() { return tlsUnderLoad; }
-bool ThreadPool::onPoolThread() { return tlsOnPool; }
 
 void ThreadPool::run() {
   tlsOnPool = true;

@@ -45,8 +45,6 @@ class ThreadPool {
   int size() const { return static_cast<int>(threads_.size()); }
   // True on a pool thread whose current task has others queued behind it.
   static bool underLoad();
-  // True on a thread of any ThreadPool.
-  static bool onPoolThread();
 
  private:
   void run();

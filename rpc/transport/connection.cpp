@@ -124,11 +124,6 @@ bool Connection::closed() const {
   return closed_;
 }
 
-uint64_t Connection::queuedBytes() const {
-  std::lock_guard<std::mutex> lock(writeMutex_);
-  return queuedBytes_;
-}
-
 bool Connection::send(OutgoingFrame frame) {
   if (fd_ < 0) {
     {
@@ -144,7 +139,6 @@ bool Connection::send(OutgoingFrame frame) {
   }
   std::unique_lock<std::mutex> lock(writeMutex_);
   if (closed_ || closing_) return false;
-  queuedBytes_ += frame.byteSize();
   queue_.push_back(std::move(frame));
   if (awaitingWritable_ || inBatch_ || flushPosted_) return true;  // someone will write it
   if (WriteBatch* batch = WriteBatch::current(); batch != nullptr && loop_.inLoopThread()) {
@@ -192,7 +186,6 @@ void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
     if (n == 0) {  // only empty spans left: every queued frame is complete
       if (counters_) counters_->framesWritten.fetch_add(queue_.size(), std::memory_order_relaxed);
       queue_.clear();
-      queuedBytes_ = 0;
       frontSpan_ = frontOffset_ = 0;
       break;
     }
@@ -226,10 +219,7 @@ void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
       lock.lock();
       return;
     }
-    if (counters_) {
-      counters_->writeSyscalls.fetch_add(1, std::memory_order_relaxed);
-      counters_->bytesWritten.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
-    }
+    if (counters_) counters_->writeSyscalls.fetch_add(1, std::memory_order_relaxed);
     // Advance through the queue by w bytes, releasing finished frames.
     size_t left = static_cast<size_t>(w);
     uint64_t done = 0;
@@ -247,7 +237,6 @@ void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
         frontOffset_ = 0;
       }
       if (frontSpan_ < spans.size()) break;
-      queuedBytes_ -= queue_.front().byteSize();
       queue_.pop_front();
       frontSpan_ = 0;
       frontOffset_ = 0;
@@ -304,7 +293,6 @@ void Connection::onReadable() {
     std::span<std::byte> dst = decoder_.prepareRead();
     ssize_t n = ::read(fd_, dst.data(), dst.size());
     if (n > 0) {
-      if (counters_) counters_->bytesRead.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
       Status s = decoder_.commitRead(static_cast<size_t>(n));
       deliverFrames();
       if (!s.ok()) {
@@ -358,7 +346,6 @@ void Connection::fail(Status why) {
       if (self->fd_ >= 0 && !self->halfClosed_) {
         // Best effort: whatever is queued, then the abort, without waiting for the socket.
         self->queue_.push_back(abortFrame(why));
-        self->queuedBytes_ += self->queue_.back().byteSize();
         self->awaitingWritable_ = false;
         self->flushLocked(lock);
       }
@@ -398,7 +385,6 @@ void Connection::closeNow(Status why) {
     if (closed_) return;
     closed_ = true;
     queue_.clear();
-    queuedBytes_ = 0;
   }
   if (poll_ != nullptr) {
     fdOwned_ = false;  // the close callback closes it

@@ -68,8 +68,6 @@ namespace weft::rpc::transport {
 struct TransportCounters {
   std::atomic<uint64_t> writeSyscalls{0};
   std::atomic<uint64_t> framesWritten{0};
-  std::atomic<uint64_t> bytesWritten{0};
-  std::atomic<uint64_t> bytesRead{0};
 };
 
 class Connection;
@@ -131,8 +129,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void setLimits(const FrameLimits& limits) { decoder_.setLimits(limits); }
   // Loop thread: when bytes last arrived (or the connection started).
   std::chrono::steady_clock::time_point lastReceived() const { return lastReceived_; }
-  // Bytes queued and not yet written.
-  uint64_t queuedBytes() const;
 
  private:
   friend class WriteBatch;
@@ -168,7 +164,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<OutgoingFrame> queue_;  // under writeMutex_
   size_t frontSpan_ = 0;             // progress inside queue_.front()
   size_t frontOffset_ = 0;
-  uint64_t queuedBytes_ = 0;
   bool awaitingWritable_ = false;    // the loop writes the rest when the socket drains
   bool flushPosted_ = false;         // a flush task is queued on the loop
   bool inBatch_ = false;             // a WriteBatch on the loop thread will flush

@@ -1152,6 +1152,15 @@ std::string whatOf(const std::exception_ptr& e) {
   }
 }
 
+// The messages of the starts that failed (startEach's non-null entries).
+std::vector<std::string> startFailures(const std::vector<std::exception_ptr>& errors) {
+  std::vector<std::string> out;
+  for (auto& e : errors) {
+    if (e) out.push_back(whatOf(e));
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("two workers with the same name are a clear error at start") {
@@ -1162,17 +1171,11 @@ TEST_CASE("two workers with the same name are a clear error at start") {
   auto t0 = Clock::now();
   std::vector<std::exception_ptr> errors = g.startEach();
   CHECK(secondsSince(t0) < 3.0);
-  int failed = 0;
-  bool named = false;
-  for (auto& e : errors) {
-    if (!e) continue;
-    ++failed;
-    std::string m = whatOf(e);
-    INFO(m);
-    named |= contains(m, "duplicate") && contains(m, "'a'");
-  }
-  CHECK(failed == 2);  // the other hears of it through the store
-  CHECK(named);
+  std::vector<std::string> failures = startFailures(errors);
+  INFO("failures: " << joined(failures));
+  CHECK(failures.size() == 2);  // the other hears of it through the store
+  CHECK(std::any_of(failures.begin(), failures.end(),
+                    [](const std::string& m) { return contains(m, "duplicate") && contains(m, "'a'"); }));
 }
 
 TEST_CASE("workers that disagree on the world size are a clear error at start") {
@@ -1183,17 +1186,13 @@ TEST_CASE("workers that disagree on the world size are a clear error at start") 
   auto t0 = Clock::now();
   std::vector<std::exception_ptr> errors = g.startEach();
   CHECK(secondsSince(t0) < 3.0);
-  int failed = 0;
-  bool named = false;
-  for (auto& e : errors) {
-    if (!e) continue;
-    ++failed;
-    std::string m = whatOf(e);
-    INFO(m);
-    named |= contains(m, "world size") && contains(m, "2") && contains(m, "3");
-  }
-  CHECK(failed == 2);  // neither can form a job
-  CHECK(named);
+  std::vector<std::string> failures = startFailures(errors);
+  INFO("failures: " << joined(failures));
+  CHECK(failures.size() == 2);  // neither can form a job
+  CHECK(std::any_of(failures.begin(), failures.end(),
+                    [](const std::string& m) {
+                      return contains(m, "world size") && contains(m, "2") && contains(m, "3");
+                    }));
 }
 
 TEST_CASE("a rank outside the world is rejected before anything starts") {
@@ -1214,17 +1213,11 @@ TEST_CASE("two workers claiming one rank are a clear error at start, and nobody 
   auto t0 = Clock::now();
   std::vector<std::exception_ptr> errors = g.startEach();
   CHECK(secondsSince(t0) < 3.0);
-  int failed = 0;
-  bool named = false;
-  for (auto& e : errors) {
-    if (!e) continue;
-    ++failed;
-    std::string m = whatOf(e);
-    INFO(m);
-    named |= contains(m, "rank 1") || contains(m, "worker2");
-  }
-  CHECK(failed == 3);  // rank 2 never arrives, so no one can form the job
-  CHECK(named);
+  std::vector<std::string> failures = startFailures(errors);
+  INFO("failures: " << joined(failures));
+  CHECK(failures.size() == 3);  // rank 2 never arrives, so no one can form the job
+  CHECK(std::any_of(failures.begin(), failures.end(),
+                    [](const std::string& m) { return contains(m, "rank 1") || contains(m, "worker2"); }));
 }
 
 TEST_CASE("an agent waiting in start for a peer that never comes is released at once by its shutdown") {

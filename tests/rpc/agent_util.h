@@ -97,19 +97,7 @@ class AgentGroup {
 
   // Starts every agent on its own thread and waits; rethrows the first failure.
   void start() {
-    std::vector<std::exception_ptr> errors(agents_.size());
-    std::vector<std::thread> threads;
-    for (size_t r = 0; r < agents_.size(); ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          agents_[r]->start();
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors)
+    for (auto& e : startEach())
       if (e) std::rethrow_exception(e);
   }
 
