@@ -428,6 +428,22 @@ struct HostileCase {
 
 enum class Checks { All, CloseOnly };
 
+// Sends the case's bytes on conn and checks that the agent closes it, after the
+// Abort the case requires.
+void sendAndExpectClose(RawConnection& conn, const HostileCase& c) {
+  conn.send(c.bytes);
+  if (c.halfClose) conn.halfClose();
+  CHECK_MESSAGE(conn.closedWithin(5s), "the agent did not close the connection within 5 s");
+  CHECK(conn.decodeError().ok());
+  auto abort = conn.abort();
+  if (c.abortCode) {
+    REQUIRE_MESSAGE(abort.has_value(), "no Abort frame before the close");
+    CHECK(abort->code == *c.abortCode);
+    INFO("abort message: " << abort->message);
+    CHECK(contains(abort->message, c.abortText));
+  }
+}
+
 // Sends one case on a connection of its own and checks everything the agent
 // owes a hostile peer: the close, the Abort, one count, one log line, and that
 // it still serves rank 1 (CloseOnly: the close and the Abort).
@@ -439,17 +455,7 @@ void expectRejected(LiveAgents& live, const HostileCase& c, Checks checks = Chec
   {
     RawConnection conn(live.port());
     local = conn.localAddress();
-    conn.send(c.bytes);
-    if (c.halfClose) conn.halfClose();
-    CHECK_MESSAGE(conn.closedWithin(5s), "the agent did not close the connection within 5 s");
-    CHECK(conn.decodeError().ok());
-    auto abort = conn.abort();
-    if (c.abortCode) {
-      REQUIRE_MESSAGE(abort.has_value(), "no Abort frame before the close");
-      CHECK(abort->code == *c.abortCode);
-      INFO("abort message: " << abort->message);
-      CHECK(contains(abort->message, c.abortText));
-    }
+    sendAndExpectClose(conn, c);
   }
   if (checks == Checks::CloseOnly) return;
   CHECK_MESSAGE(waitUntil([&] { return live.rejected() >= before + 1; }, 2s),
@@ -790,14 +796,7 @@ TEST_CASE("a worker past the handshake gets error responses for unknown function
 }
 
 TEST_CASE("a worker past the handshake that breaks the protocol loses its connection, and only that one") {
-  struct Case {
-    std::string name;
-    Bytes bytes;
-    bool halfClose;
-    std::optional<wire::StatusCode> abortCode;
-    std::string abortText;
-  };
-  std::vector<Case> cases;
+  std::vector<HostileCase> cases;
   cases.push_back({"4 KiB of random bytes", randomBytes(4096, 13), false, wire::StatusCode::PROTOCOL, "bad magic"});
   cases.push_back({"a preamble claiming 100 GiB", preamble(kProtocolVersion, 0, 1, 1, 1, 100ull << 30), false,
                    wire::StatusCode::PROTOCOL, "over the frame limit"});
@@ -811,23 +810,13 @@ TEST_CASE("a worker past the handshake that breaks the protocol loses its connec
   Bytes call = callFrame(8, hostileAdd.name(), hostileAdd.id(), 0, int64_t{1}, int64_t{2});
   cases.push_back({"a call cut short, then end of stream", Bytes(call.begin(), call.end() - 16), true, std::nullopt, ""});
 
-  for (const Case& c : cases) {
+  for (const HostileCase& c : cases) {
     INFO("case: " << c.name);
     ImpostorWorld world;
     RawConnection& conn = world.toTarget();
     uint64_t before = world.rejected();
     StderrCapture log;
-    conn.send(c.bytes);
-    if (c.halfClose) conn.halfClose();
-    CHECK_MESSAGE(conn.closedWithin(5s), "the agent did not close the connection within 5 s");
-    CHECK(conn.decodeError().ok());
-    auto abort = conn.abort();
-    if (c.abortCode) {
-      REQUIRE_MESSAGE(abort.has_value(), "no Abort frame before the close");
-      CHECK(abort->code == *c.abortCode);
-      INFO("abort message: " << abort->message);
-      CHECK(contains(abort->message, c.abortText));
-    }
+    sendAndExpectClose(conn, c);
     CHECK(waitUntil([&] { return !world.target().isAlive(2); }, 2s));
     CHECK_MESSAGE(waitUntil([&] { return world.rejected() >= before + 1; }, 2s),
                   "AgentStats::connectionsRejected did not count the connection");
