@@ -603,7 +603,10 @@ class Agent::Impl {
     uint64_t callId = call.getCallId();
     uint32_t flags = call.getFlags();
     if (callId == 0) throw ProtocolError("a call with id 0");
-    if (flags & ~wire::CALL_FLAG_NO_REPLY) throw ProtocolError("a call with unknown flags " + std::to_string(flags));
+    if (flags & ~(wire::CALL_FLAG_NO_REPLY | wire::CALL_FLAG_HAS_RREFS)) {
+      throw ProtocolError("a call with unknown flags " + std::to_string(flags));
+    }
+    if (flags & wire::CALL_FLAG_HAS_RREFS) announceIncoming(peer, frame);
     bool noReply = (flags & wire::CALL_FLAG_NO_REPLY) != 0;
     std::string name = call.getFunctionName().cStr();
     const detail::Handler* handler = registry_.find(call.getFunctionId());
@@ -625,33 +628,49 @@ class Agent::Impl {
       }
     }
     activeIncoming_.fetch_add(1, std::memory_order_relaxed);
-    bool posted = pool_.post([this, &peer, ic, frame = std::move(frame)]() mutable { runCall(peer, ic, frame); });
+    if (handler->runOnLoop) {
+      auto shared = std::make_shared<IncomingFrame>(std::move(frame));
+      runCall(peer, ic, [&](const CallContext& ctx) { return handler->runOnLoop(ctx, shared); });
+      return;
+    }
+    bool posted = pool_.post([this, &peer, ic, frame = std::move(frame)]() mutable {
+      if (ic->cancelled) {
+        finishIncoming(peer, *ic);
+        return;
+      }
+      runCall(peer, ic, [&](const CallContext& ctx) {
+        DecodeContext dec(frame);
+        return ic->handler->run(ctx, frame.message().getCall().getArgs(), dec);
+      });
+    });
     if (!posted) finishIncoming(peer, *ic);
   }
 
-  void runCall(Peer& peer, const std::shared_ptr<IncomingCall>& ic, IncomingFrame& frame) {
-    if (ic->cancelled) {
-      finishIncoming(peer, *ic);
-      return;
-    }
+  // Runs a call's body (body(ctx) returns its result) and replies when the result is ready.
+  template <class Body>
+  void runCall(Peer& peer, const std::shared_ptr<IncomingCall>& ic, Body&& body) {
     CallContext ctx;
     ctx.callerName = peer.name;
     ctx.callerRank = peer.rank;
     ctx.callId = ic->callId;
     ctx.function = &ic->handler->name;
-    Future<detail::ResultEncoder> result;
+    Future<HeldValue> result;
     try {
-      DecodeContext dec(frame);
-      result = ic->handler->run(ctx, frame.message().getCall().getArgs(), dec);
+      result = body(ctx);
     } catch (const ProtocolError& e) {
-      result = makeErrorFuture<detail::ResultEncoder>(Status::protocol(e.what()));
+      result = makeErrorFuture<HeldValue>(Status::protocol(e.what()));
     } catch (const kj::Exception& e) {
-      result = makeErrorFuture<detail::ResultEncoder>(
+      result = makeErrorFuture<HeldValue>(
           Status::protocol(ic->handler->name + ": malformed arguments: " + e.getDescription().cStr()));
     } catch (...) {
-      result = makeErrorFuture<detail::ResultEncoder>(std::current_exception());
+      result = makeErrorFuture<HeldValue>(std::current_exception());
     }
-    result.onComplete([this, &peer, ic](const Future<detail::ResultEncoder>& f) noexcept { reply(peer, ic, f); });
+    result.onComplete([this, &peer, ic](const Future<HeldValue>& f) noexcept { reply(peer, ic, f); });
+  }
+
+  // A frame flagged as carrying remote references: the layers take them over first.
+  void announceIncoming(Peer& peer, IncomingFrame& frame) {
+    for (auto& [tag, ext] : extensions_) ext->onIncomingFrame(peer.rank, frame);
   }
 
   // Ends an incoming call's bookkeeping; true when it was still in the table (not
@@ -670,22 +689,26 @@ class Agent::Impl {
     return inTable;
   }
 
-  void reply(Peer& peer, const std::shared_ptr<IncomingCall>& ic, const Future<detail::ResultEncoder>& f) {
+  void reply(Peer& peer, const std::shared_ptr<IncomingCall>& ic, const Future<HeldValue>& f) {
     bool answer = finishIncoming(peer, *ic) && !ic->noReply && !ic->cancelled;
     if (!answer) return;
     std::shared_ptr<Connection> conn = peer.conn;
     const std::string& function = ic->handler->name;
     std::optional<OutgoingFrame> out;
+    std::optional<EncodeContext> enc;  // commits the references the value carries once sent
+    std::optional<FrameWriter> w;
     Status error;
     if (!f.hasError()) {
       try {
-        FrameWriter w;
-        auto resp = w.message().initResponse();
+        w.emplace();
+        auto resp = w->message().initResponse();
         resp.setCallId(ic->callId);
-        EncodeContext enc(w);
-        f.get()(enc, resp.initValue());
-        out = std::move(w).finish();
+        enc.emplace(*w, owner_, peer.rank);
+        f.get().encodeInto(*enc, resp.initValue());
+        if (enc->hasRRefs()) resp.setHasRrefs(true);
+        out = std::move(*w).finish();
       } catch (...) {
+        enc.reset();
         error = statusFromException(std::current_exception());
         error = Status(error.code(), function + ": cannot send the result: " + error.message());
       }
@@ -700,7 +723,10 @@ class Agent::Impl {
       fillError(resp.initError(), error);
       out = std::move(w).finish();
     }
-    if (conn->send(std::move(*out))) callsServed_.fetch_add(1, std::memory_order_relaxed);
+    if (conn->send(std::move(*out))) {
+      callsServed_.fetch_add(1, std::memory_order_relaxed);
+      if (enc) enc->commit();
+    }
   }
 
   void onCancel(Peer& peer, uint64_t callId) {
@@ -716,9 +742,10 @@ class Agent::Impl {
     ic->cancelled = true;
   }
 
-  void onResponse(Peer& peer, Connection& c, const IncomingFrame& frame) {
+  void onResponse(Peer& peer, Connection& c, IncomingFrame& frame) {
     auto resp = frame.message().getResponse();
     uint64_t callId = resp.getCallId();
+    if (resp.getHasRrefs()) announceIncoming(peer, frame);
     Pending pending;
     {
       std::lock_guard<std::mutex> lock(peer.mutex);
@@ -777,15 +804,15 @@ class Agent::Impl {
     return *p;
   }
 
-  void sendCall(const WorkerRef& to, const std::string& function, uint64_t functionId, const CallOptions& opts,
-                FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink) {
+  bool sendCall(int rank, const std::string& function, uint64_t functionId, const CallOptions& opts,
+                FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink, const std::string& label) {
     try {
-      WEFT_ENFORCE(started_.load(), StateError, "rpc: call to '", function, "' before Agent::start()");
-      WEFT_ENFORCE(!shuttingDown_.load(), StateError, "rpc: call to '", function,
-                   "' after Agent::shutdown() began on worker '", name_, "'");
-      Peer& peer = resolveOrThrow(to);
+      WEFT_ENFORCE(started_.load(), StateError, "rpc: call to '", label, "' before Agent::start()");
+      WEFT_ENFORCE(!shuttingDown_.load() || (opts.duringShutdown && !barrierOver_.load()), StateError,
+                   "rpc: call to '", label, "' after Agent::shutdown() began on worker '", name_, "'");
+      Peer& peer = resolveOrThrow(WorkerRef(rank));
       auto timeout = opts.timeout.value_or(options_.rpcTimeout);
-      WEFT_ENFORCE(timeout.count() >= 0, InvalidArgumentError, "rpc: negative timeout for a call to '", function, "'");
+      WEFT_ENFORCE(timeout.count() >= 0, InvalidArgumentError, "rpc: negative timeout for a call to '", label, "'");
       uint64_t callId = peer.nextCallId.fetch_add(1, std::memory_order_relaxed);
       auto call = writer.message().getCall();
       call.setCallId(callId);
@@ -800,13 +827,13 @@ class Agent::Impl {
         if (!peer.alive.load()) {
           Status d = peer.death.ok() ? Status::disconnected("rpc: worker '" + peer.name + "' is not connected")
                                      : peer.death;
-          sink->fail(Status::disconnected("rpc: call to '" + function + "' on worker '" + peer.name +
+          sink->fail(Status::disconnected("rpc: call to '" + label + "' on worker '" + peer.name +
                                           "' failed: " + d.message()));
-          return;
+          return false;
         }
         Pending& p = peer.pending[callId];
         p.sink = std::move(sink);
-        p.function = function;
+        p.function = label;
         p.started = now;
         if (timeout.count() > 0) {
           p.deadline = peer.deadlines.emplace(now + timeout, callId);
@@ -818,9 +845,10 @@ class Agent::Impl {
       callsSent_.fetch_add(1, std::memory_order_relaxed);
       // A closed connection drops the frame; the peer's death (reported on the
       // loop) then fails the pending call.
-      conn->send(std::move(frame));
+      return conn->send(std::move(frame));
     } catch (...) {
       if (sink) sink->failWith(std::current_exception());
+      return false;
     }
   }
 
@@ -854,6 +882,9 @@ class Agent::Impl {
       p.sink->fail(Status(status.code(), status.message() + " (call to '" + p.function + "')"));
     }
     if (!peer.connected.isReady()) peer.connected.trySetError(status);
+    if (peer.rank != options_.rank) {
+      for (auto& [tag, ext] : extensions_) ext->onPeerFailed(peer.rank, status);
+    }
     if (shutdownPhase_ == Phase::Joining || shutdownPhase_ == Phase::Waiting) {
       if (options_.rank == 0) {
         maybeDecide();
@@ -959,7 +990,11 @@ class Agent::Impl {
   enum class Phase { None, Joining, Waiting, Closing, Done };
 
   bool isIdle() const {
-    return pendingOutgoing_.load() == 0 && activeIncoming_.load() == 0;
+    if (pendingOutgoing_.load() != 0 || activeIncoming_.load() != 0) return false;
+    for (auto& [tag, ext] : extensions_) {
+      if (ext->busy()) return false;
+    }
+    return true;
   }
 
   // Loop thread.
@@ -1117,6 +1152,7 @@ class Agent::Impl {
       WEFT_LOG(Warn) << "rpc: shut down without hearing from: " << list;
     }
     shutdownPhase_ = Phase::Closing;
+    barrierOver_ = true;
     closeDeadline_ = Clock::now() + kCloseLinger;
     for (auto& pp : peers_) {
       if (pp->conn) pp->conn->closeGracefully();
@@ -1126,6 +1162,7 @@ class Agent::Impl {
   // Loop thread: the non-graceful path.
   void closeAll() {
     closingAll_ = true;
+    barrierOver_ = true;
     shutdownPhase_ = Phase::Done;
     for (auto& pp : peers_) {
       if (pp->conn) pp->conn->fail(Status::disconnected("worker '" + name_ + "' shut down"));
@@ -1147,12 +1184,14 @@ class Agent::Impl {
       startEnded_.wait(state, [&] { return !startActive_; });
     }
     if (!begun) {
+      for (auto& [tag, ext] : extensions_) ext->onClosed();
       finalReport_ = ShutdownReport{opts.graceful, {}};
       return *finalReport_;
     }
     ShutdownReport report;
     report.graceful = opts.graceful;
     if (opts.graceful && started_) {
+      for (auto& [tag, ext] : extensions_) ext->onShutdownBegin();
       auto timeout = opts.timeout.value_or(options_.shutdownTimeout);
       Promise<ShutdownReport> done;
       Future<ShutdownReport> f = done.getFuture();
@@ -1173,6 +1212,7 @@ class Agent::Impl {
     store_.reset();
     storeServer_.reset();
     loop_.stop();
+    for (auto& [tag, ext] : extensions_) ext->onClosed();
     finalReport_ = report;
     return report;
   }
@@ -1195,6 +1235,8 @@ class Agent::Impl {
     return s;
   }
 
+  Agent* owner_ = nullptr;
+  std::vector<std::pair<const void*, std::shared_ptr<AgentExtension>>> extensions_;  // fixed after construction
   Options options_;
   std::string name_;
   uint64_t incarnation_ = 0;
@@ -1222,6 +1264,7 @@ class Agent::Impl {
   bool startBegun_ = false;
   std::atomic<bool> started_{false};
   std::atomic<bool> shuttingDown_{false};
+  std::atomic<bool> barrierOver_{false};  // the graceful barrier ended, or closing at once
 
   // Shutdown (loop thread unless noted).
   std::mutex shutdownMutex_;
@@ -1249,10 +1292,53 @@ class Agent::Impl {
 
 // ---- Agent ----------------------------------------------------------------------------
 
+namespace {
+
+struct ExtensionFactories {
+  std::mutex mutex;
+  std::vector<std::pair<const void*, Agent::ExtensionFactory>> list;
+};
+
+ExtensionFactories& extensionFactories() {
+  static ExtensionFactories f;
+  return f;
+}
+
+}  // namespace
+
+bool Agent::installExtension(const void* tag, ExtensionFactory factory) {
+  auto& f = extensionFactories();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  for (auto& [t, fn] : f.list) {
+    if (t == tag) return false;
+  }
+  f.list.emplace_back(tag, factory);
+  return true;
+}
+
 Agent::Agent(Options options) {
   options.validate();
   impl_ = std::make_unique<Impl>(std::move(options));
+  impl_->owner_ = this;
+  std::vector<std::pair<const void*, ExtensionFactory>> factories;
+  {
+    auto& f = extensionFactories();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    factories = f.list;
+  }
+  for (auto& [tag, make] : factories) impl_->extensions_.emplace_back(tag, make(*this));
 }
+
+AgentExtension* Agent::findExtension(const void* tag) const {
+  for (auto& [t, ext] : impl_->extensions_) {
+    if (t == tag) return ext.get();
+  }
+  return nullptr;
+}
+
+bool Agent::post(std::function<void()> task) { return impl_->pool_.post(std::move(task)); }
+
+int Agent::rankOf(const WorkerRef& to) const { return impl_->resolveOrThrow(to).rank; }
 
 Agent::~Agent() {
   if (impl_->started_ && !impl_->finalReport_) {
@@ -1305,9 +1391,9 @@ StoreClient& Agent::store() {
 
 UvLoop& Agent::loop() { return impl_->loop_; }
 
-void Agent::sendCall(const WorkerRef& to, const std::string& function, uint64_t functionId, const CallOptions& opts,
-                     FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink) {
-  impl_->sendCall(to, function, functionId, opts, writer, std::move(sink));
+bool Agent::sendCall(int rank, const std::string& function, uint64_t functionId, const CallOptions& opts,
+                     FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink, const std::string& label) {
+  return impl_->sendCall(rank, function, functionId, opts, writer, std::move(sink), label);
 }
 
 }  // namespace weft::rpc

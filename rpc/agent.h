@@ -79,6 +79,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,11 +90,17 @@
 
 #include "common/error.h"
 #include "common/future.h"
+#include "common/type_tag.h"
 #include "rpc/codec.h"
 #include "rpc/frame.h"
 #include "rpc/function.h"
 #include "rpc/options.h"
 #include "rpc/registry.h"
+
+namespace weft {
+template <class T>
+class RRef;
+}  // namespace weft
 
 namespace weft::rpc {
 
@@ -103,6 +110,10 @@ class UvLoop;
 struct CallOptions {
   // Unset: Options::rpcTimeout. Zero: no timeout.
   std::optional<std::chrono::milliseconds> timeout = std::nullopt;
+  // For the bookkeeping of layers above rpc (an RRef's delete) that must still reach the peers
+  // while the graceful shutdown barrier runs; other calls fail with StateError once shutdown()
+  // began.
+  bool duringShutdown = false;
 };
 
 struct WorkerInfo {
@@ -154,6 +165,28 @@ struct AgentStats {
   uint64_t writeSyscalls = 0;   // writev calls (frames / writeSyscalls = coalescing)
   uint64_t framesWritten = 0;
   size_t liveConnections = 0;
+};
+
+// Per-agent state of a layer above rpc (rref/, dist_autograd/). A layer installs a factory once
+// per program (Agent::installExtension, from an inline variable in its header); every Agent
+// constructed afterwards builds one instance, which registers the layer's reserved functions
+// (Registry::implOnLoop) and is told about the events below.
+class AgentExtension {
+ public:
+  virtual ~AgentExtension() = default;
+  // Loop thread, in arrival order: a call or response flagged as carrying remote references
+  // arrived from peerRank, before it is dispatched, or dropped (an unknown function, a late
+  // response). Attach what its values need to the frame (IncomingFrame::attach).
+  virtual void onIncomingFrame(int peerRank, IncomingFrame& frame) {}
+  // Loop thread: the connection to `rank` ended; the calls pending on it have failed.
+  virtual void onPeerFailed(int rank, const Status& why) {}
+  // The thread calling shutdown({.graceful = true}), before the barrier. Calls made with
+  // CallOptions::duringShutdown still go out.
+  virtual void onShutdownBegin() {}
+  // Any thread: true while the layer has bookkeeping in flight; the shutdown barrier waits.
+  virtual bool busy() const { return false; }
+  // After shutdown closed every connection and stopped the handler pool.
+  virtual void onClosed() {}
 };
 
 namespace detail {
@@ -248,6 +281,42 @@ class Agent {
     return async(to, fn, opts, args...).get();
   }
 
+  // Remote references (defined in rref/rref.h, which a program using them includes):
+  //   RRef<PS> ps = agent.remote<PS>("ps", 0.03);       // builds a remote class on "ps"
+  //   RRef<Tensor> t = agent.remote("w1", add, a, b);   // keeps a function's result on "w1"
+  // Both return at once; see rref/rref.h.
+  template <class T, class... Args>
+  RRef<T> remote(const WorkerRef& to, const Args&... args);
+  template <class R, class... A>
+  RRef<R> remote(const WorkerRef& to, const Function<R(A...)>& fn,
+                 std::type_identity_t<const std::decay_t<A>&>... args);
+
+  // For layers above rpc: sends a call to `function` whose arguments fill(EncodeContext&,
+  // wire::Call::Builder) writes (call.initArgs(n) and the values), and decodes the result as
+  // R. Errors name `label` (default: the function), e.g. the remote method a reserved function
+  // runs. `function` and `label` must outlive the call (static or declared names). Errors as
+  // for async().
+  template <class R, class Fill>
+  Future<R> callWith(const WorkerRef& to, const std::string& function, uint64_t functionId, const CallOptions& opts,
+                     Fill&& fill, const std::string* label = nullptr);
+
+  // Runs task on the handler pool; false (task dropped) once shutdown stopped the pool.
+  bool post(std::function<void()> task);
+
+  // The rank of the worker `to` names; NotFoundError when none does.
+  int rankOf(const WorkerRef& to) const;
+
+  // Layers above rpc, see AgentExtension.
+  using ExtensionFactory = std::shared_ptr<AgentExtension> (*)(Agent&);
+  static bool installExtension(const void* tag, ExtensionFactory factory);
+  // This agent's instance of extension E (installed under typeTag<E>()); StateError if none.
+  template <class E>
+  E& extension() const {
+    AgentExtension* e = findExtension(typeTag<E>());
+    WEFT_ENFORCE(e != nullptr, StateError, "Agent: a layer this program uses was installed after the agent was built");
+    return static_cast<E&>(*e);
+  }
+
   // See "Shutdown" above. Idempotent: a second call returns the first report.
   ShutdownReport shutdown(ShutdownOptions opts = {});
 
@@ -263,33 +332,46 @@ class Agent {
 
   // Sends a call whose message in `writer` has its arguments encoded; fills in
   // the envelope and hands the outcome to sink. Never throws: every failure
-  // (unknown worker, agent not started, peer dead) goes to the sink.
-  void sendCall(const WorkerRef& to, const std::string& function, uint64_t functionId, const CallOptions& opts,
-                FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink);
+  // (agent not started, peer dead) goes to the sink. True when the frame was
+  // handed to the connection.
+  bool sendCall(int rank, const std::string& function, uint64_t functionId, const CallOptions& opts,
+                FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink, const std::string& label);
+  AgentExtension* findExtension(const void* tag) const;
 
   std::unique_ptr<Impl> impl_;
 };
 
 // ---- implementation -------------------------------------------------------------
 
-template <class R, class... A>
-Future<R> Agent::async(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
-                       std::type_identity_t<const std::decay_t<A>&>... args) {
+template <class R, class Fill>
+Future<R> Agent::callWith(const WorkerRef& to, const std::string& function, uint64_t functionId,
+                          const CallOptions& opts, Fill&& fill, const std::string* label) {
   Promise<R> promise;
   Future<R> result = promise.getFuture();
-  auto sink = std::make_unique<detail::TypedSink<R>>(std::move(promise), fn.name());
+  const std::string& name = label != nullptr ? *label : function;
+  auto sink = std::make_unique<detail::TypedSink<R>>(std::move(promise), name);
   try {
+    int peer = rankOf(to);
     FrameWriter writer;
     auto call = writer.message().initCall();
-    EncodeContext enc(writer);
-    encodeArguments(enc, call.initArgs(sizeof...(A)), args...);
-    sendCall(to, fn.name(), fn.id(), opts, writer, std::move(sink));
+    EncodeContext enc(writer, this, peer);
+    fill(enc, call);
+    if (enc.hasRRefs()) call.setFlags(call.getFlags() | wire::CALL_FLAG_HAS_RREFS);
+    if (sendCall(peer, function, functionId, opts, writer, std::move(sink), name)) enc.commit();
   } catch (...) {
     // Encoding failed before sendCall took the sink (which never throws after).
     if (!sink) throw;
     sink->failWith(std::current_exception());
   }
   return result;
+}
+
+template <class R, class... A>
+Future<R> Agent::async(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
+                       std::type_identity_t<const std::decay_t<A>&>... args) {
+  return callWith<R>(to, fn.name(), fn.id(), opts, [&](EncodeContext& enc, wire::Call::Builder call) {
+    encodeArguments(enc, call.initArgs(sizeof...(A)), args...);
+  });
 }
 
 }  // namespace weft::rpc

@@ -65,6 +65,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -81,6 +82,8 @@
 #include "tensor/tensor.h"
 
 namespace weft::rpc {
+
+class Agent;
 
 // ---- per-frame contexts ------------------------------------------------------------------
 
@@ -111,10 +114,34 @@ class CodecExtensions {
   std::vector<Slot> slots_;
 };
 
-// State of encoding one frame's values: where tensor bytes go.
+// State of encoding one frame's values: where tensor bytes go, and which worker the frame is
+// for (set by the Agent; codecs of references, rref/, need it).
 class EncodeContext {
  public:
   explicit EncodeContext(FrameWriter& writer) : writer_(writer) {}
+  EncodeContext(FrameWriter& writer, Agent* agent, int peerRank) : writer_(writer), agent_(agent), peer_(peerRank) {}
+  ~EncodeContext() {
+    if (!committed_) {
+      for (auto& undo : onDiscard_) undo();
+    }
+  }
+  EncodeContext(const EncodeContext&) = delete;
+  EncodeContext& operator=(const EncodeContext&) = delete;
+
+  // The agent sending the frame and the rank it goes to; null and -1 outside an agent.
+  Agent* agent() const { return agent_; }
+  int peerRank() const { return peer_; }
+
+  // A codec that wrote a remote reference (Value.rref) marks the frame, so that the receiver
+  // looks for references when the frame arrives (rpc/protocol.capnp, callFlagHasRRefs).
+  void markHasRRefs() { hasRRefs_ = true; }
+  bool hasRRefs() const { return hasRRefs_; }
+
+  // Bookkeeping a codec did for this frame (a fork registered for the receiver) that must be
+  // undone when the frame is never sent: run when the context is destroyed without commit().
+  void onDiscard(std::function<void()> undo) { onDiscard_.push_back(std::move(undo)); }
+  // The frame was handed to the connection: keep the bookkeeping.
+  void commit() { committed_ = true; }
 
   // Makes t's bytes an out-of-band buffer of the frame (once per distinct byte range) and
   // returns its index. t must be defined and on the CPU (InvalidArgumentError otherwise).
@@ -137,6 +164,11 @@ class EncodeContext {
     }
   };
   FrameWriter& writer_;
+  Agent* agent_ = nullptr;
+  int peer_ = -1;
+  bool hasRRefs_ = false;
+  bool committed_ = false;
+  std::vector<std::function<void()>> onDiscard_;
   std::unordered_map<SentKey, uint32_t, SentKeyHash> sent_;
   CodecExtensions extensions_;
 };
@@ -146,8 +178,10 @@ class DecodeContext {
  public:
   // Values of `frame`, nested at most as deep as the decoder that produced it allowed (or
   // maxNesting). The frame must outlive the context.
-  explicit DecodeContext(const IncomingFrame& frame) : DecodeContext(frame.buffers(), frame.maxNesting()) {}
-  DecodeContext(const IncomingFrame& frame, uint32_t maxNesting) : DecodeContext(frame.buffers(), maxNesting) {}
+  explicit DecodeContext(const IncomingFrame& frame) : DecodeContext(frame, frame.maxNesting()) {}
+  DecodeContext(const IncomingFrame& frame, uint32_t maxNesting) : DecodeContext(frame.buffers(), maxNesting) {
+    frame_ = &frame;
+  }
   DecodeContext(std::span<const std::shared_ptr<Storage>> buffers, uint32_t maxNesting)
       : buffers_(buffers), maxNesting_(maxNesting) {}
 
@@ -167,8 +201,11 @@ class DecodeContext {
   };
 
   CodecExtensions& extensions() { return extensions_; }
+  // The frame being decoded (its attachments), or null for bare buffers.
+  const IncomingFrame* frame() const { return frame_; }
 
  private:
+  const IncomingFrame* frame_ = nullptr;
   std::span<const std::shared_ptr<Storage>> buffers_;
   uint32_t maxNesting_;
   uint32_t depth_ = 0;

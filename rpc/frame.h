@@ -82,6 +82,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/type_tag.h"
 #include "common/status.h"
 #include "rpc/protocol.capnp.h"
 #include "tensor/storage.h"
@@ -209,6 +210,21 @@ class IncomingFrame {
   // The decoder's FrameLimits::maxNesting, which decoding this frame's values should respect.
   uint32_t maxNesting() const { return maxNesting_; }
 
+  // Objects a layer above rpc ties to this frame when it arrives (the RRef handles a frame
+  // carries, rref/), found later by type while its values are decoded; they live as long as
+  // the frame.
+  template <class X>
+  void attach(std::shared_ptr<X> x) {
+    attachments_.emplace_back(typeTag<X>(), std::move(x));
+  }
+  template <class X>
+  X* attachment() const {
+    for (auto& [tag, object] : attachments_) {
+      if (tag == typeTag<X>()) return static_cast<X*>(object.get());
+    }
+    return nullptr;
+  }
+
  private:
   friend class FrameDecoder;
   IncomingFrame();
@@ -220,6 +236,7 @@ class IncomingFrame {
   std::vector<std::shared_ptr<Storage>> buffers_;
   uint64_t byteSize_ = 0;
   uint32_t maxNesting_ = 0;
+  std::vector<std::pair<const void*, std::shared_ptr<void>>> attachments_;
 };
 
 // Runs fn, which reads a received message, and returns what malformed data made it throw as

@@ -206,6 +206,12 @@ const callFlagNoReply :UInt32 = 1;
 # The caller does not want a response (a notification). The callee runs the function and sends
 # nothing back, not even an error; the callId still identifies the call for `cancel` and tracing.
 
+const callFlagHasRrefs :UInt32 = 2;
+# The arguments hold at least one `Value.rref`. The receiver then takes over every reference in
+# the frame when it arrives, before the call is dispatched, even if it is never run (unknown
+# function, cancelled): see "Remote references" below. A `Value.rref` in a frame without this
+# flag is a protocol error.
+
 struct Response {
   # Sent by the callee exactly once for each call it accepted without `noReply`, when the
   # function's result (or its returned future) is ready, or when it failed. After sending it the
@@ -229,6 +235,10 @@ struct Response {
 
   autograd @3 :AutogradInfo;
   # Null unless the call carried an AutogradInfo and the value holds tensors that require grad.
+
+  hasRrefs @4 :Bool;
+  # The value holds at least one `Value.rref`; as callFlagHasRrefs for a call. The caller takes
+  # over the references even when it drops the response (the call timed out).
 }
 
 struct Cancel {
@@ -325,6 +335,9 @@ struct Value {
     float64List @16 :List(Float64);
     boolList @17 :List(Bool);
     # std::vector of an arithmetic type, packed: 1 to 8 bytes per element instead of a Value each.
+
+    rref @18 :RRefDesc;
+    # A remote reference (weft::RRef<T>, rref/rref.h); see "Remote references" below.
   }
 }
 
@@ -420,4 +433,75 @@ struct ShutdownProceed {
   missing @2 :List(Text);
   # The names of workers the leader did not hear from (dead or timed out), so each worker can
   # report them from shutdown().
+}
+
+# ========================================================================================
+# Remote references
+#
+# A remote reference (RRef, rref/rref.h) names a value or object that lives on one worker, its
+# *owner*, from any worker of the job. The owner keeps the value while some handle to it exists
+# anywhere; every worker other than the owner that holds handles holds one or more *forks*, and
+# the owner keeps the set of forks it knows of. The protocol is PyTorch's owner/user protocol
+# (ids of forks, fork request, child accept, user delete) carried by calls to reserved functions
+# (names starting with "weft.rref."), which the receiver runs on its loop thread in the order they
+# arrive on the connection (rpc::Registry::implOnLoop). That ordering is what the guarantees
+# below rest on.
+#
+# Ids. An RRef id and a fork id have the same layout: the rank of the worker that made it in the
+# high 16 bits, a counter of that worker in the low 48, never reused while the job runs. An RRef
+# id lives until the owner deletes the value (its last fork deleted and no handle left on the
+# owner); a fork id lives from the moment it is created until its holder's `delete` reaches the
+# owner, or until the holder's or the owner's connection fails.
+#
+# Who sends what (arguments are the tuple in args[0]; `args` of the target go in args[1]):
+#   weft.rref.create (rrefId, forkId, kind, name, index)  creator -> owner: remote(). Registers the
+#       creator's fork (forkId = rrefId; 0 when the creator is the owner) and starts building the
+#       value: kind 0 constructs the remote class `name` with its constructor `index`, kind 1 runs
+#       the registered function `name`, kind 2 runs method `name` of the object rrefId `index`.
+#       args[1] are the constructor's or function's arguments. Answered (none) at once: the
+#       answer is the owner's confirmation of the fork. A failure while building is kept and
+#       returned by every later use of the reference.
+#   weft.rref.call (rrefId, method)  any holder -> owner: runs the method on the object when it
+#       exists (a call arriving before the create is queued), answers the method's result.
+#   weft.rref.fetch (rrefId)  any holder -> owner: answers a copy of the value (toHere()).
+#   weft.rref.fork (rrefId, forkId)  new holder -> owner: the receiver of a reference sent by a
+#       user that is not the owner asks the owner to register its fork; answered at once. Then
+#       the new holder's fork is confirmed and it sends weft.rref.accept to the sender.
+#   weft.rref.accept (forkId)  new holder -> sender (the parent): the child fork is registered;
+#       the parent may now drop the handle it kept alive for it (guarantee G2).
+#   weft.rref.delete (rrefId, forkId)  holder -> owner: the holder dropped its last handle of
+#       that fork (guarantee G1: sent only after the fork was confirmed, so it never overtakes
+#       the fork's registration).
+#
+# Sending a reference to worker D inside any call or response (a Value.rref):
+#   - D is the owner: no fork is made; forkId is 0. D holds the value on arrival.
+#   - the sender is the owner: it registers a new fork for D before sending; D's fork is
+#     confirmed on arrival.
+#   - otherwise (a user sends to a third worker or to itself): the sender makes a new fork id,
+#     keeps its own handle alive for it (a pending child), and D asks the owner to register it
+#     (weft.rref.fork) when the frame arrives, then accepts it at the sender (weft.rref.accept).
+# A frame that is never sent undoes its forks. A receiver takes over every reference in a
+# frame when it arrives, whether or not the frame is used (a dropped response, a cancelled
+# call), and drops the ones nothing decoded, which then are deleted as above.
+#
+# Failures. When a worker's connection fails, its peers forget it: an owner drops every fork
+# that worker held, and fails the references it had not finished creating; a holder fails every
+# handle whose owner it was (DisconnectedError) and drops the children it kept for it.
+# Graceful shutdown first deletes every fork a worker holds, and the shutdown barrier waits
+# until no fork request, accept or delete is outstanding.
+
+struct RRefDesc {
+  # A remote reference inside a Value. Sent as described above.
+
+  rrefId @0 :UInt64;
+  # The reference (see Ids). Never 0.
+  forkId @1 :UInt64;
+  # The fork made for the receiver, 0 when the receiver is the owner.
+  owner @2 :UInt32;
+  # The owner's rank.
+  parent @3 :UInt32;
+  # The sender's rank (the worker the receiver accepts the fork at).
+  typeName @4 :Text;
+  # The value's type (a remote class's name, or the codec's type name, rpc/codec.h); the
+  # receiver checks it against the RRef<T> it decodes.
 }

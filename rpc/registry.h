@@ -43,6 +43,7 @@
 
 #include "common/error.h"
 #include "common/future.h"
+#include "common/type_tag.h"
 #include "rpc/codec.h"
 #include "rpc/function.h"
 
@@ -56,10 +57,42 @@ struct CallContext {
   const std::string* function = nullptr;  // the registered name; lives as long as the registry
 };
 
-namespace detail {
+// A value a function produced, type-erased: a response encodes it, and remote() (rref/) keeps
+// it on the callee as the value of a remote reference.
+struct HeldValue {
+  std::shared_ptr<void> object;  // null for a function returning void
+  const void* type = nullptr;    // typeTag<R>() of the decayed result type (typeTag<void>() for none)
+  std::string typeName;          // Codec<R>::typeName(), or the remote class's name
+  // Writes the value into a response; null when the type has no codec (a remote object).
+  void (*encode)(const void* object, EncodeContext&, wire::Value::Builder) = nullptr;
 
-// Writes a handler's result into a response's value.
-using ResultEncoder = std::function<void(EncodeContext&, wire::Value::Builder)>;
+  template <class R>
+  static HeldValue of(R value) {
+    HeldValue h;
+    h.object = std::make_shared<R>(std::move(value));
+    h.type = typeTag<R>();
+    h.typeName = Codec<R>::typeName();
+    h.encode = [](const void* object, EncodeContext& ctx, wire::Value::Builder out) {
+      encodeResult(ctx, out, *static_cast<const R*>(object));
+    };
+    return h;
+  }
+  static HeldValue none() {
+    HeldValue h;
+    h.type = typeTag<void>();
+    h.typeName = "none";
+    h.encode = [](const void*, EncodeContext&, wire::Value::Builder out) { out.setNone(); };
+    return h;
+  }
+  // Writes the value; InvalidArgumentError when its type cannot cross the wire.
+  void encodeInto(EncodeContext& ctx, wire::Value::Builder out) const {
+    WEFT_ENFORCE(encode != nullptr, InvalidArgumentError, "rpc: a value of type '", typeName,
+                 "' cannot be sent (it has no codec)");
+    encode(object.get(), ctx, out);
+  }
+};
+
+namespace detail {
 
 template <class T>
 struct IsFuture : std::false_type {};
@@ -69,24 +102,22 @@ struct IsFuture<Future<T>> : std::true_type {
 };
 
 template <class R>
-ResultEncoder encoderFor(R value) {
+HeldValue holdResult(R value) {
   if constexpr (std::is_void_v<R>) {
-    return [](EncodeContext&, wire::Value::Builder out) { out.setNone(); };
+    return HeldValue::none();
   } else {
-    return [v = std::move(value)](EncodeContext& ctx, wire::Value::Builder out) { encodeResult(ctx, out, v); };
+    return HeldValue::of<R>(std::move(value));
   }
 }
 
-inline ResultEncoder voidEncoder() {
-  return [](EncodeContext&, wire::Value::Builder out) { out.setNone(); };
-}
-
-// One registered function, type-erased: decodes the arguments of a call (throwing
-// ProtocolError on a mismatch), runs the body and returns its result as an encoder.
+// One registered function, type-erased. `run` decodes the arguments of a call (throwing
+// ProtocolError on a mismatch) and runs the body, on a pool thread. `runOnLoop` (set instead
+// for Registry::implOnLoop) runs on the loop thread when the call arrives and keeps the frame.
 struct Handler {
   std::string name;
   uint64_t id = 0;
-  std::function<Future<ResultEncoder>(const CallContext&, capnp::List<wire::Value>::Reader, DecodeContext&)> run;
+  std::function<Future<HeldValue>(const CallContext&, capnp::List<wire::Value>::Reader, DecodeContext&)> run;
+  std::function<Future<HeldValue>(const CallContext&, std::shared_ptr<IncomingFrame>)> runOnLoop;
 };
 
 template <class R, class F, class... Args>
@@ -109,6 +140,14 @@ class Registry {
   // Binds body to fn (see the header comment for what body may be).
   template <class R, class... A, class F>
   void impl(const Function<R(A...)>& fn, F&& body);
+
+  // For layers above rpc (rref/, dist_autograd/): binds `name` to a body that runs on the
+  // agent's loop thread as soon as the call arrives, in the order calls arrive on each
+  // connection, and receives the whole frame (keep it to decode later). The body must not
+  // block; it hands slow work to Agent::post and returns a future. Names starting with
+  // "weft." are reserved for these.
+  void implOnLoop(std::string name,
+                  std::function<Future<HeldValue>(const CallContext&, std::shared_ptr<IncomingFrame>)> body);
 
   // The handler registered under this id, or null.
   const detail::Handler* find(uint64_t id) const;
@@ -150,25 +189,24 @@ void Registry::impl(const Function<R(A...)>& fn, F&& body) {
   h.name = fn.name();
   h.id = fn.id();
   h.run = [body = Body(std::forward<F>(body)), name = fn.name()](
-              const CallContext& ctx, capnp::List<wire::Value>::Reader in,
-              DecodeContext& dec) mutable -> Future<detail::ResultEncoder> {
+              const CallContext& ctx, capnp::List<wire::Value>::Reader in, DecodeContext& dec) mutable {
     auto args = decodeArguments<A...>(name, in, dec);
+    using Result = std::decay_t<R>;
     if constexpr (detail::IsFuture<std::decay_t<Returned>>::value) {
-      Future<std::decay_t<R>> result = std::apply(
+      Future<Result> result = std::apply(
           [&](auto&&... a) { return detail::invokeBody<R>(body, ctx, std::move(a)...); }, std::move(args));
       if constexpr (std::is_void_v<R>) {
-        return result.then([] { return detail::voidEncoder(); });
+        return result.then([] { return HeldValue::none(); });
       } else {
-        return result.then([](const std::decay_t<R>& v) { return detail::encoderFor<std::decay_t<R>>(v); });
+        return result.then([](const Result& v) { return HeldValue::of<Result>(v); });
       }
     } else if constexpr (std::is_void_v<R>) {
       std::apply([&](auto&&... a) { detail::invokeBody<R>(body, ctx, std::move(a)...); }, std::move(args));
-      return makeReadyFuture(detail::voidEncoder());
+      return makeReadyFuture(HeldValue::none());
     } else {
-      std::decay_t<R> result = std::apply(
-          [&](auto&&... a) -> std::decay_t<R> { return detail::invokeBody<R>(body, ctx, std::move(a)...); },
-          std::move(args));
-      return makeReadyFuture(detail::encoderFor<std::decay_t<R>>(std::move(result)));
+      Result result = std::apply(
+          [&](auto&&... a) -> Result { return detail::invokeBody<R>(body, ctx, std::move(a)...); }, std::move(args));
+      return makeReadyFuture(HeldValue::of<Result>(std::move(result)));
     }
   };
   add(std::move(h));

@@ -1,0 +1,208 @@
+// RRef and remote classes between agents of one process (each with its own loop,
+// pool and TCP connections on 127.0.0.1): creation, method calls, pipelining,
+// forks in every direction, reference counting down to empty tables, errors.
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rpc/agent_util.h"
+#include "rref/rref.h"
+#include "weft_test.h"
+
+using namespace std::chrono_literals;
+using weft::Future;
+using weft::RRef;
+using weft::Tensor;
+using weft::rpc::Agent;
+using weft::testing::AgentGroup;
+using weft::testing::eventually;
+
+namespace rreftest {
+
+// A small remote class: a counter with a tensor and methods of every kind.
+class Counter {
+ public:
+  explicit Counter(int64_t start) : value_(start) {}
+  Counter(int64_t start, std::string label) : value_(start), label_(std::move(label)) {}
+  int64_t add(int64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    value_ += n;
+    return value_;
+  }
+  int64_t get() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return value_;
+  }
+  std::string label() const { return label_; }
+  Tensor scaled(Tensor x) const { return x * static_cast<double>(get()); }
+  Future<int64_t> later(int64_t n) { return weft::makeReadyFuture(add(n)); }
+  void fail() const { throw std::runtime_error("counter failed on purpose"); }
+
+ private:
+  mutable std::mutex mutex_;
+  int64_t value_;
+  std::string label_;
+};
+WEFT_REMOTE_CLASS(Counter, WEFT_CONSTRUCTORS((int64_t), (int64_t, std::string)), add, get, label, scaled, later, fail);
+
+class Exploding {
+ public:
+  explicit Exploding(int64_t) { throw std::runtime_error("the constructor exploded"); }
+  int64_t get() const { return 0; }
+};
+WEFT_REMOTE_CLASS(Exploding, WEFT_CONSTRUCTORS((int64_t)), get);
+
+struct Holder {
+  std::string name;
+  std::vector<RRef<Tensor>> refs;
+};
+WEFT_CODEC_FIELDS(Holder, name, refs);
+
+inline const weft::Function<Tensor(Tensor, Tensor)> addT{"rref_test.add"};
+inline const weft::Function<Tensor(RRef<Tensor>)> fetchSum{"rref_test.fetchSum"};
+inline const weft::Function<RRef<Tensor>(RRef<Tensor>)> echo{"rref_test.echo"};
+inline const weft::Function<int64_t(Holder)> countHeld{"rref_test.countHeld"};
+inline const weft::Function<RRef<Tensor>(int64_t)> makeLocal{"rref_test.makeLocal"};
+
+}  // namespace rreftest
+
+using namespace rreftest;
+
+namespace {
+
+void bindAll(AgentGroup& g) {
+  for (int r = 0; r < g.size(); ++r) {
+    Agent& a = g.agent(r);
+    a.registry().impl(addT, [](Tensor x, Tensor y) { return x + y; });
+    a.registry().impl(fetchSum, [](RRef<Tensor> t) { return t.toHere().sum(); });
+    a.registry().impl(echo, [](RRef<Tensor> t) { return t; });
+    a.registry().impl(countHeld, [](Holder h) {
+      int64_t n = 0;
+      for (auto& r : h.refs) n += static_cast<int64_t>(r.toHere().numel());
+      return n;
+    });
+    a.registry().impl(makeLocal, [&a](int64_t n) { return a.remote(a.rank(), addT, weft::ones({n}), weft::ones({n})); });
+  }
+}
+
+bool allEmpty(AgentGroup& g) {
+  for (int r = 0; r < g.size(); ++r) {
+    if (!weft::rref::debugCounts(g.agent(r)).empty()) return false;
+  }
+  return true;
+}
+
+std::string countsOf(AgentGroup& g) {
+  std::string s;
+  for (int r = 0; r < g.size(); ++r) s += "rank " + std::to_string(r) + ": " + weft::rref::debugCounts(g.agent(r)).toString() + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("rref: remote class, method calls, pipelining and deletion") {
+  AgentGroup g(2);
+  bindAll(g);
+  g.start();
+  {
+    RRef<Counter> c = g.agent(0).remote<Counter>(1, int64_t{5});
+    // Calls right after remote() are queued at the owner until the object exists.
+    Future<int64_t> a = c.rpcAsync(&Counter::add, int64_t{3});
+    CHECK(c.rpcSync(&Counter::add, 2) == 10);
+    CHECK(a.get() == 8);
+    CHECK(c.rpcSync(&Counter::later, int64_t{1}) == 11);
+    CHECK(c.owner() == 1);
+    CHECK_FALSE(c.isOwner());
+    CHECK(eventually([&] { return c.confirmedByOwner(); }, 5s));
+    Tensor s = c.rpcSync(&Counter::scaled, weft::ones({3}));
+    CHECK(s.sum().item<float>() == doctest::Approx(33.0));
+    RRef<Counter> labelled = g.agent(0).remote<Counter>("worker1", 1, std::string("x"));
+    CHECK(labelled.rpcSync(&Counter::label) == "x");
+    CHECK_THROWS_AS(c.rpcSync(&Counter::fail), weft::RemoteError);
+    CHECK_THROWS_AS(c.localValue(), weft::InvalidArgumentError);
+    CHECK(weft::rref::debugCounts(g.agent(1)).owned == 2);
+  }
+  CHECK_MESSAGE(eventually([&] { return allEmpty(g); }, 5s), countsOf(g));
+  auto reports = g.shutdownAll();
+  for (auto& r : reports) CHECK(r.clean());
+  CHECK(allEmpty(g));
+}
+
+TEST_CASE("rref: remote() of a function, toHere, localValue on the owner") {
+  AgentGroup g(2);
+  bindAll(g);
+  g.start();
+  {
+    RRef<Tensor> r = g.agent(0).remote(1, addT, weft::ones({4}), weft::ones({4}));
+    CHECK(r.toHere().sum().item<float>() == doctest::Approx(8.0));
+    RRef<Tensor> mine = g.agent(1).remote(1, addT, weft::ones({2}), weft::ones({2}));
+    CHECK(mine.isOwner());
+    CHECK(mine.confirmedByOwner());
+    CHECK(mine.localValue()->sum().item<float>() == doctest::Approx(4.0));
+    CHECK(mine.toHere().sum().item<float>() == doctest::Approx(4.0));
+  }
+  CHECK_MESSAGE(eventually([&] { return allEmpty(g); }, 5s), countsOf(g));
+}
+
+TEST_CASE("rref: a constructor that throws surfaces at the first use") {
+  AgentGroup g(2);
+  bindAll(g);
+  g.start();
+  RRef<Exploding> e = g.agent(0).remote<Exploding>(1, int64_t{1});
+  try {
+    e.rpcSync(&Exploding::get);
+    FAIL("expected an error");
+  } catch (const weft::RemoteError& err) {
+    CHECK(std::string(err.what()).find("the constructor exploded") != std::string::npos);
+    CHECK(std::string(err.what()).find("Exploding constructor") != std::string::npos);
+  }
+}
+
+TEST_CASE("rref: forks owner to user, user to owner, user to third worker") {
+  AgentGroup g(3);
+  bindAll(g);
+  g.start();
+  {
+    RRef<Tensor> r = g.agent(0).remote(1, addT, weft::ones({3}), weft::ones({3}));
+    // user (0) -> owner (1)
+    CHECK(g.agent(0).sync(1, fetchSum, r).item<float>() == doctest::Approx(6.0));
+    // user (0) -> third worker (2)
+    CHECK(g.agent(0).sync(2, fetchSum, r).item<float>() == doctest::Approx(6.0));
+    // a reference that comes back: owner (1) -> user (2) through a result
+    RRef<Tensor> made = g.agent(2).sync(1, makeLocal, int64_t{5});
+    CHECK(made.owner() == 1);
+    CHECK(made.confirmedByOwner());
+    CHECK(made.toHere().sum().item<float>() == doctest::Approx(10.0));
+    // a round trip through another user: 0 -> 2 -> 0
+    RRef<Tensor> back = g.agent(0).sync(2, echo, r);
+    CHECK(back.id() == r.id());
+    CHECK(eventually([&] { return back.confirmedByOwner(); }, 5s));
+    CHECK(back.toHere().sum().item<float>() == doctest::Approx(6.0));
+    // nested in a struct
+    Holder h{"h", {r, back, r}};
+    CHECK(g.agent(0).sync(2, countHeld, h) == 9);
+    CHECK(g.agent(2).sync(0, countHeld, Holder{"m", {made}}) == 5);
+  }
+  CHECK_MESSAGE(eventually([&] { return allEmpty(g); }, 5s), countsOf(g));
+  auto reports = g.shutdownAll();
+  for (auto& r : reports) CHECK(r.clean());
+  CHECK(allEmpty(g));
+}
+
+TEST_CASE("rref: shutdown with handles still held leaves every table empty") {
+  AgentGroup g(3);
+  bindAll(g);
+  g.start();
+  RRef<Tensor> r = g.agent(0).remote(1, addT, weft::ones({3}), weft::ones({3}));
+  RRef<Tensor> onTwo = g.agent(2).sync(1, makeLocal, int64_t{2});
+  RRef<Counter> c = g.agent(2).remote<Counter>(0, int64_t{1});
+  CHECK(c.rpcSync(&Counter::get) == 1);
+  auto reports = g.shutdownAll();
+  for (auto& rep : reports) CHECK(rep.clean());
+  CHECK_MESSAGE(allEmpty(g), countsOf(g));
+  CHECK_THROWS_AS(r.toHere(), weft::StateError);
+}
