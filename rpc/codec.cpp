@@ -30,6 +30,8 @@ std::string describeKind(wire::Value::Reader in) {
       return "map";
     case wire::Value::RECORD:
       return "struct";
+    case wire::Value::RREF:
+      return "RRef";
     case wire::Value::INT_LIST:
       return "list of int";
     case wire::Value::UINT_LIST:

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rpc/agent_util.h"
@@ -205,4 +206,100 @@ TEST_CASE("rref: shutdown with handles still held leaves every table empty") {
   for (auto& rep : reports) CHECK(rep.clean());
   CHECK_MESSAGE(allEmpty(g), countsOf(g));
   CHECK_THROWS_AS(r.toHere(), weft::StateError);
+}
+
+namespace rreftest {
+
+class Slow {
+ public:
+  explicit Slow(int64_t ms) : value_(ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+  int64_t value() const { return value_; }
+  int64_t block(int64_t ms) const {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return ms;
+  }
+
+ private:
+  int64_t value_;
+};
+WEFT_REMOTE_CLASS(Slow, WEFT_CONSTRUCTORS((int64_t)), value, block);
+
+}  // namespace rreftest
+
+TEST_CASE("rref: calls and toHere sent before the object exists wait for it at the owner") {
+  AgentGroup g(2);
+  bindAll(g);
+  g.start();
+  auto t0 = std::chrono::steady_clock::now();
+  RRef<Slow> s = g.agent(0).remote<Slow>(1, int64_t{300});
+  CHECK(std::chrono::steady_clock::now() - t0 < 200ms);  // remote() does not wait for the constructor
+  Future<int64_t> v = s.rpcAsync(&Slow::value);
+  RRef<int64_t> kept = s.remote(&Slow::value);
+  CHECK(v.get() == 300);
+  CHECK(kept.toHere() == 300);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 300ms);
+}
+
+TEST_CASE("rref: several threads use one handle at once") {
+  AgentGroup g(2, [](int, weft::rpc::Options& o) { o.numWorkerThreads = 4; });
+  bindAll(g);
+  g.start();
+  RRef<Counter> c = g.agent(0).remote<Counter>(1, int64_t{0});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([c] {
+      std::vector<Future<int64_t>> fs;
+      for (int i = 0; i < 200; ++i) fs.push_back(c.rpcAsync(&Counter::add, int64_t{1}));
+      for (auto& f : fs) f.get();
+      RRef<Counter> copy = c;  // copies made and dropped concurrently
+      (void)copy;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(c.rpcSync(&Counter::get) == 800);
+}
+
+TEST_CASE("rref: the owner's death fails every handle and every pending call promptly") {
+  AgentGroup g(3);
+  bindAll(g);
+  g.start();
+  RRef<Slow> s = g.agent(0).remote<Slow>(1, int64_t{0});
+  CHECK(s.rpcSync(&Slow::value) == 0);
+  RRef<Tensor> t = g.agent(0).remote(1, addT, weft::ones({2}), weft::ones({2}));
+  RRef<Tensor> onTwo = g.agent(2).sync(1, makeLocal, int64_t{2});
+  Future<int64_t> pending = s.rpcAsync(&Slow::block, int64_t{5000});
+  std::this_thread::sleep_for(50ms);
+  auto t0 = std::chrono::steady_clock::now();
+  // The owner closes every connection at once (its own shutdown then waits for the blocked body).
+  std::thread closer([&] { g.agent(1).shutdown({.graceful = false}); });
+  CHECK_THROWS_AS(pending.get(), weft::DisconnectedError);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK(eventually([&] { return !g.agent(0).isAlive(1) && !g.agent(2).isAlive(1); }, 5s));
+  try {
+    s.rpcSync(&Slow::value);
+    FAIL("expected DisconnectedError");
+  } catch (const weft::DisconnectedError& e) {
+    CHECK(std::string(e.what()).find("worker1") != std::string::npos);
+  }
+  CHECK_THROWS_AS(t.toHere(), weft::DisconnectedError);
+  CHECK_THROWS_AS(onTwo.toHere(), weft::DisconnectedError);
+  CHECK_THROWS_AS(s.remote(&Slow::value).toHere(), weft::DisconnectedError);
+  closer.join();
+}
+
+TEST_CASE("rref: misuse is a clear error") {
+  AgentGroup g(2);
+  bindAll(g);
+  g.start();
+  RRef<Tensor> empty;
+  CHECK_FALSE(empty.valid());
+  CHECK_THROWS_AS(empty.toHere(), weft::InvalidArgumentError);
+  CHECK_THROWS_AS(g.agent(0).sync(1, fetchSum, empty), weft::InvalidArgumentError);
+  CHECK_THROWS_AS(g.agent(0).remote<Counter>("nobody", int64_t{1}), weft::NotFoundError);
+  // A handle of one agent sent through another (two agents in one process) is refused.
+  RRef<Tensor> r = g.agent(0).remote(1, addT, weft::ones({1}), weft::ones({1}));
+  CHECK_THROWS_AS(g.agent(1).sync(0, fetchSum, r), weft::InvalidArgumentError);
+  // The function's error is kept and raised, typed and with its origin, at the first use.
+  RRef<Tensor> bad = g.agent(0).remote(1, addT, weft::ones({2}), weft::ones({3}));
+  CHECK_THROWS_WITH_AS(bad.toHere(), doctest::Contains("in 'rref_test.add'"), weft::InvalidArgumentError);
 }
