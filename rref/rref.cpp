@@ -390,6 +390,7 @@ Future<rpc::HeldValue> RRefContext::onCreate(const rpc::CallContext& ctx, std::s
       Promise<rpc::HeldValue> built;
       build(rec, built.getFuture(), h->name);
       rpc::CallContext c = ctx;
+      c.function = &h->name;
       bool posted = agent_.post([frame, listOf, h, built, c]() mutable {
         try {
           rpc::DecodeContext d(*frame);
@@ -648,12 +649,19 @@ void RRefContext::adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& inbo
   }
   auto core = makeCore(id, fork, owner, d.getTypeName().cStr());
   bool askOwner = false;
+  bool deleteNow = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shuttingDown_) {
+      // Nothing may use a handle once shutdown began: give it back at once (an unconfirmed one
+      // is given back when the owner confirms it, below).
+      core->released = true;
+      core->unusable = true;
+    }
     if (owner == self()) {
       auto rec = recordFor(id);
       if (rec) {
-        rec->local.push_back(core.get());
+        if (!core->released) rec->local.push_back(core.get());
         core->record = rec;
         core->confirmed = true;
       } else {
@@ -669,13 +677,18 @@ void RRefContext::adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& inbo
       users_[fork] = core.get();
       if (parent == owner) {
         core->confirmed = true;
+        deleteNow = core->released;
       } else {
+        // Given back when the owner confirms it (confirm()), never before (G1).
+        core->released = false;
+        core->unusable = false;
         pendingUsers_[fork] = core;
         askOwner = true;
       }
     }
   }
   inbox.cores.emplace(key, core);
+  if (deleteNow) sendDelete(id, fork, owner);
   if (!askOwner) return;
   // Register the fork at the owner, then tell the parent it may drop the handle it kept for us.
   auto f = agent_.callWith<void>(owner, kFork, rpc::nameId(kFork), kControl,
