@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs weft's RPC tests under AddressSanitizer and UndefinedBehaviorSanitizer
+# Runs weft's RPC and RRef tests under AddressSanitizer and UndefinedBehaviorSanitizer
 # (LeakSanitizer included): configures a WEFT_SANITIZE=ON build (CMake adds
 # -fsanitize=address,undefined -fno-sanitize-recover=undefined to every target,
-# see cmake/WeftHelpers.cmake), builds only what the RPC tests need (test_rpc,
-# test_rpc_mp, the helper programs they start from tests/rpc/helpers, weftrun),
+# see cmake/WeftHelpers.cmake), builds only what those tests need (test_rpc,
+# test_rpc_mp, test_rref, test_rref_mp, the helper programs they start from
+# tests/rpc/helpers and tests/rref/helpers, weftrun),
 # runs the RPC tests labelled unit or multiprocess through ctest, and prints a
 # summary: the tests that failed and every sanitizer report, each cut to its
 # headline, its first frames and its SUMMARY line.
@@ -74,7 +75,10 @@ cmake -S "$root" -B "$build_dir" -G Ninja \
 
 # The helper programs the multiprocess tests start, as tests/rpc/helpers declares them.
 helpers=$(sed -n 's/^[[:space:]]*add_executable(\([A-Za-z0-9_]*\).*/\1/p' "$root/tests/rpc/helpers/CMakeLists.txt")
-targets="test_rpc test_rpc_mp weftrun $helpers"
+targets="test_rpc test_rpc_mp test_rref weftrun $helpers"
+if [[ -f "$root/tests/rref/helpers/CMakeLists.txt" ]]; then
+  targets="$targets test_rref_mp $(sed -n 's/^[[:space:]]*add_executable(\([A-Za-z0-9_]*\).*/\1/p' "$root/tests/rref/helpers/CMakeLists.txt")"
+fi
 section "build: $(echo $targets)"
 build_started=$(date +%s)
 if ! cmake --build "$build_dir" --target $targets -j "$jobs"; then
@@ -93,11 +97,11 @@ tests = json.load(sys.stdin)["tests"]
 numbers, missing = [], []
 for i, t in enumerate(tests, 1):
     name = t["name"]
-    if re.match(r"test_rpc(_mp)?_NOT_BUILT", name):
+    if re.match(r"test_r(pc|ref)(_mp)?_NOT_BUILT", name):
         missing.append(name)
         continue
     command = t.get("command") or []
-    if not command or os.path.basename(command[0]) not in ("test_rpc", "test_rpc_mp"):
+    if not command or os.path.basename(command[0]) not in ("test_rpc", "test_rpc_mp", "test_rref", "test_rref_mp"):
         continue
     labels = [v for p in t.get("properties", []) if p["name"] == "LABELS" for v in p["value"]]
     if not {"unit", "multiprocess"} & set(labels):
