@@ -707,10 +707,10 @@ void RRefContext::adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& inbo
       }
       return;
     }
-    uint64_t fork = core->fork;
+    uint64_t child = core->fork;
     self->agent_.callWith<void>(parent, kAccept, rpc::nameId(kAccept), kControl,
                                 [&](rpc::EncodeContext& enc, rpc::wire::Call::Builder call) {
-                                  rpc::encodeArguments(enc, call.initArgs(1), fork);
+                                  rpc::encodeArguments(enc, call.initArgs(1), child);
                                 });
   });
 }
