@@ -20,6 +20,9 @@
 //   bool                                  boolean
 //   signed integers (int8_t..int64_t)     int      (range-checked against the declared type)
 //   unsigned integers (uint8_t..uint64_t) uint     (range-checked likewise)
+//   enums over those integer types        int      (the underlying integer, range-checked against
+//                                                   the underlying type; which enumerators are
+//                                                   valid is the receiver's to check)
 //   float / double                        float32 / float64
 //   std::string                           text
 //   std::vector<uint8_t>, <std::byte>     bytes
@@ -325,6 +328,31 @@ struct Codec<T> {
       if (!std::in_range<T>(v)) detail::throwOutOfRange(typeName().c_str(), std::to_string(v));
       return static_cast<T>(v);
     }
+  }
+};
+
+// An enum travels as its underlying integer in the `int` member, whatever the underlying type's
+// signedness (so both ends need only agree on the enum). Decoding checks the value fits the
+// underlying type; encoding an unsigned 64-bit value above INT64_MAX is an InvalidArgumentError.
+// Enums over a char type or bool have no codec, as those types have none.
+template <class T>
+concept WireEnum = std::is_enum_v<T> && detail::WireInteger<std::underlying_type_t<T>>;
+
+template <WireEnum T>
+struct Codec<T> {
+  using Underlying = std::underlying_type_t<T>;
+  static std::string typeName() { return "enum(" + detail::integerName<Underlying>() + ")"; }
+  static void encode(const T& v, wire::Value::Builder out, EncodeContext&) {
+    auto u = static_cast<Underlying>(v);
+    WEFT_ENFORCE(std::in_range<int64_t>(u), InvalidArgumentError, "rpc: the ", typeName(), " value ",
+                 static_cast<uint64_t>(u), " does not fit the wire's int64");
+    out.setInt(static_cast<int64_t>(u));
+  }
+  static T decode(wire::Value::Reader in, DecodeContext&) {
+    if (in.which() != wire::Value::INT) throwKindMismatch(typeName(), in);
+    int64_t v = in.getInt();
+    if (!std::in_range<Underlying>(v)) detail::throwOutOfRange(typeName().c_str(), std::to_string(v));
+    return static_cast<T>(static_cast<Underlying>(v));
   }
 };
 

@@ -35,6 +35,11 @@ struct Tree {
 };
 WEFT_CODEC_FIELDS(Tree, value, children);
 
+enum class Shade : uint8_t { Light = 1, Dark = 200 };
+enum class Offset : int16_t { Back = -300, Forward = 300 };
+enum Plain { kZero, kOne };
+enum class Huge : uint64_t { Top = std::numeric_limits<uint64_t>::max() };
+
 // Same fields as Point under another name.
 struct Vec2 {
   double x = 0;
@@ -386,6 +391,27 @@ TEST_CASE("integers are range-checked against the declared type") {
         "f: argument 2: element 1: value -129 is out of range for int8");
   // Signed and unsigned are different kinds: the declarations disagree.
   CHECK(decodeError<uint64_t, uint64_t, std::vector<int64_t>>(w, "f") == "f: argument 0: expected uint64, got int");
+}
+
+TEST_CASE("enums travel as their underlying integer and are range-checked against it") {
+  CHECK(roundTrip(geo::Shade::Dark) == geo::Shade::Dark);
+  CHECK(roundTrip(geo::Offset::Back) == geo::Offset::Back);
+  CHECK(roundTrip(geo::kOne) == geo::kOne);
+  CHECK(roundTrip(std::vector<geo::Shade>{geo::Shade::Light, geo::Shade::Dark}) ==
+        std::vector<geo::Shade>{geo::Shade::Light, geo::Shade::Dark});
+  CHECK(Codec<geo::Shade>::typeName() == "enum(uint8)");
+  // The int member, whatever the underlying signedness.
+  Wire w = Wire::call(geo::Shade::Dark, geo::Offset::Back, int64_t{256}, uint64_t{1});
+  CHECK(w.args()[0].which() == wire::Value::INT);
+  CHECK(decodeError<int64_t, geo::Offset, int64_t, uint64_t>(w, "f") == "(no error)");
+  CHECK(decodeError<geo::Shade, geo::Shade, geo::Shade, uint64_t>(w, "f") ==
+        "f: argument 1: value -300 is out of range for enum(uint8)");
+  CHECK(decodeError<geo::Shade, geo::Offset, geo::Shade, uint64_t>(w, "f") ==
+        "f: argument 2: value 256 is out of range for enum(uint8)");
+  CHECK(decodeError<geo::Shade, geo::Offset, int64_t, geo::Shade>(w, "f") ==
+        "f: argument 3: expected enum(uint8), got uint");
+  // An unsigned 64-bit value the int member cannot hold is refused when sent.
+  CHECK_THROWS_AS(Wire::call(geo::Huge::Top), InvalidArgumentError);
 }
 
 TEST_CASE("a struct with a different number of fields is rejected") {
