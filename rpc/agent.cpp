@@ -717,11 +717,11 @@ class Agent::Impl {
     }
     if (!out) {
       if (!error.hasOrigin()) error = error.withOrigin(name_, function);
-      FrameWriter w(256);
-      auto resp = w.message().initResponse();
+      FrameWriter ew(256);
+      auto resp = ew.message().initResponse();
       resp.setCallId(ic->callId);
       fillError(resp.initError(), error);
-      out = std::move(w).finish();
+      out = std::move(ew).finish();
     }
     if (conn->send(std::move(*out))) {
       callsServed_.fetch_add(1, std::memory_order_relaxed);

@@ -83,7 +83,7 @@ void bindAll(AgentGroup& g) {
     a.registry().impl(echo, [](RRef<Tensor> t) { return t; });
     a.registry().impl(countHeld, [](Holder h) {
       int64_t n = 0;
-      for (auto& r : h.refs) n += static_cast<int64_t>(r.toHere().numel());
+      for (auto& ref : h.refs) n += static_cast<int64_t>(ref.toHere().numel());
       return n;
     });
     a.registry().impl(makeLocal, [&a](int64_t n) { return a.remote(a.rank(), addT, weft::ones({n}), weft::ones({n})); });
