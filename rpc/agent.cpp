@@ -304,7 +304,23 @@ class Agent::Impl {
                    "Agent::start: rank ", r, " registered as '", peers_[r]->name, "' but introduced itself as '",
                    helloNames_[r], "'");
     }
+    // Calls may go out from here on, including from handlers serving a peer that already
+    // returned from start(). No worker returns before every worker has reached this point, so
+    // none can be called before it is able to call out itself.
     started_ = true;
+    try {
+      auto left = deadline == Clock::time_point::max() ? std::chrono::hours(24) : remaining(deadline);
+      Future<void> all = store_->barrierAsync("weft/started", world, std::max(left, std::chrono::milliseconds(1)));
+      while (!all.waitFor(kStartSlice)) checkStartAborted();
+      all.get();
+    } catch (const TimeoutError&) {
+      started_ = false;
+      throw TimeoutError("Agent::start: worker '" + name_ + "' timed out after " + seconds(options_.storeTimeout) +
+                         " waiting for every worker to finish connecting");
+    } catch (...) {
+      started_ = false;
+      throw;
+    }
     WEFT_LOG(Info) << "rpc: agent '" << name_ << "' (rank " << rank << " of " << world << ") started on "
                    << listenAddress_;
   }

@@ -54,8 +54,10 @@
 // peer: a worker initiates the connection to each lower rank and accepts one
 // from each higher rank. Each connection begins with a Hello/Welcome handshake
 // (protocol version, name, rank, world size, token: rpc/protocol.capnp). It
-// returns once every peer is connected, or throws TimeoutError naming the
-// workers still missing after Options::storeTimeout.
+// returns once every worker is connected to every other (a last barrier in the
+// store, so that a handler serving an early caller can itself call out), or
+// throws TimeoutError naming the workers still missing after
+// Options::storeTimeout.
 //
 // Failures. A peer silent for heartbeatMisses heartbeat intervals is declared
 // dead; a closed or reset socket is noticed at once. Bytes that break the

@@ -520,7 +520,8 @@ std::vector<HostileCase> handshakeCases() {
 // connections, so that it can speak to rank 0 as an established peer. It
 // registers in the rendezvous store the way Agent::start does (rpc/agent.cpp:
 // the key "weft/worker/<rank>" holds "<name>\n<host:port>"), reads the others'
-// addresses from it, dials both and completes the handshakes by hand.
+// addresses from it, dials both, completes the handshakes by hand and enters
+// the barrier that ends every worker's start.
 class ImpostorWorld {
  public:
   static constexpr const char* kName = "impostor";
@@ -555,6 +556,7 @@ class ImpostorWorld {
       store.set("weft/worker/2", std::string(kName) + "\n127.0.0.1:9");
       to0_ = dial(store, 0);
       to1_ = dial(store, 1);
+      store.barrier("weft/started", 3, 20s);  // as the last step of Agent::start
     } catch (...) {
       mine = std::current_exception();
     }
