@@ -45,12 +45,15 @@
 #include "rpc/codec.h"
 #include "rpc/frame.h"
 #include "rpc/store.h"
+#include "text_util.h"
 
 using namespace weft;
 using namespace weft::rpc;
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 using weft::testing::AgentGroup;
+
+using weft::testing::contains;
 
 namespace {
 
@@ -59,10 +62,6 @@ using Bytes = std::vector<std::byte>;
 
 const Function<int64_t(int64_t, int64_t)> hostileAdd{"hostile.add"};
 const std::string kToken = "hostile-suite-token";
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 
 // Polls pred until it holds (true) or the bound passes (false, after one last look).
 template <class Pred>

@@ -12,40 +12,20 @@
 
 #include "rpc/agent_util.h"
 #include "tools/subprocess.h"
+#include "text_util.h"
 
 using namespace std::chrono_literals;
 using weft::testing::freePort;
 using weft::testing::processGone;
 using weft::testing::Subprocess;
 
+using weft::testing::contains;
+using weft::testing::numbersAfter;
+using weft::testing::restOfLine;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// The number following each occurrence of `label` in text ("pid 4711" -> 4711
-// for label "pid "), in order; a fraction is cut at its point.
-std::vector<long long> numbersAfter(const std::string& text, const std::string& label) {
-  std::vector<long long> out;
-  for (size_t pos = text.find(label); pos != std::string::npos; pos = text.find(label, pos + 1)) {
-    size_t start = pos + label.size();
-    size_t end = start;
-    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
-    if (end > start) out.push_back(std::stoll(text.substr(start, end - start)));
-  }
-  return out;
-}
-
-// The text after `label` up to the end of its line.
-std::string restOfLine(const std::string& text, const std::string& label) {
-  size_t pos = text.find(label);
-  if (pos == std::string::npos) return {};
-  size_t start = pos + label.size();
-  return text.substr(start, text.find('\n', start) - start);
-}
 
 // Settings every worker of these tests gets: short bounds, fast failure
 // detection (a silent peer is declared dead after 5 heartbeat intervals).

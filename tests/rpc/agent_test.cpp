@@ -30,6 +30,7 @@
 #include "rpc/agent.h"
 #include "tensor/ops.h"  // every op beside the agent: programs use both
 #include "rpc/agent_util.h"
+#include "text_util.h"
 
 using namespace weft;
 using namespace weft::rpc;
@@ -61,15 +62,13 @@ WEFT_CODEC_FIELDS(Sprite, id, color, palette, layer, props, pixels);
 
 }  // namespace sprites
 
+using weft::testing::contains;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 
 // "a, b, c", for messages about lists of names.
 std::string joined(const std::vector<std::string>& names) {

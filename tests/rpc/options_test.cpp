@@ -10,10 +10,13 @@
 #include <vector>
 
 #include "common/error.h"
+#include "text_util.h"
 
 using namespace weft;
 using namespace weft::rpc;
 using namespace std::chrono_literals;
+
+using weft::testing::contains;
 
 namespace {
 
@@ -80,10 +83,6 @@ std::string validateError(const Options& opt) {
   }
   FAIL("Options::validate accepted the options");
   return "";
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
 }
 
 }  // namespace

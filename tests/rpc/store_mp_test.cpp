@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "rpc/store.h"
 #include "tools/subprocess.h"
+#include "text_util.h"
 
 using namespace weft;
 using namespace weft::rpc;
@@ -19,11 +20,9 @@ using namespace std::chrono_literals;
 using weft::testing::processGone;
 using weft::testing::Subprocess;
 
-namespace {
+using weft::testing::contains;
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+namespace {
 
 // The number following each occurrence of `label` in text ("pid 4711" ->
 // 4711 for label "pid "), in order.

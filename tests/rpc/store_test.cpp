@@ -24,12 +24,15 @@
 #include <vector>
 
 #include "common/error.h"
+#include "text_util.h"
 
 using namespace weft;
 using namespace weft::rpc;
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
+
+using weft::testing::contains;
 
 namespace {
 
@@ -51,10 +54,6 @@ StoreClient::Config clientConfig(uint16_t port, milliseconds timeout = 30s) {
 }
 
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 
 // Polls cond until it holds or the time is up; the store's own behaviour is
 // event driven, but what a test observes from outside (another socket, the

@@ -11,6 +11,7 @@
 #include "rref/remote_module.h"
 #include "tensor/autograd.h"
 #include "weft_test.h"
+#include "text_util.h"
 
 using namespace std::chrono_literals;
 using weft::EmbeddingBagMode;
@@ -47,6 +48,8 @@ inline const weft::Function<void(RRef<Tensor>)> zeroOnOwner{"rmod_test.zeroOnOwn
 }  // namespace rmodtest
 
 using namespace rmodtest;
+
+using weft::testing::contains;
 
 namespace {
 
@@ -107,7 +110,6 @@ std::string errorOf(const std::function<void()>& f) {
   return "(no error)";
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 int64_t zerosIn(const Tensor& t) {
   int64_t n = 0;

@@ -15,49 +15,23 @@
 
 #include "rpc/agent_util.h"
 #include "tools/subprocess.h"
+#include "text_util.h"
 
 using namespace std::chrono_literals;
 using weft::testing::freePort;
 using weft::testing::processGone;
 using weft::testing::Subprocess;
 
+using weft::testing::contains;
+using weft::testing::numberAfter;
+using weft::testing::numbersAfter;
+using weft::testing::restOfLine;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 const std::string kEmptyCounts = "owned 0 forks 0 users 0 pendingUsers 0 pendingChildren 0";
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// The text after `label` up to the end of its line; empty when label does not occur.
-std::string restOfLine(const std::string& text, const std::string& label) {
-  size_t pos = text.find(label);
-  if (pos == std::string::npos) return {};
-  size_t start = pos + label.size();
-  return text.substr(start, text.find('\n', start) - start);
-}
-
-// The number that begins the text after `label` ("at_ns 123 ..." -> 123); -1 when there is none.
-long long numberAfter(const std::string& text, const std::string& label) {
-  std::string rest = restOfLine(text, label);
-  size_t end = 0;
-  while (end < rest.size() && rest[end] >= '0' && rest[end] <= '9') ++end;
-  return end == 0 ? -1 : std::stoll(rest.substr(0, end));
-}
-
-// Every number following an occurrence of `label`, in order.
-std::vector<long long> numbersAfter(const std::string& text, const std::string& label) {
-  std::vector<long long> out;
-  for (size_t pos = text.find(label); pos != std::string::npos; pos = text.find(label, pos + 1)) {
-    size_t start = pos + label.size();
-    size_t end = start;
-    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
-    if (end > start) out.push_back(std::stoll(text.substr(start, end - start)));
-  }
-  return out;
-}
 
 std::string rankPrefix(int rank) { return std::string("rank ").append(std::to_string(rank)).append(" "); }
 
