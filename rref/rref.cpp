@@ -94,6 +94,13 @@ class RRefContext final : public rpc::AgentExtension, public std::enable_shared_
   // The record of an id this worker owns; a placeholder when another worker created it and its
   // create has not arrived yet; null when this worker created it and it is gone. Under mutex_.
   std::shared_ptr<OwnerRecord> recordFor(uint64_t id);
+  // recordFor for a use sent by a holder (a call, a fetch, a fork): NotFoundError, which the
+  // caller receives, when the value is gone. Under mutex_.
+  std::shared_ptr<OwnerRecord> requireRecord(uint64_t id) {
+    auto rec = recordFor(id);
+    WEFT_ENFORCE(rec != nullptr, NotFoundError, "RRef ", idString(id), " does not exist on worker '", agent_.name(), "'");
+    return rec;
+  }
   // Drops the record from the table when nothing holds it any more. Under mutex_.
   void maybeErase(const std::shared_ptr<OwnerRecord>& rec);
   void confirm(const std::shared_ptr<RRefCore>& core, const Status& error);
@@ -462,11 +469,7 @@ Future<rpc::HeldValue> RRefContext::onCall(const rpc::CallContext& ctx, std::sha
   std::shared_ptr<OwnerRecord> rec;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    rec = recordFor(id);
-  }
-  if (!rec) {
-    return makeErrorFuture<rpc::HeldValue>(
-        Status::notFound("RRef " + idString(id) + " does not exist on worker '" + agent_.name() + "'"));
+    rec = requireRecord(id);
   }
   return whenBuilt(rec, method, [frame, method](const rpc::HeldValue& object, const OwnerRecord& r) {
     const MethodInfo* m = r.cls ? r.cls->findMethod(method) : nullptr;
@@ -484,11 +487,7 @@ Future<rpc::HeldValue> RRefContext::onFetch(const rpc::CallContext&, std::shared
   std::shared_ptr<OwnerRecord> rec;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    rec = recordFor(id);
-  }
-  if (!rec) {
-    return makeErrorFuture<rpc::HeldValue>(
-        Status::notFound("RRef " + idString(id) + " does not exist on worker '" + agent_.name() + "'"));
+    rec = requireRecord(id);
   }
   // The reply encodes the value; a tensor's bytes are written from its own storage.
   return rec->value;
@@ -502,11 +501,7 @@ Future<rpc::HeldValue> RRefContext::onFork(const rpc::CallContext& ctx, std::sha
   auto [forkArgs] = rpc::decodeArguments<std::tuple<uint64_t, uint64_t>>(kFork, args, dec);
   auto [id, fork] = forkArgs;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto rec = recordFor(id);
-  if (!rec) {
-    return makeErrorFuture<rpc::HeldValue>(
-        Status::notFound("RRef " + idString(id) + " does not exist on worker '" + agent_.name() + "'"));
-  }
+  auto rec = requireRecord(id);
   if (fork == 0 || !rec->forks.emplace(fork, ctx.callerRank).second) {
     throw ProtocolError(kFork + ": fork " + idString(fork) + " of RRef " + idString(id) + " registered twice");
   }
