@@ -65,12 +65,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -82,7 +78,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -97,11 +92,13 @@
 #include "rpc/options.h"
 #include "rpc/store.h"
 #include "tensor/tensor.h"
+#include "two_process.h"
 
 namespace {
 
 using namespace weft;
 using namespace std::chrono_literals;
+using namespace weft::bench;
 using Clock = std::chrono::steady_clock;
 
 // The bench's functions, served by rank 0.
@@ -111,84 +108,7 @@ inline const weft::Function<int64_t(int64_t)> increment{"rpc_bench.increment"};
 inline const weft::Function<std::vector<uint64_t>()> writeCounters{"rpc_bench.writeCounters"};
 
 constexpr const char* kRawPortKey = "rpc_bench/raw_port";
-constexpr uint64_t kMaxPayload = uint64_t{1} << 30;
 constexpr auto kSetupTimeout = 30s;
-
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-
-std::string errnoText(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
-
-std::string loadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return in ? a + " " + b + " " + c : "unknown";
-}
-
-std::string formatBytes(uint64_t n) {
-  if (n >= (uint64_t{1} << 20) && n % (uint64_t{1} << 20) == 0) return std::to_string(n >> 20) + " MiB";
-  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
-  return std::to_string(n) + " B";
-}
-
-// ---- process placement -------------------------------------------------------------
-
-enum class Placement { Split, Same, None };
-
-struct CpuPlan {
-  int serverCpu = -1;  // -1: not pinned
-  int clientCpu = -1;
-  size_t allowed = 0;  // CPUs this process could run on before pinning
-  std::string description;
-};
-
-std::vector<int> allowedCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) fail(errnoText("sched_getaffinity"));
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  return cpus;
-}
-
-CpuPlan planCpus(Placement placement) {
-  std::vector<int> cpus = allowedCpus();
-  if (cpus.empty()) fail("no CPU in this process's affinity mask");
-  CpuPlan plan;
-  plan.allowed = cpus.size();
-  switch (placement) {
-    case Placement::None:
-      plan.description = "none (unpinned)";
-      break;
-    case Placement::Same:
-      plan.serverCpu = plan.clientCpu = cpus[0];
-      plan.description = "same: server and client both on CPU " + std::to_string(cpus[0]);
-      break;
-    case Placement::Split:
-      if (cpus.size() < 2) {
-        plan.serverCpu = plan.clientCpu = cpus[0];
-        plan.description = "split asked, but only CPU " + std::to_string(cpus[0]) + " is allowed: both on it";
-      } else {
-        plan.serverCpu = cpus[0];
-        plan.clientCpu = cpus[1];
-        plan.description = "split: server on CPU " + std::to_string(cpus[0]) + ", client on CPU " +
-                           std::to_string(cpus[1]);
-      }
-      break;
-  }
-  return plan;
-}
-
-// Pins the calling thread; called before any other thread exists, so the whole
-// process follows.
-void pinTo(int cpu) {
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (::sched_setaffinity(0, sizeof set, &set) != 0) fail(errnoText("sched_setaffinity"));
-}
 
 // ---- sockets -------------------------------------------------------------------------
 
@@ -237,14 +157,6 @@ Fd boundSocket(bool listen, uint16_t* port) {
   if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) fail(errnoText("getsockname"));
   *port = ntohs(a.sin_port);
   return fd;
-}
-
-// A port on 127.0.0.1 that was free a moment ago (for the store, which the
-// child binds).
-uint16_t freePort() {
-  uint16_t port = 0;
-  boundSocket(false, &port);
-  return port;
 }
 
 void setNoDelay(int fd) {
@@ -343,24 +255,11 @@ Fd connectTo(uint16_t port) {
 
 // ---- the server process ------------------------------------------------------------
 
-rpc::Options agentOptions(int rank, uint16_t storePort) {
-  rpc::Options o;
-  o.rank = rank;
-  o.worldSize = 2;
-  o.masterAddr = "127.0.0.1";
-  o.masterPort = storePort;
-  o.rpcTimeout = 60s;
-  o.storeTimeout = kSetupTimeout;
-  o.shutdownTimeout = 15s;
-  o.validate();
-  return o;
-}
-
 int serve(uint16_t storePort, int cpu) {
   pinTo(cpu);
   uint16_t rawPort = 0;
   Fd listener = boundSocket(true, &rawPort);
-  rpc::Agent agent(agentOptions(0, storePort));
+  rpc::Agent agent(agentOptions(0, storePort, kSetupTimeout));
   agent.registry().impl(echo, [](Tensor t) { return t; });
   agent.registry().impl(increment, [](int64_t v) { return v + 1; });
   agent.registry().impl(writeCounters, [&agent]() {
@@ -377,63 +276,6 @@ int serve(uint16_t storePort, int cpu) {
   if (!report.clean()) fail("server: shutdown did not hear from the client");
   return 0;
 }
-
-// The child process running serve(); killed and reaped unless it was waited for.
-class ServerProcess {
- public:
-  ServerProcess(uint16_t storePort, int cpu) {
-    std::vector<std::string> args = {"rpc_bench", "--serve", std::to_string(storePort), std::to_string(cpu)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t parent = ::getpid();
-    std::fflush(nullptr);
-    pid_ = ::fork();
-    if (pid_ < 0) fail(errnoText("fork"));
-    if (pid_ == 0) {
-      // Dies with the client, whatever way the client ends.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      ::execv("/proc/self/exe", argv.data());
-      ::_exit(127);
-    }
-  }
-  ~ServerProcess() {
-    if (!reaped_) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-    }
-  }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-
-  // Waits up to timeout for the server to exit; throws unless it exited with 0
-  // (killing it first when it did not exit in time).
-  void waitForExit(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    int status = 0;
-    for (;;) {
-      pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) break;
-      if (r < 0 && errno != EINTR) fail(errnoText("waitpid"));
-      if (Clock::now() >= deadline) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        reaped_ = true;
-        fail("server process did not exit within " + std::to_string(timeout.count()) + " ms; killed");
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    reaped_ = true;
-    if (WIFSIGNALED(status)) fail("server process killed by signal " + std::to_string(WTERMSIG(status)));
-    if (WEXITSTATUS(status) != 0) fail("server process exited with status " + std::to_string(WEXITSTATUS(status)));
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-};
 
 // ---- sync round trips ----------------------------------------------------------------
 
@@ -675,24 +517,6 @@ const char* kUsage =
     "  --only        run only the round trips (sync) or only the throughput (async),\n"
     "                e.g. under a profiler\n";
 
-uint64_t parseSize(const std::string& s) {
-  size_t used = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &used);
-  } catch (const std::exception&) {
-    fail("--sizes: '" + s + "' is not a size");
-  }
-  std::string suffix = s.substr(used);
-  uint64_t scale = suffix.empty() ? 1 : suffix == "K" ? 1024 : suffix == "M" ? (1 << 20) : suffix == "G" ? (1 << 30) : 0;
-  if (scale == 0) fail("--sizes: '" + s + "' has an unknown suffix (K, M or G)");
-  uint64_t bytes = v * scale;
-  if (v > kMaxPayload || bytes == 0 || bytes > kMaxPayload || bytes % 4 != 0) {
-    fail("--sizes: " + s + " must be a positive multiple of 4 bytes, at most 1 GiB");
-  }
-  return bytes;
-}
-
 Args parseArgs(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -704,26 +528,14 @@ Args parseArgs(int argc, char** argv) {
     if (arg == "--quick") {
       a.quick = true;
     } else if (arg == "--placement") {
-      std::string p = value();
-      if (p == "split") a.placement = Placement::Split;
-      else if (p == "same") a.placement = Placement::Same;
-      else if (p == "none") a.placement = Placement::None;
-      else fail("--placement: '" + p + "' is not split, same or none");
+      a.placement = parsePlacement(value());
     } else if (arg == "--only") {
       std::string part = value();
       if (part != "sync" && part != "async") fail("--only: '" + part + "' is not sync or async");
       a.sync = part == "sync";
       a.async = part == "async";
     } else if (arg == "--sizes") {
-      std::string list = value();
-      a.sizes.clear();
-      size_t pos = 0;
-      while (pos <= list.size()) {
-        size_t comma = list.find(',', pos);
-        if (comma == std::string::npos) comma = list.size();
-        a.sizes.push_back(parseSize(list.substr(pos, comma - pos)));
-        pos = comma + 1;
-      }
+      a.sizes = parseSizeList(value());
     } else {
       fail("unknown argument '" + arg + "'");
     }
@@ -760,8 +572,8 @@ int runClient(const Args& args) {
   }
 
   uint16_t storePort = freePort();
-  ServerProcess server(storePort, plan.serverCpu);
-  rpc::Options options = agentOptions(1, storePort);
+  ServerProcess server("rpc_bench", storePort, plan.serverCpu);
+  rpc::Options options = agentOptions(1, storePort, kSetupTimeout);
   rpc::Agent agent(options);
   agent.start();
   uint16_t rawPort = static_cast<uint16_t>(std::stoul(agent.store().get(kRawPortKey, kSetupTimeout)));
@@ -846,22 +658,8 @@ int runClient(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool serving = argc >= 2 && std::strcmp(argv[1], "--serve") == 0;
-  try {
-    if (serving) {
-      if (argc != 4) fail("--serve takes the store port and the CPU");
-      return serve(static_cast<uint16_t>(std::stoul(argv[2])), std::stoi(argv[3]));
-    }
-    Args args;
-    try {
-      args = parseArgs(argc, argv);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "rpc_bench: %s\n%s", e.what(), kUsage);
-      return 2;
-    }
-    return runClient(args);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rpc_bench%s: error: %s\n", serving ? " (server)" : "", e.what());
-    return 1;
-  }
+  return bench::twoProcessMain(argc, argv, "rpc_bench", kUsage, serve, [](int n, char** arguments) {
+    Args args = parseArgs(n, arguments);
+    return std::function<int()>([args] { return runClient(args); });
+  });
 }

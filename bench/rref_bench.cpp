@@ -4,7 +4,7 @@
 //
 //   rref_bench                          # the full run, placement split
 //   rref_bench --quick                  # a smoke run (a few seconds)
-//   rref_bench --sizes 8,64K,1M         # payload sizes (bytes, K/M = KiB/MiB, multiples of 4)
+//   rref_bench --sizes 8,64K,1M         # payload sizes (bytes, K/M/G = KiB/MiB/GiB, multiples of 4)
 //   rref_bench --placement same         # both processes on one CPU (or: none, unpinned)
 //   rref_bench --only remote            # one operation alone, e.g. under perf
 //                                       # (sync, remote, method, method-remote)
@@ -50,24 +50,13 @@
 // Goal (the issue's): remote()+toHere() <= 1.5x the sync round trip for 8 B and
 // 64 KiB. A missed goal is reported, not an error: the exit status is non-zero
 // only when something failed (a wrong result, a leak, a broken process).
-#include <sched.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -80,6 +69,7 @@
 #include "rpc/store.h"
 #include "rref/rref.h"
 #include "tensor/tensor.h"
+#include "two_process.h"
 
 namespace rref_bench {
 
@@ -97,6 +87,7 @@ namespace {
 
 using namespace weft;
 using namespace std::chrono_literals;
+using namespace weft::bench;
 using rref_bench::Echo;
 using Clock = std::chrono::steady_clock;
 
@@ -108,113 +99,19 @@ inline const weft::Function<std::vector<uint64_t>()> agentCounters{"rref_bench.a
 inline const weft::Function<std::vector<uint64_t>()> rrefCounts{"rref_bench.rrefCounts"};
 
 constexpr const char* kDoneKey = "rref_bench/done";
-constexpr uint64_t kMaxPayload = uint64_t{1} << 30;
 constexpr auto kSetupTimeout = 30s;
 // How long the server waits for the client to finish the bench.
 constexpr auto kBenchTimeout = std::chrono::milliseconds(std::chrono::hours(1));
-
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-
-std::string errnoText(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
-
-std::string loadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return in ? a + " " + b + " " + c : "unknown";
-}
-
-std::string formatBytes(uint64_t n) {
-  if (n >= (uint64_t{1} << 20) && n % (uint64_t{1} << 20) == 0) return std::to_string(n >> 20) + " MiB";
-  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
-  return std::to_string(n) + " B";
-}
 
 std::vector<uint64_t> countsVector(const rref::DebugCounts& c) {
   return {c.owned, c.forks, c.users, c.pendingUsers, c.pendingChildren};
 }
 
-// ---- process placement (as rpc_bench) ----------------------------------------------
-
-enum class Placement { Split, Same, None };
-
-struct CpuPlan {
-  int serverCpu = -1;  // -1: not pinned
-  int clientCpu = -1;
-  size_t allowed = 0;
-  std::string description;
-};
-
-CpuPlan planCpus(Placement placement) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) fail(errnoText("sched_getaffinity"));
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  if (cpus.empty()) fail("no CPU in this process's affinity mask");
-  CpuPlan plan;
-  plan.allowed = cpus.size();
-  if (placement == Placement::None) {
-    plan.description = "none (unpinned)";
-  } else if (placement == Placement::Same || cpus.size() < 2) {
-    plan.serverCpu = plan.clientCpu = cpus[0];
-    plan.description = (placement == Placement::Same ? "same: both on CPU " : "split asked, but only one CPU: both on CPU ") +
-                       std::to_string(cpus[0]);
-  } else {
-    plan.serverCpu = cpus[0];
-    plan.clientCpu = cpus[1];
-    plan.description =
-        "split: server on CPU " + std::to_string(cpus[0]) + ", client on CPU " + std::to_string(cpus[1]);
-  }
-  return plan;
-}
-
-// Pins the calling thread; called before any other thread exists, so the whole process follows.
-void pinTo(int cpu) {
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (::sched_setaffinity(0, sizeof set, &set) != 0) fail(errnoText("sched_setaffinity"));
-}
-
-// A port on 127.0.0.1 that was free a moment ago (for the store, which the child binds).
-uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) fail(errnoText("socket"));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    std::string why = errnoText("bind");
-    ::close(fd);
-    fail(why);
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // ---- the server process ------------------------------------------------------------
-
-rpc::Options agentOptions(int rank, uint16_t storePort) {
-  rpc::Options o;
-  o.rank = rank;
-  o.worldSize = 2;
-  o.masterAddr = "127.0.0.1";
-  o.masterPort = storePort;
-  o.rpcTimeout = 60s;
-  o.storeTimeout = kSetupTimeout;
-  o.shutdownTimeout = 15s;
-  o.validate();
-  return o;
-}
 
 int serve(uint16_t storePort, int cpu) {
   pinTo(cpu);
-  rpc::Agent agent(agentOptions(0, storePort));
+  rpc::Agent agent(agentOptions(0, storePort, kSetupTimeout));
   agent.registry().impl(echo, [](Tensor t) { return t; });
   agent.registry().impl(agentCounters, [&agent]() {
     rpc::AgentStats s = agent.stats();
@@ -230,63 +127,6 @@ int serve(uint16_t storePort, int cpu) {
   std::fflush(stdout);
   return counts.empty() ? 0 : 3;
 }
-
-// The child process running serve(); killed and reaped unless it was waited for.
-class ServerProcess {
- public:
-  ServerProcess(uint16_t storePort, int cpu) {
-    std::vector<std::string> args = {"rref_bench", "--serve", std::to_string(storePort), std::to_string(cpu)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t parent = ::getpid();
-    std::fflush(nullptr);
-    pid_ = ::fork();
-    if (pid_ < 0) fail(errnoText("fork"));
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the client, whatever way the client ends
-      if (::getppid() != parent) ::_exit(1);
-      ::execv("/proc/self/exe", argv.data());
-      ::_exit(127);
-    }
-  }
-  ~ServerProcess() {
-    if (!reaped_) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-    }
-  }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-
-  // Waits up to timeout for the server to exit; throws unless it exited with 0
-  // (killing it first when it did not exit in time).
-  void waitForExit(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    int status = 0;
-    for (;;) {
-      pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) break;
-      if (r < 0 && errno != EINTR) fail(errnoText("waitpid"));
-      if (Clock::now() >= deadline) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        reaped_ = true;
-        fail("server process did not exit within " + std::to_string(timeout.count()) + " ms; killed");
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    reaped_ = true;
-    if (WIFSIGNALED(status)) fail("server process killed by signal " + std::to_string(WTERMSIG(status)));
-    if (WEXITSTATUS(status) == 3) fail("server: rref::debugCounts not empty after graceful shutdown");
-    if (WEXITSTATUS(status) != 0) fail("server process exited with status " + std::to_string(WEXITSTATUS(status)));
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-};
 
 // ---- the operations ------------------------------------------------------------------
 
@@ -487,26 +327,9 @@ const char* kUsage =
     "  --placement   split: server and client pinned to two different CPUs (default)\n"
     "                same: both pinned to one CPU; none: not pinned\n"
     "  --sizes       comma-separated payload sizes in bytes, multiples of 4, with an\n"
-    "                optional K or M suffix (KiB, MiB); default 8,64K,1M\n"
+    "                optional K, M or G suffix (KiB, MiB, GiB); default 8,64K,1M\n"
     "  --only        measure one operation alone (sync, remote, method, method-remote),\n"
     "                e.g. under a profiler; no ratios, no message counts\n";
-
-uint64_t parseSize(const std::string& s) {
-  size_t used = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &used);
-  } catch (const std::exception&) {
-    fail("--sizes: '" + s + "' is not a size");
-  }
-  std::string suffix = s.substr(used);
-  uint64_t scale = suffix.empty() ? 1 : suffix == "K" ? 1024 : suffix == "M" ? (1 << 20) : 0;
-  if (scale == 0) fail("--sizes: '" + s + "' has an unknown suffix (K or M)");
-  if (v == 0 || v > kMaxPayload / scale || (v * scale) % 4 != 0) {
-    fail("--sizes: " + s + " must be a positive multiple of 4 bytes, at most 1 GiB");
-  }
-  return v * scale;
-}
 
 Args parseArgs(int argc, char** argv) {
   Args a;
@@ -519,26 +342,14 @@ Args parseArgs(int argc, char** argv) {
     if (arg == "--quick") {
       a.quick = true;
     } else if (arg == "--placement") {
-      std::string p = value();
-      if (p == "split") a.placement = Placement::Split;
-      else if (p == "same") a.placement = Placement::Same;
-      else if (p == "none") a.placement = Placement::None;
-      else fail("--placement: '" + p + "' is not split, same or none");
+      a.placement = parsePlacement(value());
     } else if (arg == "--only") {
       std::string name = value();
       auto it = std::find_if(std::begin(kOpNames), std::end(kOpNames), [&](const char* n) { return name == n; });
       if (it == std::end(kOpNames)) fail("--only: '" + name + "' is not sync, remote, method or method-remote");
       a.ops = {static_cast<Op>(it - std::begin(kOpNames))};
     } else if (arg == "--sizes") {
-      std::string list = value();
-      a.sizes.clear();
-      size_t pos = 0;
-      while (pos <= list.size()) {
-        size_t comma = list.find(',', pos);
-        if (comma == std::string::npos) comma = list.size();
-        a.sizes.push_back(parseSize(list.substr(pos, comma - pos)));
-        pos = comma + 1;
-      }
+      a.sizes = parseSizeList(value());
     } else {
       fail("unknown argument '" + arg + "'");
     }
@@ -570,8 +381,8 @@ int runClient(const Args& args) {
   }
 
   uint16_t storePort = freePort();
-  ServerProcess server(storePort, plan.serverCpu);
-  rpc::Options options = agentOptions(1, storePort);
+  ServerProcess server("rref_bench", storePort, plan.serverCpu);
+  rpc::Options options = agentOptions(1, storePort, kSetupTimeout);
   rpc::Agent agent(options);
   agent.start();
 
@@ -643,7 +454,7 @@ int runClient(const Args& args) {
   agent.store().set(kDoneKey, "1");
   rpc::ShutdownReport report = agent.shutdown();
   if (!report.clean()) fail("client: shutdown did not hear from the server");
-  server.waitForExit(20s);  // the server prints its counts before it exits
+  server.waitForExit(20s, {{3, "rref::debugCounts not empty after graceful shutdown"}});  // it prints its counts first
   rref::DebugCounts counts = rref::debugCounts(agent);
   printCounts("client (rank 1, user) ", counts);
   std::fflush(stdout);
@@ -654,22 +465,8 @@ int runClient(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool serving = argc >= 2 && std::strcmp(argv[1], "--serve") == 0;
-  try {
-    if (serving) {
-      if (argc != 4) fail("--serve takes the store port and the CPU");
-      return serve(static_cast<uint16_t>(std::stoul(argv[2])), std::stoi(argv[3]));
-    }
-    Args args;
-    try {
-      args = parseArgs(argc, argv);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "rref_bench: %s\n%s", e.what(), kUsage);
-      return 2;
-    }
-    return runClient(args);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rref_bench%s: error: %s\n", serving ? " (server)" : "", e.what());
-    return 1;
-  }
+  return bench::twoProcessMain(argc, argv, "rref_bench", kUsage, serve, [](int n, char** arguments) {
+    Args args = parseArgs(n, arguments);
+    return std::function<int()>([args] { return runClient(args); });
+  });
 }
