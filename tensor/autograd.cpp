@@ -1,9 +1,8 @@
 #include "tensor/autograd.h"
 
+#include <algorithm>
 #include <atomic>
-#include <queue>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "kernels/cpu/elementwise.h"
 #include "tensor/ops.h"
@@ -163,82 +162,80 @@ Tensor accumulate(const Tensor& dst, const Tensor& g) {
 
 namespace {
 
-struct ByLatest {
-  bool operator()(const Node* a, const Node* b) const { return a->sequenceNr() < b->sequenceNr(); }
-};
+bool runsLater(const Node* a, const Node* b) { return a->sequenceNr() < b->sequenceNr(); }
 
 }  // namespace
 
-std::vector<Tensor> runBackward(const std::vector<Edge>& roots, const std::vector<Tensor>& rootGrads,
-                                const BackwardOptions& options) {
-  WEFT_CHECK(roots.size() == rootGrads.size()) << roots.size() << " roots, " << rootGrads.size() << " gradients";
-  NoGradGuard ng;
+GraphTask::GraphTask(BackwardOptions options) : options_(std::move(options)) {
+  for (size_t i = 0; i < options_.captures.size(); ++i) {
+    const Edge& c = options_.captures[i];
+    if (c.fn) captureAt_[c.fn.get()].push_back({c.inputNr, i});
+  }
+  captured_.resize(options_.captures.size());
+}
 
-  // Dependencies: how many edges inside the reachable graph point at each node.
-  std::unordered_map<Node*, int> deps;
-  std::unordered_map<Node*, std::shared_ptr<Node>> alive;  // keeps nodes alive while the walk runs
+void GraphTask::computeDependencies(const std::vector<std::shared_ptr<Node>>& roots) {
   std::vector<Node*> stack;
-  for (const Edge& r : roots) {
-    if (r.fn && alive.emplace(r.fn.get(), r.fn).second) stack.push_back(r.fn.get());
+  for (const auto& r : roots) {
+    if (r && alive_.emplace(r.get(), r).second) stack.push_back(r.get());
   }
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->nextEdges()) {
       if (!e.fn) continue;
-      ++deps[e.fn.get()];
-      if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
+      ++deps_[e.fn.get()];
+      if (alive_.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
     }
   }
+}
 
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
-  auto deliver = [&](Node* n, uint32_t slot, const Tensor& g) {
-    auto& buf = buffers[n];
-    if (buf.size() < n->outputs().size()) buf.resize(n->outputs().size());
-    WEFT_CHECK(slot < buf.size()) << n->name() << " has " << buf.size() << " gradient slots, got slot " << slot;
-    if (!g.defined()) return;
-    const OutputMeta& m = n->outputs()[slot];
-    WEFT_ENFORCE(g.shape() == m.shape, InvalidArgumentError, "backward: gradient of shape ", g.shape(),
-                 " delivered to ", n->name(), " whose output ", slot, " has shape ", m.shape);
-    buf[slot] = autograd::accumulate(buf[slot], g);
-  };
+void GraphTask::deliver(const Edge& to, const Tensor& g) {
+  Node* n = to.fn.get();
+  auto& buf = buffers_[n];
+  if (buf.size() < n->outputs().size()) buf.resize(n->outputs().size());
+  WEFT_CHECK(to.inputNr < buf.size()) << n->name() << " has " << buf.size() << " gradient slots, got slot "
+                                      << to.inputNr;
+  if (!g.defined()) return;
+  const OutputMeta& m = n->outputs()[to.inputNr];
+  WEFT_ENFORCE(g.shape() == m.shape, InvalidArgumentError, "backward: gradient of shape ", g.shape(),
+               " delivered to ", n->name(), " whose output ", to.inputNr, " has shape ", m.shape);
+  buf[to.inputNr] = autograd::accumulate(buf[to.inputNr], g);
+}
 
-  std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
-  for (size_t i = 0; i < roots.size(); ++i) {
-    if (roots[i].fn) deliver(roots[i].fn.get(), roots[i].inputNr, rootGrads[i]);
-  }
-  for (const Edge& r : roots) {
-    if (r.fn && deps[r.fn.get()] == 0) {
-      deps[r.fn.get()] = -1;  // queued once
-      ready.push(r.fn.get());
+void GraphTask::schedule(Node* n) {
+  if (n == nullptr) return;
+  int& d = deps_[n];
+  if (d != 0) return;
+  d = -1;  // queued once
+  ready_.push_back(n);
+  std::push_heap(ready_.begin(), ready_.end(), runsLater);
+}
+
+void GraphTask::run() {
+  NoGradGuard ng;
+  while (!ready_.empty()) {
+    std::pop_heap(ready_.begin(), ready_.end(), runsLater);
+    Node* n = ready_.back();
+    ready_.pop_back();
+    std::vector<Tensor> grads;
+    if (auto it = buffers_.find(n); it != buffers_.end()) {
+      grads = std::move(it->second);
+      buffers_.erase(it);
     }
-  }
-
-  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captureAt;
-  for (size_t i = 0; i < options.captures.size(); ++i) {
-    const Edge& c = options.captures[i];
-    if (c.fn) captureAt[c.fn.get()].push_back({c.inputNr, i});
-  }
-  std::vector<Tensor> captured(options.captures.size());
-
-  while (!ready.empty()) {
-    Node* n = ready.top();
-    ready.pop();
-    std::vector<Tensor> grads = std::move(buffers[n]);
-    buffers.erase(n);
     grads.resize(n->outputs().size());
     n->callPreHooks(grads);
 
-    if (auto it = captureAt.find(n); it != captureAt.end()) {
-      for (auto [slot, idx] : it->second) captured[idx] = grads[slot];
+    if (auto it = captureAt_.find(n); it != captureAt_.end()) {
+      for (auto [slot, idx] : it->second) captured_[idx] = grads[slot];
     }
 
     std::vector<Tensor> gradInputs;
     if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
-      if (!options.skipLeaves && grads[0].defined()) {
-        if (options.leafSink) {
+      if (!options_.skipLeaves && grads[0].defined()) {
+        if (options_.leafSink) {
           Tensor leaf = acc->variable();
-          if (leaf.defined()) options.leafSink(leaf, grads[0]);
+          if (leaf.defined()) options_.leafSink(leaf, grads[0]);
         } else {
           n->callApply(std::move(grads));
         }
@@ -258,18 +255,39 @@ std::vector<Tensor> runBackward(const std::vector<Edge>& roots, const std::vecto
             << n->name() << " returned " << gradInputs.size() << " gradients for " << n->nextEdges().size()
             << " inputs";
       }
-      if (!options.retainGraph) n->release();
+      if (!options_.retainGraph) n->release();
     }
 
     const auto& edges = n->nextEdges();
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& e = edges[i];
       if (!e.fn) continue;
-      deliver(e.fn.get(), e.inputNr, i < gradInputs.size() ? gradInputs[i] : Tensor());
-      if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
+      deliver(e, i < gradInputs.size() ? gradInputs[i] : Tensor());
+      int& d = deps_[e.fn.get()];
+      if (--d == 0) {
+        d = -1;
+        ready_.push_back(e.fn.get());
+        std::push_heap(ready_.begin(), ready_.end(), runsLater);
+      }
     }
   }
-  return captured;
+}
+
+std::vector<Tensor> runBackward(const std::vector<Edge>& roots, const std::vector<Tensor>& rootGrads,
+                                const BackwardOptions& options) {
+  WEFT_CHECK(roots.size() == rootGrads.size()) << roots.size() << " roots, " << rootGrads.size() << " gradients";
+  NoGradGuard ng;
+  GraphTask task(options);
+  std::vector<std::shared_ptr<Node>> rootNodes;
+  rootNodes.reserve(roots.size());
+  for (const Edge& r : roots) rootNodes.push_back(r.fn);
+  task.computeDependencies(rootNodes);
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (roots[i].fn) task.deliver(roots[i], rootGrads[i]);
+  }
+  for (const Edge& r : roots) task.schedule(r.fn.get());
+  task.run();
+  return task.takeCaptured();
 }
 
 namespace autograd {

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -179,6 +180,55 @@ struct BackwardOptions {
   std::vector<Edge> captures;
   // When true, AccumulateGrad nodes do nothing (autograd::grad).
   bool skipLeaves = false;
+};
+
+// One backward pass over a graph: dependency counts, the gradient buffers of
+// the nodes not yet run, and the ready queue. runBackward is one GraphTask run
+// to completion. Distributed autograd keeps one per context and pass and feeds
+// it more roots as gradients arrive from other workers (external dependencies):
+//
+//   GraphTask task(options);
+//   task.computeDependencies({loss.gradFn(), sendNode});   // every root, up front
+//   task.deliver(gradientEdge(loss), onesLike(loss));
+//   task.schedule(loss.gradFn().get());
+//   task.run();                              // runs what is ready; sendNode waits
+//   task.deliver({sendNode, 0}, g);          // later: its gradient arrived
+//   task.schedule(sendNode.get());
+//   task.run();
+//
+// Not thread-safe: the owner serialises calls.
+class GraphTask {
+ public:
+  explicit GraphTask(BackwardOptions options);
+  GraphTask(const GraphTask&) = delete;
+  GraphTask& operator=(const GraphTask&) = delete;
+
+  // Counts, for every node reachable from `roots`, the edges pointing at it,
+  // and keeps those nodes alive. Call once, before the first deliver().
+  void computeDependencies(const std::vector<std::shared_ptr<Node>>& roots);
+  // Adds g to slot `to.inputNr` of node `to.fn` (checked against its shape).
+  // An undefined g only sizes the buffer.
+  void deliver(const Edge& to, const Tensor& g);
+  // Queues root `n` if nothing inside the graph still owes it a gradient (a
+  // root that is also reached from another root runs when that one has run).
+  // A node is queued at most once.
+  void schedule(Node* n);
+  // Runs queued nodes, latest first, until none is ready. Throws what a node
+  // threw; the task must not be used afterwards.
+  void run();
+  // True when `n` was reached by computeDependencies.
+  bool contains(const Node* n) const { return alive_.count(const_cast<Node*>(n)) != 0; }
+  // The captured gradients (see BackwardOptions::captures), once run.
+  std::vector<Tensor> takeCaptured() { return std::move(captured_); }
+
+ private:
+  BackwardOptions options_;
+  std::unordered_map<Node*, int> deps_;  // -1 once queued
+  std::unordered_map<Node*, std::shared_ptr<Node>> alive_;
+  std::unordered_map<Node*, std::vector<Tensor>> buffers_;
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captureAt_;
+  std::vector<Tensor> captured_;
+  std::vector<Node*> ready_;  // a heap ordered by sequence number, latest on top
 };
 
 // Runs backward from `roots` (edges) seeded with `rootGrads`. Returns the
