@@ -97,6 +97,7 @@ class Agent::Impl {
     uint64_t callId = 0;
     bool noReply = false;
     const detail::Handler* handler = nullptr;
+    int64_t autogradContext = 0;  // the call's distributed autograd context, 0 for none
     std::atomic<bool> cancelled{false};
     std::atomic<bool> finished{false};
   };
@@ -623,6 +624,11 @@ class Agent::Impl {
       throw ProtocolError("a call with unknown flags " + std::to_string(flags));
     }
     if (flags & wire::CALL_FLAG_HAS_RREFS) announceIncoming(peer, frame);
+    int64_t autogradContext = 0;
+    if (call.hasAutograd()) {
+      autogradContext = call.getAutograd().getContextId();
+      for (auto& [tag, ext] : extensions_) ext->onIncomingAutograd(peer.rank, frame, call.getAutograd(), true);
+    }
     bool noReply = (flags & wire::CALL_FLAG_NO_REPLY) != 0;
     std::string name = call.getFunctionName().cStr();
     const detail::Handler* handler = registry_.find(call.getFunctionId());
@@ -637,6 +643,7 @@ class Agent::Impl {
     ic->callId = callId;
     ic->noReply = noReply;
     ic->handler = handler;
+    ic->autogradContext = autogradContext;
     {
       std::lock_guard<std::mutex> lock(peer.mutex);
       if (!peer.incoming.emplace(callId, ic).second) {
@@ -655,6 +662,7 @@ class Agent::Impl {
         return;
       }
       runCall(peer, ic, [&](const CallContext& ctx) {
+        auto scope = enterFrameScope(frame);
         DecodeContext dec(frame);
         return ic->handler->run(ctx, frame.message().getCall().getArgs(), dec);
       });
@@ -721,6 +729,7 @@ class Agent::Impl {
         resp.setCallId(ic->callId);
         enc.emplace(*w, owner_, peer.rank);
         f.get().encodeInto(*enc, resp.initValue());
+        for (auto& [tag, ext] : extensions_) ext->onOutgoingResponse(peer.rank, ic->autogradContext, *enc, resp);
         if (enc->hasRRefs()) resp.setHasRrefs(true);
         out = std::move(*w).finish();
       } catch (...) {
@@ -762,6 +771,9 @@ class Agent::Impl {
     auto resp = frame.message().getResponse();
     uint64_t callId = resp.getCallId();
     if (resp.getHasRrefs()) announceIncoming(peer, frame);
+    if (resp.hasAutograd()) {
+      for (auto& [tag, ext] : extensions_) ext->onIncomingAutograd(peer.rank, frame, resp.getAutograd(), false);
+    }
     Pending pending;
     {
       std::lock_guard<std::mutex> lock(peer.mutex);
@@ -937,6 +949,7 @@ class Agent::Impl {
       expireHandshakes(now);
     }
     shutdownTick(now);
+    for (auto& [tag, ext] : extensions_) ext->onTick();
   }
 
   void expireCalls(Clock::time_point now) {
@@ -1350,6 +1363,10 @@ AgentExtension* Agent::findExtension(const void* tag) const {
     if (t == tag) return ext.get();
   }
   return nullptr;
+}
+
+void Agent::notifyOutgoingCall(int rank, uint64_t functionId, EncodeContext& enc, wire::Call::Builder call) {
+  for (auto& [tag, ext] : impl_->extensions_) ext->onOutgoingCall(rank, functionId, enc, call);
 }
 
 bool Agent::post(std::function<void()> task) { return impl_->pool_.post(std::move(task)); }

@@ -185,6 +185,20 @@ class AgentExtension {
   // The thread calling shutdown({.graceful = true}), before the barrier. Calls made with
   // CallOptions::duringShutdown still go out.
   virtual void onShutdownBegin() {}
+  // The calling thread: a call to peerRank was encoded (enc.gradTensors() are the tensors that
+  // require grad among its arguments). The layer may fill call.initAutograd() and keep
+  // bookkeeping that enc.onDiscard undoes if the frame is never sent.
+  virtual void onOutgoingCall(int peerRank, uint64_t functionId, EncodeContext& enc, wire::Call::Builder call) {}
+  // The thread encoding a response to a call from peerRank that carried the distributed
+  // autograd context `contextId` (0: none); as onOutgoingCall.
+  virtual void onOutgoingResponse(int peerRank, int64_t contextId, EncodeContext& enc,
+                                  wire::Response::Builder response) {}
+  // Loop thread, in arrival order, before the frame is dispatched (or dropped): a call (isCall)
+  // or response from peerRank carries an AutogradInfo. Attach what its tensors need
+  // (IncomingFrame::attach<FrameAutograd>).
+  virtual void onIncomingAutograd(int peerRank, IncomingFrame& frame, wire::AutogradInfo::Reader info, bool isCall) {}
+  // Loop thread, on the agent's housekeeping tick (every 10 ms) while it is running.
+  virtual void onTick() {}
   // Any thread: true while the layer has bookkeeping in flight; the shutdown barrier waits.
   virtual bool busy() const { return false; }
   // After shutdown closed every connection and stopped the handler pool.
@@ -339,6 +353,7 @@ class Agent {
   bool sendCall(int rank, const std::string& function, uint64_t functionId, const CallOptions& opts,
                 FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink, const std::string& label);
   AgentExtension* findExtension(const void* tag) const;
+  void notifyOutgoingCall(int rank, uint64_t functionId, EncodeContext& enc, wire::Call::Builder call);
 
   std::unique_ptr<Impl> impl_;
 };
@@ -358,6 +373,7 @@ Future<R> Agent::callWith(const WorkerRef& to, const std::string& function, uint
     auto call = writer.message().initCall();
     EncodeContext enc(writer, this, peer);
     fill(enc, call);
+    notifyOutgoingCall(peer, functionId, enc, call);
     if (enc.hasRRefs()) call.setFlags(call.getFlags() | wire::CALL_FLAG_HAS_RREFS);
     if (sendCall(peer, function, functionId, opts, writer, std::move(sink), name)) enc.commit();
   } catch (...) {

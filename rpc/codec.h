@@ -140,6 +140,14 @@ class EncodeContext {
   void markHasRRefs() { hasRRefs_ = true; }
   bool hasRRefs() const { return hasRRefs_; }
 
+  // A tensor that requires grad was written: remembers it and returns its position among them
+  // (TensorDesc.gradSlot). Distributed autograd records them as a send node's inputs.
+  uint32_t noteGradTensor(const Tensor& t) {
+    gradTensors_.push_back(t);
+    return static_cast<uint32_t>(gradTensors_.size() - 1);
+  }
+  const std::vector<Tensor>& gradTensors() const { return gradTensors_; }
+
   // Bookkeeping a codec did for this frame (a fork registered for the receiver) that must be
   // undone when the frame is never sent: run when the context is destroyed without commit().
   void onDiscard(std::function<void()> undo) { onDiscard_.push_back(std::move(undo)); }
@@ -172,6 +180,7 @@ class EncodeContext {
   bool hasRRefs_ = false;
   bool committed_ = false;
   std::vector<std::function<void()>> onDiscard_;
+  std::vector<Tensor> gradTensors_;
   std::unordered_map<SentKey, uint32_t, SentKeyHash> sent_;
   CodecExtensions extensions_;
 };

@@ -61,7 +61,10 @@ void encodeTensor(const Tensor& t, wire::Value::Builder out, EncodeContext& ctx)
   for (size_t i = 0; i < shape.size(); ++i) dims.set(static_cast<unsigned>(i), shape[i]);
   desc.setByteLength(t.nbytes());
   desc.setBuffer(index);
-  desc.setRequiresGrad(t.requiresGrad());
+  if (t.requiresGrad()) {
+    desc.setRequiresGrad(true);
+    desc.setGradSlot(ctx.noteGradTensor(t));
+  }
 }
 
 Tensor decodeTensor(wire::Value::Reader in, DecodeContext& ctx) {
@@ -102,7 +105,12 @@ Tensor decodeTensor(wire::Value::Reader in, DecodeContext& ctx) {
     if (!isFloating(dtype)) {
       throw ProtocolError(std::string("tensor of dtype ") + dtypeName(dtype) + " claims to require grad");
     }
-    t.requiresGrad_(true);
+    FrameAutograd* link = ctx.frame() != nullptr ? ctx.frame()->attachment<FrameAutograd>() : nullptr;
+    if (link != nullptr) {
+      link->link(t, desc.getGradSlot());
+    } else {
+      t.requiresGrad_(true);
+    }
   }
   return t;
 }

@@ -87,6 +87,10 @@
 #include "rpc/protocol.capnp.h"
 #include "tensor/storage.h"
 
+namespace weft {
+class Tensor;
+}  // namespace weft
+
 namespace weft::rpc {
 
 // The bytes 'W' 'E' 'F' 'T' read as a little-endian 32-bit integer.
@@ -193,6 +197,19 @@ class FrameWriter {
 
 // ---- receiving --------------------------------------------------------------------------
 
+// What distributed autograd (dist_autograd/) attaches to a frame recorded in a context
+// (IncomingFrame::attach<FrameAutograd>): it links the frame's tensors that require grad to the
+// receiver's recv node, and keeps the context current while the user code the frame runs.
+class FrameAutograd {
+ public:
+  virtual ~FrameAutograd() = default;
+  // Called by the tensor codec for each tensor decoded from a descriptor with requiresGrad;
+  // slot is its TensorDesc.gradSlot. Throws ProtocolError for a slot out of range.
+  virtual void link(Tensor& t, uint32_t slot) = 0;
+  // Makes the context current on this thread until the returned token is destroyed.
+  virtual std::shared_ptr<void> enterScope() = 0;
+};
+
 // One decoded frame: the message and the Storages of its out-of-band buffers. Its root has been
 // checked, and its kind is one this build knows; reading deeper parts of the message may still
 // throw kj::Exception on malformed data (a pointer out of bounds, a list where a struct should
@@ -238,6 +255,14 @@ class IncomingFrame {
   uint32_t maxNesting_ = 0;
   std::vector<std::pair<const void*, std::shared_ptr<void>>> attachments_;
 };
+
+// Entered by whoever runs user code for a frame (a handler body, a remote object's method):
+// keeps what the frame's layers need current on this thread (a distributed autograd context)
+// until the returned token is destroyed. Null when nothing is attached.
+inline std::shared_ptr<void> enterFrameScope(const IncomingFrame& frame) {
+  FrameAutograd* a = frame.attachment<FrameAutograd>();
+  return a != nullptr ? a->enterScope() : nullptr;
+}
 
 // Runs fn, which reads a received message, and returns what malformed data made it throw as
 // Status{protocol}: a kj::Exception from Cap'n Proto ("malformed message: ...") or a

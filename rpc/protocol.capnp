@@ -73,8 +73,8 @@
 #   - remote references (rref/): rrefUserDelete, rrefForkRequest, rrefChildAccept,
 #     rrefOwnerConfirm, plus `Call.target` to address a method on an owned object and a
 #     `Value.rref` descriptor (worker id, local id, type name);
-#   - distributed autograd (dist_autograd/): backwardRequest, backwardResponse,
-#     releaseContext.
+#   - distributed autograd (dist_autograd/): carried by reserved functions (weft.autograd.*,
+#     see the end of this file), like remote references.
 
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("weft::rpc::wire");
@@ -198,8 +198,8 @@ struct Call {
   # receiver treats any other bit as a protocol error rather than ignore a meaning it lacks.
 
   autograd @6 :AutogradInfo;
-  # Null unless the call was made inside a distributed autograd context and carries tensors that
-  # require grad (see AutogradInfo).
+  # Null unless the call was made inside a distributed autograd context (see AutogradInfo and
+  # "Distributed autograd" at the end of this file).
 }
 
 const callFlagNoReply :UInt32 = 1;
@@ -234,7 +234,8 @@ struct Response {
   }
 
   autograd @3 :AutogradInfo;
-  # Null unless the call carried an AutogradInfo and the value holds tensors that require grad.
+  # Null unless the call carried an AutogradInfo and the value holds tensors that require grad
+  # (then messageId is never 0).
 
   hasRrefs @4 :Bool;
   # The value holds at least one `Value.rref`; as callFlagHasRrefs for a call. The caller takes
@@ -285,11 +286,17 @@ struct AutogradInfo {
 
   contextId @0 :Int64;
   # The context: creating worker's id in the high 16 bits, that worker's counter below. Lives
-  # until the context is released on every worker that saw it (a later message, see Evolution).
+  # until the context is released on every worker that saw it (weft.autograd.release).
 
   messageId @1 :Int64;
   # Identifies this send/recv pair inside the context, chosen by the sender from its own
-  # counter, same layout as contextId. Lives as long as the context.
+  # counter, same layout as contextId; 0 when the message carries no tensor that requires grad
+  # (no pair: the context id travels so that the callee runs inside the context). Lives as
+  # long as the context.
+
+  gradTensors @2 :UInt32;
+  # How many tensors of the message require grad: the inputs of the sender's send node, numbered
+  # by TensorDesc.gradSlot. 0 when messageId is 0.
 }
 
 # ========================================================================================
@@ -379,8 +386,14 @@ struct TensorDesc {
   buffer @3 :UInt32;
   # Index into the frame's out-of-band buffers. Meaningful only within this frame.
   requiresGrad @4 :Bool;
-  # The sender's tensor required grad; the receiver's tensor is a leaf that requires grad too
-  # (floating dtypes only). Linking it to the sender's graph is AutogradInfo's job.
+  # The sender's tensor required grad (floating dtypes only). In a message without an
+  # AutogradInfo whose messageId is set, the receiver's tensor is a leaf that requires grad;
+  # otherwise its grad function is the receiver's recv node, slot `gradSlot`.
+
+  gradSlot @5 :UInt32;
+  # With requiresGrad inside a message whose AutogradInfo has a messageId: which input of the
+  # sender's send node this tensor is (< AutogradInfo.gradTensors). Several descriptors may share
+  # a slot only if they describe the same occurrence decoded twice.
 }
 
 # ========================================================================================
@@ -505,3 +518,40 @@ struct RRefDesc {
   # The value's type (a remote class's name, or the codec's type name, rpc/codec.h); the
   # receiver checks it against the RRef<T> it decodes.
 }
+
+# ========================================================================================
+# Distributed autograd
+#
+# A distributed autograd context (dist_autograd/dist_autograd.h) links the backward graphs that
+# calls made inside it build on several workers. Its messages are calls to reserved functions
+# (names starting with "weft.autograd."), run on the receiver's loop thread as they arrive
+# (rpc::Registry::implOnLoop); the work they start runs on the handler pool.
+#
+# Recording. A call made inside a context carries an AutogradInfo with the context id. If its
+# arguments hold tensors that require grad, the sender records a send node (inputs: those tensors,
+# numbered by TensorDesc.gradSlot) under a fresh messageId, and the receiver gives the decoded
+# tensors a recv node that remembers (sender, contextId, messageId). The receiver creates the
+# context on first sight and runs the function inside it; a response holding tensors that
+# require grad is recorded the same way from the callee to the caller (Response.autograd). Each
+# side remembers the other as a worker the context reached.
+#
+# Ids. contextId: see AutogradInfo. A backward pass id has the same layout (the initiating
+# worker's rank high, its counter below) and lives for one pass: a worker receiving a request of
+# a pass it has not seen starts a new pass of the context, counting dependencies from every send
+# node the context holds there (FAST mode).
+#
+# Who sends what (arguments are one tuple in args[0]):
+#   weft.autograd.backward (contextId, passId, messageId, retainGraph, grads)  recv side -> send
+#       side: the gradients of the tensors of message messageId (a List of tensors indexed by
+#       gradSlot; `none` for a slot that got no gradient). The receiver adds them to the send
+#       node, runs what becomes ready and answers (none) when that work and every backward
+#       request it sent meanwhile have been answered; a failure anywhere is the error of the
+#       answer, with the origin of where it arose. An unknown context or message is `notFound`.
+#   weft.autograd.release (contextIds)  any worker -> a worker the contexts reached: drop these
+#       contexts. The receiver drops each one it still holds and forwards the release to the
+#       workers that context reached (except the sender); it answers (none) when those forwards
+#       are answered. Unknown ids are ignored (already released). A message of a released context
+#       arriving later is run outside any context.
+#
+# Failures. When a worker's connection fails, its peers drop every context it reached (a user
+# holding one gets DisconnectedError on use), and the backward requests pending on it fail.

@@ -377,6 +377,7 @@ Future<rpc::HeldValue> RRefContext::onCreate(const rpc::CallContext& ctx, std::s
       build(rec, built.getFuture(), label);
       bool posted = agent_.post([frame, listOf, cls, index, built, rec]() mutable {
         try {
+          auto scope = rpc::enterFrameScope(*frame);
           rpc::DecodeContext d(*frame);
           rec->cls = cls;
           built.setValue(cls->constructors[index].construct(listOf(), d));
@@ -400,6 +401,7 @@ Future<rpc::HeldValue> RRefContext::onCreate(const rpc::CallContext& ctx, std::s
       c.function = &h->name;
       bool posted = agent_.post([frame, listOf, h, built, c]() mutable {
         try {
+          auto scope = rpc::enterFrameScope(*frame);
           rpc::DecodeContext d(*frame);
           built.setFrom(h->run(c, listOf(), d));
         } catch (...) {
@@ -419,6 +421,7 @@ Future<rpc::HeldValue> RRefContext::onCreate(const rpc::CallContext& ctx, std::s
       build(rec, whenBuilt(target, name, [frame, listOf, method](const rpc::HeldValue& object, const OwnerRecord& t) {
               const MethodInfo* m = t.cls ? t.cls->findMethod(method) : nullptr;
               WEFT_ENFORCE(m != nullptr, NotFoundError, "'", object.typeName, "' has no remote method '", method, "'");
+              auto scope = rpc::enterFrameScope(*frame);
               rpc::DecodeContext d(*frame);
               return m->invoke(object.object, listOf(), d);
             }),
@@ -474,6 +477,7 @@ Future<rpc::HeldValue> RRefContext::onCall(const rpc::CallContext& ctx, std::sha
   return whenBuilt(rec, method, [frame, method](const rpc::HeldValue& object, const OwnerRecord& r) {
     const MethodInfo* m = r.cls ? r.cls->findMethod(method) : nullptr;
     WEFT_ENFORCE(m != nullptr, NotFoundError, "'", object.typeName, "' has no remote method '", method, "'");
+    auto scope = rpc::enterFrameScope(*frame);
     rpc::DecodeContext d(*frame);
     return m->invoke(object.object, frame->message().getCall().getArgs()[1].getList(), d);
   });

@@ -187,6 +187,8 @@ class RRef {
   bool confirmedByOwner() const { return core().confirmed.load(); }
   // The reference's id (creating worker's rank in the high 16 bits).
   uint64_t id() const { return core().id; }
+  // The agent this handle belongs to (on the owner: the agent serving the value's methods).
+  rpc::Agent& agent() const { return rref::detail::agentOf(core()); }
 
   // A copy of the value, fetched from the owner (waits for it to be built); on the owner, the
   // value itself. timeout: as rpc::CallOptions (unset: the agent's rpcTimeout).

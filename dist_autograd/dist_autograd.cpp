@@ -1,0 +1,873 @@
+// Distributed autograd: contexts, send/recv nodes, the FAST-mode backward pass across workers and
+// the release protocol (rpc/protocol.capnp, "Distributed autograd").
+#include "dist_autograd/dist_autograd.h"
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include "common/logging.h"
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace weft::dist_autograd {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::string kBackward = "weft.autograd.backward";
+const std::string kRelease = "weft.autograd.release";
+const uint64_t kBackwardId = rpc::nameId(kBackward);
+const uint64_t kReleaseId = rpc::nameId(kRelease);
+
+constexpr int kRankShift = 48;
+constexpr uint64_t kCounterMask = (uint64_t{1} << kRankShift) - 1;
+// Bounds on what a peer may make this worker hold.
+constexpr size_t kMaxContexts = size_t{1} << 20;
+constexpr uint32_t kMaxGradTensors = 1u << 16;
+// Releases queued for one worker are sent when this many are waiting, or after kReleaseDelay.
+constexpr size_t kReleaseBatch = 64;
+constexpr auto kReleaseDelay = std::chrono::milliseconds(50);
+// Ids of released contexts remembered, so that a late message does not recreate one.
+constexpr size_t kTombstones = size_t{1} << 16;
+
+const rpc::CallOptions kControl{.timeout = std::chrono::milliseconds(0), .duringShutdown = true};
+
+std::string idString(int64_t id) {
+  auto u = static_cast<uint64_t>(id);
+  return std::to_string(u >> kRankShift) + ":" + std::to_string(u & kCounterMask);
+}
+
+}  // namespace
+
+class DistAutograd;
+
+// ---- nodes ------------------------------------------------------------------------------------
+
+// The sender's end of a recorded message: its inputs are the tensors the message carried that
+// require grad; its gradients arrive in a backward request and flow on unchanged.
+class SendNode final : public Node {
+ public:
+  SendNode(int64_t messageId, const std::vector<Tensor>& tensors) : messageId_(messageId) {
+    auto& edges = mutableNextEdges();
+    auto& metas = mutableOutputs();
+    edges.reserve(tensors.size());
+    metas.reserve(tensors.size());
+    for (const Tensor& t : tensors) {
+      edges.push_back(gradientEdge(t));
+      metas.push_back({t.shape(), t.dtype(), t.device()});
+    }
+  }
+  std::string name() const override { return "SendRpcBackward(message " + idString(messageId_) + ")"; }
+  std::vector<Tensor> apply(std::vector<Tensor> gradOutputs) override {
+    WEFT_ENFORCE(!released_, StateError, "backward through the graph a second time (node ", name(),
+                 "): the first backward freed it; pass retainGraph=true to that first backward to run it again");
+    return gradOutputs;
+  }
+  void release() override { released_ = true; }
+
+ private:
+  int64_t messageId_;
+  bool released_ = false;
+};
+
+// The receiver's end: the grad function of the tensors a recorded message brought. Running it
+// sends their gradients back to the sender's send node.
+class RecvNode final : public Node {
+ public:
+  RecvNode(std::weak_ptr<ContextState> ctx, int peer, int64_t messageId, uint32_t slots)
+      : ctx_(std::move(ctx)), peer_(peer), messageId_(messageId), linked_(slots, false) {
+    mutableOutputs().resize(slots);
+  }
+  std::string name() const override {
+    return "RecvRpcBackward(message " + idString(messageId_) + " from rank " + std::to_string(peer_) + ")";
+  }
+  // Makes t output `slot` of this node (the tensor codec, through FrameLink).
+  void link(Tensor& t, uint32_t slot) {
+    if (slot >= linked_.size()) {
+      throw ProtocolError("a tensor names gradient slot " + std::to_string(slot) + " of a message that has " +
+                          std::to_string(linked_.size()));
+    }
+    std::lock_guard<std::mutex> lock(linkMutex_);
+    if (!linked_[slot]) {
+      mutableOutputs()[slot] = {t.shape(), t.dtype(), t.device()};
+      linked_[slot] = true;
+    } else if (mutableOutputs()[slot].shape != t.shape() || mutableOutputs()[slot].dtype != t.dtype()) {
+      throw ProtocolError("two tensors of different shapes name gradient slot " + std::to_string(slot));
+    }
+    TensorImpl* im = t.impl();
+    im->gradFn = shared_from_this();
+    im->outputNr = slot;
+    im->requiresGrad = true;
+  }
+  std::vector<Tensor> apply(std::vector<Tensor> gradOutputs) override;
+  void release() override { released_ = true; }
+
+ private:
+  std::weak_ptr<ContextState> ctx_;
+  int peer_;
+  int64_t messageId_;
+  std::mutex linkMutex_;
+  std::vector<bool> linked_;
+  bool released_ = false;
+};
+
+// ---- contexts -----------------------------------------------------------------------------------
+
+void GradientMap::accumulate(const Tensor& t, const Tensor& g) {
+  auto it = entries_.find(t.impl());
+  if (it == entries_.end()) {
+    // Keep the gradient as is only when nothing else can see its storage.
+    bool exclusive = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous();
+    entries_.emplace(t.impl(), std::make_pair(t, exclusive ? g : g.contiguous().clone()));
+  } else {
+    it->second.second = autograd::accumulate(it->second.second, g);
+  }
+}
+
+const Tensor& GradientMap::at(const Tensor& t) const {
+  auto it = entries_.find(t.impl());
+  WEFT_ENFORCE(it != entries_.end(), NotFoundError, "dist_autograd: the context holds no gradient for this tensor (shape ",
+               shapeString(t.shape()), ")");
+  return it->second.second;
+}
+
+Tensor GradientMap::get(const Tensor& t) const {
+  auto it = entries_.find(t.impl());
+  return it == entries_.end() ? Tensor() : it->second.second;
+}
+
+bool GradientMap::contains(const Tensor& t) const { return entries_.count(t.impl()) != 0; }
+
+std::vector<std::pair<Tensor, Tensor>> GradientMap::items() const {
+  std::vector<std::pair<Tensor, Tensor>> out;
+  out.reserve(entries_.size());
+  for (const auto& [key, entry] : entries_) out.push_back(entry);
+  return out;
+}
+
+// One context on one worker. Everything below mutex_ is guarded by it; a backward pass runs with
+// it held (nodes' rules included), so one pass of one context runs on one thread at a time.
+class ContextState : public std::enable_shared_from_this<ContextState> {
+ public:
+  ContextState(DistAutograd& layer, int64_t id) : layer_(layer), id_(id) {}
+
+  DistAutograd& layer() { return layer_; }
+  int64_t id() const { return id_; }
+
+  std::mutex mutex_;
+  std::set<int> workers_;  // the workers this context exchanged messages with
+  std::unordered_map<int64_t, std::shared_ptr<SendNode>> sendNodes_;
+  GradientMap grads_;
+  // The current backward pass.
+  int64_t passId_ = 0;
+  std::unique_ptr<GraphTask> task_;
+  rpc::CallOptions passCall_;
+  bool passRetain_ = false;
+  std::vector<Future<void>> outstanding_;  // backward requests sent by the pass's nodes
+  // Why the context can no longer be used (released, or a worker it reached died).
+  bool released_ = false;
+  Status failure_;
+
+  void throwIfUnusable() const {
+    if (!failure_.ok()) throwStatus(failure_);
+    WEFT_ENFORCE(!released_, StateError, "distributed autograd context ", idString(id_), " was released");
+  }
+
+  // Starts pass `passId` (mutex_ held): dependencies from `roots` and every send node.
+  void startPass(int64_t passId, bool retainGraph, std::optional<std::chrono::milliseconds> timeout,
+                 std::vector<std::shared_ptr<Node>> roots) {
+    passId_ = passId;
+    passCall_ = rpc::CallOptions{.timeout = timeout};
+    passRetain_ = retainGraph;
+    weft::BackwardOptions options;
+    options.retainGraph = retainGraph;
+    options.leafSink = [this](const Tensor& leaf, const Tensor& g) { grads_.accumulate(leaf, g); };
+    task_ = std::make_unique<GraphTask>(std::move(options));
+    for (auto& [id, node] : sendNodes_) roots.push_back(node);
+    task_->computeDependencies(roots);
+  }
+
+  // Called by a recv node while the pass runs (mutex_ held).
+  void sendGradients(int peer, int64_t messageId, std::vector<Tensor> grads);
+
+ private:
+  DistAutograd& layer_;
+  int64_t id_;
+};
+
+namespace {
+
+// The context current on this thread and the layer (agent) it belongs to.
+struct Current {
+  DistAutograd* layer = nullptr;
+  std::shared_ptr<ContextState> state;
+};
+thread_local Current tCurrent;
+
+class ScopeToken {
+ public:
+  explicit ScopeToken(Current next) : previous_(std::move(tCurrent)) { tCurrent = std::move(next); }
+  ~ScopeToken() { tCurrent = std::move(previous_); }
+  ScopeToken(const ScopeToken&) = delete;
+  ScopeToken& operator=(const ScopeToken&) = delete;
+
+ private:
+  Current previous_;
+};
+
+// Completes when every input has completed: with the first error among `local` and the inputs
+// (none when ignoreErrors), else with a value. Unlike whenAll it never completes early.
+Future<void> settleAll(std::vector<Future<void>> inputs, std::exception_ptr local, bool ignoreErrors = false) {
+  if (inputs.empty()) return local ? makeErrorFuture<void>(local) : makeReadyFuture();
+  struct Shared {
+    std::mutex mutex;
+    size_t left;
+    std::exception_ptr first;
+    Promise<void> done;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->left = inputs.size();
+  shared->first = local;
+  Future<void> result = shared->done.getFuture();
+  for (auto& f : inputs) {
+    f.onComplete([shared, ignoreErrors](const Future<void>& g) {
+      std::exception_ptr e = g.hasError() && !ignoreErrors ? g.exception() : nullptr;
+      bool last = false;
+      {
+        std::lock_guard<std::mutex> lock(shared->mutex);
+        if (e && !shared->first) shared->first = e;
+        last = --shared->left == 0;
+      }
+      if (!last) return;
+      if (shared->first) {
+        shared->done.trySetError(shared->first);
+      } else {
+        shared->done.trySetValue();
+      }
+    });
+  }
+  return result;
+}
+
+}  // namespace
+
+// ---- the layer ----------------------------------------------------------------------------------
+
+class DistAutograd final : public rpc::AgentExtension, public std::enable_shared_from_this<DistAutograd> {
+ public:
+  explicit DistAutograd(rpc::Agent& agent) : agent_(agent) {}
+
+  void registerFunctions() {
+    auto& reg = agent_.registry();
+    reg.implOnLoop(kBackward, [this](const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+      return onBackward(ctx, std::move(frame));
+    });
+    reg.implOnLoop(kRelease, [this](const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+      return onRelease(ctx, std::move(frame));
+    });
+  }
+
+  rpc::Agent& agent() { return agent_; }
+
+  int64_t newId() {
+    return static_cast<int64_t>((static_cast<uint64_t>(agent_.rank()) << kRankShift) |
+                                (counter_.fetch_add(1, std::memory_order_relaxed) & kCounterMask));
+  }
+
+  std::shared_ptr<ContextState> create() {
+    auto state = std::make_shared<ContextState>(*this, newId());
+    std::lock_guard<std::mutex> lock(mutex_);
+    WEFT_ENFORCE(!closed_, StateError, "dist_autograd: worker '", agent_.name(), "' has shut down its agent");
+    contexts_.emplace(state->id(), state);
+    return state;
+  }
+
+  std::shared_ptr<ContextState> find(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = contexts_.find(id);
+    return it == contexts_.end() ? nullptr : it->second;
+  }
+
+  // The context `id`, or the error a use of it raises.
+  std::shared_ptr<ContextState> require(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = contexts_.find(id);
+    if (it != contexts_.end()) return it->second;
+    auto f = failures_.find(id);
+    if (f != failures_.end()) throwStatus(f->second);
+    throw NotFoundError("worker '" + agent_.name() + "' has no distributed autograd context " + idString(id) +
+                        " (released, or never reached by a call)");
+  }
+
+  // ---- recording ----
+
+  void onOutgoingCall(int peer, uint64_t functionId, rpc::EncodeContext& enc, rpc::wire::Call::Builder call) override {
+    if (tCurrent.layer != this || functionId == kBackwardId || functionId == kReleaseId) return;
+    std::shared_ptr<ContextState> state = tCurrent.state;
+    std::lock_guard<std::mutex> lock(state->mutex_);
+    if (state->released_ || !state->failure_.ok()) return;
+    auto info = call.initAutograd();
+    record(*state, peer, enc, info);
+  }
+
+  void onOutgoingResponse(int peer, int64_t contextId, rpc::EncodeContext& enc,
+                          rpc::wire::Response::Builder response) override {
+    if (contextId == 0 || enc.gradTensors().empty()) return;
+    std::shared_ptr<ContextState> state = find(contextId);
+    if (!state) return;
+    std::lock_guard<std::mutex> lock(state->mutex_);
+    if (state->released_ || !state->failure_.ok()) return;
+    auto info = response.initAutograd();
+    record(*state, peer, enc, info);
+  }
+
+  // state->mutex_ held.
+  void record(ContextState& state, int peer, rpc::EncodeContext& enc, rpc::wire::AutogradInfo::Builder info) {
+    state.workers_.insert(peer);
+    info.setContextId(state.id());
+    const std::vector<Tensor>& tensors = enc.gradTensors();
+    if (tensors.empty()) return;
+    int64_t messageId = newId();
+    state.sendNodes_.emplace(messageId, std::make_shared<SendNode>(messageId, tensors));
+    info.setMessageId(messageId);
+    info.setGradTensors(static_cast<uint32_t>(tensors.size()));
+    enc.onDiscard([weak = std::weak_ptr<ContextState>(state.shared_from_this()), messageId] {
+      if (auto s = weak.lock()) {
+        std::lock_guard<std::mutex> lock(s->mutex_);
+        s->sendNodes_.erase(messageId);
+      }
+    });
+  }
+
+  // What a recorded frame carries: its recv node, and the context its user code runs in.
+  class FrameLink final : public rpc::FrameAutograd {
+   public:
+    FrameLink(DistAutograd& layer, std::shared_ptr<ContextState> state, std::shared_ptr<RecvNode> recv)
+        : layer_(layer), state_(std::move(state)), recv_(std::move(recv)) {}
+    void link(Tensor& t, uint32_t slot) override {
+      if (recv_) {
+        recv_->link(t, slot);
+      } else {
+        t.requiresGrad_(true);
+      }
+    }
+    std::shared_ptr<void> enterScope() override {
+      return std::make_shared<ScopeToken>(Current{&layer_, state_});
+    }
+
+   private:
+    DistAutograd& layer_;
+    std::shared_ptr<ContextState> state_;
+    std::shared_ptr<RecvNode> recv_;
+  };
+
+  void checkId(int64_t id, const char* what) const {
+    auto u = static_cast<uint64_t>(id);
+    if ((u >> kRankShift) >= static_cast<uint64_t>(agent_.worldSize()) || (u & kCounterMask) == 0) {
+      throw ProtocolError(std::string("a malformed distributed autograd ") + what + " id " + std::to_string(id));
+    }
+  }
+
+  void onIncomingAutograd(int peer, rpc::IncomingFrame& frame, rpc::wire::AutogradInfo::Reader info,
+                          bool isCall) override {
+    int64_t contextId = info.getContextId();
+    int64_t messageId = info.getMessageId();
+    uint32_t n = info.getGradTensors();
+    checkId(contextId, "context");
+    if (messageId != 0) checkId(messageId, "message");
+    if ((messageId == 0) != (n == 0) || n > kMaxGradTensors) {
+      throw ProtocolError("a distributed autograd message with id " + std::to_string(messageId) + " and " +
+                          std::to_string(n) + " tensors that require grad");
+    }
+    std::shared_ptr<ContextState> state;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = contexts_.find(contextId);
+      if (it != contexts_.end()) {
+        state = it->second;
+      } else if (isCall && !closed_ && !tombstones_.count(contextId)) {
+        if (contexts_.size() >= kMaxContexts) {
+          throw ProtocolError("more than " + std::to_string(kMaxContexts) + " distributed autograd contexts");
+        }
+        state = std::make_shared<ContextState>(*this, contextId);
+        contexts_.emplace(contextId, state);
+      }
+    }
+    if (!state) return;  // released: the message runs outside any context
+    {
+      std::lock_guard<std::mutex> lock(state->mutex_);
+      if (state->released_) return;
+      state->workers_.insert(peer);
+    }
+    std::shared_ptr<RecvNode> recv;
+    if (messageId != 0) recv = std::make_shared<RecvNode>(state, peer, messageId, n);
+    frame.attach<rpc::FrameAutograd>(std::make_shared<FrameLink>(*this, std::move(state), std::move(recv)));
+  }
+
+  // ---- backward ----
+
+  Future<void> sendBackward(int peer, int64_t contextId, int64_t passId, int64_t messageId, bool retainGraph,
+                            const std::vector<Tensor>& grads, const rpc::CallOptions& opts) {
+    return agent_.callWith<void>(peer, kBackward, kBackwardId, opts,
+                                 [&](rpc::EncodeContext& enc, rpc::wire::Call::Builder call) {
+                                   rpc::encodeArguments(enc, call.initArgs(1),
+                                                        std::make_tuple(contextId, passId, messageId, retainGraph, grads));
+                                 });
+  }
+
+  Future<rpc::HeldValue> onBackward(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+    rpc::DecodeContext dec(*frame);
+    auto [request] = rpc::decodeArguments<std::tuple<int64_t, int64_t, int64_t, bool, std::vector<Tensor>>>(
+        kBackward, frame->message().getCall().getArgs(), dec);
+    auto [contextId, passId, messageId, retainGraph, grads] = std::move(request);
+    checkId(contextId, "context");
+    checkId(passId, "pass");
+    Promise<rpc::HeldValue> answer;
+    Future<rpc::HeldValue> result = answer.getFuture();
+    std::string caller = ctx.callerName;
+    bool posted = agent_.post([self = shared_from_this(), answer, contextId, passId, messageId, retainGraph,
+                               grads = std::move(grads), caller]() mutable {
+      Future<void> done;
+      try {
+        done = self->runRequest(contextId, passId, messageId, retainGraph, std::move(grads), caller);
+      } catch (...) {
+        done = makeErrorFuture<void>(std::current_exception());
+      }
+      done.onComplete([answer](const Future<void>& f) mutable {
+        if (f.hasError()) {
+          answer.trySetError(f.exception());
+        } else {
+          answer.trySetValue(rpc::HeldValue::none());
+        }
+      });
+    });
+    if (!posted) answer.trySetError(Status::cancelled("the agent shut down"));
+    return result;
+  }
+
+  // A pool thread: runs the send node of `messageId` with the gradients a recv node sent.
+  Future<void> runRequest(int64_t contextId, int64_t passId, int64_t messageId, bool retainGraph,
+                          std::vector<Tensor> grads, const std::string& caller) {
+    std::shared_ptr<ContextState> state = require(contextId);
+    std::exception_ptr failure;
+    std::vector<Future<void>> pending;
+    {
+      std::lock_guard<std::mutex> lock(state->mutex_);
+      state->throwIfUnusable();
+      auto it = state->sendNodes_.find(messageId);
+      WEFT_ENFORCE(it != state->sendNodes_.end(), NotFoundError, "distributed autograd context ", idString(contextId),
+                   " on worker '", agent_.name(), "' has no message ", idString(messageId));
+      std::shared_ptr<SendNode> send = it->second;
+      if (grads.size() != send->outputs().size()) {
+        throw ProtocolError("'" + caller + "' sent " + std::to_string(grads.size()) + " gradients for message " +
+                            idString(messageId) + ", which carried " + std::to_string(send->outputs().size()) +
+                            " tensors that require grad");
+      }
+      if (passId != state->passId_ || !state->task_) {
+        WEFT_ENFORCE(state->passId_ == 0 || passId > state->passId_ || (passId >> kRankShift) != (state->passId_ >> kRankShift),
+                     StateError, "a backward request of an earlier pass of context ", idString(contextId));
+        state->startPass(passId, retainGraph, std::nullopt, {});
+      }
+      try {
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (grads[i].defined()) state->task_->deliver({send, static_cast<uint32_t>(i)}, grads[i]);
+        }
+        state->task_->schedule(send.get());
+        state->task_->run();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      pending.swap(state->outstanding_);
+    }
+    return settleAll(std::move(pending), failure);
+  }
+
+  // ---- release ----
+
+  // Drops `state` here and queues its release for the workers it reached. With `now`, sends
+  // those workers' queues at once and returns when they answered.
+  Future<void> release(const std::shared_ptr<ContextState>& state, bool now) {
+    std::set<int> workers;
+    std::unordered_map<int64_t, std::shared_ptr<SendNode>> nodes;  // freed outside the locks
+    std::unique_ptr<GraphTask> task;
+    {
+      std::lock_guard<std::mutex> lock(state->mutex_);
+      if (state->released_) return makeReadyFuture();
+      state->released_ = true;
+      workers.swap(state->workers_);
+      nodes.swap(state->sendNodes_);
+      task.swap(state->task_);
+    }
+    workers.erase(agent_.rank());
+    std::vector<Future<void>> sent;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      forget(state->id());
+      for (int w : workers) {
+        if (deadPeers_.count(w)) continue;
+        pendingRelease_[w].push_back(state->id());
+      }
+      if (now) {
+        for (int w : workers) {
+          if (auto f = flushLocked(w)) sent.push_back(*f);
+        }
+      } else {
+        for (int w : workers) {
+          auto it = pendingRelease_.find(w);
+          if (it != pendingRelease_.end() && it->second.size() >= kReleaseBatch) flushLocked(w);
+        }
+      }
+    }
+    return settleAll(std::move(sent), nullptr, true);
+  }
+
+  // mutex_ held: removes `id` from the table and remembers it.
+  void forget(int64_t id) {
+    contexts_.erase(id);
+    if (tombstones_.insert(id).second) {
+      tombstoneOrder_.push_back(id);
+      if (tombstoneOrder_.size() > kTombstones) {
+        tombstones_.erase(tombstoneOrder_.front());
+        failures_.erase(tombstoneOrder_.front());
+        tombstoneOrder_.pop_front();
+      }
+    }
+  }
+
+  // mutex_ held: sends the releases queued for worker w; their answer, or nothing when none.
+  std::optional<Future<void>> flushLocked(int w) {
+    auto it = pendingRelease_.find(w);
+    if (it == pendingRelease_.end() || it->second.empty()) return std::nullopt;
+    std::vector<int64_t> ids = std::move(it->second);
+    pendingRelease_.erase(it);
+    ++inflight_;
+    Future<void> f = agent_.callWith<void>(w, kRelease, kReleaseId, kControl,
+                                           [&](rpc::EncodeContext& enc, rpc::wire::Call::Builder call) {
+                                             rpc::encodeArguments(enc, call.initArgs(1), ids);
+                                           });
+    f.onComplete([self = shared_from_this(), w](const Future<void>& g) {
+      if (g.hasError()) {
+        WEFT_LOG(Debug) << "dist_autograd: releasing contexts on rank " << w << " failed: " << g.status().message();
+      }
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      --self->inflight_;
+    });
+    return f;
+  }
+
+  Future<void> flushAll() {
+    std::vector<Future<void>> sent;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::vector<int> ws;
+      for (auto& [w, ids] : pendingRelease_) ws.push_back(w);
+      for (int w : ws) {
+        if (auto f = flushLocked(w)) sent.push_back(*f);
+      }
+      lastFlush_ = Clock::now();
+    }
+    return settleAll(std::move(sent), nullptr, true);
+  }
+
+  Future<rpc::HeldValue> onRelease(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+    rpc::DecodeContext dec(*frame);
+    auto [ids] = rpc::decodeArguments<std::vector<int64_t>>(kRelease, frame->message().getCall().getArgs(), dec);
+    std::vector<std::shared_ptr<ContextState>> states;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int64_t id : ids) {
+        auto it = contexts_.find(id);
+        if (it != contexts_.end()) {
+          states.push_back(it->second);
+        } else {
+          forget(id);  // a late message must not recreate it
+        }
+      }
+    }
+    std::vector<Future<void>> forwarded;
+    std::map<int, std::vector<int64_t>> forwards;
+    std::vector<std::unordered_map<int64_t, std::shared_ptr<SendNode>>> freed;
+    for (auto& state : states) {
+      std::set<int> workers;
+      {
+        std::lock_guard<std::mutex> lock(state->mutex_);
+        if (state->released_) continue;
+        state->released_ = true;
+        if ((static_cast<uint64_t>(state->id()) >> kRankShift) == static_cast<uint64_t>(agent_.rank())) {
+          // The creator's context released by another worker: only after a failure there.
+          state->failure_ = Status::disconnected("distributed autograd context " + idString(state->id()) +
+                                                 " was released by worker '" + ctx.callerName +
+                                                 "' after a worker it reached failed");
+        }
+        workers.swap(state->workers_);
+        freed.emplace_back().swap(state->sendNodes_);
+        state->task_.reset();
+      }
+      for (int w : workers) {
+        if (w != ctx.callerRank && w != agent_.rank()) forwards[w].push_back(state->id());
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& state : states) forget(state->id());
+      for (auto& [w, list] : forwards) {
+        if (deadPeers_.count(w)) continue;
+        auto& q = pendingRelease_[w];
+        q.insert(q.end(), list.begin(), list.end());
+        if (auto f = flushLocked(w)) forwarded.push_back(*f);
+      }
+    }
+    freed.clear();
+    return settleAll(std::move(forwarded), nullptr, true).then([] { return rpc::HeldValue::none(); });
+  }
+
+  // ---- agent events ----
+
+  void onTick() override {
+    bool due = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      due = !pendingRelease_.empty() && Clock::now() - lastFlush_ >= kReleaseDelay;
+    }
+    if (due) flushAll();
+  }
+
+  void onShutdownBegin() override { flushAll(); }
+
+  bool busy() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return inflight_ != 0 || !pendingRelease_.empty();
+  }
+
+  void onPeerFailed(int rank, const Status& why) override {
+    std::vector<std::shared_ptr<ContextState>> hit;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      deadPeers_.insert(rank);
+      pendingRelease_.erase(rank);
+      for (auto& [id, state] : contexts_) hit.push_back(state);
+    }
+    std::string name = "rank " + std::to_string(rank);
+    for (const auto& w : agent_.workers()) {
+      if (w.rank == rank) name = "'" + w.name + "'";
+    }
+    for (auto& state : hit) {
+      bool involved = false;
+      {
+        std::lock_guard<std::mutex> lock(state->mutex_);
+        involved = state->workers_.count(rank) != 0 ||
+                   (static_cast<uint64_t>(state->id()) >> kRankShift) == static_cast<uint64_t>(rank);
+        if (involved && state->failure_.ok()) {
+          state->failure_ = Status::disconnected("distributed autograd context " + idString(state->id()) +
+                                                 " was released on worker '" + agent_.name() + "': worker " + name +
+                                                 ", which it reached, failed (" + why.message() + ")");
+        }
+      }
+      if (!involved) continue;
+      Status failure;
+      {
+        std::lock_guard<std::mutex> lock(state->mutex_);
+        failure = state->failure_;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        failures_[state->id()] = failure;
+      }
+      release(state, false);
+    }
+  }
+
+  void onClosed() override {
+    std::unordered_map<int64_t, std::shared_ptr<ContextState>> left;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+      atClose_ = countsLocked();
+      left.swap(contexts_);
+      pendingRelease_.clear();
+    }
+    for (auto& [id, state] : left) {
+      std::lock_guard<std::mutex> lock(state->mutex_);
+      state->released_ = true;
+      if (state->failure_.ok()) {
+        state->failure_ = Status::cancelled("distributed autograd context " + idString(id) + ": worker '" +
+                                            agent_.name() + "' has shut down its agent");
+      }
+      state->sendNodes_.clear();
+      state->task_.reset();
+    }
+  }
+
+  DebugCounts counts() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return closed_ ? atClose_ : countsLocked();
+  }
+
+  DebugCounts countsLocked() {
+    DebugCounts c;
+    c.contexts = contexts_.size();
+    for (auto& [id, state] : contexts_) {
+      std::lock_guard<std::mutex> lock(state->mutex_);
+      c.sendNodes += state->sendNodes_.size();
+    }
+    for (auto& [w, ids] : pendingRelease_) c.pendingReleases += ids.size();
+    return c;
+  }
+
+ private:
+  rpc::Agent& agent_;
+  std::atomic<uint64_t> counter_{1};
+  mutable std::mutex mutex_;
+  std::unordered_map<int64_t, std::shared_ptr<ContextState>> contexts_;
+  std::unordered_set<int64_t> tombstones_;
+  std::deque<int64_t> tombstoneOrder_;
+  std::unordered_map<int64_t, Status> failures_;  // why a context was dropped, for later uses
+  std::map<int, std::vector<int64_t>> pendingRelease_;
+  std::set<int> deadPeers_;
+  size_t inflight_ = 0;
+  Clock::time_point lastFlush_ = Clock::now();
+  bool closed_ = false;
+  DebugCounts atClose_;
+};
+
+std::vector<Tensor> RecvNode::apply(std::vector<Tensor> gradOutputs) {
+  WEFT_ENFORCE(!released_, StateError, "backward through the graph a second time (node ", name(),
+               "): the first backward freed it; pass retainGraph=true to that first backward to run it again");
+  auto ctx = ctx_.lock();
+  WEFT_ENFORCE(ctx != nullptr, StateError, name(), ": its distributed autograd context was released");
+  for (size_t i = 0; i < gradOutputs.size(); ++i) {
+    if (!linked_[i]) gradOutputs[i] = Tensor();  // never decoded: the sender gets no gradient for it
+  }
+  ctx->sendGradients(peer_, messageId_, std::move(gradOutputs));
+  return {};
+}
+
+void ContextState::sendGradients(int peer, int64_t messageId, std::vector<Tensor> grads) {
+  outstanding_.push_back(layer_.sendBackward(peer, id_, passId_, messageId, passRetain_, grads, passCall_));
+}
+
+namespace {
+
+DistAutograd& layerOf(rpc::Agent& agent) { return agent.extension<DistAutograd>(); }
+
+bool installLayer() {
+  return rpc::Agent::installExtension(typeTag<DistAutograd>(), [](rpc::Agent& agent) -> std::shared_ptr<rpc::AgentExtension> {
+    auto layer = std::make_shared<DistAutograd>(agent);
+    layer->registerFunctions();
+    return layer;
+  });
+}
+
+}  // namespace
+
+namespace detail {
+bool installed() {
+  static const bool done = installLayer();
+  return done;
+}
+}  // namespace detail
+
+// ---- Context ------------------------------------------------------------------------------------
+
+Context::Context(rpc::Agent& agent) : agent_(agent), id_(0) {
+  WEFT_ENFORCE(agent.started(), StateError, "dist_autograd::Context: the agent is not started");
+  WEFT_ENFORCE(tCurrent.state == nullptr, StateError, "dist_autograd::Context: context ",
+               idString(tCurrent.state ? tCurrent.state->id() : 0),
+               " is already current on this thread; contexts do not nest");
+  DistAutograd& layer = layerOf(agent);
+  state_ = layer.create();
+  id_ = state_->id();
+  tCurrent = Current{&layer, state_};
+}
+
+Context::~Context() {
+  if (tCurrent.state == state_) tCurrent = Current{};
+  if (!releaseStarted_) {
+    try {
+      layerOf(agent_).release(state_, false);
+    } catch (const std::exception& e) {
+      WEFT_LOG(Warn) << "dist_autograd: releasing context " << idString(id_) << " failed: " << e.what();
+    }
+  }
+}
+
+Future<void> Context::release() {
+  if (!releaseStarted_) {
+    releaseStarted_ = true;
+    released_ = layerOf(agent_).release(state_, true);
+  }
+  return released_;
+}
+
+void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& options) {
+  WEFT_ENFORCE(!roots.empty(), InvalidArgumentError, "dist_autograd::backward: no roots");
+  std::vector<Edge> edges;
+  std::vector<std::shared_ptr<Node>> rootNodes;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    WEFT_ENFORCE(r.defined() && r.requiresGrad(), InvalidArgumentError, "dist_autograd::backward: root ", i,
+                 " does not require grad");
+    WEFT_ENFORCE(r.numel() == 1, InvalidArgumentError, "dist_autograd::backward: root ", i, " has shape ",
+                 shapeString(r.shape()), "; roots must hold one element");
+    edges.push_back(gradientEdge(r));
+    rootNodes.push_back(edges.back().fn);
+  }
+  DistAutograd& layer = layerOf(agent_);
+  std::exception_ptr failure;
+  std::vector<Future<void>> pending;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex_);
+    state_->throwIfUnusable();
+    state_->startPass(layer.newId(), options.retainGraph, options.timeout, rootNodes);
+    try {
+      for (size_t i = 0; i < roots.size(); ++i) state_->task_->deliver(edges[i], onesLike(roots[i]));
+      for (auto& n : rootNodes) state_->task_->schedule(n.get());
+      state_->task_->run();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    pending.swap(state_->outstanding_);
+  }
+  Future<void> done = settleAll(std::move(pending), failure);
+  done.wait();
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex_);
+    state_->task_.reset();
+  }
+  if (done.hasError()) std::rethrow_exception(done.exception());
+}
+
+GradientMap Context::gradients() const {
+  std::lock_guard<std::mutex> lock(state_->mutex_);
+  if (!state_->failure_.ok()) throwStatus(state_->failure_);
+  return state_->grads_;
+}
+
+int64_t currentContextId(rpc::Agent& agent) {
+  return tCurrent.layer == &layerOf(agent) && tCurrent.state ? tCurrent.state->id() : 0;
+}
+
+GradientMap gradients(rpc::Agent& agent, int64_t contextId) {
+  std::shared_ptr<ContextState> state = layerOf(agent).require(contextId);
+  std::lock_guard<std::mutex> lock(state->mutex_);
+  if (!state->failure_.ok()) throwStatus(state->failure_);
+  return state->grads_;
+}
+
+std::string DebugCounts::toString() const {
+  std::ostringstream out;
+  out << "contexts " << contexts << " sendNodes " << sendNodes << " pendingReleases " << pendingReleases;
+  return out.str();
+}
+
+DebugCounts debugCounts(rpc::Agent& agent) { return layerOf(agent).counts(); }
+
+Future<void> flushReleases(rpc::Agent& agent) { return layerOf(agent).flushAll(); }
+
+}  // namespace weft::dist_autograd

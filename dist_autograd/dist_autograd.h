@@ -1,0 +1,161 @@
+// Distributed autograd: backward passes whose graph spans several workers.
+//
+//   #include "dist_autograd/dist_autograd.h"
+//   {
+//     weft::dist_autograd::Context ctx(agent);                  // current on this thread until it ends
+//     Tensor h = ps.rpcSync(&ParameterServer::forward, x);       // recorded: a send/recv pair each way
+//     Tensor loss = weft::nn::functional::nllLoss(h, y);
+//     ctx.backward({loss});                                      // returns when every worker is done
+//     weft::dist_autograd::GradientMap grads = ctx.gradients();  // this worker's leaves -> gradients
+//     opt.step(ctx);                                             // dist_optim/distributed_optimizer.h
+//   }                                                            // released on every worker it reached
+//
+// Recording. While a Context is current on a thread, every call that thread makes through its
+// agent (Agent::async/sync, remote(), toHere(), RRef method calls) carries the context's id. If
+// the call's arguments hold tensors that require grad, the caller records a *send node* whose
+// inputs are those tensors, and the callee gives the tensors it decodes a *recv node* as their
+// grad function: they are not leaves, and their gradients flow back to the caller's tensors,
+// whatever they are (a parameter passed as an argument keeps its autograd identity: its
+// gradient lands in its owner's context, keyed by the parameter itself). The callee runs the
+// function with the context current, so the calls it makes are recorded too; a result holding
+// tensors that require grad is recorded the same way in the other direction. Calls made outside
+// a context send tensors that require grad as leaves that require grad, with no link.
+//
+// Backward (PyTorch's FAST mode). backward(roots) seeds every root with ones (roots hold one
+// element each) and runs the local graph; on every worker, the dependencies are counted from the
+// roots (on this worker) and from every send node the context recorded there. A recv node sends
+// the gradients it receives to its sender as a backward request; the sender runs its send node
+// and whatever becomes ready, and answers once that work and the requests it sent in turn are
+// done. backward() therefore returns only when the whole distributed graph reached by this pass
+// has run on every worker. Gradients of leaves accumulate in the context of the worker that owns
+// them (gradients(), and dist_autograd::gradients(agent, id) on the owner), never in .grad; a
+// second backward in the same context adds to them. FAST mode assumes that every send node of
+// the context takes part in the pass: a node that also waits for a send node the pass never
+// reaches does not run.
+//
+// Graph lifetime. Without retainGraph, a pass frees what every node it ran saved for backward,
+// on every worker; a second backward over the same graph then fails with StateError (naming the
+// node). Pass retainGraph = true to every backward but the last.
+//
+// Errors. A failure anywhere (a node's backward throwing on a remote worker, a worker dying, a
+// timeout) fails backward() with the typed error of where it arose (RemoteError names that
+// worker), after every request already sent has been answered or has failed: no worker is left
+// waiting.
+//
+// Release. The destructor (or release()) drops the context here and on every worker it reached
+// (transitively: a worker forwards the release to the workers it exchanged messages with in the
+// context). Releases to other workers are sent in batches, at the latest about 50 ms later;
+// release() sends them at once and returns a future that completes when every worker reached has
+// dropped the context. When a worker the context involves dies, the context is released at once
+// on its peers and using it (backward, gradients) raises DisconnectedError naming that worker.
+//
+// Threads. A context is current only on the thread that created it (and, on callees, on the
+// handler thread running a recorded call, for the duration of the body; continuations of a
+// returned Future are not inside it). Creating a context while another is current on the thread
+// is a StateError. backward() blocks its thread; it may not be called from a handler thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/future.h"
+#include "rpc/agent.h"
+#include "tensor/tensor.h"
+
+namespace weft::dist_autograd {
+
+class ContextState;
+
+// The gradients one worker holds in a context: leaf tensor -> accumulated gradient. Keys are
+// compared by identity (the tensor object, not its values).
+class GradientMap {
+ public:
+  // The gradient of leaf `t`; NotFoundError when the context holds none for it.
+  const Tensor& at(const Tensor& t) const;
+  // The gradient of leaf `t`, or an undefined tensor.
+  Tensor get(const Tensor& t) const;
+  bool contains(const Tensor& t) const;
+  size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+  // (leaf, gradient) pairs, in no particular order.
+  std::vector<std::pair<Tensor, Tensor>> items() const;
+
+  // Adds g to t's gradient (used by the engine).
+  void accumulate(const Tensor& t, const Tensor& g);
+
+ private:
+  std::unordered_map<const void*, std::pair<Tensor, Tensor>> entries_;
+};
+
+struct BackwardOptions {
+  bool retainGraph = false;
+  // Timeout of each backward request this worker sends; unset: the agent's rpcTimeout.
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
+};
+
+class Context {
+ public:
+  // A new context on `agent`, current on this thread. StateError when one is current already or
+  // the agent is not started.
+  explicit Context(rpc::Agent& agent);
+  // Makes the context no longer current and releases it (see "Release" above).
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // Worker id (rank) in the high 16 bits, this worker's counter below.
+  int64_t id() const { return id_; }
+
+  // Runs the distributed backward pass from `roots` (each one element, requiring grad).
+  void backward(const std::vector<Tensor>& roots, const BackwardOptions& options = {});
+  void backward(const std::vector<Tensor>& roots, bool retainGraph) {
+    backward(roots, BackwardOptions{.retainGraph = retainGraph});
+  }
+  // This worker's accumulated gradients (copies of the handles; the tensors are shared).
+  GradientMap gradients() const;
+  // Releases the context everywhere now (idempotent); the future completes when every worker
+  // it reached has dropped it (errors from dead workers are ignored).
+  Future<void> release();
+
+ private:
+  rpc::Agent& agent_;
+  int64_t id_;
+  std::shared_ptr<ContextState> state_;
+  Future<void> released_;
+  bool releaseStarted_ = false;
+};
+
+// The id of the context current on this thread for `agent`, or 0.
+int64_t currentContextId(rpc::Agent& agent);
+
+// The gradients this worker holds in context `contextId` (the DistributedOptimizer reads them on
+// each owner). NotFoundError when this worker knows no such context; DisconnectedError when it
+// was released because a worker it involved died.
+GradientMap gradients(rpc::Agent& agent, int64_t contextId);
+
+// How much distributed autograd state one agent holds (tests assert it drains).
+struct DebugCounts {
+  size_t contexts = 0;      // contexts known on this worker
+  size_t sendNodes = 0;     // send nodes recorded in them
+  size_t pendingReleases = 0;  // releases queued for other workers and not yet sent
+  bool empty() const { return contexts == 0 && sendNodes == 0 && pendingReleases == 0; }
+  std::string toString() const;
+};
+DebugCounts debugCounts(rpc::Agent& agent);
+
+// Sends queued releases now (normally batched, see "Release").
+Future<void> flushReleases(rpc::Agent& agent);
+
+namespace detail {
+// Installs the layer on every Agent a program that includes this header builds.
+bool installed();
+inline const bool kLayerInstalled = installed();
+}  // namespace detail
+
+}  // namespace weft::dist_autograd

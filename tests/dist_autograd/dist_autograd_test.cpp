@@ -1,0 +1,232 @@
+// Distributed autograd between agents of one process (each with its own loop, pool and TCP
+// connections on 127.0.0.1): recording on calls and replies, backward through one and two hops,
+// parameters passed as arguments, RRefs, retainGraph, errors and release everywhere. Gradients
+// are compared with the same computation done locally.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "dist_autograd/dist_autograd.h"
+#include "rpc/agent_util.h"
+#include "rref/rref.h"
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+#include "weft_test.h"
+
+using namespace std::chrono_literals;
+using weft::Tensor;
+using weft::dist_autograd::Context;
+using weft::testing::AgentGroup;
+using weft::testing::eventually;
+
+namespace datest {
+
+inline const weft::Function<Tensor(Tensor)> scaleByW{"datest.scaleByW"};         // x * w (this worker's w)
+inline const weft::Function<Tensor(Tensor, Tensor)> mulArgs{"datest.mulArgs"};   // a * b, no state
+inline const weft::Function<Tensor(Tensor, int64_t)> relay{"datest.relay"};      // scaleByW on another rank, then tanh
+inline const weft::Function<Tensor(Tensor)> explodeInBackward{"datest.explode"};  // identity whose backward throws
+inline const weft::Function<int64_t()> contextHere{"datest.contextHere"};         // the context current in the body
+
+// Three agents, each with its own weight w_r = (r + 2) * [0.5, -1, 1.5] (float64, a leaf).
+class Job {
+ public:
+  explicit Job(int world = 3) : group_(world) {
+    for (int r = 0; r < world; ++r) {
+      weights_.push_back(weft::fromVector(std::vector<double>{0.5, -1.0, 1.5}) * double(r + 2));
+      weights_.back().requiresGrad_();
+      weft::rpc::Agent& a = group_.agent(r);
+      Tensor w = weights_.back();
+      a.registry().impl(scaleByW, [w](Tensor x) { return x * w; });
+      a.registry().impl(mulArgs, [](Tensor x, Tensor y) { return x * y; });
+      a.registry().impl(relay, [&a](Tensor x, int64_t to) { return weft::tanh(a.sync(to, scaleByW, x * 2.0)); });
+      a.registry().impl(explodeInBackward, [](Tensor x) {
+        Tensor out = x.detach().clone();
+        weft::recordOp("Exploding", {x}, {out}, [](const std::vector<Tensor>&) -> std::vector<Tensor> {
+          throw std::runtime_error("this backward explodes");
+        });
+        return out;
+      });
+      a.registry().impl(contextHere, [&a] { return weft::dist_autograd::currentContextId(a); });
+    }
+    group_.start();
+  }
+
+  weft::rpc::Agent& agent(int r) { return group_.agent(r); }
+  const Tensor& w(int r) const { return weights_.at(static_cast<size_t>(r)); }
+  // A copy of w_r as a fresh leaf, for the local reference computation.
+  Tensor localW(int r) const { return w(r).detach().clone().requiresGrad_(); }
+
+  // Waits until no agent holds any distributed autograd state.
+  bool drained() {
+    return eventually(
+        [&] {
+          for (int r = 0; r < group_.size(); ++r) {
+            if (!weft::dist_autograd::debugCounts(agent(r)).empty()) return false;
+          }
+          return true;
+        },
+        5s);
+  }
+
+ private:
+  AgentGroup group_;
+  std::vector<Tensor> weights_;
+};
+
+Tensor input() { return weft::fromVector(std::vector<double>{1.0, 2.0, -3.0}).requiresGrad_(); }
+
+}  // namespace datest
+
+using namespace datest;
+
+TEST_CASE("dist_autograd: a call and its reply are recorded and backward reaches both workers") {
+  Job job;
+  Tensor x = input();
+  Tensor gx, gw1;
+  int64_t id = 0;
+  {
+    Context ctx(job.agent(0));
+    id = ctx.id();
+    CHECK((static_cast<uint64_t>(id) >> 48) == 0u);
+    Tensor y = job.agent(0).sync(1, scaleByW, x);
+    CHECK(y.requiresGrad());
+    CHECK_FALSE(y.isLeaf());
+    Tensor loss = (y * y).sum();
+    ctx.backward({loss});
+    gx = ctx.gradients().at(x);
+    gw1 = weft::dist_autograd::gradients(job.agent(1), id).at(job.w(1));
+    CHECK_FALSE(x.grad().defined());  // .grad untouched
+    ctx.release().get();
+  }
+  Tensor lx = input(), lw = job.localW(1);
+  Tensor ly = lx * lw;
+  (ly * ly).sum().backward();
+  CHECK(weft::allclose(gx, lx.grad(), 1e-12, 0));
+  CHECK(weft::allclose(gw1, lw.grad(), 1e-12, 0));
+  CHECK(job.drained());
+  CHECK_THROWS_AS(weft::dist_autograd::gradients(job.agent(1), id), weft::NotFoundError);
+}
+
+TEST_CASE("dist_autograd: a reply alone is recorded when the arguments need no grad") {
+  Job job;
+  Tensor x = weft::fromVector(std::vector<double>{1.0, 2.0, 3.0});
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(2, scaleByW, x);
+  REQUIRE(y.requiresGrad());
+  ctx.backward({y.sum()});
+  CHECK(ctx.gradients().empty());
+  Tensor g = weft::dist_autograd::gradients(job.agent(2), ctx.id()).at(job.w(2));
+  CHECK(weft::allclose(g, x, 1e-12, 0));
+}
+
+TEST_CASE("dist_autograd: a chain through a handler's nested call matches the local gradient") {
+  Job job;
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  // 0 -> 1 (relay) -> 2 (scaleByW) -> 1 -> 0, then back through 0's own weight.
+  Tensor y = job.agent(0).sync(1, relay, x, int64_t{2});
+  Tensor loss = (y * job.w(0)).sum();
+  ctx.backward({loss});
+  CHECK(weft::dist_autograd::currentContextId(job.agent(0)) == ctx.id());
+
+  Tensor lx = input(), lw0 = job.localW(0), lw2 = job.localW(2);
+  Tensor ly = weft::tanh((lx * 2.0) * lw2);
+  (ly * lw0).sum().backward();
+  auto g0 = ctx.gradients();
+  CHECK(weft::allclose(g0.at(x), lx.grad(), 1e-12, 0));
+  CHECK(weft::allclose(g0.at(job.w(0)), lw0.grad(), 1e-12, 0));
+  CHECK(weft::allclose(weft::dist_autograd::gradients(job.agent(2), ctx.id()).at(job.w(2)), lw2.grad(), 1e-12, 0));
+  // Worker 1 has no leaves of its own in this graph, only the context.
+  CHECK(weft::dist_autograd::gradients(job.agent(1), ctx.id()).empty());
+}
+
+TEST_CASE("dist_autograd: a parameter passed as an argument keeps its identity") {
+  Job job;
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  // w_0 travels to worker 1 and back inside the product; its gradient lands on worker 0, keyed by w_0.
+  Tensor y = job.agent(0).sync(1, mulArgs, job.w(0), x);
+  Tensor loss = (y * y * job.w(0)).sum();
+  ctx.backward({loss});
+  Tensor lw = job.localW(0), lx = input();
+  Tensor ly = lw * lx;
+  (ly * ly * lw).sum().backward();
+  CHECK(weft::allclose(ctx.gradients().at(job.w(0)), lw.grad(), 1e-12, 0));
+  CHECK(weft::allclose(ctx.gradients().at(x), lx.grad(), 1e-12, 0));
+}
+
+TEST_CASE("dist_autograd: handlers run inside the caller's context") {
+  Job job;
+  CHECK(job.agent(0).sync(1, contextHere) == 0);
+  Context ctx(job.agent(0));
+  CHECK(job.agent(0).sync(1, contextHere) == ctx.id());
+}
+
+TEST_CASE("dist_autograd: retainGraph allows another pass and gradients accumulate") {
+  Job job;
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  Tensor loss = job.agent(0).sync(1, scaleByW, x).sum();
+  ctx.backward({loss}, true);
+  ctx.backward({loss}, true);
+  ctx.backward({loss});
+  Tensor g = weft::dist_autograd::gradients(job.agent(1), ctx.id()).at(job.w(1));
+  CHECK(weft::allclose(g, x.detach() * 3.0, 1e-12, 0));
+  CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach() * 3.0, 1e-12, 0));
+  CHECK_THROWS_WITH_AS(ctx.backward({loss}), doctest::Contains("a second time"), weft::StateError);
+}
+
+TEST_CASE("dist_autograd: a remote backward that throws fails backward naming the worker") {
+  Job job;
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(2, explodeInBackward, x);
+  try {
+    ctx.backward({y.sum()});
+    FAIL("backward succeeded");
+  } catch (const weft::RemoteError& e) {
+    CHECK(std::string(e.what()).find("this backward explodes") != std::string::npos);
+    CHECK(e.worker() == job.agent(2).name());
+  }
+}
+
+TEST_CASE("dist_autograd: RRef creation and toHere are recorded") {
+  Job job;
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  weft::RRef<Tensor> r = job.agent(0).remote(1, scaleByW, x);  // x -> 1, kept there
+  Tensor y = r.toHere();                                       // 1 -> 0
+  Tensor loss = (y * y).sum();
+  ctx.backward({loss});
+  Tensor lx = input(), lw = job.localW(1);
+  Tensor ly = lx * lw;
+  (ly * ly).sum().backward();
+  CHECK(weft::allclose(ctx.gradients().at(x), lx.grad(), 1e-12, 0));
+  CHECK(weft::allclose(weft::dist_autograd::gradients(job.agent(1), ctx.id()).at(job.w(1)), lw.grad(), 1e-12, 0));
+}
+
+TEST_CASE("dist_autograd: contexts do not nest and need a started agent") {
+  Job job(2);
+  Context ctx(job.agent(0));
+  CHECK_THROWS_AS(Context(job.agent(0)), weft::StateError);
+  CHECK_THROWS_AS(Context(job.agent(1)), weft::StateError);
+  CHECK_THROWS_AS(ctx.backward({input()}), weft::InvalidArgumentError);  // a leaf without history is fine, a 3-vector is not
+}
+
+TEST_CASE("dist_autograd: leaving a context releases it on every worker it reached, transitively") {
+  Job job;
+  {
+    Context ctx(job.agent(0));
+    Tensor y = job.agent(0).sync(1, relay, input(), int64_t{2});  // reaches 2 through 1 only
+    ctx.backward({y.sum()});
+    CHECK(weft::dist_autograd::debugCounts(job.agent(2)).contexts == 1);
+  }
+  // Released in a batch at the latest ~50 ms later.
+  CHECK(job.drained());
+  {
+    Context ctx(job.agent(0));
+    job.agent(0).sync(1, relay, input(), int64_t{2});
+    ctx.release().get();
+    for (int r = 0; r < 3; ++r) CHECK(weft::dist_autograd::debugCounts(job.agent(r)).empty());
+  }
+}
