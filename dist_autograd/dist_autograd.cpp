@@ -414,6 +414,7 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
 
   Future<void> sendBackward(int peer, int64_t contextId, int64_t passId, int64_t messageId, bool retainGraph,
                             const std::vector<Tensor>& grads, const rpc::CallOptions& opts) {
+    backwardRequests_.fetch_add(1, std::memory_order_relaxed);
     return agent_.callWith<void>(peer, kBackward, kBackwardId, opts,
                                  [&](rpc::EncodeContext& enc, rpc::wire::Call::Builder call) {
                                    rpc::encodeArguments(enc, call.initArgs(1),
@@ -505,26 +506,18 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
       task.swap(state->task_);
     }
     workers.erase(agent_.rank());
-    std::vector<Future<void>> sent;
+    Batches batches;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       forget(state->id());
       for (int w : workers) {
         if (deadPeers_.count(w)) continue;
-        pendingRelease_[w].push_back(state->id());
-      }
-      if (now) {
-        for (int w : workers) {
-          if (auto f = flushLocked(w)) sent.push_back(*f);
-        }
-      } else {
-        for (int w : workers) {
-          auto it = pendingRelease_.find(w);
-          if (it != pendingRelease_.end() && it->second.size() >= kReleaseBatch) flushLocked(w);
-        }
+        auto& q = pendingRelease_[w];
+        q.push_back(state->id());
+        if (now || q.size() >= kReleaseBatch) batches.emplace_back(w, takeQueued(w));
       }
     }
-    return settleAll(std::move(sent), nullptr, true);
+    return sendAll(batches);
   }
 
   // mutex_ held: removes `id` from the table and remembers it.
@@ -540,13 +533,20 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
     }
   }
 
-  // mutex_ held: sends the releases queued for worker w; their answer, or nothing when none.
-  std::optional<Future<void>> flushLocked(int w) {
+  // mutex_ held: takes the releases queued for worker w (counted in flight until sent and
+  // answered, see sendRelease).
+  std::vector<int64_t> takeQueued(int w) {
     auto it = pendingRelease_.find(w);
-    if (it == pendingRelease_.end() || it->second.empty()) return std::nullopt;
+    if (it == pendingRelease_.end()) return {};
     std::vector<int64_t> ids = std::move(it->second);
     pendingRelease_.erase(it);
-    ++inflight_;
+    if (!ids.empty()) ++inflight_;
+    return ids;
+  }
+
+  // No lock held (the answer may complete at once, on this thread): sends a batch takeQueued made.
+  Future<void> sendRelease(int w, const std::vector<int64_t>& ids) {
+    releaseMessages_.fetch_add(1, std::memory_order_relaxed);
     Future<void> f = agent_.callWith<void>(w, kRelease, kReleaseId, kControl,
                                            [&](rpc::EncodeContext& enc, rpc::wire::Call::Builder call) {
                                              rpc::encodeArguments(enc, call.initArgs(1), ids);
@@ -561,18 +561,27 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
     return f;
   }
 
-  Future<void> flushAll() {
+  using Batches = std::vector<std::pair<int, std::vector<int64_t>>>;
+
+  Future<void> sendAll(const Batches& batches) {
     std::vector<Future<void>> sent;
+    for (const auto& [w, ids] : batches) sent.push_back(sendRelease(w, ids));
+    return settleAll(std::move(sent), nullptr, true);
+  }
+
+  Future<void> flushAll() {
+    Batches batches;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       std::vector<int> ws;
       for (auto& [w, ids] : pendingRelease_) ws.push_back(w);
       for (int w : ws) {
-        if (auto f = flushLocked(w)) sent.push_back(*f);
+        auto ids = takeQueued(w);
+        if (!ids.empty()) batches.emplace_back(w, std::move(ids));
       }
       lastFlush_ = Clock::now();
     }
-    return settleAll(std::move(sent), nullptr, true);
+    return sendAll(batches);
   }
 
   Future<rpc::HeldValue> onRelease(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
@@ -590,7 +599,6 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
         }
       }
     }
-    std::vector<Future<void>> forwarded;
     std::map<int, std::vector<int64_t>> forwards;
     std::vector<std::unordered_map<int64_t, std::shared_ptr<SendNode>>> freed;
     for (auto& state : states) {
@@ -613,6 +621,7 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
         if (w != ctx.callerRank && w != agent_.rank()) forwards[w].push_back(state->id());
       }
     }
+    Batches batches;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto& state : states) forget(state->id());
@@ -620,11 +629,11 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
         if (deadPeers_.count(w)) continue;
         auto& q = pendingRelease_[w];
         q.insert(q.end(), list.begin(), list.end());
-        if (auto f = flushLocked(w)) forwarded.push_back(*f);
+        batches.emplace_back(w, takeQueued(w));
       }
     }
     freed.clear();
-    return settleAll(std::move(forwarded), nullptr, true).then([] { return rpc::HeldValue::none(); });
+    return sendAll(batches).then([] { return rpc::HeldValue::none(); });
   }
 
   // ---- agent events ----
@@ -704,6 +713,10 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
     }
   }
 
+  MessageCounts messages() const {
+    return {backwardRequests_.load(std::memory_order_relaxed), releaseMessages_.load(std::memory_order_relaxed)};
+  }
+
   DebugCounts counts() {
     std::lock_guard<std::mutex> lock(mutex_);
     return closed_ ? atClose_ : countsLocked();
@@ -723,6 +736,8 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
  private:
   rpc::Agent& agent_;
   std::atomic<uint64_t> counter_{1};
+  std::atomic<uint64_t> backwardRequests_{0};
+  std::atomic<uint64_t> releaseMessages_{0};
   mutable std::mutex mutex_;
   std::unordered_map<int64_t, std::shared_ptr<ContextState>> contexts_;
   std::unordered_set<int64_t> tombstones_;
@@ -867,6 +882,8 @@ std::string DebugCounts::toString() const {
 }
 
 DebugCounts debugCounts(rpc::Agent& agent) { return layerOf(agent).counts(); }
+
+MessageCounts messageCounts(rpc::Agent& agent) { return layerOf(agent).messages(); }
 
 Future<void> flushReleases(rpc::Agent& agent) { return layerOf(agent).flushAll(); }
 

@@ -149,6 +149,15 @@ struct DebugCounts {
 };
 DebugCounts debugCounts(rpc::Agent& agent);
 
+// Messages this worker's distributed autograd layer sent since its agent was built (each is one
+// call and one response on the wire): backward requests (one per recv node a pass ran) and
+// release batches.
+struct MessageCounts {
+  uint64_t backwardRequests = 0;
+  uint64_t releaseMessages = 0;
+};
+MessageCounts messageCounts(rpc::Agent& agent);
+
 // Sends queued releases now (normally batched, see "Release").
 Future<void> flushReleases(rpc::Agent& agent);
 

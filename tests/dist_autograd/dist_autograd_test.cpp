@@ -230,3 +230,57 @@ TEST_CASE("dist_autograd: leaving a context releases it on every worker it reach
     for (int r = 0; r < 3; ++r) CHECK(weft::dist_autograd::debugCounts(job.agent(r)).empty());
   }
 }
+
+TEST_CASE("dist_autograd: malformed autograd fields from a peer are protocol errors, not crashes") {
+  Job job(2);
+  weft::rpc::Agent& a = job.agent(0);
+  auto send = [&](int64_t contextId, int64_t messageId, uint32_t n, uint32_t slot) {
+    return a.callWith<Tensor>(1, mulArgs.name(), mulArgs.id(), {.timeout = 5000ms},
+                              [&](weft::rpc::EncodeContext& enc, weft::rpc::wire::Call::Builder call) {
+                                Tensor t = weft::fromVector(std::vector<double>{1.0, 2.0}).requiresGrad_();
+                                weft::rpc::encodeArguments(enc, call.initArgs(2), t, t);
+                                auto info = call.initAutograd();
+                                info.setContextId(contextId);
+                                info.setMessageId(messageId);
+                                info.setGradTensors(n);
+                                // Point the second descriptor at a slot of our choosing.
+                                call.getArgs()[1].getTensor().setGradSlot(slot);
+                              });
+  };
+  const int64_t good = int64_t{1} << 48 | 7;  // rank 1's counter 7: well formed
+  SUBCASE("a gradient slot out of range fails the call with a ProtocolError") {
+    CHECK_THROWS_WITH_AS(send(good, good + 1, 2, 9).get(), doctest::Contains("gradient slot 9"), weft::ProtocolError);
+    CHECK(a.isAlive(1));
+  }
+  SUBCASE("a context id naming no worker closes the connection") {
+    CHECK_THROWS(send(int64_t{77} << 48 | 1, 0, 0, 0).get());
+    CHECK(eventually([&] { return !a.isAlive(1); }, 5s));
+  }
+  SUBCASE("a message id without tensors closes the connection") {
+    CHECK_THROWS(send(good, good + 1, 0, 0).get());
+    CHECK(eventually([&] { return !a.isAlive(1); }, 5s));
+  }
+}
+
+TEST_CASE("dist_autograd: a context whose peer died is released with a clear error") {
+  Job job(3);
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(1, scaleByW, input());
+  job.agent(1).shutdown({.graceful = false});
+  CHECK(eventually([&] { return !job.agent(0).isAlive(1); }, 5s));
+  CHECK_THROWS_WITH_AS(ctx.backward({y.sum()}), doctest::Contains("worker1"), weft::DisconnectedError);
+  CHECK_THROWS_AS(ctx.gradients(), weft::DisconnectedError);
+  CHECK(weft::dist_autograd::debugCounts(job.agent(0)).contexts == 0);
+}
+
+TEST_CASE("dist_autograd: messages per pass are one backward request per recv node") {
+  Job job(2);
+  Context ctx(job.agent(0));
+  auto before = weft::dist_autograd::messageCounts(job.agent(0)).backwardRequests +
+                weft::dist_autograd::messageCounts(job.agent(1)).backwardRequests;
+  Tensor y = job.agent(0).sync(1, mulArgs, input(), input());  // one recv node on each side
+  ctx.backward({y.sum()});
+  auto after = weft::dist_autograd::messageCounts(job.agent(0)).backwardRequests +
+               weft::dist_autograd::messageCounts(job.agent(1)).backwardRequests;
+  CHECK(after - before == 2);
+}
