@@ -854,6 +854,11 @@ void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& 
   {
     std::lock_guard<std::mutex> lock(state_->mutex_);
     state_->task_.reset();
+    // A worker the pass reached died: the context is unusable from now on, even before the
+    // agent reports the failed connection to the layer (onPeerFailed).
+    if (done.hasError() && done.status().code() == StatusCode::Disconnected && state_->failure_.ok()) {
+      state_->failure_ = done.status();
+    }
   }
   if (done.hasError()) std::rethrow_exception(done.exception());
 }
