@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Runs weft's RPC and RRef tests under AddressSanitizer and UndefinedBehaviorSanitizer
-# (LeakSanitizer included): configures a WEFT_SANITIZE=ON build (CMake adds
+# Runs weft's RPC, RRef, distributed autograd and distributed optimizer tests
+# under AddressSanitizer and UndefinedBehaviorSanitizer (LeakSanitizer
+# included): configures a WEFT_SANITIZE=ON build (CMake adds
 # -fsanitize=address,undefined -fno-sanitize-recover=undefined to every target,
 # see cmake/WeftHelpers.cmake), builds only what those tests need (test_rpc,
-# test_rpc_mp, test_rref, test_rref_mp, the helper programs they start from
-# tests/rpc/helpers and tests/rref/helpers, weftrun),
-# runs the RPC tests labelled unit or multiprocess through ctest, and prints a
+# test_rpc_mp, test_rref, test_rref_mp, test_dist_autograd,
+# test_dist_autograd_mp, test_dist_optim, test_dist_optim_mp, the helper
+# programs they start from tests/rpc/helpers, tests/rref/helpers,
+# tests/dist_autograd/helpers and tests/dist_optim/helpers, weftrun),
+# runs those tests labelled unit or multiprocess through ctest, and prints a
 # summary: the tests that failed and every sanitizer report, each cut to its
 # headline, its first frames and its SUMMARY line.
 #
-#   scripts/sanitize.sh                     # build-asan/, every RPC test
-#   scripts/sanitize.sh -R 'timeout'        # only the RPC tests whose name matches
+# The RPC and RRef targets are required. A distributed autograd or optimizer
+# target is built and its tests run only when the configured build declares it
+# (`ninja -t targets all` lists it): a layer whose tests or helper program do
+# not exist yet is left out, and the build line says which targets were built.
+#
+#   scripts/sanitize.sh                     # build-asan/, every test of those layers
+#   scripts/sanitize.sh -R 'timeout'        # only the tests whose name matches
+#   scripts/sanitize.sh -R 'dist'           # ... or whose executable's name matches
 #   BUILD_DIR=/tmp/asan JOBS=8 scripts/sanitize.sh
 #
 # Exit status: 0 when everything built, every test passed and no sanitizer said
@@ -54,7 +63,7 @@ jobs="${JOBS:-2}"
 ctest_jobs="${CTEST_JOBS:-1}"
 log_dir="$build_dir/sanitizer-logs"
 python="$(command -v python3 || true)"
-[[ -n "$python" ]] || { echo "sanitize.sh: python3 is needed to select the RPC tests" >&2; exit 1; }
+[[ -n "$python" ]] || { echo "sanitize.sh: python3 is needed to select the tests" >&2; exit 1; }
 
 started=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - started )) s"; }
@@ -73,13 +82,32 @@ cmake -S "$root" -B "$build_dir" -G Ninja \
   exit 1
 }
 
-# The helper programs the multiprocess tests start, as tests/rpc/helpers declares them.
-helpers=$(sed -n 's/^[[:space:]]*add_executable(\([A-Za-z0-9_]*\).*/\1/p' "$root/tests/rpc/helpers/CMakeLists.txt")
-targets="test_rpc test_rpc_mp test_rref weftrun $helpers"
+# The helper programs a multiprocess test directory declares (its helpers/CMakeLists.txt).
+helpers_of() {
+  local list="$root/tests/$1/helpers/CMakeLists.txt"
+  [[ -f "$list" ]] || return 0
+  sed -n 's/^[[:space:]]*add_executable(\([A-Za-z0-9_]*\).*/\1/p' "$list"
+}
+# The targets the configured build declares, to leave out those of a layer not written yet.
+declared=$(ninja -C "$build_dir" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\): .*/\1/p' | sort -u)
+is_declared() { grep -qx "$1" <<<"$declared"; }
+
+targets="test_rpc test_rpc_mp test_rref weftrun $(helpers_of rpc)"
 if [[ -f "$root/tests/rref/helpers/CMakeLists.txt" ]]; then
-  targets="$targets test_rref_mp $(sed -n 's/^[[:space:]]*add_executable(\([A-Za-z0-9_]*\).*/\1/p' "$root/tests/rref/helpers/CMakeLists.txt")"
+  targets="$targets test_rref_mp $(helpers_of rref)"
 fi
+skipped=""
+for t in test_dist_autograd test_dist_autograd_mp $(helpers_of dist_autograd) \
+         test_dist_optim test_dist_optim_mp $(helpers_of dist_optim); do
+  if is_declared "$t"; then targets="$targets $t"; else skipped="$skipped $t"; fi
+done
+# The test executables whose tests are run, among those built.
+executables=""
+for t in $targets; do
+  case "$t" in test_*) executables="$executables $t" ;; esac
+done
 section "build: $(echo $targets)"
+[[ -z "$skipped" ]] || echo "not declared by this build, left out:$skipped"
 build_started=$(date +%s)
 if ! cmake --build "$build_dir" --target $targets -j "$jobs"; then
   echo "sanitize.sh: FAILED: build ($(elapsed))"
@@ -87,39 +115,42 @@ if ! cmake --build "$build_dir" --target $targets -j "$jobs"; then
 fi
 build_seconds=$(( $(date +%s) - build_started ))
 
-# ---- select the RPC tests ----------------------------------------------------------------
-# Test names are the doctest case names, so the RPC tests are picked by the
-# executable that runs them; ctest -I then runs exactly those (by number).
+# ---- select the tests ----------------------------------------------------------------------
+# Test names are the doctest case names, so the tests are picked by the
+# executable that runs them; ctest -I then runs exactly those (by number). The
+# -R pattern is matched against the test's name and its executable's name.
 selection=$(cd "$build_dir" && ctest --show-only=json-v1 | "$python" -c '
 import json, os, re, sys
 pattern = re.compile(sys.argv[1]) if sys.argv[1] else None
+executables = set(sys.argv[2].split())
 tests = json.load(sys.stdin)["tests"]
 numbers, missing = [], []
 for i, t in enumerate(tests, 1):
     name = t["name"]
-    if re.match(r"test_r(pc|ref)(_mp)?_NOT_BUILT", name):
+    if name.endswith("_NOT_BUILT") and name[:-len("_NOT_BUILT")] in executables:
         missing.append(name)
         continue
     command = t.get("command") or []
-    if not command or os.path.basename(command[0]) not in ("test_rpc", "test_rpc_mp", "test_rref", "test_rref_mp"):
+    executable = os.path.basename(command[0]) if command else ""
+    if executable not in executables:
         continue
     labels = [v for p in t.get("properties", []) if p["name"] == "LABELS" for v in p["value"]]
     if not {"unit", "multiprocess"} & set(labels):
         continue
-    if pattern and not pattern.search(name):
+    if pattern and not (pattern.search(name) or pattern.search(executable)):
         continue
     numbers.append(str(i))
 if missing:
     print("MISSING " + " ".join(missing))
 else:
     print(",".join(numbers))
-' "$name_filter")
+' "$name_filter" "$executables")
 if [[ "$selection" == MISSING* ]]; then
   echo "sanitize.sh: FAILED: ctest lists no tests for ${selection#MISSING } (were they built?)"
   exit 1
 fi
 if [[ -z "$selection" ]]; then
-  echo "sanitize.sh: FAILED: no RPC test matches${name_filter:+ '$name_filter'}"
+  echo "sanitize.sh: FAILED: no test matches${name_filter:+ '$name_filter'}"
   exit 1
 fi
 count=$(tr ',' '\n' <<<"$selection" | wc -l)
@@ -130,7 +161,7 @@ mkdir -p "$log_dir"
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_invalid_pointer_pairs=0:log_path=$log_dir/asan:log_exe_name=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:report_error_type=1"
 export LSAN_OPTIONS="report_objects=0"
-section "run $count RPC tests (unit, multiprocess) with ASan/UBSan/LSan, $ctest_jobs at a time"
+section "run $count tests (unit, multiprocess) with ASan/UBSan/LSan, $ctest_jobs at a time"
 ctest_log="$build_dir/sanitize-ctest.log"
 test_started=$(date +%s)
 set +e
@@ -176,4 +207,4 @@ if [[ "$ctest_status" -ne 0 || -n "$reports" || "$ubsan" -gt 0 ]]; then
   echo "sanitize.sh: FAILED ($(elapsed) in all)"
   exit 1
 fi
-echo "sanitize.sh: OK: $count RPC tests passed under ASan/UBSan/LSan ($(elapsed) in all)"
+echo "sanitize.sh: OK: $count tests passed under ASan/UBSan/LSan ($(elapsed) in all)"
