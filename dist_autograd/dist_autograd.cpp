@@ -851,6 +851,26 @@ void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& 
   }
   Future<void> done = settleAll(std::move(pending), failure);
   done.wait();
+  // Every request this pass sent has been answered, so nothing more can arrive here: a node
+  // still waiting waits for a send node the pass never reached (FAST mode's assumption broken
+  // here, e.g. a tensor sent in a call whose result the loss does not use). Run it anyway, so
+  // that this worker's gradients are complete, and wait for what that sends in turn.
+  while (!done.hasError()) {
+    failure = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex_);
+      if (state_->task_->scheduleWaiting() == 0) break;
+      try {
+        state_->task_->run();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      pending.clear();
+      pending.swap(state_->outstanding_);
+    }
+    done = settleAll(std::move(pending), failure);
+    done.wait();
+  }
   {
     std::lock_guard<std::mutex> lock(state_->mutex_);
     state_->task_.reset();

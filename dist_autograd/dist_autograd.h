@@ -30,8 +30,10 @@
 // has run on every worker. Gradients of leaves accumulate in the context of the worker that owns
 // them (gradients(), and dist_autograd::gradients(agent, id) on the owner), never in .grad; a
 // second backward in the same context adds to them. FAST mode assumes that every send node of
-// the context takes part in the pass: a node that also waits for a send node the pass never
-// reaches does not run.
+// the context takes part in the pass. On the worker that called backward() this is repaired: once
+// every request has been answered, nodes still waiting for a send node the pass never reached
+// run anyway (a tensor sent in a call whose result the loss does not use). On other workers such
+// a node does not run, and gradients that flow only through it are missing.
 //
 // Graph lifetime. Without retainGraph, a pass frees what every node it ran saved for backward,
 // on every worker; a second backward over the same graph then fails with StateError (naming the

@@ -212,6 +212,18 @@ void GraphTask::schedule(Node* n) {
   std::push_heap(ready_.begin(), ready_.end(), runsLater);
 }
 
+size_t GraphTask::scheduleWaiting() {
+  std::vector<Node*> waiting;
+  for (auto& [n, buf] : buffers_) {
+    if (deps_[n] > 0) waiting.push_back(n);
+  }
+  for (Node* n : waiting) {
+    deps_[n] = 0;
+    schedule(n);
+  }
+  return waiting.size();
+}
+
 void GraphTask::run() {
   NoGradGuard ng;
   while (!ready_.empty()) {

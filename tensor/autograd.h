@@ -216,6 +216,10 @@ class GraphTask {
   // Runs queued nodes, latest first, until none is ready. Throws what a node
   // threw; the task must not be used afterwards.
   void run();
+  // Queues every node that holds gradients but still waits for others (that,
+  // the caller knows, will never come: distributed autograd's initiator once
+  // every worker answered). Returns how many were queued.
+  size_t scheduleWaiting();
   // True when `n` was reached by computeDependencies.
   bool contains(const Node* n) const { return alive_.count(const_cast<Node*>(n)) != 0; }
   // The captured gradients (see BackwardOptions::captures), once run.

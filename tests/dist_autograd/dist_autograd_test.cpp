@@ -284,3 +284,17 @@ TEST_CASE("dist_autograd: messages per pass are one backward request per recv no
                weft::dist_autograd::messageCounts(job.agent(1)).backwardRequests;
   CHECK(after - before == 2);
 }
+
+TEST_CASE("dist_autograd: a tensor also sent in a call whose result is unused still gets its gradient") {
+  Job job(2);
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  Tensor h = x * job.w(0);
+  job.agent(0).sync(1, scaleByW, h);  // a send node the pass never reaches
+  ctx.backward({(h * h).sum()});
+  Tensor lx = input(), lw = job.localW(0);
+  Tensor lh = lx * lw;
+  (lh * lh).sum().backward();
+  CHECK(weft::allclose(ctx.gradients().at(x), lx.grad(), 1e-12, 0));
+  CHECK(weft::allclose(ctx.gradients().at(job.w(0)), lw.grad(), 1e-12, 0));
+}
