@@ -307,7 +307,10 @@ TEST_CASE("distributed optimizer: parameters owned by the trainer itself are upd
 
 TEST_CASE("distributed optimizer: two trainers stepping the same parameters at once lose no update") {
   Job job({"trainer", "ps1", "trainer2"});
-  RemoteModule<nn::Linear> fc(job.g.agent(0), "ps1/cpu", int64_t{4}, int64_t{2});
+  // Large enough that an update takes a while, so that the two trainers' steps overlap.
+  constexpr int64_t kIn = 512;
+  constexpr int64_t kOut = 512;
+  RemoteModule<nn::Linear> fc(job.g.agent(0), "ps1/cpu", kIn, kOut);
   std::vector<RRef<Tensor>> params = fc.remoteParameters();
   // Dyadic values throughout, so that every partial sum is exact and the result does not depend on
   // the order of the updates: only a lost or torn update changes it.
@@ -317,7 +320,7 @@ TEST_CASE("distributed optimizer: two trainers stepping the same parameters at o
   REQUIRE(second.params.size() == 2);
 
   // loss = sum(x Wᵀ + b): dW[j] = column sums of x, db[j] = rows of x, whatever W is.
-  constexpr int kSteps = 30;
+  constexpr int kSteps = 40;
   const optim::SgdOptions sgd{.lr = 1.0 / 64};
   auto train = [&](Agent& agent, const RemoteModule<nn::Linear>& m, const std::vector<RRef<Tensor>>& p, Tensor x) {
     DistributedOptimizer opt(agent, sgd, p);
@@ -327,14 +330,16 @@ TEST_CASE("distributed optimizer: two trainers stepping the same parameters at o
       opt.step(ctx);
     }
   };
-  auto first = std::async(std::launch::async, [&] { train(job.g.agent(0), fc, params, weft::full({2, 4}, 0.25)); });
+  // Trainer 0: two rows of 1/(2 kIn): dW = 1/kIn, db = 2. Trainer 2: one row of 1/kIn: dW = 1/kIn, db = 1.
+  const double row = 1.0 / kIn;
+  auto first = std::async(std::launch::async, [&] { train(job.g.agent(0), fc, params, weft::full({2, kIn}, row / 2)); });
   auto other = std::async(std::launch::async,
-                          [&] { train(job.g.agent(2), second.module, second.params, weft::full({1, 4}, 1.0)); });
+                          [&] { train(job.g.agent(2), second.module, second.params, weft::full({1, kIn}, row)); });
   first.get();
   other.get();
-  // W = 0.5 - 30 (0.5 + 1) / 64, b = 0.5 - 30 (2 + 1) / 64
-  CHECK(sameValues(params[0].toHere(), weft::full({2, 4}, 0.5 - kSteps * 1.5 / 64)));
-  CHECK(sameValues(params[1].toHere(), weft::full({2}, 0.5 - kSteps * 3.0 / 64)));
+  // W = 0.5 - 40 (2 / kIn) / 64, b = 0.5 - 40 (2 + 1) / 64
+  CHECK(sameValues(params[0].toHere(), weft::full({kOut, kIn}, 0.5 - kSteps * (2.0 / kIn) / 64)));
+  CHECK(sameValues(params[1].toHere(), weft::full({kOut}, 0.5 - kSteps * 3.0 / 64)));
   CHECK_MESSAGE(eventually([&] { return job.optimEmpty(); }, 5s), job.counts());
 }
 
