@@ -276,6 +276,8 @@ OwnerOptimizer::OwnerOptimizer(nn::optim::OptimizerOptions options, std::vector<
     WEFT_ENFORCE(params[i].valid(), InvalidArgumentError, "OwnerOptimizer(", opt, "): parameter ", i,
                  " is an empty RRef");
     // InvalidArgumentError when this worker is not the owner; the value's own error if it failed.
+    // Waits (on this handler thread) for a value still being built: the caller created the
+    // parameter references before this object, so their building was queued first.
     Tensor p = *params[i].localValue();
     WEFT_ENFORCE(p.defined(), InvalidArgumentError, "OwnerOptimizer(", opt, ") on worker '", agent_.name(),
                  "': parameter ", i, " (RRef ", params[i].id(), ") is an undefined tensor");

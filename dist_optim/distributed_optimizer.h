@@ -35,7 +35,11 @@
 // accumulate there, never in .grad) and applies the functional step of nn/optim.h to its
 // parameters in place. A parameter without a gradient in the context is skipped, its state
 // untouched (PyTorch skips parameters without .grad). Nothing is zeroed: the next iteration uses a
-// new context.
+// new context. When step(ctx) runs on the thread where ctx is current (the usual case), its calls
+// carry the context like every call made in it (dist_autograd/dist_autograd.h, Recording): an
+// owner that took no part in the pass then knows the context, holds no gradient in it, and
+// updates nothing. stepAsync(id) from a thread where the context is not current reaches such an
+// owner without it (NotFoundError, below).
 //
 // Concurrency. Several trainers (or threads) may step DistributedOptimizers over the same
 // parameters at the same time. On the owner, each parameter has one lock (per worker, shared by
@@ -54,9 +58,10 @@
 //    refusing its parameters (not floating, the same tensor twice) or unreachable: its typed error
 //    naming that worker, after every owner has answered.
 //  - step: the typed error an owner raised, naming it: NotFoundError when the owner knows no such
-//    context ("worker 'ps' knows no distributed autograd context ..."), DisconnectedError when it
-//    died or the context was released because a worker it involved died, InvalidArgumentError for a
-//    gradient whose shape or dtype does not match its parameter. step waits for every owner to
+//    context ("worker 'ps' knows no distributed autograd context ...": released, or never reached),
+//    DisconnectedError when the owner died or the context was released because a worker it
+//    involved died, InvalidArgumentError for a gradient whose shape or dtype does not match its
+//    parameter. step waits for every owner to
 //    answer before it raises, so no update is still running when it returns; when several owners
 //    fail, the error of the lowest-ranked one is raised. Owners that succeeded have applied their
 //    update (a step is not atomic across owners, as in PyTorch).
@@ -132,6 +137,8 @@ class OwnerOptimizer {
 WEFT_REMOTE_CLASS(OwnerOptimizer, WEFT_CONSTRUCTORS((nn::optim::OptimizerOptions, std::vector<RRef<Tensor>>)), step,
                   parameterCount);
 
+// Copies are handles to the same owner-side optimizers and state; the owners free them when the
+// last copy is gone.
 class DistributedOptimizer {
  public:
   // One OwnerOptimizer per owner of `params`, built through `agent` (whose handles the RRefs must

@@ -442,9 +442,18 @@ TEST_CASE("distributed optimizer: a step in a context an owner does not know fai
   DistributedOptimizer opt(trainer, optim::SgdOptions{.lr = 0.5}, params);
   Tensor x = weft::ones({1, 2});
 
-  // A context only ps1 took part in, stepped from a thread where it is not current: ps1 updates
-  // its parameters, ps2 has never heard of the context.
+  // A context only ps1 took part in. Stepped on the thread where it is current, the step call
+  // itself brings the context to ps2, which has no gradient in it and updates nothing. Stepped
+  // from another thread, ps1 updates its parameters and ps2 has never heard of the context.
   trainer.sync(1, fillOnOwner, params[0], 0.25);
+  const Tensor untouched = params[2].toHere();
+  {
+    Context ctx(trainer);
+    ctx.backward({fc1.forward(x).sum()});
+    CHECK_NOTHROW(opt.step(ctx));
+    CHECK(sameValues(params[2].toHere(), untouched));
+    CHECK(sameValues(params[0].toHere(), weft::full({2, 2}, -0.25)));
+  }
   {
     Context ctx(trainer);
     ctx.backward({fc1.forward(x).sum()});
@@ -454,8 +463,8 @@ TEST_CASE("distributed optimizer: a step in a context an owner does not know fai
     CHECK(contains(why, std::to_string(id)));
     CHECK_THROWS_AS(std::async(std::launch::async, [&] { opt.stepAsync(id).get(); }).get(), weft::NotFoundError);
   }
-  // ps1 applied both steps: W = 0.25 - 2 * 0.5 * 1.
-  CHECK(sameValues(params[0].toHere(), weft::full({2, 2}, -0.75)));
+  // ps1 applied all three steps: W = 0.25 - 3 * 0.5 * 1.
+  CHECK(sameValues(params[0].toHere(), weft::full({2, 2}, -1.25)));
 
   // A context released everywhere, and an id no worker ever made.
   int64_t released = 0;
