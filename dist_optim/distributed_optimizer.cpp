@@ -361,9 +361,22 @@ DistributedOptimizer::DistributedOptimizer(rpc::Agent& agent, nn::optim::Optimiz
 }
 
 Future<void> DistributedOptimizer::stepAsync(int64_t contextId) const {
-  std::vector<Future<int64_t>> calls;
-  calls.reserve(owners_.size());
-  for (const Owner& o : owners_) calls.push_back(o.optimizer.rpcAsync(&OwnerOptimizer::step, contextId));
+  // In owner order (errors are raised in that order). Remote owners are called first, so that
+  // they work while this worker steps its own parameters, in place and without a message.
+  std::vector<Future<int64_t>> calls(owners_.size());
+  for (size_t i = 0; i < owners_.size(); ++i) {
+    const RRef<OwnerOptimizer>& opt = owners_[i].optimizer;
+    if (!opt.isOwner()) calls[i] = opt.rpcAsync(&OwnerOptimizer::step, contextId);
+  }
+  for (size_t i = 0; i < owners_.size(); ++i) {
+    const RRef<OwnerOptimizer>& opt = owners_[i].optimizer;
+    if (!opt.isOwner()) continue;
+    try {
+      calls[i] = makeReadyFuture(opt.localValue()->step(contextId));
+    } catch (...) {
+      calls[i] = makeErrorFuture<int64_t>(std::current_exception());
+    }
+  }
   return whenAllSettled(calls);
 }
 

@@ -30,7 +30,8 @@
 // once the last handle to it is gone). Two DistributedOptimizers over the same parameters keep
 // separate state, as in PyTorch.
 //
-// Stepping. step(ctx) sends one call per owner at once (RRef::rpcAsync) and waits for all of them.
+// Stepping. step(ctx) sends one call per other owner at once (RRef::rpcAsync), steps this worker's
+// own parameters directly meanwhile (no message), and waits for all of them.
 // Each owner reads its gradients in the context (dist_autograd::gradients(agent, id): gradients
 // accumulate there, never in .grad) and applies the functional step of nn/optim.h to its
 // parameters in place. A parameter without a gradient in the context is skipped, its state
