@@ -30,106 +30,38 @@ using nn::optim::OptimizerOptions;
 using nn::optim::RmspropOptions;
 using nn::optim::SgdOptions;
 
-// Each options struct as a record: its wire name and its fields in declaration order. A field
-// added to a struct in nn/optim.h must be added here (the field count is checked on decode, so
-// programs built from different versions refuse each other's options instead of misreading them).
-template <class O>
-struct OptionsRecord;
-
-template <>
-struct OptionsRecord<SgdOptions> {
-  static constexpr rpc::RecordInfo kInfo{"optim.SgdOptions", "lr, momentum, dampening, weightDecay, nesterov, maximize"};
-  template <class Self>
-  static auto fields(Self& o) {
-    return std::tie(o.lr, o.momentum, o.dampening, o.weightDecay, o.nesterov, o.maximize);
-  }
-};
-template <>
-struct OptionsRecord<AdamOptions> {
-  static constexpr rpc::RecordInfo kInfo{"optim.AdamOptions", "lr, betas, eps, weightDecay, amsgrad, maximize"};
-  template <class Self>
-  static auto fields(Self& o) {
-    return std::tie(o.lr, o.betas, o.eps, o.weightDecay, o.amsgrad, o.maximize);
-  }
-};
-template <>
-struct OptionsRecord<AdamWOptions> {
-  static constexpr rpc::RecordInfo kInfo{"optim.AdamWOptions", "lr, betas, eps, weightDecay, amsgrad, maximize"};
-  template <class Self>
-  static auto fields(Self& o) {
-    return std::tie(o.lr, o.betas, o.eps, o.weightDecay, o.amsgrad, o.maximize);
-  }
-};
-template <>
-struct OptionsRecord<AdagradOptions> {
-  static constexpr rpc::RecordInfo kInfo{"optim.AdagradOptions",
-                                         "lr, lrDecay, weightDecay, initialAccumulatorValue, eps, maximize"};
-  template <class Self>
-  static auto fields(Self& o) {
-    return std::tie(o.lr, o.lrDecay, o.weightDecay, o.initialAccumulatorValue, o.eps, o.maximize);
-  }
-};
-template <>
-struct OptionsRecord<RmspropOptions> {
-  static constexpr rpc::RecordInfo kInfo{"optim.RmspropOptions",
-                                         "lr, alpha, eps, weightDecay, momentum, centered, maximize"};
-  template <class Self>
-  static auto fields(Self& o) {
-    return std::tie(o.lr, o.alpha, o.eps, o.weightDecay, o.momentum, o.centered, o.maximize);
-  }
-};
-
-template <class O>
-OptimizerOptions decodeOptions(rpc::wire::Record::Reader record, rpc::DecodeContext& ctx) {
-  using Rec = OptionsRecord<O>;
-  O v{};
-  auto refs = Rec::fields(v);
-  constexpr size_t n = std::tuple_size_v<decltype(refs)>;
-  auto in = record.getFields();
-  if (in.size() != n) {
-    throw ProtocolError(std::string("expected struct ") + Rec::kInfo.typeName + " with " + std::to_string(n) +
-                        " fields, got " + std::to_string(in.size()));
-  }
-  rpc::DecodeContext::NestingGuard guard(ctx);
-  [&]<size_t... I>(std::index_sequence<I...>) {
-    ((std::get<I>(refs) = rpc::detail::decodingAt(
-          [] { return "field '" + rpc::detail::recordFieldName(Rec::kInfo, I) + "'"; },
-          [&] { return rpc::decodeValue<std::remove_cvref_t<std::tuple_element_t<I, decltype(refs)>>>(in[I], ctx); })),
-     ...);
-  }(std::make_index_sequence<n>());
-  return v;
-}
-
 }  // namespace
+
+}  // namespace weft
+
+// Each options struct is a record of its fields in declaration order. A field added to a struct in
+// nn/optim.h must be added here (the field count is checked on decode, so programs built from
+// different versions refuse each other's options instead of misreading them).
+namespace weft::nn::optim {
+WEFT_CODEC_FIELDS(SgdOptions, lr, momentum, dampening, weightDecay, nesterov, maximize);
+WEFT_CODEC_FIELDS(AdamOptions, lr, betas, eps, weightDecay, amsgrad, maximize);
+WEFT_CODEC_FIELDS(AdamWOptions, lr, betas, eps, weightDecay, amsgrad, maximize);
+WEFT_CODEC_FIELDS(AdagradOptions, lr, lrDecay, weightDecay, initialAccumulatorValue, eps, maximize);
+WEFT_CODEC_FIELDS(RmspropOptions, lr, alpha, eps, weightDecay, momentum, centered, maximize);
+}  // namespace weft::nn::optim
+
+namespace weft {
 
 namespace rpc {
 
 void Codec<nn::optim::OptimizerOptions>::encode(const nn::optim::OptimizerOptions& v, wire::Value::Builder out,
                                                 EncodeContext& ctx) {
-  std::visit(
-      [&](const auto& o) {
-        using Rec = OptionsRecord<std::decay_t<decltype(o)>>;
-        auto refs = Rec::fields(o);
-        constexpr size_t n = std::tuple_size_v<decltype(refs)>;
-        auto record = out.initRecord();
-        record.setTypeName(Rec::kInfo.typeName);
-        auto fields = record.initFields(n);
-        [&]<size_t... I>(std::index_sequence<I...>) {
-          (encodeValue(std::get<I>(refs), fields[I], ctx), ...);
-        }(std::make_index_sequence<n>());
-      },
-      v);
+  std::visit([&](const auto& o) { encodeValue(o, out, ctx); }, v);
 }
 
 nn::optim::OptimizerOptions Codec<nn::optim::OptimizerOptions>::decode(wire::Value::Reader in, DecodeContext& ctx) {
   if (in.which() != wire::Value::RECORD) throwKindMismatch("struct " + typeName(), in);
-  auto record = in.getRecord();
-  auto nameText = record.getTypeName();
+  auto nameText = in.getRecord().getTypeName();
   std::string_view name(nameText.cStr(), nameText.size());
   std::optional<nn::optim::OptimizerOptions> out;
   [&]<size_t... I>(std::index_sequence<I...>) {
-    ((!out && name == OptionsRecord<std::variant_alternative_t<I, OptimizerOptions>>::kInfo.typeName
-          ? (out = decodeOptions<std::variant_alternative_t<I, OptimizerOptions>>(record, ctx), true)
+    ((!out && name == Codec<std::variant_alternative_t<I, OptimizerOptions>>::typeName()
+          ? (out = Codec<std::variant_alternative_t<I, OptimizerOptions>>::decode(in, ctx), true)
           : false),
      ...);
   }(std::make_index_sequence<std::variant_size_v<OptimizerOptions>>());

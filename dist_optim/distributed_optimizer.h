@@ -86,9 +86,9 @@
 
 namespace weft::rpc {
 
-// nn::optim::OptimizerOptions on the wire: a record named after the kind ("optim.SgdOptions",
-// "optim.AdamOptions", "optim.AdamWOptions", "optim.AdagradOptions", "optim.RmspropOptions")
-// holding every field of the options struct, in declaration order. The receiver decodes the
+// nn::optim::OptimizerOptions on the wire: the record of the alternative it holds ("SgdOptions",
+// "AdamOptions", "AdamWOptions", "AdagradOptions", "RmspropOptions", each WEFT_CODEC_FIELDS with
+// every field of the options struct, in declaration order). The receiver decodes the
 // alternative the name selects (ProtocolError for an unknown name or a field count or type that
 // does not match); it does not validate the values (OwnerOptimizer does).
 template <>
