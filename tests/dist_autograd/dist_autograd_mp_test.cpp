@@ -10,21 +10,17 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <chrono>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "rpc/agent_util.h"
+#include "mp_job.h"
 #include "text_util.h"
-#include "tools/subprocess.h"
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
-using weft::testing::freePort;
 using weft::testing::numberAfter;
-using weft::testing::processGone;
+using weft::testing::rankPrefix;
 using weft::testing::restOfLine;
 using weft::testing::Subprocess;
 
@@ -34,64 +30,11 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kEmptyCounts = "counts contexts 0 sendNodes 0 pendingReleases 0\n";
 
-std::string rankPrefix(int rank) { return std::string("rank ").append(std::to_string(rank)).append(" "); }
-
-// Short bounds and fast failure detection.
-std::vector<std::string> rankEnv(int rank, int world, uint16_t port) {
-  return {"WEFT_HEARTBEAT_INTERVAL=0.5",
-          "WEFT_HEARTBEAT_MISSES=5",
-          "WEFT_SHUTDOWN_TIMEOUT=5",
-          "WEFT_STORE_TIMEOUT=20",
-          "WEFT_RPC_TIMEOUT=30",
-          "WEFT_NUM_WORKER_THREADS=6",
-          "WEFT_RANK=" + std::to_string(rank),
-          "WEFT_WORLD_SIZE=" + std::to_string(world),
-          "WEFT_LOCAL_RANK=" + std::to_string(rank),
-          "WEFT_MASTER_ADDR=127.0.0.1",
-          "WEFT_MASTER_PORT=" + std::to_string(port)};
-}
-
-// One job of da_worker processes, ranks 0..world-1.
-class Job {
- public:
-  Job(const std::string& job, int world) {
-    const uint16_t port = freePort();
-    for (int r = 0; r < world; ++r) {
-      procs_.push_back(
-          std::make_unique<Subprocess>(std::vector<std::string>{DA_WORKER_PATH, job}, rankEnv(r, world, port)));
-    }
-  }
-
-  Subprocess& proc(int rank) { return *procs_.at(static_cast<size_t>(rank)); }
-
-  // Waits for every process (one shared deadline) and returns their results by rank.
-  std::vector<Subprocess::Result> finish(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    std::vector<Subprocess::Result> out;
-    for (auto& p : procs_) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      out.push_back(p->wait(std::max(left, std::chrono::milliseconds(1))));
-    }
-    return out;
-  }
-
-  bool allGone() {
-    bool gone = true;
-    for (auto& p : procs_) gone = processGone(p->pid(), 5s) && gone;
-    return gone;
-  }
-
- private:
-  std::vector<std::unique_ptr<Subprocess>> procs_;
+// One job of da_worker processes, ranks 0..world-1, with short bounds and fast failure detection.
+struct Job : weft::testing::MpJob {
+  Job(const std::string& job, int world)
+      : MpJob({DA_WORKER_PATH, job}, world, [](int) { return weft::testing::fastFailureSettings(6); }) {}
 };
-
-void dump(const std::vector<Subprocess::Result>& results) {
-  for (size_t r = 0; r < results.size(); ++r) {
-    MESSAGE("rank " << r << " exit " << results[r].exitCode << " signal " << results[r].signal << "\nstdout:\n"
-                    << results[r].out << "\nstderr:\n"
-                    << results[r].err);
-  }
-}
 
 // The graphs job runs once, for every test case that reads it.
 struct GraphsRun {
@@ -241,11 +184,10 @@ TEST_CASE("dist_autograd multiprocess: a worker killed with SIGKILL fails backwa
   bool stalled = victim.readUntil(
       [](const std::string& out, const std::string&) { return contains(out, "rank 1 backward stalled\n"); }, 30s);
   if (!stalled) {
-    dump(job.finish(1s));
+    weft::testing::dumpResults(job.finish(1s));
     FAIL("rank 1 never ran the stalling backward rule");
   }
-  long long lostAtNs =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  long long lostAtNs = weft::testing::steadyNowNs();
   REQUIRE(::kill(victim.pid(), SIGKILL) == 0);
 
   auto res0 = job.proc(0).wait(20s);

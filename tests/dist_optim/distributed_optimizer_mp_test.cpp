@@ -6,90 +6,40 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <chrono>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "rpc/agent_util.h"
+#include "mp_job.h"
 #include "text_util.h"
-#include "tools/subprocess.h"
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
-using weft::testing::freePort;
 using weft::testing::numberAfter;
-using weft::testing::processGone;
 using weft::testing::restOfLine;
-using weft::testing::Subprocess;
+using weft::testing::resultsText;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::vector<std::string> rankEnv(int rank, int world, uint16_t port) {
-  return {"WEFT_HEARTBEAT_INTERVAL=0.5",
-          "WEFT_HEARTBEAT_MISSES=5",
-          "WEFT_SHUTDOWN_TIMEOUT=5",
-          "WEFT_STORE_TIMEOUT=20",
-          "WEFT_RPC_TIMEOUT=30",
-          "WEFT_NUM_WORKER_THREADS=4",
-          "WEFT_WORKER_NAME=" + (rank == 0 ? std::string("ps") : "trainer" + std::to_string(rank)),
-          "WEFT_RANK=" + std::to_string(rank),
-          "WEFT_WORLD_SIZE=" + std::to_string(world),
-          "WEFT_LOCAL_RANK=" + std::to_string(rank),
-          "WEFT_MASTER_ADDR=127.0.0.1",
-          "WEFT_MASTER_PORT=" + std::to_string(port)};
+// The WEFT_* settings of rank `rank`: short bounds, fast failure detection, and a name: rank 0 is
+// the parameter server "ps", the others "trainer<rank>".
+std::vector<std::string> rankSettings(int rank) {
+  std::vector<std::string> settings = weft::testing::fastFailureSettings(4);
+  settings.push_back("WEFT_WORKER_NAME=" + (rank == 0 ? std::string("ps") : "trainer" + std::to_string(rank)));
+  return settings;
 }
 
 // One job of dist_optim_worker processes playing `scenario`, ranks 0..world-1.
-class Job {
- public:
-  Job(const std::string& scenario, int world) {
-    const uint16_t port = freePort();
-    for (int r = 0; r < world; ++r) {
-      procs_.push_back(std::make_unique<Subprocess>(std::vector<std::string>{DIST_OPTIM_WORKER_PATH, scenario},
-                                                    rankEnv(r, world, port)));
-    }
-  }
-
-  Subprocess& proc(int rank) { return *procs_.at(static_cast<size_t>(rank)); }
-
-  // Waits for every process (one shared deadline) and returns their results by rank.
-  std::vector<Subprocess::Result> finish(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    std::vector<Subprocess::Result> out;
-    for (auto& p : procs_) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      out.push_back(p->wait(std::max(left, std::chrono::milliseconds(1))));
-    }
-    return out;
-  }
-
-  void checkAllGone() {
-    for (auto& p : procs_) CHECK(processGone(p->pid(), 5s));
-  }
-
- private:
-  std::vector<std::unique_ptr<Subprocess>> procs_;
+struct Job : weft::testing::MpJob {
+  Job(const std::string& scenario, int world) : MpJob({DIST_OPTIM_WORKER_PATH, scenario}, world, rankSettings) {}
 };
-
-std::string dump(const std::vector<Subprocess::Result>& results) {
-  std::string s;
-  for (size_t r = 0; r < results.size(); ++r) {
-    s += "rank " + std::to_string(r) + " exit " + std::to_string(results[r].exitCode) + " signal " +
-         std::to_string(results[r].signal) + "\nstdout:\n" + results[r].out + "\nstderr:\n" + results[r].err + "\n";
-  }
-  return s;
-}
 
 }  // namespace
 
 TEST_CASE("dist_optim multiprocess: two trainers stepping one server's parameters at once lose no update") {
   Job job("concurrent", 3);
   auto results = job.finish(40s);
-  INFO(dump(results));
+  INFO(resultsText(results));
   for (size_t r = 0; r < results.size(); ++r) {
     CAPTURE(r);
     const std::string p = "rank " + std::to_string(r) + " ";
@@ -112,11 +62,11 @@ TEST_CASE("dist_optim multiprocess: a server killed with SIGKILL fails the next 
       [](const std::string& out, const std::string&) { return contains(out, "rank 1 ready to step\n"); }, 30s);
   if (!ready) {
     auto results = job.finish(1s);
-    FAIL("the trainer never got ready\n" << dump(results));
+    FAIL("the trainer never got ready\n" << resultsText(results));
   }
   REQUIRE(::kill(job.proc(0).pid(), SIGKILL) == 0);
   auto results = job.finish(30s);
-  INFO(dump(results));
+  INFO(resultsText(results));
   CHECK(results[0].signal == SIGKILL);
   CHECK_FALSE(results[1].timedOut);
   CHECK(results[1].exitCode == 0);

@@ -7,19 +7,16 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <chrono>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "rpc/agent_util.h"
-#include "tools/subprocess.h"
+#include "mp_job.h"
 #include "text_util.h"
 
 using namespace std::chrono_literals;
-using weft::testing::freePort;
-using weft::testing::processGone;
+using weft::testing::rankPrefix;
+using weft::testing::steadyNowNs;
 using weft::testing::Subprocess;
 
 using weft::testing::contains;
@@ -29,59 +26,14 @@ using weft::testing::restOfLine;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 const std::string kEmptyCounts = "owned 0 forks 0 users 0 pendingUsers 0 pendingChildren 0";
 
-std::string rankPrefix(int rank) { return std::string("rank ").append(std::to_string(rank)).append(" "); }
-
-// Short bounds and fast failure detection; enough handler threads for the owner of the kill
-// scenario to block in three calls at once and still serve the bookkeeping.
-std::vector<std::string> rankEnv(int rank, int world, uint16_t port) {
-  return {"WEFT_HEARTBEAT_INTERVAL=0.5",
-          "WEFT_HEARTBEAT_MISSES=5",
-          "WEFT_SHUTDOWN_TIMEOUT=5",
-          "WEFT_STORE_TIMEOUT=20",
-          "WEFT_RPC_TIMEOUT=30",
-          "WEFT_NUM_WORKER_THREADS=6",
-          "WEFT_RANK=" + std::to_string(rank),
-          "WEFT_WORLD_SIZE=" + std::to_string(world),
-          "WEFT_LOCAL_RANK=" + std::to_string(rank),
-          "WEFT_MASTER_ADDR=127.0.0.1",
-          "WEFT_MASTER_PORT=" + std::to_string(port)};
-}
-
-// One job of rref_worker processes playing `scenario`, ranks 0..world-1.
-class Job {
- public:
-  Job(const std::string& scenario, int world) {
-    const uint16_t port = freePort();
-    for (int r = 0; r < world; ++r) {
-      procs_.push_back(std::make_unique<Subprocess>(std::vector<std::string>{RREF_WORKER_PATH, scenario},
-                                                    rankEnv(r, world, port)));
-    }
-  }
-
-  Subprocess& proc(int rank) { return *procs_.at(static_cast<size_t>(rank)); }
-  int size() const { return static_cast<int>(procs_.size()); }
-
-  // Waits for every process (one shared deadline) and returns their results by rank.
-  std::vector<Subprocess::Result> finish(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    std::vector<Subprocess::Result> out;
-    for (auto& p : procs_) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      out.push_back(p->wait(std::max(left, std::chrono::milliseconds(1))));
-    }
-    return out;
-  }
-
-  void checkAllGone() {
-    for (auto& p : procs_) CHECK(processGone(p->pid(), 5s));
-  }
-
- private:
-  std::vector<std::unique_ptr<Subprocess>> procs_;
+// One job of rref_worker processes playing `scenario`, ranks 0..world-1. Short bounds and fast
+// failure detection; enough handler threads for the owner of the kill scenario to block in three
+// calls at once and still serve the bookkeeping.
+struct Job : weft::testing::MpJob {
+  Job(const std::string& scenario, int world)
+      : MpJob({RREF_WORKER_PATH, scenario}, world, [](int) { return weft::testing::fastFailureSettings(6); }) {}
 };
 
 // What every rank of a scenario that ends normally prints: exit 0, empty tables before and after
@@ -99,18 +51,6 @@ void checkSettled(const std::vector<Subprocess::Result>& results) {
     CHECK(contains(res.out, p + "counts after " + kEmptyCounts + "\n"));
     CHECK_FALSE(contains(res.err, "RRef state left"));
   }
-}
-
-void dump(const std::vector<Subprocess::Result>& results) {
-  for (size_t r = 0; r < results.size(); ++r) {
-    MESSAGE("rank " << r << " exit " << results[r].exitCode << " signal " << results[r].signal << "\nstdout:\n"
-                    << results[r].out << "\nstderr:\n"
-                    << results[r].err);
-  }
-}
-
-long long steadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -137,7 +77,7 @@ TEST_CASE("rref multiprocess: an owner killed with SIGKILL fails every handle of
       job.proc(2).readUntil([](const std::string& out, const std::string&) { return contains(out, "rank 2 pending\n"); },
                             10s);
   if (!ready) {
-    dump(job.finish(1s));
+    weft::testing::dumpResults(job.finish(1s));
     FAIL("the owner never served both pending naps and the slow value");
   }
 

@@ -46,13 +46,10 @@
 //   "rank R shutdown graceful <0|1> missing <names|-> seconds <s>"
 // Every rank first prints "rank R pid P started". Every wait is bounded. A wrong result throws:
 // one line on stderr, exit status 1.
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <future>
@@ -73,6 +70,8 @@
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 
+#include "../../mp_worker.h"
+
 namespace daworker {
 
 using namespace std::chrono_literals;
@@ -83,24 +82,13 @@ using weft::Tensor;
 using weft::rpc::Agent;
 using Clock = std::chrono::steady_clock;
 namespace da = weft::dist_autograd;
+using namespace weft::testing;  // tests/mp_worker.h: say, prefix, describe, require, waitUntil, ...
 
 constexpr int64_t kRows = 3;
 constexpr int64_t kWidth = 4;
 constexpr uint64_t kWeightSeed = 1000;
 constexpr int64_t kAffineSeed = 2001;
 constexpr double kTolerance = 1e-6;
-
-void say(const std::string& line) {
-  std::string text = line + "\n";
-  ssize_t unused = ::write(STDOUT_FILENO, text.data(), text.size());
-  (void)unused;
-}
-
-std::string prefix(int rank) { return "rank " + std::to_string(rank) + " "; }
-
-long long steadyNs(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
 
 long long elapsedUs(Clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - since).count();
@@ -110,50 +98,8 @@ long long elapsedMs(Clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count();
 }
 
-// "<ErrorType>: <message>" for an exception, on one line.
-std::string describe(std::exception_ptr e) {
-  std::string text;
-  try {
-    std::rethrow_exception(e);
-  } catch (const weft::DisconnectedError& x) {
-    text = std::string("DisconnectedError: ") + x.what();
-  } catch (const weft::RemoteError& x) {
-    text = std::string("RemoteError: ") + x.what();
-  } catch (const weft::TimeoutError& x) {
-    text = std::string("TimeoutError: ") + x.what();
-  } catch (const weft::StateError& x) {
-    text = std::string("StateError: ") + x.what();
-  } catch (const weft::InvalidArgumentError& x) {
-    text = std::string("InvalidArgumentError: ") + x.what();
-  } catch (const weft::NotFoundError& x) {
-    text = std::string("NotFoundError: ") + x.what();
-  } catch (const weft::CancelledError& x) {
-    text = std::string("CancelledError: ") + x.what();
-  } catch (const weft::ProtocolError& x) {
-    text = std::string("ProtocolError: ") + x.what();
-  } catch (const std::exception& x) {
-    text = std::string("std::exception: ") + x.what();
-  }
-  std::replace(text.begin(), text.end(), '\n', ' ');
-  return text;
-}
-
 bool startsWith(const std::string& s, const std::string& head) { return s.rfind(head, 0) == 0; }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw Error("check failed: " + what);
-}
-
-template <class Pred>
-bool waitUntil(Pred&& pred, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (!pred()) {
-    if (Clock::now() >= deadline) return pred();
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
 
 // Runs `use`, which must fail; returns how it failed.
 template <class F>
@@ -405,7 +351,7 @@ std::string drainEverywhere(Agent& agent) {
         left = countsEverywhere(agent);
         return left.empty();
       },
-      5000ms);
+      5000ms, 2ms);
   require(empty, "5 s after the context ended: " + left);
   return " drained_ms " + std::to_string(elapsedMs(began));
 }
@@ -713,15 +659,9 @@ void runScenario(const std::string& name, int& failures, F&& body) {
 // worker holds no distributed autograd state, shuts down gracefully and reports.
 void settle(Agent& agent, const std::string& barrier, int survivors) {
   agent.store().barrier(barrier, survivors, 30s);
-  waitUntil([&] { return da::debugCounts(agent).empty(); }, 5000ms);
+  waitUntil([&] { return da::debugCounts(agent).empty(); }, 5000ms, 2ms);
   say(prefix(agent.rank()) + "counts " + countsLine(countsVector(da::debugCounts(agent))));
-  auto began = Clock::now();
-  weft::rpc::ShutdownReport report = agent.shutdown();
-  std::string missing;
-  for (const std::string& m : report.missing) missing += (missing.empty() ? "" : ",") + m;
-  say(prefix(agent.rank()) + "shutdown graceful " + std::to_string(report.graceful) + " missing " +
-      (missing.empty() ? "-" : missing) + " seconds " +
-      std::to_string(std::chrono::duration<double>(Clock::now() - began).count()));
+  sayShutdown(agent);
 }
 
 int graphsJob(Agent& agent, State& st) {
@@ -840,7 +780,7 @@ int killJob(Agent& agent) {
         left = countsEverywhere(agent);
         return left.empty();
       },
-      5000ms);
+      5000ms, 2ms);
   say("rank 0 survivors empty " + std::to_string(empty) + " drained_ms " + std::to_string(elapsedMs(began)) +
       (empty ? "" : " left " + left));
   say("rank 0 alive " + std::to_string(agent.isAlive(1)));
@@ -852,12 +792,7 @@ int killJob(Agent& agent) {
 
 int main(int argc, char** argv) {
   using namespace daworker;
-  std::string job = argc > 1 ? argv[1] : "";
-  if (job != "graphs" && job != "kill") {
-    std::fprintf(stderr, "usage: da_worker graphs|kill\n");
-    return 2;
-  }
-  try {
+  return weft::testing::workerMain("da_worker", {"graphs", "kill"}, argc, argv, [](const std::string& job) {
     weft::rpc::Options options = weft::rpc::Options::fromEnv();
     State st;
     st.rank = options.rank;
@@ -867,10 +802,7 @@ int main(int argc, char** argv) {
     st.agent = &agent;
     bindAll(agent, st);
     agent.start();
-    say(prefix(agent.rank()) + "pid " + std::to_string(::getpid()) + " started");
+    sayStarted(agent);
     return job == "graphs" ? graphsJob(agent, st) : killJob(agent);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "da_worker %s: %s\n", job.c_str(), e.what());
-    return 1;
-  }
+  });
 }

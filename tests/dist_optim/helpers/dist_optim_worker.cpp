@@ -29,10 +29,7 @@
 //   "rank R shutdown graceful 1 missing - seconds S"
 // Every rank first prints "rank R pid P started". Every wait is bounded. A wrong result throws:
 // one line on stderr, exit status 1.
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,6 +45,8 @@
 #include "rref/rref.h"
 #include "tensor/autograd.h"
 
+#include "../../mp_worker.h"
+
 namespace dooworker {
 
 using namespace std::chrono_literals;
@@ -56,6 +55,7 @@ using weft::RRef;
 using weft::Tensor;
 using weft::rpc::Agent;
 using Clock = std::chrono::steady_clock;
+using namespace weft::testing;  // tests/mp_worker.h: say, prefix, describe, require, waitUntil, ...
 
 constexpr int64_t kWidth = 1024;
 constexpr int64_t kOut = 1024;
@@ -64,46 +64,6 @@ constexpr double kLr = 1.0 / 64;
 
 inline const weft::Function<std::vector<RRef<Tensor>>()> psParameters{"dist_optim_worker.psParameters"};
 inline const weft::Function<Tensor(Tensor)> psForward{"dist_optim_worker.psForward"};
-
-void say(const std::string& line) {
-  std::string text = line + "\n";
-  ssize_t unused = ::write(STDOUT_FILENO, text.data(), text.size());
-  (void)unused;
-}
-
-std::string prefix(const Agent& agent) { return "rank " + std::to_string(agent.rank()) + " "; }
-
-std::string describe(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const weft::DisconnectedError& x) {
-    return std::string("DisconnectedError: ") + x.what();
-  } catch (const weft::RemoteError& x) {
-    return std::string("RemoteError: ") + x.what();
-  } catch (const weft::TimeoutError& x) {
-    return std::string("TimeoutError: ") + x.what();
-  } catch (const weft::NotFoundError& x) {
-    return std::string("NotFoundError: ") + x.what();
-  } catch (const weft::StateError& x) {
-    return std::string("StateError: ") + x.what();
-  } catch (const std::exception& x) {
-    return std::string("std::exception: ") + x.what();
-  }
-}
-
-template <class Pred>
-bool waitUntil(Pred&& pred, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (!pred()) {
-    if (Clock::now() >= deadline) return pred();
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw Error("check failed: " + what);
-}
 
 // The parameter server's module, built before the agent starts.
 struct Server {
@@ -136,13 +96,7 @@ void settle(Agent& agent) {
   say(prefix(agent) + "state_empty " + std::to_string(stateEmpty(agent) ? 1 : 0) + " counts " +
       weft::rref::debugCounts(agent).toString() + " | " +
       weft::dist_autograd::debugCounts(agent).toString() + " | " + weft::dist_optim::debugCounts(agent).toString());
-  auto began = Clock::now();
-  weft::rpc::ShutdownReport report = agent.shutdown();
-  std::string missing;
-  for (const auto& m : report.missing) missing += (missing.empty() ? "" : ",") + m;
-  say(prefix(agent) + "shutdown graceful " + std::to_string(report.graceful ? 1 : 0) + " missing " +
-      (missing.empty() ? "-" : missing) + " seconds " +
-      std::to_string(std::chrono::duration<double>(Clock::now() - began).count()));
+  sayShutdown(agent);
 }
 
 // ---- concurrent --------------------------------------------------------------------------------
@@ -227,18 +181,12 @@ int killScenario(Agent& agent, Server&) {
 
 int main(int argc, char** argv) {
   using namespace dooworker;
-  std::string scenario = argc > 1 ? argv[1] : "";
-  try {
-    Agent agent(weft::rpc::Options::fromEnv());
-    Server server;
-    bind(agent, server);
-    say("rank " + std::to_string(agent.options().rank) + " pid " + std::to_string(::getpid()) + " started");
-    if (scenario == "concurrent") return concurrentScenario(agent, server);
-    if (scenario == "kill") return killScenario(agent, server);
-    std::fprintf(stderr, "usage: dist_optim_worker concurrent|kill\n");
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dist_optim_worker %s: %s\n", scenario.c_str(), e.what());
-    return 1;
-  }
+  return weft::testing::workerMain(
+      "dist_optim_worker", {"concurrent", "kill"}, argc, argv, [](const std::string& scenario) {
+        Agent agent(weft::rpc::Options::fromEnv());
+        Server server;
+        bind(agent, server);
+        sayStarted(agent);
+        return scenario == "concurrent" ? concurrentScenario(agent, server) : killScenario(agent, server);
+      });
 }

@@ -30,12 +30,8 @@
 //   "rank R counts after owned 0 forks 0 users 0 pendingUsers 0 pendingChildren 0"
 // Every rank first prints "rank R pid P started". Every wait is bounded (60 s at most). A wrong
 // result throws: one line on stderr, exit status 1.
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -49,6 +45,8 @@
 #include "rpc/store.h"
 #include "rref/rref.h"
 
+#include "../../mp_worker.h"
+
 namespace rrefworker {
 
 using namespace std::chrono_literals;
@@ -58,12 +56,7 @@ using weft::RRef;
 using weft::Tensor;
 using weft::rpc::Agent;
 using Clock = std::chrono::steady_clock;
-
-void say(const std::string& line) {
-  std::string text = line + "\n";
-  ssize_t unused = ::write(STDOUT_FILENO, text.data(), text.size());
-  (void)unused;
-}
+using namespace weft::testing;  // tests/mp_worker.h: say, prefix, describe, require, waitUntil, ...
 
 // A remote object whose nap() blocks its handler thread for as long as it is asked.
 class Sleeper {
@@ -125,63 +118,10 @@ constexpr int64_t kBulkValues = 10000;
 constexpr int64_t kBulkObjects = 100;
 constexpr int64_t kTensorElements = int64_t{16} << 20;  // 64 MiB of float32
 
-std::string prefix(const Agent& agent) { return "rank " + std::to_string(agent.rank()) + " "; }
-
-long long steadyNs(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-
-// "DisconnectedError: <message>" for the exception in flight.
-std::string describe(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const weft::DisconnectedError& x) {
-    return std::string("DisconnectedError: ") + x.what();
-  } catch (const weft::RemoteError& x) {
-    return std::string("RemoteError: ") + x.what();
-  } catch (const weft::TimeoutError& x) {
-    return std::string("TimeoutError: ") + x.what();
-  } catch (const weft::StateError& x) {
-    return std::string("StateError: ") + x.what();
-  } catch (const weft::InvalidArgumentError& x) {
-    return std::string("InvalidArgumentError: ") + x.what();
-  } catch (const weft::NotFoundError& x) {
-    return std::string("NotFoundError: ") + x.what();
-  } catch (const weft::CancelledError& x) {
-    return std::string("CancelledError: ") + x.what();
-  } catch (const weft::ProtocolError& x) {
-    return std::string("ProtocolError: ") + x.what();
-  } catch (const std::exception& x) {
-    return std::string("std::exception: ") + x.what();
-  }
-}
-
-template <class Pred>
-bool waitUntil(Pred&& pred, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (!pred()) {
-    if (Clock::now() >= deadline) return pred();
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw Error("check failed: " + what);
-}
-
 std::string countsLine(const weft::rref::DebugCounts& c) {
   return "owned " + std::to_string(c.owned) + " forks " + std::to_string(c.forks) + " users " +
          std::to_string(c.users) + " pendingUsers " + std::to_string(c.pendingUsers) + " pendingChildren " +
          std::to_string(c.pendingChildren);
-}
-
-std::string shutdownLine(const Agent& agent, const weft::rpc::ShutdownReport& report, Clock::time_point began) {
-  std::string missing;
-  for (const std::string& m : report.missing) missing += (missing.empty() ? "" : ",") + m;
-  return prefix(agent) + "shutdown graceful " + std::to_string(report.graceful) + " missing " +
-         (missing.empty() ? "-" : missing) + " seconds " +
-         std::to_string(std::chrono::duration<double>(Clock::now() - began).count());
 }
 
 // The common end: every rank has dropped its handles; wait (bounded) until this worker's tables
@@ -192,9 +132,7 @@ void settle(Agent& agent) {
   waitUntil([&] { return weft::rref::debugCounts(agent).empty(); }, 15s);
   say(prefix(agent) + "counts before " + countsLine(weft::rref::debugCounts(agent)) + " settle_ms " +
       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began).count()));
-  auto shutdownAt = Clock::now();
-  weft::rpc::ShutdownReport report = agent.shutdown();
-  say(shutdownLine(agent, report, shutdownAt));
+  sayShutdown(agent);
   say(prefix(agent) + "counts after " + countsLine(weft::rref::debugCounts(agent)));
 }
 
@@ -268,7 +206,7 @@ void bindAll(Agent& agent, Shared& shared) {
 Agent* startAgent(Agent& agent, Shared& shared) {
   bindAll(agent, shared);
   agent.start();
-  say(prefix(agent) + "pid " + std::to_string(::getpid()) + " started");
+  sayStarted(agent);
   return &agent;
 }
 
@@ -322,9 +260,7 @@ void survive(Agent& agent, std::vector<Pending>& pending, const RRef<Sleeper>& o
   if (slow) later(agent, "toHereSlow", [&] { slow->toHere(); });
   later(agent, "create", [&] { agent.remote<Sleeper>(1, int64_t{3}).rpcSync(&Sleeper::get); });
   say(prefix(agent) + "alive " + std::to_string(agent.isAlive(1)));
-  auto shutdownAt = Clock::now();
-  weft::rpc::ShutdownReport report = agent.shutdown();
-  say(shutdownLine(agent, report, shutdownAt));
+  sayShutdown(agent);
   say(prefix(agent) + "counts after " + countsLine(weft::rref::debugCounts(agent)));
 }
 
@@ -558,20 +494,15 @@ int errorsScenario(Agent& agent, Shared& shared) {
 
 int main(int argc, char** argv) {
   using namespace rrefworker;
-  std::string scenario = argc > 1 ? argv[1] : "";
-  try {
-    Shared shared;
-    Agent agent(weft::rpc::Options::fromEnv());
-    if (scenario == "kill") return killScenario(agent, shared);
-    if (scenario == "chain") return chainScenario(agent, shared);
-    if (scenario == "bulk") return bulkScenario(agent, shared);
-    if (scenario == "tensor") return tensorScenario(agent, shared);
-    if (scenario == "parcel") return parcelScenario(agent, shared);
-    if (scenario == "errors") return errorsScenario(agent, shared);
-    std::fprintf(stderr, "usage: rref_worker kill|chain|bulk|tensor|parcel|errors\n");
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rref_worker %s: %s\n", scenario.c_str(), e.what());
-    return 1;
-  }
+  return weft::testing::workerMain(
+      "rref_worker", {"kill", "chain", "bulk", "tensor", "parcel", "errors"}, argc, argv, [](const std::string& scenario) {
+        Shared shared;
+        Agent agent(weft::rpc::Options::fromEnv());
+        if (scenario == "kill") return killScenario(agent, shared);
+        if (scenario == "chain") return chainScenario(agent, shared);
+        if (scenario == "bulk") return bulkScenario(agent, shared);
+        if (scenario == "tensor") return tensorScenario(agent, shared);
+        if (scenario == "parcel") return parcelScenario(agent, shared);
+        return errorsScenario(agent, shared);
+      });
 }
