@@ -70,7 +70,7 @@
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 
-#include "../../mp_worker.h"
+#include "mp_worker.h"
 
 namespace daworker {
 

@@ -45,7 +45,7 @@
 #include "rref/rref.h"
 #include "tensor/autograd.h"
 
-#include "../../mp_worker.h"
+#include "mp_worker.h"
 
 namespace dooworker {
 

@@ -45,7 +45,7 @@
 #include "rpc/store.h"
 #include "rref/rref.h"
 
-#include "../../mp_worker.h"
+#include "mp_worker.h"
 
 namespace rrefworker {
 
