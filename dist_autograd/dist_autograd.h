@@ -54,7 +54,9 @@
 // Threads. A context is current only on the thread that created it (and, on callees, on the
 // handler thread running a recorded call, for the duration of the body; continuations of a
 // returned Future are not inside it). Creating a context while another is current on the thread
-// is a StateError. backward() blocks its thread; it may not be called from a handler thread.
+// is a StateError. backward() blocks its thread; it may not be called from a handler thread, nor
+// on one context from two threads at once. Backward passes of different contexts may run at the
+// same time, on one worker or several.
 #pragma once
 
 #include <chrono>
