@@ -1,0 +1,144 @@
+// ProcessGroup: collective communication among a fixed set of processes (the
+// ranks 0..size-1 of a group), the data-parallel side of weft next to RPC.
+// Backends: gloo (CPU tensors over TCP, collectives/process_group_gloo.h).
+//
+//   #include "collectives/process_group_gloo.h"
+//   rpc::Options opt = rpc::Options::fromEnv();
+//   ... rank 0 serves an rpc::StoreServer; every rank has an rpc::StoreClient (or uses agent.store()) ...
+//   auto pg = collectives::ProcessGroupGloo::create(store, opt.rank, opt.worldSize, {.timeout = 60s});
+//   Tensor g = ...;                                       // contiguous CPU tensor
+//   collectives::Work w = pg->allReduce(g, ReduceOp::Avg);// async: returns at once
+//   w.wait();                                             // g now holds the average over the ranks
+//   std::vector<Tensor> parts(pg->size(), Tensor());      // filled by allGather: one tensor per rank
+//   pg->allGather(parts, g).wait();
+//   pg->send(t, /*dst=*/1, /*tag=*/7);                    // blocking point to point
+//   Work r = pg->irecvAny(buf, 7); r.wait(); int from = r.sourceRank();
+//   auto evens = pg->newGroup({0, 2});                    // every rank calls; null where not a member
+//
+// Semantics, like torch.distributed:
+//  - In place. allReduce, broadcast and reduce write their result into the
+//    tensor passed (reduce: on the root only; others keep their input).
+//    Outputs are tensors the caller allocated, whose shape and dtype are
+//    checked: allGather fills `outputs` (size() tensors shaped like the input;
+//    undefined entries are allocated for the caller, so a vector of undefined
+//    tensors works), gather fills them on the root only, scatter and
+//    reduceScatter fill `output` from size() inputs, allToAll splits input and
+//    output into size() equal chunks along dim 0 (chunk i goes to rank i).
+//  - Tensors must be contiguous CPU tensors; any dtype moves (broadcast,
+//    gather, ...), reductions take float32, float64, int64 and float16. Avg
+//    divides the sum by size() and needs a floating dtype. A call that breaks
+//    these rules throws InvalidArgumentError at once, naming the op, the
+//    argument and its shape; nothing is queued and no Work is returned.
+//  - Every rank of the group calls the same collectives in the same order,
+//    with the same shapes, dtypes, roots and ops (a mismatch is an error, see
+//    below). A root or peer rank is a rank of this group.
+//  - Async. Every call returns a Work at once (send/recv/barrierSync are the
+//    blocking shorthands). Collectives of one group run one at a time, in the
+//    order they were called, on the group's own thread; point-to-point
+//    transfers start at once, independently of the collectives, and complete
+//    in any order. Tensors passed must not be touched until the Work
+//    completes.
+//
+// Errors (from Work::wait(), see work.h):
+//  - TimeoutError: the op did not finish within the group timeout (default 30
+//    minutes, like PyTorch). Names the op, its sequence number, the group and,
+//    for a collective, the ranks that never entered it ("ranks [2] have not
+//    called allReduce #5", learnt from the progress each rank posts to the
+//    store).
+//  - DisconnectedError: the connection to a peer was lost (its process died):
+//    prompt, never a hang.
+//  - InvalidArgumentError: the ranks called different collectives, or the same
+//    one with different dtypes, sizes, roots or reduce ops. Every rank learns
+//    it from the header exchanged before each collective (when
+//    Options::checkCalls is on, the default) and fails that op alike; the
+//    group stays usable.
+//  - StateError: the group is unusable: an earlier op failed with a timeout or
+//    a lost connection (the transport state is then unknown), or the group was
+//    destroyed while the op was queued. The message repeats the first failure.
+//
+// Threads. The methods may be called from any thread, but collectives from
+// several threads are ordered only as the calls happen to interleave, and
+// every rank must issue them in the same order: issue them from one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/work.h"
+#include "tensor/tensor.h"
+
+namespace weft::collectives {
+
+enum class ReduceOp : uint8_t { Sum = 0, Avg = 1, Product = 2, Min = 3, Max = 4 };
+const char* reduceOpName(ReduceOp op);  // "sum", "avg", ...
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size);
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backendName() const = 0;
+  // The group's name, used in error messages ("default", "default/sub1[0,2]").
+  virtual const std::string& name() const = 0;
+
+  // ---- collectives ------------------------------------------------------------
+  // Copies root's tensor into every other rank's `tensor`.
+  virtual Work broadcast(const Tensor& tensor, int root) = 0;
+  virtual Work allReduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
+  // The reduction lands in root's tensor; the other ranks' tensors are unchanged.
+  virtual Work reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum) = 0;
+  // outputs[i] receives rank i's input. `outputs` has size() entries (an empty
+  // vector is resized); undefined entries are allocated like `input`.
+  virtual Work allGather(std::vector<Tensor>& outputs, const Tensor& input) = 0;
+  // allGather into one tensor of size() * input.numel() elements (rank i's
+  // input at offset i * numel), without the copies of the vector form.
+  virtual Work allGatherInto(const Tensor& output, const Tensor& input) = 0;
+  // As allGather, on root only; other ranks pass an empty vector.
+  virtual Work gather(std::vector<Tensor>& outputs, const Tensor& input, int root) = 0;
+  // output on rank i receives root's inputs[i]; other ranks pass no inputs.
+  virtual Work scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) = 0;
+  // output on rank i receives the reduction over the ranks of their inputs[i].
+  virtual Work reduceScatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                             ReduceOp op = ReduceOp::Sum) = 0;
+  // input and output have the same shape, dim 0 divisible by size(): chunk i of
+  // the input goes to rank i, chunk j of the output comes from rank j.
+  virtual Work allToAll(const Tensor& output, const Tensor& input) = 0;
+  virtual Work barrier() = 0;
+
+  // ---- point to point -----------------------------------------------------------
+  // Tags are in [0, 2^32): a send matches the receive with the same tag; two
+  // transfers with the same tag between the same ranks match in issue order.
+  virtual Work isend(const Tensor& tensor, int dst, uint32_t tag = 0) = 0;
+  virtual Work irecv(const Tensor& tensor, int src, uint32_t tag = 0) = 0;
+  // Receives from whichever of `srcs` sends first with this tag
+  // (Work::sourceRank() says which).
+  virtual Work irecvFrom(const Tensor& tensor, const std::vector<int>& srcs, uint32_t tag = 0) = 0;
+  // irecvFrom every other rank.
+  Work irecvAny(const Tensor& tensor, uint32_t tag = 0);
+  // Blocking forms: wait() on the Work.
+  void send(const Tensor& tensor, int dst, uint32_t tag = 0);
+  void recv(const Tensor& tensor, int src, uint32_t tag = 0);
+  // Returns the rank the tensor came from.
+  int recvAny(const Tensor& tensor, uint32_t tag = 0);
+
+  // ---- sub-groups ------------------------------------------------------------------
+  // A group of the given ranks of this group (new rank i is ranks[i] here),
+  // with its own connections and store prefix. Collective over this group:
+  // every rank of it calls newGroup with the same list, in the same order
+  // relative to its other newGroup calls; a rank not in the list gets null.
+  // InvalidArgumentError for an empty list, a repeated or out-of-range rank.
+  virtual std::unique_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks) = 0;
+
+ protected:
+  const int rank_;
+  const int size_;
+};
+
+}  // namespace weft::collectives

@@ -1,0 +1,1154 @@
+#include "collectives/process_group_gloo.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include "collectives/gloo_store.h"
+#include "common/error.h"
+#include "rpc/options.h"
+
+namespace weft::collectives {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+using Deadline = Clock::time_point;
+
+// ---- signals ----------------------------------------------------------------------
+
+// Gloo writes to its sockets from the calling thread and its own loop thread;
+// a peer that died turns such a write into SIGPIPE, which would kill the
+// process. Blocked, the write fails with EPIPE and Gloo reports the error.
+void blockSigpipeOnThisThread() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+// Blocks SIGPIPE on the calling thread for a scope (threads created inside
+// inherit the blocked mask); a SIGPIPE raised meanwhile is consumed before the
+// previous mask is restored.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &previous_);
+    sigset_t pending;
+    sigpending(&pending);
+    wasPending_ = sigismember(&pending, SIGPIPE) == 1;
+  }
+  ~SigpipeBlock() {
+    if (sigismember(&previous_, SIGPIPE) == 1) return;  // it was blocked before: leave everything as it was
+    sigset_t pending;
+    sigpending(&pending);
+    if (!wasPending_ && sigismember(&pending, SIGPIPE) == 1) {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGPIPE);
+      timespec zero{0, 0};
+      sigtimedwait(&set, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  sigset_t previous_;
+  bool wasPending_ = false;
+};
+
+// ---- the call header ------------------------------------------------------------
+
+enum class OpCode : int64_t {
+  Broadcast = 1,
+  AllReduce,
+  Reduce,
+  AllGather,
+  Gather,
+  Scatter,
+  ReduceScatter,
+  AllToAll,
+  Barrier,
+};
+
+const char* opName(OpCode op) {
+  switch (op) {
+    case OpCode::Broadcast: return "broadcast";
+    case OpCode::AllReduce: return "allReduce";
+    case OpCode::Reduce: return "reduce";
+    case OpCode::AllGather: return "allGather";
+    case OpCode::Gather: return "gather";
+    case OpCode::Scatter: return "scatter";
+    case OpCode::ReduceScatter: return "reduceScatter";
+    case OpCode::AllToAll: return "allToAll";
+    case OpCode::Barrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+constexpr size_t kHeaderWords = 8;
+constexpr int64_t kHeaderMagic = 0x7765667470670001;  // "weftpg" + version 1
+
+// What a rank called; exchanged before each collective when checkCalls is on.
+// Fields that do not apply to an op are -1.
+struct Header {
+  OpCode op = OpCode::Barrier;
+  int64_t seq = 0;
+  int64_t dtype = -1;
+  int64_t numel = -1;
+  int64_t root = -1;
+  int64_t reduceOp = -1;
+
+  std::array<int64_t, kHeaderWords> encode() const {
+    return {kHeaderMagic, static_cast<int64_t>(op), seq, dtype, numel, root, reduceOp, 0};
+  }
+  static bool decode(const int64_t* w, Header& h) {
+    if (w[0] != kHeaderMagic) return false;
+    h.op = static_cast<OpCode>(w[1]);
+    h.seq = w[2];
+    h.dtype = w[3];
+    h.numel = w[4];
+    h.root = w[5];
+    h.reduceOp = w[6];
+    return true;
+  }
+  bool operator==(const Header&) const = default;
+
+  // "allReduce #3(float32, 10 elements, op sum)"
+  std::string describe() const {
+    std::ostringstream os;
+    os << opName(op) << " #" << seq << "(";
+    const char* sep = "";
+    if (dtype >= 0) {
+      os << dtypeName(static_cast<DType>(dtype));
+      sep = ", ";
+    }
+    if (numel >= 0) {
+      os << sep << numel << " elements";
+      sep = ", ";
+    }
+    if (root >= 0) {
+      os << sep << "root " << root;
+      sep = ", ";
+    }
+    if (reduceOp >= 0) os << sep << "op " << reduceOpName(static_cast<ReduceOp>(reduceOp));
+    os << ")";
+    return os.str();
+  }
+};
+
+// ---- argument checks ---------------------------------------------------------------
+
+void checkTensor(const Tensor& t, const char* op, const std::string& what) {
+  WEFT_ENFORCE(t.defined(), InvalidArgumentError, op, ": ", what, " is an undefined tensor");
+  WEFT_ENFORCE(t.device().isCpu(), InvalidArgumentError, op, ": ", what,
+               " must be a CPU tensor for the gloo backend, got one on ", t.device().str(), " of shape ",
+               shapeString(t.shape()));
+  WEFT_ENFORCE(t.isContiguous(), InvalidArgumentError, op, ": ", what, " must be contiguous, got shape ",
+               shapeString(t.shape()), " with strides ", shapeString(t.strides()));
+}
+
+void checkLike(const Tensor& t, const Tensor& ref, const char* op, const std::string& what,
+               const std::string& refWhat) {
+  checkTensor(t, op, what);
+  WEFT_ENFORCE(t.dtype() == ref.dtype() && t.shape() == ref.shape(), InvalidArgumentError, op, ": ", what, " (",
+               dtypeName(t.dtype()), ", shape ", shapeString(t.shape()), ") must have the dtype and shape of ",
+               refWhat, " (", dtypeName(ref.dtype()), ", shape ", shapeString(ref.shape()), ")");
+}
+
+void checkReducible(DType t, ReduceOp op, const char* name) {
+  bool ok = t == DType::Float32 || t == DType::Float64 || t == DType::Int64 || t == DType::Float16;
+  WEFT_ENFORCE(ok, InvalidArgumentError, name, ": the gloo backend reduces float32, float64, int64 and float16, not ",
+               dtypeName(t));
+  WEFT_ENFORCE(op != ReduceOp::Avg || isFloating(t), InvalidArgumentError, name,
+               ": ReduceOp avg needs a floating dtype, got ", dtypeName(t));
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <class T>
+ReduceFn reduceFunction(ReduceOp op) {
+  ReduceFn fn = nullptr;
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: fn = &gloo::sum<T>; break;
+    case ReduceOp::Product: fn = &gloo::product<T>; break;
+    case ReduceOp::Min: fn = &gloo::min<T>; break;
+    case ReduceOp::Max: fn = &gloo::max<T>; break;
+  }
+  return fn;
+}
+
+// Calls fn.template operator()<T>() with T the Gloo element type of t (checked reducible).
+template <class F>
+void dispatchReducible(DType t, F&& fn) {
+  switch (t) {
+    case DType::Float32: fn.template operator()<float>(); break;
+    case DType::Float64: fn.template operator()<double>(); break;
+    case DType::Int64: fn.template operator()<int64_t>(); break;
+    case DType::Float16: fn.template operator()<gloo::float16>(); break;
+    default: WEFT_CHECK(false) << "unchecked dtype " << dtypeName(t);
+  }
+}
+
+void divideInPlace(void* data, DType t, size_t n, int by) {
+  switch (t) {
+    case DType::Float32: {
+      auto* p = static_cast<float*>(data);
+      const auto d = static_cast<float>(by);
+      for (size_t i = 0; i < n; ++i) p[i] /= d;
+      break;
+    }
+    case DType::Float64: {
+      auto* p = static_cast<double*>(data);
+      const auto d = static_cast<double>(by);
+      for (size_t i = 0; i < n; ++i) p[i] /= d;
+      break;
+    }
+    case DType::Float16: {
+      auto* p = static_cast<gloo::float16*>(data);
+      const auto d = static_cast<float>(by);
+      for (size_t i = 0; i < n; ++i) p[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(p[i]) / d);
+      break;
+    }
+    default: WEFT_CHECK(false) << "avg on " << dtypeName(t);
+  }
+}
+
+uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.rawData()); }
+
+Millis remaining(Deadline deadline) {
+  auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+  return std::max(left, Millis(1));
+}
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  os << ']';
+  return os.str();
+}
+
+void checkName(const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 64;
+  for (char c : name) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+                c == '-');
+  }
+  WEFT_ENFORCE(ok, InvalidArgumentError, "ProcessGroupGloo: group name '", name,
+               "' must be 1 to 64 characters from [A-Za-z0-9_.-]");
+}
+
+// The address peers reach this rank at (see Options::hostname).
+std::string defaultHostname(const rpc::StoreClient& store) {
+  std::string host = store.endpoint();
+  size_t colon = host.rfind(':');
+  if (colon != std::string::npos) host = host.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (rpc::isLoopbackHost(host)) return "127.0.0.1";
+  char name[256] = {};
+  WEFT_ENFORCE(::gethostname(name, sizeof(name) - 1) == 0, Error,
+               "ProcessGroupGloo: gethostname failed; set Options::hostname");
+  return name;
+}
+
+// ---- progress posting -------------------------------------------------------------
+
+// Posts the number of the last collective this rank started to the store, so
+// that a rank whose collective times out can tell which ranks never started
+// it. At most one set is in flight; later numbers overwrite the one waiting.
+// Shared: the store's continuations keep it alive after the group is gone.
+class ProgressPoster : public std::enable_shared_from_this<ProgressPoster> {
+ public:
+  ProgressPoster(rpc::StoreClient& store, std::string key) : store_(store), key_(std::move(key)) {}
+
+  void post(int64_t seq) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      wanted_ = seq;
+      if (inFlight_ || stopped_) return;
+      inFlight_ = true;
+    }
+    send();
+  }
+
+  // Stops posting; waits (bounded) for the set in flight.
+  void close(Millis bound) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    stopped_ = true;
+    idle_.wait_for(lock, bound, [&] { return !inFlight_; });
+  }
+
+ private:
+  void send() {
+    int64_t value;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      value = wanted_;
+    }
+    Future<void> done;
+    try {
+      done = store_.setAsync(key_, std::to_string(value));
+    } catch (const std::exception&) {
+      finish(true);
+      return;
+    }
+    done.onComplete([self = shared_from_this(), value](const Future<void>& f) {
+      bool again = false;
+      {
+        std::lock_guard<std::mutex> lock(self->mutex_);
+        again = !f.hasError() && !self->stopped_ && self->wanted_ != value;
+      }
+      if (again) {
+        self->send();
+      } else {
+        self->finish(f.hasError());
+      }
+    });
+  }
+
+  void finish(bool failed) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inFlight_ = false;
+    if (failed) stopped_ = true;  // the store is gone: diagnosis will say so
+    idle_.notify_all();
+  }
+
+  rpc::StoreClient& store_;
+  const std::string key_;
+  std::mutex mutex_;
+  std::condition_variable idle_;
+  int64_t wanted_ = -1;
+  bool inFlight_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+// ==== Impl ================================================================================
+
+class ProcessGroupGloo::Impl {
+ public:
+  Impl(rpc::StoreClient& store, int rank, int size, Options options, std::string name,
+       std::shared_ptr<gloo::transport::Device> device);
+  ~Impl();
+
+  // ---- collectives: issue side (any thread) ----
+  // Numbers the collective, queues it and returns its Work. body runs on the
+  // collective thread with the op's deadline.
+  Work enqueue(Header header, std::vector<Tensor> keep, std::function<void(Deadline)> body);
+
+  // ---- Gloo ops, collective thread only ----
+  void allreduceRaw(void* data, size_t n, DType t, ReduceOp op, Deadline d);
+  void reduceRaw(void* data, size_t n, DType t, ReduceOp op, int root, Deadline d);
+  void broadcastRaw(void* data, size_t nbytes, int root, Deadline d);
+  void allgatherRaw(void* in, void* out, size_t nbytes, Deadline d);
+  void gatherRaw(void* in, void* out, size_t nbytes, int root, Deadline d);
+  void scatterRaw(const std::vector<uint8_t*>& ins, void* out, size_t nbytes, int root, Deadline d);
+  void alltoallRaw(void* in, void* out, size_t nbytes, Deadline d);
+  void barrierRaw(Deadline d);
+
+  // ---- point to point ----
+  Work startTransfer(const Tensor& tensor, bool isRecv, const std::vector<int>& peers, uint32_t tag);
+
+  // Empty while usable; else the first fatal failure.
+  std::string brokenReason();
+  std::string describe(const Header& h) const;
+
+  rpc::StoreClient& store_;
+  const int rank_;
+  const int size_;
+  const Options options_;
+  const std::string name_;
+  const std::string prefix_;  // "weft/pg/<name>/"
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::shared_ptr<ProgressPoster> progress_;
+
+  std::mutex mutex_;  // guards the queue, nextSeq_, subgroups_, stopping_
+  int64_t nextSeq_ = 0;
+  int subgroups_ = 0;
+  std::atomic<int64_t> started_{0};
+
+ private:
+  struct Task {
+    Work work;
+    Header header;
+    std::function<void(Deadline)> body;
+  };
+  struct Transfer {
+    Work work;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    bool isRecv = false;
+    Deadline deadline;
+  };
+
+  void rendezvous();
+  void runCollectives();
+  void runTask(Task& task);
+  // Empty when every rank called the same thing; else the message.
+  std::string exchangeHeaders(const Header& mine, Deadline d);
+  // "ranks [2] have not started allReduce #5 ..." from the progress keys.
+  std::string progressReport(int64_t seq);
+  void waitTransfers();
+  // Records the first fatal failure; returns the exception to fail the op with.
+  std::exception_ptr fatal(const std::string& what, const std::exception& e, const std::string& detail);
+
+  uint32_t nextTag_ = 0;  // collective thread only
+
+  std::condition_variable queued_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::thread collectiveThread_;
+
+  // Point-to-point completions are waited for by a pool of threads that grows
+  // to the number of transfers in flight: a transfer's completion never waits
+  // behind another's (a send may need the peer to post a receive that the
+  // peer's program issues only after one of ours completed).
+  std::mutex transferMutex_;  // guards everything down to transferWaiters_
+  std::condition_variable transferQueued_;
+  std::deque<Transfer> transfers_;
+  std::vector<std::pair<gloo::transport::UnboundBuffer*, bool>> waitingOn_;  // buffer, isRecv
+  size_t freeWaiters_ = 0;  // waiter threads not handling a transfer; >= transfers_.size()
+  bool transfersStopping_ = false;
+  std::vector<std::thread> transferWaiters_;
+
+  std::mutex brokenMutex_;
+  std::string broken_;
+};
+
+ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Options options, std::string name,
+                             std::shared_ptr<gloo::transport::Device> device)
+    : store_(store),
+      rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      name_(std::move(name)),
+      prefix_("weft/pg/" + name_ + "/"),
+      device_(std::move(device)) {
+  WEFT_ENFORCE(options_.timeout.count() > 0, InvalidArgumentError, "ProcessGroupGloo: timeout must be > 0, got ",
+               options_.timeout.count(), " ms");
+  if (!device_) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options_.hostname.empty() ? defaultHostname(store_) : options_.hostname;
+    SigpipeBlock block;  // Gloo's loop thread inherits the mask
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw Error("ProcessGroupGloo: cannot create a Gloo TCP device on '" + attr.hostname + "': " + e.what());
+    }
+  }
+  rendezvous();
+  progress_ = std::make_shared<ProgressPoster>(store_, prefix_ + "progress/" + std::to_string(rank_));
+  collectiveThread_ = std::thread([this] { runCollectives(); });
+}
+
+ProcessGroupGloo::Impl::~Impl() {
+  std::deque<Task> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    cancelled.swap(queue_);
+  }
+  queued_.notify_all();
+  for (Task& t : cancelled) {
+    t.work.fail(std::make_exception_ptr(
+        StateError(describe(t.header) + ": the process group was destroyed before the collective ran")));
+  }
+  if (collectiveThread_.joinable()) collectiveThread_.join();
+
+  std::deque<Transfer> dropped;
+  {
+    std::lock_guard<std::mutex> lock(transferMutex_);
+    transfersStopping_ = true;
+    dropped.swap(transfers_);
+    for (auto& [buffer, isRecv] : waitingOn_) {
+      if (isRecv) {
+        buffer->abortWaitRecv();
+      } else {
+        buffer->abortWaitSend();
+      }
+    }
+  }
+  transferQueued_.notify_all();
+  for (Transfer& t : dropped) {
+    t.work.fail(std::make_exception_ptr(
+        StateError(t.work.description() + ": the process group was destroyed before the transfer completed")));
+  }
+  for (std::thread& t : transferWaiters_) t.join();
+  if (progress_) progress_->close(Millis(2000));
+  if (context_) context_->closeConnections();
+}
+
+std::string ProcessGroupGloo::Impl::describe(const Header& h) const {
+  return std::string(opName(h.op)) + " #" + std::to_string(h.seq) + " on group '" + name_ + "'";
+}
+
+std::string ProcessGroupGloo::Impl::brokenReason() {
+  std::lock_guard<std::mutex> lock(brokenMutex_);
+  return broken_;
+}
+
+// ---- rendezvous --------------------------------------------------------------------------
+
+void ProcessGroupGloo::Impl::rendezvous() {
+  const std::string joined = prefix_ + "joined/";
+  store_.set(joined + std::to_string(rank_), "1");
+  context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+  context_->setTimeout(options_.timeout);
+  GlooStore glooStore(store_, prefix_ + "gloo/", options_.timeout);
+  try {
+    SigpipeBlock block;
+    context_->connectFullMesh(glooStore, device_);
+    return;
+  } catch (const std::exception& e) {
+    // Which ranks never set their key (bounded: the store may be gone too).
+    std::vector<Future<bool>> checks;
+    std::vector<int> missing;
+    std::string storeTrouble;
+    for (int r = 0; r < size_; ++r) {
+      try {
+        checks.push_back(store_.checkAsync({joined + std::to_string(r)}));
+      } catch (const std::exception& ce) {
+        storeTrouble = ce.what();
+        break;
+      }
+    }
+    auto until = Clock::now() + Millis(2000);
+    for (size_t r = 0; r < checks.size(); ++r) {
+      if (!checks[r].waitUntil(until) || checks[r].hasError()) {
+        storeTrouble = "the store did not answer";
+        break;
+      }
+      if (!checks[r].get()) missing.push_back(static_cast<int>(r));
+    }
+    std::string msg = "ProcessGroupGloo: rendezvous of group '" + name_ + "' (rank " + std::to_string(rank_) + " of " +
+                      std::to_string(size_) + ") failed after at most " + std::to_string(options_.timeout.count()) +
+                      " ms: ";
+    if (!missing.empty()) msg += "ranks " + rankList(missing) + " never joined; ";
+    if (!storeTrouble.empty()) msg += "the ranks that joined are unknown (" + storeTrouble + "); ";
+    msg += e.what();
+    if (dynamic_cast<const DisconnectedError*>(&e) != nullptr) throw DisconnectedError(msg);
+    if (dynamic_cast<const TimeoutError*>(&e) != nullptr || !missing.empty()) throw TimeoutError(msg);
+    throw Error(msg);
+  }
+}
+
+// ---- the collective thread ----------------------------------------------------------------
+
+Work ProcessGroupGloo::Impl::enqueue(Header header, std::vector<Tensor> keep, std::function<void(Deadline)> body) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  header.seq = nextSeq_++;
+  Work work = Work::start(describe(header), std::move(keep));
+  if (stopping_) {
+    work.fail(std::make_exception_ptr(StateError(work.description() + ": the process group is being destroyed")));
+    return work;
+  }
+  queue_.push_back(Task{work, header, std::move(body)});
+  queued_.notify_one();
+  return work;
+}
+
+void ProcessGroupGloo::Impl::runCollectives() {
+  blockSigpipeOnThisThread();
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    runTask(task);
+  }
+}
+
+void ProcessGroupGloo::Impl::runTask(Task& task) {
+  const std::string what = task.work.description();
+  std::string broken = brokenReason();
+  if (!broken.empty()) {
+    task.work.fail(std::make_exception_ptr(
+        StateError(what + ": the group is unusable after an earlier failure: " + broken)));
+    return;
+  }
+  started_.store(task.header.seq + 1, std::memory_order_relaxed);
+  progress_->post(task.header.seq);
+  const Deadline deadline = Clock::now() + options_.timeout;
+  try {
+    if (options_.checkCalls) {
+      std::string mismatch = exchangeHeaders(task.header, deadline);
+      if (!mismatch.empty()) {
+        task.work.fail(std::make_exception_ptr(InvalidArgumentError(mismatch)));
+        return;
+      }
+    }
+    task.body(deadline);
+  } catch (const weft::Error& e) {
+    // A weft error from the body (e.g. a bad size found late) is not a transport failure.
+    task.work.fail(std::current_exception());
+    return;
+  } catch (const std::exception& e) {
+    // Which ranks never started the op explains a timeout; after a lost
+    // connection it would only reflect how fast the survivors failed.
+    const bool io = dynamic_cast<const gloo::IoException*>(&e) != nullptr &&
+                    std::string(e.what()).find("Timed out") == std::string::npos;
+    task.work.fail(fatal(what, e, io ? "" : progressReport(task.header.seq)));
+    return;
+  }
+  task.work.complete();
+}
+
+std::string ProcessGroupGloo::Impl::exchangeHeaders(const Header& mine, Deadline d) {
+  const auto words = mine.encode();
+  std::vector<int64_t> all(kHeaderWords * static_cast<size_t>(size_));
+  gloo::AllgatherOptions opts(context_);
+  opts.setInput(const_cast<int64_t*>(words.data()), kHeaderWords);
+  opts.setOutput(all.data(), all.size());
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::allgather(opts);
+
+  bool same = true;
+  std::vector<std::string> calls;
+  for (int r = 0; r < size_; ++r) {
+    Header theirs;
+    if (!Header::decode(all.data() + kHeaderWords * static_cast<size_t>(r), theirs)) {
+      same = false;
+      calls.push_back("rank " + std::to_string(r) + " sent no call header (checkCalls off there?)");
+      continue;
+    }
+    same = same && theirs == mine;
+    calls.push_back("rank " + std::to_string(r) + " called " + theirs.describe());
+  }
+  if (same) return "";
+  std::string msg = describe(mine) + ": the ranks' calls do not match:";
+  for (const std::string& c : calls) msg += "\n  " + c;
+  return msg;
+}
+
+std::string ProcessGroupGloo::Impl::progressReport(int64_t seq) {
+  std::vector<std::pair<int, Future<std::string>>> gets;
+  try {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      gets.emplace_back(r, store_.getAsync(prefix_ + "progress/" + std::to_string(r), Millis(300)));
+    }
+  } catch (const std::exception& e) {
+    return std::string("which ranks started it is unknown (store: ") + e.what() + ")";
+  }
+  std::vector<int> missing;
+  std::vector<std::string> lasts;
+  auto until = Clock::now() + Millis(2000);
+  for (auto& [r, f] : gets) {
+    if (!f.waitUntil(until)) return "which ranks started it is unknown (the store did not answer)";
+    int64_t last = -1;  // a rank that never started a collective has no key: the get times out
+    if (!f.hasError()) {
+      try {
+        last = std::stoll(f.get());
+      } catch (const std::exception&) {
+        last = -1;
+      }
+    }
+    if (last < seq) {
+      missing.push_back(r);
+      lasts.push_back(last < 0 ? "none" : "#" + std::to_string(last));
+    }
+  }
+  if (missing.empty()) return "every rank has started it";
+  std::string msg = "ranks " + rankList(missing) + " have not started it (last collective started: ";
+  for (size_t i = 0; i < lasts.size(); ++i) msg += (i ? ", " : "") + lasts[i];
+  return msg + ")";
+}
+
+std::exception_ptr ProcessGroupGloo::Impl::fatal(const std::string& what, const std::exception& e,
+                                                 const std::string& detail) {
+  const std::string glooMessage = e.what();
+  const bool timedOut = glooMessage.find("Timed out") != std::string::npos;
+  const bool io = dynamic_cast<const gloo::IoException*>(&e) != nullptr;
+  std::string msg = what + " failed on rank " + std::to_string(rank_) + ": ";
+  if (timedOut) {
+    msg += "timed out after " + std::to_string(options_.timeout.count()) + " ms; " + detail;
+  } else if (io) {
+    msg += "the connection to a peer was lost (its process may have died)";
+  } else {
+    msg += detail;
+  }
+  msg += " (gloo: " + glooMessage + ")";
+  {
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    if (broken_.empty()) broken_ = msg;
+  }
+  if (timedOut) return std::make_exception_ptr(TimeoutError(msg));
+  if (io) return std::make_exception_ptr(DisconnectedError(msg));
+  return std::make_exception_ptr(Error(msg));
+}
+
+// ---- Gloo calls -----------------------------------------------------------------------------
+
+void ProcessGroupGloo::Impl::allreduceRaw(void* data, size_t n, DType t, ReduceOp op, Deadline d) {
+  if (n == 0) return;
+  gloo::AllreduceOptions opts(context_);
+  dispatchReducible(t, [&]<class T>() {
+    opts.setOutput(static_cast<T*>(data), n);
+    opts.setReduceFunction(reduceFunction<T>(op));
+  });
+  opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::allreduce(opts);
+  if (op == ReduceOp::Avg) divideInPlace(data, t, n, size_);
+}
+
+void ProcessGroupGloo::Impl::reduceRaw(void* data, size_t n, DType t, ReduceOp op, int root, Deadline d) {
+  if (n == 0) return;
+  // Gloo's reduce uses the output as scratch on every rank: non-roots reduce
+  // into a scratch buffer so that their tensor is left as it was.
+  std::vector<uint8_t> scratch(rank_ == root ? 0 : n * elementSize(t));
+  gloo::ReduceOptions opts(context_);
+  dispatchReducible(t, [&]<class T>() {
+    if (rank_ == root) {
+      opts.setOutput(static_cast<T*>(data), n);
+    } else {
+      opts.setInput(static_cast<T*>(data), n);
+      opts.setOutput(reinterpret_cast<T*>(scratch.data()), n);
+    }
+    opts.setReduceFunction(reduceFunction<T>(op));
+  });
+  opts.setRoot(root);
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::reduce(opts);
+  if (op == ReduceOp::Avg && rank_ == root) divideInPlace(data, t, n, size_);
+}
+
+void ProcessGroupGloo::Impl::broadcastRaw(void* data, size_t nbytes, int root, Deadline d) {
+  if (nbytes == 0) return;
+  gloo::BroadcastOptions opts(context_);
+  opts.setOutput(static_cast<uint8_t*>(data), nbytes);
+  opts.setRoot(root);
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::broadcast(opts);
+}
+
+void ProcessGroupGloo::Impl::allgatherRaw(void* in, void* out, size_t nbytes, Deadline d) {
+  if (nbytes == 0) return;
+  gloo::AllgatherOptions opts(context_);
+  opts.setInput(static_cast<uint8_t*>(in), nbytes);
+  opts.setOutput(static_cast<uint8_t*>(out), nbytes * static_cast<size_t>(size_));
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::allgather(opts);
+}
+
+void ProcessGroupGloo::Impl::gatherRaw(void* in, void* out, size_t nbytes, int root, Deadline d) {
+  if (nbytes == 0) return;
+  gloo::GatherOptions opts(context_);
+  opts.setInput(static_cast<uint8_t*>(in), nbytes);
+  if (rank_ == root) opts.setOutput(static_cast<uint8_t*>(out), nbytes * static_cast<size_t>(size_));
+  opts.setRoot(root);
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::gather(opts);
+}
+
+void ProcessGroupGloo::Impl::scatterRaw(const std::vector<uint8_t*>& ins, void* out, size_t nbytes, int root,
+                                        Deadline d) {
+  if (nbytes == 0) return;
+  gloo::ScatterOptions opts(context_);
+  if (rank_ == root) opts.setInputs(const_cast<uint8_t**>(ins.data()), ins.size(), nbytes);
+  opts.setOutput(static_cast<uint8_t*>(out), nbytes);
+  opts.setRoot(root);
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::scatter(opts);
+}
+
+void ProcessGroupGloo::Impl::alltoallRaw(void* in, void* out, size_t nbytes, Deadline d) {
+  if (nbytes == 0) return;
+  gloo::AlltoallOptions opts(context_);
+  opts.setInput(static_cast<uint8_t*>(in), nbytes);
+  opts.setOutput(static_cast<uint8_t*>(out), nbytes);
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::alltoall(opts);
+}
+
+void ProcessGroupGloo::Impl::barrierRaw(Deadline d) {
+  gloo::BarrierOptions opts(context_);
+  opts.setTag(nextTag_++);
+  opts.setTimeout(remaining(d));
+  gloo::barrier(opts);
+}
+
+// ---- point to point ---------------------------------------------------------------------------
+
+Work ProcessGroupGloo::Impl::startTransfer(const Tensor& tensor, bool isRecv, const std::vector<int>& peers,
+                                           uint32_t tag) {
+  std::string what = isRecv ? "recv from " : "send to ";
+  what += peers.size() == 1 ? "rank " + std::to_string(peers[0]) : "any of ranks " + rankList(peers);
+  what += " (tag " + std::to_string(tag) + ") on group '" + name_ + "'";
+  std::string broken = brokenReason();
+  if (!broken.empty()) {
+    return Work::failed(what, std::make_exception_ptr(
+                                  StateError(what + ": the group is unusable after an earlier failure: " + broken)));
+  }
+  Work work = Work::start(what, {tensor});
+  Transfer transfer{work, context_->createUnboundBuffer(tensor.rawData(), tensor.nbytes()), isRecv,
+                    Clock::now() + options_.timeout};
+  try {
+    SigpipeBlock block;
+    if (!isRecv) {
+      transfer.buffer->send(peers[0], tag);
+    } else if (peers.size() == 1) {
+      work.setSourceRank(peers[0]);
+      transfer.buffer->recv(peers[0], tag);
+    } else {
+      transfer.buffer->recv(peers, tag);
+    }
+  } catch (const std::exception& e) {
+    work.fail(fatal(what, e, "the transfer could not start"));
+    return work;
+  }
+  {
+    std::lock_guard<std::mutex> lock(transferMutex_);
+    if (!transfersStopping_) {
+      transfers_.push_back(std::move(transfer));
+      if (transfers_.size() > freeWaiters_) {
+        ++freeWaiters_;
+        transferWaiters_.emplace_back([this] { waitTransfers(); });
+      }
+      transferQueued_.notify_one();
+      return work;
+    }
+  }
+  work.fail(std::make_exception_ptr(StateError(what + ": the process group is being destroyed")));
+  return work;
+}
+
+void ProcessGroupGloo::Impl::waitTransfers() {
+  blockSigpipeOnThisThread();
+  for (;;) {
+    Transfer t;
+    {
+      std::unique_lock<std::mutex> lock(transferMutex_);
+      transferQueued_.wait(lock, [&] { return transfersStopping_ || !transfers_.empty(); });
+      if (transfers_.empty()) return;
+      t = std::move(transfers_.front());
+      transfers_.pop_front();
+      --freeWaiters_;
+      waitingOn_.emplace_back(t.buffer.get(), t.isRecv);
+    }
+    const std::string what = t.work.description();
+    bool done = false;
+    std::exception_ptr error;
+    try {
+      int peer = -1;
+      done = t.isRecv ? t.buffer->waitRecv(&peer, remaining(t.deadline)) : t.buffer->waitSend(&peer, remaining(t.deadline));
+      if (done && t.isRecv) t.work.setSourceRank(peer);
+    } catch (const std::exception& e) {
+      error = fatal(what, e, t.isRecv ? "no matching send arrived" : "the receiver did not take it");
+    }
+    {
+      std::lock_guard<std::mutex> lock(transferMutex_);
+      auto it = std::find(waitingOn_.begin(), waitingOn_.end(), std::make_pair(t.buffer.get(), t.isRecv));
+      waitingOn_.erase(it);
+      ++freeWaiters_;
+    }
+    if (error) {
+      t.work.fail(error);
+    } else if (!done) {
+      t.work.fail(std::make_exception_ptr(StateError(what + ": aborted: the process group was destroyed")));
+    } else {
+      t.work.complete();
+    }
+  }
+}
+
+// ==== ProcessGroupGloo ==========================================================================
+
+std::unique_ptr<ProcessGroupGloo> ProcessGroupGloo::create(rpc::StoreClient& store, int rank, int size,
+                                                           Options options) {
+  return std::make_unique<ProcessGroupGloo>(store, rank, size, std::move(options));
+}
+
+ProcessGroupGloo::ProcessGroupGloo(rpc::StoreClient& store, int rank, int size, Options options)
+    : ProcessGroup(rank, size) {
+  checkName(options.name);
+  std::string name = options.name;
+  impl_ = std::make_unique<Impl>(store, rank, size, std::move(options), std::move(name), nullptr);
+}
+
+ProcessGroupGloo::ProcessGroupGloo(std::unique_ptr<Impl> impl, int rank, int size)
+    : ProcessGroup(rank, size), impl_(std::move(impl)) {}
+
+ProcessGroupGloo::~ProcessGroupGloo() = default;
+
+const std::string& ProcessGroupGloo::name() const { return impl_->name_; }
+const ProcessGroupGloo::Options& ProcessGroupGloo::options() const { return impl_->options_; }
+int64_t ProcessGroupGloo::collectivesStarted() const { return impl_->started_.load(std::memory_order_relaxed); }
+
+namespace {
+void checkRoot(int root, int size, const char* op) {
+  WEFT_ENFORCE(root >= 0 && root < size, InvalidArgumentError, op, ": root ", root, " is not a rank of a group of size ",
+               size);
+}
+}  // namespace
+
+Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
+  checkTensor(tensor, "broadcast", "tensor");
+  checkRoot(root, size_, "broadcast");
+  Header h{OpCode::Broadcast, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, -1};
+  Impl* impl = impl_.get();
+  return impl->enqueue(h, {tensor}, [impl, tensor, root](Deadline d) {
+    impl->broadcastRaw(tensor.rawData(), tensor.nbytes(), root, d);
+  });
+}
+
+Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
+  checkTensor(tensor, "allReduce", "tensor");
+  checkReducible(tensor.dtype(), op, "allReduce");
+  Header h{OpCode::AllReduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), -1, static_cast<int64_t>(op)};
+  Impl* impl = impl_.get();
+  return impl->enqueue(h, {tensor}, [impl, tensor, op](Deadline d) {
+    impl->allreduceRaw(tensor.rawData(), static_cast<size_t>(tensor.numel()), tensor.dtype(), op, d);
+  });
+}
+
+Work ProcessGroupGloo::reduce(const Tensor& tensor, int root, ReduceOp op) {
+  checkTensor(tensor, "reduce", "tensor");
+  checkRoot(root, size_, "reduce");
+  checkReducible(tensor.dtype(), op, "reduce");
+  Header h{OpCode::Reduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, static_cast<int64_t>(op)};
+  Impl* impl = impl_.get();
+  return impl->enqueue(h, {tensor}, [impl, tensor, root, op](Deadline d) {
+    impl->reduceRaw(tensor.rawData(), static_cast<size_t>(tensor.numel()), tensor.dtype(), op, root, d);
+  });
+}
+
+namespace {
+// Checks (and allocates undefined entries of) the per-rank outputs of allGather / gather.
+void prepareOutputs(std::vector<Tensor>& outputs, const Tensor& input, int size, const char* op) {
+  if (outputs.empty()) outputs.resize(static_cast<size_t>(size));
+  WEFT_ENFORCE(outputs.size() == static_cast<size_t>(size), InvalidArgumentError, op, ": expected ", size,
+               " output tensors (one per rank), got ", outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].defined()) outputs[i] = empty(input.shape(), {.dtype = input.dtype()});
+    checkLike(outputs[i], input, op, "outputs[" + std::to_string(i) + "]", "the input");
+  }
+}
+
+// Copies rank i's chunk of `flat` into outputs[i].
+void unpack(const std::vector<uint8_t>& flat, const std::vector<Tensor>& outputs, size_t nbytes) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (nbytes > 0) std::memcpy(outputs[i].rawData(), flat.data() + i * nbytes, nbytes);
+  }
+}
+}  // namespace
+
+Work ProcessGroupGloo::allGather(std::vector<Tensor>& outputs, const Tensor& input) {
+  checkTensor(input, "allGather", "input");
+  prepareOutputs(outputs, input, size_, "allGather");
+  Header h{OpCode::AllGather, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(input);
+  Impl* impl = impl_.get();
+  const int n = size_;
+  return impl->enqueue(h, std::move(keep), [impl, input, outs = outputs, n](Deadline d) {
+    const size_t nbytes = input.nbytes();
+    std::vector<uint8_t> flat(nbytes * static_cast<size_t>(n));
+    impl->allgatherRaw(input.rawData(), flat.data(), nbytes, d);
+    unpack(flat, outs, nbytes);
+  });
+}
+
+Work ProcessGroupGloo::allGatherInto(const Tensor& output, const Tensor& input) {
+  checkTensor(input, "allGatherInto", "input");
+  checkTensor(output, "allGatherInto", "output");
+  WEFT_ENFORCE(output.dtype() == input.dtype() && output.numel() == input.numel() * size_, InvalidArgumentError,
+               "allGatherInto: output (", dtypeName(output.dtype()), ", shape ", shapeString(output.shape()),
+               ") must hold ", size_, " x ", input.numel(), " elements of ", dtypeName(input.dtype()),
+               " (input shape ", shapeString(input.shape()), ")");
+  Header h{OpCode::AllGather, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
+  Impl* impl = impl_.get();
+  return impl->enqueue(h, {output, input}, [impl, input, output](Deadline d) {
+    impl->allgatherRaw(input.rawData(), output.rawData(), input.nbytes(), d);
+  });
+}
+
+Work ProcessGroupGloo::gather(std::vector<Tensor>& outputs, const Tensor& input, int root) {
+  checkTensor(input, "gather", "input");
+  checkRoot(root, size_, "gather");
+  if (rank_ == root) {
+    prepareOutputs(outputs, input, size_, "gather");
+  } else {
+    WEFT_ENFORCE(outputs.empty(), InvalidArgumentError, "gather: only the root (rank ", root,
+                 ") passes outputs; rank ", rank_, " passed ", outputs.size());
+  }
+  Header h{OpCode::Gather, 0, static_cast<int64_t>(input.dtype()), input.numel(), root, -1};
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(input);
+  Impl* impl = impl_.get();
+  const int n = size_;
+  const bool isRoot = rank_ == root;
+  return impl->enqueue(h, std::move(keep), [impl, input, outs = outputs, n, root, isRoot](Deadline d) {
+    const size_t nbytes = input.nbytes();
+    std::vector<uint8_t> flat(isRoot ? nbytes * static_cast<size_t>(n) : 0);
+    impl->gatherRaw(input.rawData(), flat.data(), nbytes, root, d);
+    if (isRoot) unpack(flat, outs, nbytes);
+  });
+}
+
+Work ProcessGroupGloo::scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) {
+  checkTensor(output, "scatter", "output");
+  checkRoot(root, size_, "scatter");
+  if (rank_ == root) {
+    WEFT_ENFORCE(inputs.size() == static_cast<size_t>(size_), InvalidArgumentError, "scatter: the root passes ", size_,
+                 " inputs (one per rank), got ", inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkLike(inputs[i], output, "scatter", "inputs[" + std::to_string(i) + "]", "the output");
+    }
+  } else {
+    WEFT_ENFORCE(inputs.empty(), InvalidArgumentError, "scatter: only the root (rank ", root,
+                 ") passes inputs; rank ", rank_, " passed ", inputs.size());
+  }
+  Header h{OpCode::Scatter, 0, static_cast<int64_t>(output.dtype()), output.numel(), root, -1};
+  std::vector<Tensor> keep = inputs;
+  keep.push_back(output);
+  Impl* impl = impl_.get();
+  return impl->enqueue(h, std::move(keep), [impl, output, inputs, root](Deadline d) {
+    std::vector<uint8_t*> ptrs;
+    for (const Tensor& t : inputs) ptrs.push_back(bytesOf(t));
+    impl->scatterRaw(ptrs, output.rawData(), output.nbytes(), root, d);
+  });
+}
+
+Work ProcessGroupGloo::reduceScatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
+  checkTensor(output, "reduceScatter", "output");
+  checkReducible(output.dtype(), op, "reduceScatter");
+  WEFT_ENFORCE(inputs.size() == static_cast<size_t>(size_), InvalidArgumentError, "reduceScatter: expected ", size_,
+               " inputs (one per rank), got ", inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkLike(inputs[i], output, "reduceScatter", "inputs[" + std::to_string(i) + "]", "the output");
+  }
+  Header h{OpCode::ReduceScatter, 0, static_cast<int64_t>(output.dtype()), output.numel(), -1,
+           static_cast<int64_t>(op)};
+  std::vector<Tensor> keep = inputs;
+  keep.push_back(output);
+  Impl* impl = impl_.get();
+  const int me = rank_;
+  return impl->enqueue(h, std::move(keep), [impl, output, inputs, op, me](Deadline d) {
+    const size_t nbytes = output.nbytes();
+    std::vector<uint8_t> flat(nbytes * inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (nbytes > 0) std::memcpy(flat.data() + i * nbytes, inputs[i].rawData(), nbytes);
+    }
+    impl->allreduceRaw(flat.data(), static_cast<size_t>(output.numel()) * inputs.size(), output.dtype(), op, d);
+    if (nbytes > 0) std::memcpy(output.rawData(), flat.data() + static_cast<size_t>(me) * nbytes, nbytes);
+  });
+}
+
+Work ProcessGroupGloo::allToAll(const Tensor& output, const Tensor& input) {
+  checkTensor(input, "allToAll", "input");
+  checkLike(output, input, "allToAll", "output", "the input");
+  WEFT_ENFORCE(input.dim() >= 1 && input.size(0) % size_ == 0, InvalidArgumentError, "allToAll: dim 0 of the input (shape ",
+               shapeString(input.shape()), ") must split into ", size_, " equal chunks");
+  Header h{OpCode::AllToAll, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
+  Impl* impl = impl_.get();
+  return impl->enqueue(h, {output, input}, [impl, input, output](Deadline d) {
+    impl->alltoallRaw(input.rawData(), output.rawData(), input.nbytes(), d);
+  });
+}
+
+Work ProcessGroupGloo::barrier() {
+  Impl* impl = impl_.get();
+  return impl->enqueue(Header{OpCode::Barrier, 0, -1, -1, -1, -1}, {}, [impl](Deadline d) { impl->barrierRaw(d); });
+}
+
+namespace {
+void checkPeer(int peer, int rank, int size, const char* op, const char* role) {
+  WEFT_ENFORCE(peer >= 0 && peer < size, InvalidArgumentError, op, ": ", role, " rank ", peer,
+               " is not a rank of a group of size ", size);
+  WEFT_ENFORCE(peer != rank, InvalidArgumentError, op, ": rank ", rank, " cannot ", op, " to or from itself");
+}
+}  // namespace
+
+Work ProcessGroupGloo::isend(const Tensor& tensor, int dst, uint32_t tag) {
+  checkTensor(tensor, "isend", "tensor");
+  checkPeer(dst, rank_, size_, "isend", "destination");
+  return impl_->startTransfer(tensor, false, {dst}, tag);
+}
+
+Work ProcessGroupGloo::irecv(const Tensor& tensor, int src, uint32_t tag) {
+  checkTensor(tensor, "irecv", "tensor");
+  checkPeer(src, rank_, size_, "irecv", "source");
+  return impl_->startTransfer(tensor, true, {src}, tag);
+}
+
+Work ProcessGroupGloo::irecvFrom(const Tensor& tensor, const std::vector<int>& srcs, uint32_t tag) {
+  checkTensor(tensor, "irecvFrom", "tensor");
+  WEFT_ENFORCE(!srcs.empty(), InvalidArgumentError, "irecvFrom: the list of source ranks is empty");
+  for (int s : srcs) checkPeer(s, rank_, size_, "irecvFrom", "source");
+  return impl_->startTransfer(tensor, true, srcs, tag);
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroupGloo::newGroup(const std::vector<int>& ranks) {
+  WEFT_ENFORCE(!ranks.empty(), InvalidArgumentError, "newGroup: the list of ranks is empty");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  WEFT_ENFORCE(sorted.front() >= 0 && sorted.back() < size_, InvalidArgumentError, "newGroup: ranks ",
+               rankList(ranks), " are not all ranks of group '", name(), "' of size ", size_);
+  WEFT_ENFORCE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), InvalidArgumentError,
+               "newGroup: ranks ", rankList(ranks), " name a rank twice");
+  int index;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex_);
+    index = impl_->subgroups_++;
+  }
+  auto at = std::find(ranks.begin(), ranks.end(), rank_);
+  if (at == ranks.end()) return nullptr;
+  const int newRank = static_cast<int>(at - ranks.begin());
+  std::string ranksText;
+  for (size_t i = 0; i < ranks.size(); ++i) ranksText += (i ? "," : "") + std::to_string(ranks[i]);
+  std::string subName = impl_->name_ + "/sub" + std::to_string(index) + "[" + ranksText + "]";
+  const int subSize = static_cast<int>(ranks.size());
+  auto impl = std::make_unique<Impl>(impl_->store_, newRank, subSize, impl_->options_, std::move(subName),
+                                     impl_->device_);
+  return std::unique_ptr<ProcessGroup>(new ProcessGroupGloo(std::move(impl), newRank, subSize));
+}
+
+}  // namespace weft::collectives

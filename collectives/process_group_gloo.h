@@ -1,0 +1,124 @@
+// ProcessGroupGloo: the ProcessGroup of CPU tensors, over Gloo's TCP transport
+// (Debian's libgloo), with rendezvous through weft's store.
+//
+//   rpc::Options opt = rpc::Options::fromEnv();
+//   std::unique_ptr<rpc::StoreServer> server;              // or use agent.store() when an Agent runs
+//   if (opt.rank == 0) server = std::make_unique<rpc::StoreServer>(rpc::StoreServer::configFor(opt));
+//   rpc::StoreClient store(rpc::StoreClient::configFor(opt));
+//   auto pg = collectives::ProcessGroupGloo::create(store, opt.rank, opt.worldSize,
+//                                                   {.timeout = std::chrono::seconds(60)});
+//   Tensor g = ones({1024});
+//   pg->allReduce(g).wait();                                // g == worldSize everywhere
+//   auto pair = pg->newGroup({0, 1});                       // every rank calls it
+//
+// Rendezvous. The constructor is collective: every rank of the group builds
+// its ProcessGroupGloo with the same name, size and options. Each rank puts
+// its Gloo address under "weft/pg/<name>/" in the store (GlooStore) and
+// connects to every other rank (one TCP connection per pair, Gloo's full
+// mesh). It returns once connected to all, or throws TimeoutError after
+// Options::timeout naming the ranks that never joined. Sub-groups live under
+// "weft/pg/<name>/sub<k>[r0,r1,...]/" and reuse the parent's Gloo device.
+//
+// Threads. Each group runs its collectives on a thread of its own, one at a
+// time in issue order (Gloo ops on one context must never interleave).
+// Point-to-point transfers start on the calling thread, so they overlap each
+// other and the collectives; their completions are awaited by a pool of
+// threads that grows to the number of transfers in flight at once, so one
+// transfer's completion never waits behind another's. Gloo adds one thread
+// per device (its TCP event loop). SIGPIPE is blocked on all of them and
+// around the calls that write on the caller's thread, so a dead peer is an
+// error, never a killed process.
+//
+// Timeouts. Options::timeout bounds each op from the moment it starts running
+// (a collective waiting behind others in the queue is not yet timed). A
+// collective that times out asks the store which ranks have not started it:
+// every rank posts, asynchronously and coalesced, the number of the last
+// collective it started to "weft/pg/<name>/progress/<rank>".
+//
+// Call checking (Options::checkCalls, on by default). Before each collective
+// the ranks allgather a 64-byte header per rank (op, sequence number, dtype,
+// element count, root, reduce op) and compare: a mismatch fails that
+// collective on every rank with InvalidArgumentError listing what each rank
+// called, and the group stays usable. Without it, a mismatch is undefined
+// behaviour of Gloo (usually a timeout, possibly wrong results). The cost is
+// one small allgather per collective: a few tens of microseconds on one host,
+// negligible above about a megabyte (bench/collectives_bench prints it).
+//
+// Destruction. The destructor fails collectives still queued with StateError,
+// waits for the one running (bounded by the timeout), aborts the wait of
+// pending point-to-point transfers (StateError), then closes the connections.
+// Peers see their later ops fail with DisconnectedError.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "rpc/store.h"
+
+namespace weft::collectives {
+
+class ProcessGroupGloo final : public ProcessGroup {
+ public:
+  struct Options {
+    // Bound of rendezvous and of each op; must be > 0. PyTorch's default.
+    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+    // Exchange and compare a header before each collective (see above).
+    bool checkCalls = true;
+    // The address peers reach this rank at. Empty: 127.0.0.1 when the store is
+    // on a loopback address (the whole job is on this machine), else this
+    // machine's host name.
+    std::string hostname{};
+    // Names the group in the store and in messages; unique among the groups
+    // built on one store ([A-Za-z0-9_.-], 1 to 64 characters).
+    std::string name = "default";
+  };
+
+  // The constructor, returning the group as a unique_ptr.
+  static std::unique_ptr<ProcessGroupGloo> create(rpc::StoreClient& store, int rank, int size, Options options);
+  static std::unique_ptr<ProcessGroupGloo> create(rpc::StoreClient& store, int rank, int size) {
+    return create(store, rank, size, Options{});
+  }
+
+  // See "Rendezvous". `store` must outlive the group. InvalidArgumentError for
+  // a bad rank, size or option.
+  ProcessGroupGloo(rpc::StoreClient& store, int rank, int size, Options options);
+  ~ProcessGroupGloo() override;
+
+  std::string backendName() const override { return "gloo"; }
+  const std::string& name() const override;
+  const Options& options() const;
+
+  Work broadcast(const Tensor& tensor, int root) override;
+  Work allReduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
+  Work reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum) override;
+  Work allGather(std::vector<Tensor>& outputs, const Tensor& input) override;
+  Work allGatherInto(const Tensor& output, const Tensor& input) override;
+  Work gather(std::vector<Tensor>& outputs, const Tensor& input, int root) override;
+  Work scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) override;
+  // Runs as one allreduce of the concatenated inputs, of which each rank keeps
+  // its chunk (Gloo has no reduce-scatter for unbound buffers).
+  Work reduceScatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::Sum) override;
+  Work allToAll(const Tensor& output, const Tensor& input) override;
+  Work barrier() override;
+
+  Work isend(const Tensor& tensor, int dst, uint32_t tag = 0) override;
+  Work irecv(const Tensor& tensor, int src, uint32_t tag = 0) override;
+  Work irecvFrom(const Tensor& tensor, const std::vector<int>& srcs, uint32_t tag = 0) override;
+
+  std::unique_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks) override;
+
+  // Collectives started by this rank so far (the next one is numbered this).
+  int64_t collectivesStarted() const;
+
+  class Impl;
+
+ private:
+  ProcessGroupGloo(std::unique_ptr<Impl> impl, int rank, int size);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weft::collectives

@@ -1,0 +1,368 @@
+// A program for the multiprocess tests of process groups (tests/collectives/collectives_mp_test.cpp):
+// one rank of a job, which finds its place through rpc::Options::fromEnv (rank 0 serves the store),
+// builds a ProcessGroupGloo and plays the part of its rank in the scenario it is given. It prints
+// one line per event ("rank R <phrase> ...").
+//
+//   WEFT_RANK=0 WEFT_WORLD_SIZE=3 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 collectives_worker all
+//
+// Scenarios (any world size >= 2 unless noted):
+//   all       every collective for float32, float64 and int64 over the sizes 0, 1, 7 and 1001 (issued
+//             asynchronously per dtype and size, then checked against values computed locally), point
+//             to point with tags in both orders and any-source receives, a sub-group of the even
+//             ranks, and one 64 MiB float32 allReduce. Prints "rank R checked N" and "rank R done".
+//   timeout   ranks but the last call allReduce with a 1.5 s group timeout; the last rank never does
+//             (it sleeps, then leaves). Prints "rank R failed in_ms T <ErrorType>: <message>".
+//   mismatch  rank 1 calls allReduce on 5 elements, the others on 4; then every rank calls a
+//             matching allReduce. Prints "rank R mismatch <ErrorType>: <message>" and
+//             "rank R after mismatch ok".
+//   kill      [>= 3] after a first allReduce, the last rank kills itself with SIGKILL; the others
+//             call allReduce (10 s timeout) and print "rank R failed in_ms T <ErrorType>: <message>".
+// Every rank first prints "rank R pid P started". A wrong result throws: one line on stderr,
+// exit status 1.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/process_group_gloo.h"
+#include "common/error.h"
+#include "rpc/options.h"
+#include "rpc/store.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using weft::DType;
+using weft::Tensor;
+using weft::collectives::ProcessGroupGloo;
+using weft::collectives::ReduceOp;
+using weft::collectives::Work;
+using Clock = std::chrono::steady_clock;
+
+int gRank = 0;
+
+void say(const std::string& line) {
+  std::string s = "rank " + std::to_string(gRank) + " " + line + "\n";
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
+}
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error("rank " + std::to_string(gRank) + ": " + what); }
+
+std::string errorLine(const std::exception& e) {
+  std::string type = "Error";
+  if (dynamic_cast<const weft::TimeoutError*>(&e)) type = "TimeoutError";
+  else if (dynamic_cast<const weft::DisconnectedError*>(&e)) type = "DisconnectedError";
+  else if (dynamic_cast<const weft::InvalidArgumentError*>(&e)) type = "InvalidArgumentError";
+  else if (dynamic_cast<const weft::StateError*>(&e)) type = "StateError";
+  std::string msg = e.what();
+  for (char& c : msg) {
+    if (c == '\n') c = '|';
+  }
+  return type + ": " + msg;
+}
+
+// The value rank r contributes at index i: small integers, so that float sums are exact.
+double value(int r, int64_t i) { return static_cast<double>((r + 1) * ((i % 13) + 1)); }
+
+Tensor filled(DType t, int64_t n, int r, int64_t offset = 0) {
+  Tensor x = weft::empty({n}, {.dtype = t});
+  for (int64_t i = 0; i < n; ++i) {
+    double v = value(r, i + offset);
+    if (t == DType::Float32) x.data<float>()[i] = static_cast<float>(v);
+    else if (t == DType::Float64) x.data<double>()[i] = v;
+    else x.data<int64_t>()[i] = static_cast<int64_t>(v);
+  }
+  return x;
+}
+
+double at(const Tensor& x, int64_t i) {
+  switch (x.dtype()) {
+    case DType::Float32: return x.data<float>()[i];
+    case DType::Float64: return x.data<double>()[i];
+    default: return static_cast<double>(x.data<int64_t>()[i]);
+  }
+}
+
+int64_t gChecked = 0;
+
+void expectEq(const Tensor& x, const std::function<double(int64_t)>& want, const std::string& what) {
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double w = want(i);
+    if (at(x, i) != w) {
+      fail(what + ": element " + std::to_string(i) + " is " + std::to_string(at(x, i)) + ", expected " +
+           std::to_string(w));
+    }
+  }
+  ++gChecked;
+}
+
+void runAll(ProcessGroupGloo& pg) {
+  const int W = pg.size();
+  const int me = pg.rank();
+  const std::vector<DType> dtypes = {DType::Float32, DType::Float64, DType::Int64};
+  const std::vector<int64_t> sizes = {0, 1, 7, 1001};
+  for (DType t : dtypes) {
+    for (int64_t n : sizes) {
+      const std::string tag = std::string(weft::dtypeName(t)) + " n=" + std::to_string(n);
+      const int root = static_cast<int>(n % W);
+      std::vector<Work> works;
+      Tensor sum = filled(t, n, me), prod = filled(t, n, me), mn = filled(t, n, me), mx = filled(t, n, me);
+      works.push_back(pg.allReduce(sum, ReduceOp::Sum));
+      works.push_back(pg.allReduce(prod, ReduceOp::Product));
+      works.push_back(pg.allReduce(mn, ReduceOp::Min));
+      works.push_back(pg.allReduce(mx, ReduceOp::Max));
+      Tensor avg;
+      if (t != DType::Int64) {
+        avg = filled(t, n, me);
+        works.push_back(pg.allReduce(avg, ReduceOp::Avg));
+      }
+      Tensor bc = filled(t, n, me);
+      works.push_back(pg.broadcast(bc, root));
+      Tensor red = filled(t, n, me);
+      works.push_back(pg.reduce(red, root, ReduceOp::Sum));
+      std::vector<Tensor> gathered;
+      Tensor in = filled(t, n, me);
+      works.push_back(pg.allGather(gathered, in));
+      Tensor flat = weft::empty({n * W}, {.dtype = t});
+      works.push_back(pg.allGatherInto(flat, in));
+      std::vector<Tensor> atRoot;
+      works.push_back(pg.gather(atRoot, in, root));
+      std::vector<Tensor> parts;
+      if (me == root) {
+        for (int r = 0; r < W; ++r) parts.push_back(filled(t, n, r, 100));
+      }
+      Tensor scattered = weft::empty({n}, {.dtype = t});
+      works.push_back(pg.scatter(scattered, parts, root));
+      std::vector<Tensor> rsIn;
+      for (int r = 0; r < W; ++r) rsIn.push_back(filled(t, n, me, 1000 * r));
+      Tensor rsOut = weft::empty({n}, {.dtype = t});
+      works.push_back(pg.reduceScatter(rsOut, rsIn, ReduceOp::Sum));
+      Tensor a2aIn = filled(t, n * W, me);
+      Tensor a2aOut = weft::empty({n * W}, {.dtype = t});
+      works.push_back(pg.allToAll(a2aOut, a2aIn));
+      works.push_back(pg.barrier());
+      for (Work& w : works) w.wait(60s);
+
+      expectEq(sum, [&](int64_t i) { double s = 0; for (int r = 0; r < W; ++r) s += value(r, i); return s; }, "allReduce sum " + tag);
+      expectEq(prod, [&](int64_t i) { double p = 1; for (int r = 0; r < W; ++r) p *= value(r, i); return p; }, "allReduce product " + tag);
+      expectEq(mn, [&](int64_t i) { return value(0, i); }, "allReduce min " + tag);
+      expectEq(mx, [&](int64_t i) { return value(W - 1, i); }, "allReduce max " + tag);
+      if (avg.defined()) {
+        Tensor want = weft::empty({n}, {.dtype = t});
+        for (int64_t i = 0; i < n; ++i) {
+          double s = 0;
+          for (int r = 0; r < W; ++r) s += value(r, i);
+          if (t == DType::Float32) {
+            want.data<float>()[i] = static_cast<float>(s) / static_cast<float>(W);
+          } else {
+            want.data<double>()[i] = s / W;
+          }
+        }
+        expectEq(avg, [&](int64_t i) { return at(want, i); }, "allReduce avg " + tag);
+      }
+      expectEq(bc, [&](int64_t i) { return value(root, i); }, "broadcast " + tag);
+      expectEq(red, [&](int64_t i) {
+        if (me != root) return value(me, i);
+        double s = 0;
+        for (int r = 0; r < W; ++r) s += value(r, i);
+        return s;
+      }, "reduce " + tag);
+      if (gathered.size() != static_cast<size_t>(W)) fail("allGather returned " + std::to_string(gathered.size()) + " tensors");
+      for (int r = 0; r < W; ++r) {
+        expectEq(gathered[static_cast<size_t>(r)], [&](int64_t i) { return value(r, i); }, "allGather " + tag);
+      }
+      expectEq(flat, [&](int64_t i) { return value(static_cast<int>(i / std::max<int64_t>(n, 1)), i % std::max<int64_t>(n, 1)); }, "allGatherInto " + tag);
+      if (me == root) {
+        if (atRoot.size() != static_cast<size_t>(W)) fail("gather filled " + std::to_string(atRoot.size()) + " tensors");
+        for (int r = 0; r < W; ++r) expectEq(atRoot[static_cast<size_t>(r)], [&](int64_t i) { return value(r, i); }, "gather " + tag);
+      }
+      expectEq(scattered, [&](int64_t i) { return value(me, i + 100); }, "scatter " + tag);
+      expectEq(rsOut, [&](int64_t i) { double s = 0; for (int r = 0; r < W; ++r) s += value(r, i + 1000 * me); return s; }, "reduceScatter " + tag);
+      expectEq(a2aOut, [&](int64_t i) {
+        int64_t from = n == 0 ? 0 : i / n;  // chunk j comes from rank j: its chunk `me`
+        return value(static_cast<int>(from), me * n + (n == 0 ? 0 : i % n));
+      }, "allToAll " + tag);
+    }
+  }
+
+  // Point to point: a ring with two tags received in the opposite order, then any-source at rank 0.
+  {
+    const int next = (me + 1) % W;
+    const int prev = (me + W - 1) % W;
+    Tensor a = filled(DType::Float32, 33, me, 1);
+    Tensor b = filled(DType::Float32, 17, me, 2);
+    Work sa = pg.isend(a, next, 1);
+    Work sb = pg.isend(b, next, 2);
+    Tensor rb = weft::empty({17}, {.dtype = DType::Float32});
+    Tensor ra = weft::empty({33}, {.dtype = DType::Float32});
+    Work wb = pg.irecv(rb, prev, 2);
+    Work wa = pg.irecv(ra, prev, 1);
+    wb.wait(30s);
+    wa.wait(30s);
+    sa.wait(30s);
+    sb.wait(30s);
+    expectEq(ra, [&](int64_t i) { return value(prev, i + 1); }, "recv tag 1");
+    expectEq(rb, [&](int64_t i) { return value(prev, i + 2); }, "recv tag 2");
+    if (wa.sourceRank() != prev) fail("recv from a named rank reports source " + std::to_string(wa.sourceRank()));
+
+    // Same tag twice between the same ranks: matched in issue order.
+    Tensor first = filled(DType::Int64, 3, me, 10), second = filled(DType::Int64, 3, me, 20);
+    Work s1 = pg.isend(first, next, 5);
+    Work s2 = pg.isend(second, next, 5);
+    Tensor r1 = weft::empty({3}, {.dtype = DType::Int64}), r2 = weft::empty({3}, {.dtype = DType::Int64});
+    pg.recv(r1, prev, 5);
+    pg.recv(r2, prev, 5);
+    s1.wait(30s);
+    s2.wait(30s);
+    expectEq(r1, [&](int64_t i) { return value(prev, i + 10); }, "first same-tag recv");
+    expectEq(r2, [&](int64_t i) { return value(prev, i + 20); }, "second same-tag recv");
+
+    if (me == 0) {
+      std::vector<bool> seen(static_cast<size_t>(W), false);
+      for (int k = 1; k < W; ++k) {
+        Tensor x = weft::empty({5}, {.dtype = DType::Float64});
+        int from = pg.recvAny(x, 9);
+        if (from <= 0 || from >= W || seen[static_cast<size_t>(from)]) fail("recvAny reported rank " + std::to_string(from));
+        seen[static_cast<size_t>(from)] = true;
+        expectEq(x, [&](int64_t i) { return value(from, i + 3); }, "recvAny from " + std::to_string(from));
+      }
+    } else {
+      pg.send(filled(DType::Float64, 5, me, 3), 0, 9);
+    }
+    pg.barrier().wait(30s);
+  }
+
+  // A sub-group of the even ranks; odd ranks get none.
+  {
+    std::vector<int> evens;
+    for (int r = 0; r < W; r += 2) evens.push_back(r);
+    auto sub = pg.newGroup(evens);
+    if ((me % 2 == 0) != (sub != nullptr)) fail("newGroup membership is wrong");
+    if (sub) {
+      if (sub->rank() != me / 2 || sub->size() != static_cast<int>(evens.size())) fail("sub-group rank or size");
+      Tensor x = filled(DType::Int64, 9, me);
+      sub->allReduce(x).wait(30s);
+      expectEq(x, [&](int64_t i) { double s = 0; for (int r : evens) s += value(r, i); return s; }, "sub-group allReduce");
+    }
+    pg.barrier().wait(30s);
+  }
+
+  // 64 MiB.
+  {
+    const int64_t n = (64LL << 20) / 4;
+    Tensor big = weft::full({n}, static_cast<double>(me + 1), {.dtype = DType::Float32});
+    auto t0 = Clock::now();
+    pg.allReduce(big).wait(120s);
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const float want = static_cast<float>(W * (W + 1) / 2);
+    const float* p = big.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (p[i] != want) fail("64 MiB allReduce: element " + std::to_string(i) + " is " + std::to_string(p[i]));
+    }
+    ++gChecked;
+    say("big_ms " + std::to_string(static_cast<long long>(ms)));
+  }
+  say("checked " + std::to_string(gChecked));
+}
+
+void runTimeout(ProcessGroupGloo& pg) {
+  const int last = pg.size() - 1;
+  if (pg.rank() == last) {
+    std::this_thread::sleep_for(4s);  // outlives the others' timeout, then leaves without calling
+    return;
+  }
+  Tensor x = weft::ones({8});
+  auto t0 = Clock::now();
+  try {
+    pg.allReduce(x).wait();
+    say("unexpected success");
+  } catch (const std::exception& e) {
+    long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    say("failed in_ms " + std::to_string(ms) + " " + errorLine(e));
+  }
+  // The group is now unusable: later ops fail at once.
+  try {
+    pg.barrier().wait(5s);
+    say("unexpected later success");
+  } catch (const std::exception& e) {
+    say("later " + errorLine(e));
+  }
+}
+
+void runMismatch(ProcessGroupGloo& pg) {
+  Tensor x = weft::ones({pg.rank() == 1 ? 5 : 4});
+  try {
+    pg.allReduce(x).wait(30s);
+    say("unexpected success");
+  } catch (const std::exception& e) {
+    say("mismatch " + errorLine(e));
+  }
+  Tensor y = weft::ones({4});
+  pg.allReduce(y).wait(30s);
+  expectEq(y, [&](int64_t) { return static_cast<double>(pg.size()); }, "allReduce after a mismatch");
+  say("after mismatch ok");
+}
+
+void runKill(ProcessGroupGloo& pg) {
+  Tensor x = weft::ones({1024});
+  pg.allReduce(x).wait(30s);
+  if (pg.rank() == pg.size() - 1) {
+    say("dying");
+    ::raise(SIGKILL);
+  }
+  std::this_thread::sleep_for(200ms);  // the victim is gone before the next collective
+  Tensor y = weft::ones({1 << 20});
+  auto t0 = Clock::now();
+  try {
+    pg.allReduce(y).wait();
+    say("unexpected success");
+  } catch (const std::exception& e) {
+    long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    say("failed in_ms " + std::to_string(ms) + " " + errorLine(e));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: collectives_worker all|timeout|mismatch|kill\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  try {
+    weft::rpc::Options opt = weft::rpc::Options::fromEnv();
+    gRank = opt.rank;
+    say("pid " + std::to_string(::getpid()) + " started");
+    std::unique_ptr<weft::rpc::StoreServer> server;
+    if (opt.rank == 0) server = std::make_unique<weft::rpc::StoreServer>(weft::rpc::StoreServer::configFor(opt));
+    weft::rpc::StoreClient store(weft::rpc::StoreClient::configFor(opt));
+    ProcessGroupGloo::Options po;
+    po.timeout = scenario == "timeout" ? 1500ms : scenario == "kill" ? 10s : 60s;
+    {
+      ProcessGroupGloo pg(store, opt.rank, opt.worldSize, po);
+      if (scenario == "all") runAll(pg);
+      else if (scenario == "timeout") runTimeout(pg);
+      else if (scenario == "mismatch") runMismatch(pg);
+      else if (scenario == "kill") runKill(pg);
+      else fail("unknown scenario " + scenario);
+    }
+    // Rank 0 serves the store: it leaves last.
+    // Ranks that took part to the end meet before leaving (the last rank of timeout and kill does not).
+    const int staying = scenario == "timeout" || scenario == "kill" ? opt.worldSize - 1 : opt.worldSize;
+    if (opt.rank < staying) store.barrier("collectives_worker/exit", staying, 30s);
+    say("done");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", gRank, e.what());
+    return 1;
+  }
+}

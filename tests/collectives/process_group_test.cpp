@@ -1,0 +1,236 @@
+// ProcessGroupGloo within one process: several ranks, each with its own store client and group,
+// built on threads over real TCP on 127.0.0.1. Argument checks, Work semantics, the store
+// adaptor, float16 reductions, any-source receives, sub-group arguments and destruction.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gloo/types.h>
+
+#include "collectives/gloo_store.h"
+#include "collectives/process_group_gloo.h"
+#include "common/error.h"
+#include "rpc/store.h"
+#include "text_util.h"
+
+using namespace weft;
+using namespace weft::collectives;
+using namespace std::chrono_literals;
+using weft::testing::contains;
+
+namespace {
+
+// A store and `world` groups, one per rank, built concurrently (the constructor is collective).
+class Ranks {
+ public:
+  explicit Ranks(int world, ProcessGroupGloo::Options options = {}) {
+    rpc::StoreServer::Config sc;
+    server_ = std::make_unique<rpc::StoreServer>(sc);
+    for (int r = 0; r < world; ++r) {
+      rpc::StoreClient::Config cc;
+      cc.port = server_->port();
+      cc.timeout = 10s;
+      clients_.push_back(std::make_unique<rpc::StoreClient>(cc));
+    }
+    if (options.timeout == ProcessGroupGloo::Options{}.timeout) options.timeout = 10s;
+    std::vector<std::future<std::unique_ptr<ProcessGroupGloo>>> made;
+    for (int r = 0; r < world; ++r) {
+      made.push_back(std::async(std::launch::async, [this, r, world, options] {
+        return ProcessGroupGloo::create(*clients_[static_cast<size_t>(r)], r, world, options);
+      }));
+    }
+    for (auto& f : made) groups_.push_back(f.get());
+  }
+  ProcessGroupGloo& operator[](int r) { return *groups_.at(static_cast<size_t>(r)); }
+  rpc::StoreClient& store(int r) { return *clients_.at(static_cast<size_t>(r)); }
+  void destroy(int r) { groups_.at(static_cast<size_t>(r)).reset(); }
+
+ private:
+  std::unique_ptr<rpc::StoreServer> server_;
+  std::vector<std::unique_ptr<rpc::StoreClient>> clients_;  // outlive the groups
+  std::vector<std::unique_ptr<ProcessGroupGloo>> groups_;
+};
+
+std::string errorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("bad arguments are refused at the call with InvalidArgumentError naming the op") {
+  Ranks ranks(1);
+  ProcessGroupGloo& pg = ranks[0];
+  Tensor m = zeros({4, 6});
+  CHECK_THROWS_AS(pg.allReduce(m.transpose(0, 1)), InvalidArgumentError);
+  CHECK(contains(errorOf([&] { pg.allReduce(m.transpose(0, 1)); }), "allReduce: tensor must be contiguous"));
+  CHECK(contains(errorOf([&] { pg.allReduce(Tensor()); }), "allReduce: tensor is an undefined tensor"));
+  CHECK(contains(errorOf([&] { pg.allReduce(zeros({3}, {.dtype = DType::Int64}), ReduceOp::Avg); }),
+                 "allReduce: ReduceOp avg needs a floating dtype, got int64"));
+  CHECK(contains(errorOf([&] { pg.broadcast(m, 1); }), "broadcast: root 1 is not a rank of a group of size 1"));
+  std::vector<Tensor> outs(3);
+  CHECK(contains(errorOf([&] { pg.allGather(outs, m); }), "allGather: expected 1 output tensors (one per rank), got 3"));
+  std::vector<Tensor> wrong = {zeros({4, 5})};
+  CHECK(contains(errorOf([&] { pg.allGather(wrong, m); }), "allGather: outputs[0] (float32, shape [4, 5]) must have"));
+  CHECK(contains(errorOf([&] { pg.allGatherInto(zeros({3}), m); }), "allGatherInto: output"));
+  CHECK(contains(errorOf([&] { pg.scatter(m, {}, 0); }), "scatter: the root passes 1 inputs"));
+  CHECK(contains(errorOf([&] { pg.allToAll(zeros({}), zeros({})); }), "allToAll: dim 0 of the input"));
+  CHECK(contains(errorOf([&] { pg.isend(m, 0); }), "isend: rank 0 cannot isend to or from itself"));
+  CHECK(contains(errorOf([&] { pg.irecv(m, 3); }), "irecv: source rank 3 is not a rank"));
+  CHECK(contains(errorOf([&] { pg.newGroup({}); }), "newGroup: the list of ranks is empty"));
+  CHECK(contains(errorOf([&] { pg.newGroup({0, 0}); }), "name a rank twice"));
+  CHECK(contains(errorOf([&] { pg.newGroup({1}); }), "are not all ranks of group 'default'"));
+  // Nothing was queued by the refused calls.
+  CHECK(pg.collectivesStarted() == 0);
+  pg.barrier().wait(5s);
+  CHECK(pg.collectivesStarted() == 1);
+}
+
+TEST_CASE("a group of one runs every collective locally") {
+  Ranks ranks(1);
+  ProcessGroupGloo& pg = ranks[0];
+  Tensor x = fromVector<double>({1, 2, 3});
+  pg.allReduce(x, ReduceOp::Avg).wait(5s);
+  CHECK(x.toVector<double>() == std::vector<double>{1, 2, 3});
+  std::vector<Tensor> outs;
+  pg.allGather(outs, x).wait(5s);
+  REQUIRE(outs.size() == 1);
+  CHECK(outs[0].toVector<double>() == std::vector<double>{1, 2, 3});
+}
+
+TEST_CASE("group options are checked: a bad name or a zero timeout") {
+  rpc::StoreServer server(rpc::StoreServer::Config{});
+  rpc::StoreClient::Config cc;
+  cc.port = server.port();
+  rpc::StoreClient store(cc);
+  CHECK_THROWS_AS(ProcessGroupGloo(store, 0, 1, {.name = "a b"}), InvalidArgumentError);
+  CHECK_THROWS_AS(ProcessGroupGloo(store, 0, 1, {.timeout = 0ms}), InvalidArgumentError);
+  CHECK_THROWS_AS(ProcessGroupGloo(store, 2, 2, {}), InvalidArgumentError);
+}
+
+TEST_CASE("Work::wait with a timeout gives up waiting but not the op, which completes once the peer calls") {
+  Ranks ranks(2);
+  Tensor a = full({5}, 1.0);
+  Tensor b = full({5}, 2.0);
+  Work w0 = ranks[0].allReduce(a);
+  CHECK_FALSE(w0.isCompleted());
+  std::string err = errorOf([&] { w0.wait(100ms); });
+  CHECK(contains(err, "Work::wait: allReduce #0 on group 'default' has not completed after 100 ms"));
+  CHECK_FALSE(w0.isCompleted());
+  CHECK(w0.exception() == nullptr);
+  Work w1 = ranks[1].allReduce(b);
+  w0.wait(5s);
+  w1.wait(5s);
+  CHECK(w0.isSuccess());
+  CHECK(w0.sourceRank() == -1);
+  CHECK(a.toVector<float>() == std::vector<float>(5, 3.0f));
+  CHECK(b.toVector<float>() == std::vector<float>(5, 3.0f));
+  CHECK(w0.future().isReady());
+}
+
+TEST_CASE("collectives of one group run in issue order, and float16 reduces through Gloo's half type") {
+  Ranks ranks(2);
+  std::vector<std::vector<Work>> works(2);
+  std::vector<Tensor> halves;
+  for (int r = 0; r < 2; ++r) {
+    Tensor h = empty({3}, {.dtype = DType::Float16});
+    auto* p = static_cast<gloo::float16*>(h.rawData());
+    for (int i = 0; i < 3; ++i) p[i] = gloo::cpu_float2half_rn(static_cast<float>((r + 1) * (i + 1)));
+    halves.push_back(h);
+  }
+  std::vector<Tensor> steps = {zeros({1}), zeros({1})};
+  for (int r = 0; r < 2; ++r) {
+    steps[static_cast<size_t>(r)].fill_(r + 1);
+    for (int k = 0; k < 5; ++k) works[static_cast<size_t>(r)].push_back(ranks[r].allReduce(steps[static_cast<size_t>(r)]));
+    works[static_cast<size_t>(r)].push_back(ranks[r].allReduce(halves[static_cast<size_t>(r)], ReduceOp::Avg));
+  }
+  for (auto& ws : works) {
+    for (Work& w : ws) w.wait(10s);
+  }
+  // (1 + 2) doubled four more times, in order.
+  CHECK(steps[0].item<float>() == 48.0f);
+  CHECK(steps[1].item<float>() == 48.0f);
+  auto* p = static_cast<gloo::float16*>(halves[1].rawData());
+  for (int i = 0; i < 3; ++i) CHECK(gloo::cpu_half2float(p[i]) == doctest::Approx(1.5 * (i + 1)));
+  CHECK(ranks[0].collectivesStarted() == 6);
+}
+
+TEST_CASE("a receive from a list of ranks reports the sender it matched") {
+  Ranks ranks(3);
+  Tensor from2 = full({4}, 2.0);
+  Work s = ranks[2].isend(from2, 0, 11);
+  Tensor got = zeros({4});
+  Work r = ranks[0].irecvFrom(got, {1, 2}, 11);
+  r.wait(5s);
+  s.wait(5s);
+  CHECK(r.sourceRank() == 2);
+  CHECK(got.toVector<float>() == std::vector<float>(4, 2.0f));
+  CHECK(contains(r.description(), "recv from any of ranks [1, 2] (tag 11) on group 'default'"));
+}
+
+TEST_CASE("a receive nobody answers times out, and the group is unusable afterwards") {
+  Ranks ranks(2, {.timeout = 300ms});
+  Tensor got = zeros({4});
+  auto t0 = std::chrono::steady_clock::now();
+  Work r = ranks[0].irecv(got, 1, 3);
+  std::string err = errorOf([&] { r.wait(5s); });
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK_THROWS_AS(r.wait(), TimeoutError);
+  CHECK(contains(err, "recv from rank 1 (tag 3) on group 'default' failed on rank 0: timed out after 300 ms"));
+  CHECK_THROWS_AS(ranks[0].barrier().wait(5s), StateError);
+}
+
+TEST_CASE("destroying a group fails its queued collectives with StateError") {
+  Ranks ranks(2, {.timeout = 500ms});
+  Work first = ranks[0].barrier();   // waits for rank 1, which never calls
+  Work queued = ranks[0].allReduce(zeros({3}));
+  ranks.destroy(0);
+  CHECK_THROWS_AS(first.wait(5s), TimeoutError);
+  CHECK_THROWS_AS(queued.wait(5s), StateError);
+  CHECK(contains(errorOf([&] { queued.wait(); }), "destroyed before the collective ran"));
+}
+
+TEST_CASE("sub-groups have their own ranks and store prefix; non-members get none") {
+  Ranks ranks(3);
+  std::vector<std::future<std::unique_ptr<ProcessGroup>>> subs;
+  for (int r = 0; r < 3; ++r) {
+    subs.push_back(std::async(std::launch::async, [&ranks, r] { return ranks[r].newGroup({2, 0}); }));
+  }
+  std::vector<std::unique_ptr<ProcessGroup>> got;
+  for (auto& f : subs) got.push_back(f.get());
+  REQUIRE(got[0] != nullptr);
+  CHECK(got[1] == nullptr);
+  REQUIRE(got[2] != nullptr);
+  CHECK(got[2]->rank() == 0);  // ranks[0] of the list
+  CHECK(got[0]->rank() == 1);
+  CHECK(got[0]->name() == "default/sub0[2,0]");
+  Tensor a = full({2}, 1.0), c = full({2}, 5.0);
+  Work wa = got[0]->allReduce(a, ReduceOp::Max);
+  Work wc = got[2]->allReduce(c, ReduceOp::Max);
+  wa.wait(5s);
+  wc.wait(5s);
+  CHECK(a.toVector<float>() == std::vector<float>(2, 5.0f));
+  CHECK(ranks.store(0).check({"weft/pg/default/sub0[2,0]/joined/0", "weft/pg/default/sub0[2,0]/joined/1"}));
+}
+
+TEST_CASE("GlooStore puts every key under its prefix") {
+  rpc::StoreServer server(rpc::StoreServer::Config{});
+  rpc::StoreClient::Config cc;
+  cc.port = server.port();
+  rpc::StoreClient store(cc);
+  GlooStore gs(store, "p/", 1s);
+  gs.set("0", {'a', 'b'});
+  CHECK(store.get("p/0", 1s) == "ab");
+  CHECK(gs.get("0") == std::vector<char>{'a', 'b'});
+  gs.wait({"0"}, std::chrono::milliseconds(100));
+  CHECK_THROWS_AS(gs.wait({"1"}, std::chrono::milliseconds(100)), TimeoutError);
+}
