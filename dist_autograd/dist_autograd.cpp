@@ -481,6 +481,7 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
         }
         state->task_->schedule(send.get());
         state->task_->run();
+        state->task_->runCallbacks();
       } catch (...) {
         failure = std::current_exception();
       }
@@ -873,6 +874,13 @@ void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& 
   }
   {
     std::lock_guard<std::mutex> lock(state_->mutex_);
+    if (!done.hasError()) {
+      try {
+        state_->task_->runCallbacks();  // e.g. DDP's: its averaged gradients land in the context
+      } catch (...) {
+        done = makeErrorFuture<void>(std::current_exception());
+      }
+    }
     state_->task_.reset();
     // A worker the pass reached died: the context is unusable from now on, even before the
     // agent reports the failed connection to the layer (onPeerFailed).

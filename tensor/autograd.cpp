@@ -212,6 +212,60 @@ void GraphTask::schedule(Node* n) {
   std::push_heap(ready_.begin(), ready_.end(), runsLater);
 }
 
+namespace {
+// The task running on this thread (run() and runCallbacks() set it).
+thread_local GraphTask* tRunning = nullptr;
+
+class RunningGuard {
+ public:
+  explicit RunningGuard(GraphTask* t) : previous_(tRunning) { tRunning = t; }
+  ~RunningGuard() { tRunning = previous_; }
+  RunningGuard(const RunningGuard&) = delete;
+  RunningGuard& operator=(const RunningGuard&) = delete;
+
+ private:
+  GraphTask* previous_;
+};
+}  // namespace
+
+namespace autograd {
+
+void queueCallback(std::function<void()> fn) {
+  WEFT_ENFORCE(tRunning != nullptr, StateError, "autograd::queueCallback: no backward pass is running on this thread");
+  tRunning->callbacks_.push_back(std::move(fn));
+}
+
+void accumulateLeafGradient(const Tensor& leaf, const Tensor& grad) {
+  WEFT_ENFORCE(tRunning != nullptr, StateError,
+               "autograd::accumulateLeafGradient: no backward pass is running on this thread");
+  tRunning->accumulateLeaf(leaf, grad);
+}
+
+}  // namespace autograd
+
+void GraphTask::runCallbacks() {
+  RunningGuard running(this);
+  NoGradGuard ng;
+  for (size_t i = 0; i < callbacks_.size(); ++i) {
+    auto fn = std::move(callbacks_[i]);
+    fn();
+  }
+  callbacks_.clear();
+}
+
+void GraphTask::accumulateLeaf(const Tensor& leaf, const Tensor& grad) {
+  WEFT_ENFORCE(leaf.defined() && leaf.isLeaf() && leaf.requiresGrad(), InvalidArgumentError,
+               "accumulateLeafGradient: the tensor is not a leaf that requires grad");
+  if (!grad.defined() || options_.skipLeaves) return;
+  WEFT_ENFORCE(grad.shape() == leaf.shape(), InvalidArgumentError, "accumulateLeafGradient: gradient of shape ",
+               grad.shape(), " for a leaf of shape ", leaf.shape());
+  if (options_.leafSink) {
+    options_.leafSink(leaf, grad);
+  } else {
+    leaf.gradAccumulator()->callApply({grad});
+  }
+}
+
 size_t GraphTask::scheduleWaiting() {
   std::vector<Node*> waiting;
   for (auto& [n, buf] : buffers_) {
@@ -225,6 +279,7 @@ size_t GraphTask::scheduleWaiting() {
 }
 
 void GraphTask::run() {
+  RunningGuard running(this);
   NoGradGuard ng;
   while (!ready_.empty()) {
     std::pop_heap(ready_.begin(), ready_.end(), runsLater);
@@ -299,6 +354,7 @@ std::vector<Tensor> runBackward(const std::vector<Edge>& roots, const std::vecto
   }
   for (const Edge& r : roots) task.schedule(r.fn.get());
   task.run();
+  task.runCallbacks();
   return task.takeCaptured();
 }
 

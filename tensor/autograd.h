@@ -182,6 +182,23 @@ struct BackwardOptions {
   bool skipLeaves = false;
 };
 
+namespace autograd {
+// From a hook or a node's rule while a backward pass runs on this thread: runs
+// fn once the pass is over on this worker, before backward() returns (local
+// backward: after the graph has run; distributed backward: on the worker that
+// called it, after every worker answered; on other workers, once the work a
+// backward request started there is done). DDP waits for its reductions this
+// way. StateError outside a backward pass.
+void queueCallback(std::function<void()> fn);
+// From a hook, a rule or a queued callback while a backward pass runs on this
+// thread: hands `grad` to leaf `leaf` as if it had reached the leaf's
+// AccumulateGrad node: into .grad for a local backward, into the context for
+// a distributed one. A pre-hook on the AccumulateGrad node that replaces the
+// incoming gradient with an undefined tensor, then later calls this with
+// another value (DDP's averaged gradient), substitutes that value.
+void accumulateLeafGradient(const Tensor& leaf, const Tensor& grad);
+}  // namespace autograd
+
 // One backward pass over a graph: dependency counts, the gradient buffers of
 // the nodes not yet run, and the ready queue. runBackward is one GraphTask run
 // to completion. Distributed autograd keeps one per context and pass and feeds
@@ -220,6 +237,14 @@ class GraphTask {
   // the caller knows, will never come: distributed autograd's initiator once
   // every worker answered). Returns how many were queued.
   size_t scheduleWaiting();
+  // Runs the callbacks queued during this task (autograd::queueCallback), in
+  // queue order, with the task current (so they may call
+  // autograd::accumulateLeafGradient); a callback may queue more. Whoever
+  // owns the task calls this once its pass is over on this worker.
+  void runCallbacks();
+  // Gives `grad` to leaf `leaf` as the task's AccumulateGrad nodes would: to
+  // BackwardOptions::leafSink when set, else added to leaf.grad().
+  void accumulateLeaf(const Tensor& leaf, const Tensor& grad);
   // True when `n` was reached by computeDependencies.
   bool contains(const Node* n) const { return alive_.count(const_cast<Node*>(n)) != 0; }
   // The captured gradients (see BackwardOptions::captures), once run.
@@ -233,6 +258,8 @@ class GraphTask {
   std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captureAt_;
   std::vector<Tensor> captured_;
   std::vector<Node*> ready_;  // a heap ordered by sequence number, latest on top
+  std::vector<std::function<void()>> callbacks_;
+  friend void autograd::queueCallback(std::function<void()> fn);
 };
 
 // Runs backward from `roots` (edges) seeded with `rootGrads`. Returns the

@@ -298,3 +298,20 @@ TEST_CASE("dist_autograd: a tensor also sent in a call whose result is unused st
   CHECK(weft::allclose(ctx.gradients().at(x), lx.grad(), 1e-12, 0));
   CHECK(weft::allclose(ctx.gradients().at(job.w(0)), lw.grad(), 1e-12, 0));
 }
+
+TEST_CASE("dist_autograd: a callback queued during backward hands its gradient to the context") {
+  Job job(2);
+  Tensor x = input();
+  Tensor w = job.w(0);
+  int id = w.gradAccumulator()->registerPreHook([&](std::vector<Tensor>& grads) {
+    Tensor g = grads[0];
+    grads[0] = Tensor();
+    weft::autograd::queueCallback([w, g] { weft::autograd::accumulateLeafGradient(w, g * 2.0); });
+  });
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(1, scaleByW, x * w);
+  ctx.backward({y.sum()});
+  w.gradAccumulator()->removeHook(id);
+  CHECK(weft::allclose(ctx.gradients().at(w), x.detach() * job.w(1).detach() * 2.0, 1e-12, 0));
+  CHECK_FALSE(w.grad().defined());
+}

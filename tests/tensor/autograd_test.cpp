@@ -168,3 +168,26 @@ TEST_CASE("sum over leading, trailing and middle dims agrees with a manual sum")
   CHECK(x.sum().item<double>() == 276);
   CHECK(x.transpose(0, 2).sum({0}).shape() == Shape{3, 2});
 }
+
+TEST_CASE("autograd: a queued callback runs after the pass and may hand a leaf a replacement gradient") {
+  Tensor w = weft::fromVector(std::vector<float>{1.0f, 2.0f}).requiresGrad_();
+  Tensor y = (w * w).sum();
+  std::vector<std::string> order;
+  // As DDP does: intercept the leaf's gradient, then hand over a different value after the pass.
+  w.gradAccumulator()->registerPreHook([&](std::vector<Tensor>& grads) {
+    order.push_back("hook");
+    Tensor g = grads[0];
+    grads[0] = Tensor();
+    weft::autograd::queueCallback([&, g] {
+      order.push_back("callback");
+      weft::autograd::accumulateLeafGradient(w, g * 10.0);
+    });
+  });
+  y.backward();
+  REQUIRE(order.size() == 2);
+  CHECK(order[0] == "hook");
+  CHECK(order[1] == "callback");
+  CHECK(w.grad().toVector<float>() == std::vector<float>{20.0f, 40.0f});
+  CHECK_THROWS_AS(weft::autograd::queueCallback([] {}), weft::StateError);
+  CHECK_THROWS_AS(weft::autograd::accumulateLeafGradient(w, w), weft::StateError);
+}
