@@ -289,71 +289,58 @@ std::string defaultHostname(const rpc::StoreClient& store) {
 
 // Posts the number of the last collective this rank started to the store, so
 // that a rank whose collective times out can tell which ranks never started
-// it. At most one set is in flight; later numbers overwrite the one waiting.
-// Shared: the store's continuations keep it alive after the group is gone.
-class ProgressPoster : public std::enable_shared_from_this<ProgressPoster> {
- public:
-  ProgressPoster(rpc::StoreClient& store, std::string key) : store_(store), key_(std::move(key)) {}
+// it. Starting a collective only records the number (an atomic store, nothing
+// on the hot path); a thread of its own posts the latest number every
+// kProgressPeriod when it changed, so the store sees it within about that
+// long.
+constexpr Millis kProgressPeriod{50};
 
-  void post(int64_t seq) {
+class ProgressPoster {
+ public:
+  ProgressPoster(rpc::StoreClient& store, std::string key)
+      : store_(store), key_(std::move(key)), thread_([this] { run(); }) {}
+  ~ProgressPoster() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      wanted_ = seq;
-      if (inFlight_ || stopped_) return;
-      inFlight_ = true;
+      stopped_ = true;
     }
-    send();
+    wake_.notify_all();
+    thread_.join();
   }
+  ProgressPoster(const ProgressPoster&) = delete;
+  ProgressPoster& operator=(const ProgressPoster&) = delete;
 
-  // Stops posting; waits (bounded) for the set in flight.
-  void close(Millis bound) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    stopped_ = true;
-    idle_.wait_for(lock, bound, [&] { return !inFlight_; });
-  }
+  void record(int64_t seq) { latest_.store(seq, std::memory_order_relaxed); }
 
  private:
-  void send() {
-    int64_t value;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      value = wanted_;
-    }
-    Future<void> done;
-    try {
-      done = store_.setAsync(key_, std::to_string(value));
-    } catch (const std::exception&) {
-      finish(true);
-      return;
-    }
-    done.onComplete([self = shared_from_this(), value](const Future<void>& f) {
-      bool again = false;
-      {
-        std::lock_guard<std::mutex> lock(self->mutex_);
-        again = !f.hasError() && !self->stopped_ && self->wanted_ != value;
+  void run() {
+    int64_t posted = -1;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopped_) {
+      wake_.wait_for(lock, kProgressPeriod, [&] { return stopped_; });
+      const int64_t latest = latest_.load(std::memory_order_relaxed);
+      if (stopped_ || latest == posted) continue;
+      lock.unlock();
+      bool ok = false;
+      try {
+        Future<void> done = store_.setAsync(key_, std::to_string(latest));
+        ok = done.waitFor(Millis(1000)) && !done.hasError();
+      } catch (const std::exception&) {
+        ok = false;
       }
-      if (again) {
-        self->send();
-      } else {
-        self->finish(f.hasError());
-      }
-    });
-  }
-
-  void finish(bool failed) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    inFlight_ = false;
-    if (failed) stopped_ = true;  // the store is gone: diagnosis will say so
-    idle_.notify_all();
+      lock.lock();
+      if (!ok) return;  // the store is gone or stuck: a diagnosis will say so
+      posted = latest;
+    }
   }
 
   rpc::StoreClient& store_;
   const std::string key_;
+  std::atomic<int64_t> latest_{-1};
   std::mutex mutex_;
-  std::condition_variable idle_;
-  int64_t wanted_ = -1;
-  bool inFlight_ = false;
+  std::condition_variable wake_;
   bool stopped_ = false;
+  std::thread thread_;  // last: starts once the rest is built
 };
 
 }  // namespace
@@ -396,7 +383,7 @@ class ProcessGroupGloo::Impl {
   const std::string prefix_;  // "weft/pg/<name>/"
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::shared_ptr<ProgressPoster> progress_;
+  std::unique_ptr<ProgressPoster> progress_;
 
   std::mutex mutex_;  // guards the queue, nextSeq_, subgroups_, stopping_
   int64_t nextSeq_ = 0;
@@ -472,7 +459,7 @@ ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
     }
   }
   rendezvous();
-  progress_ = std::make_shared<ProgressPoster>(store_, prefix_ + "progress/" + std::to_string(rank_));
+  progress_ = std::make_unique<ProgressPoster>(store_, prefix_ + "progress/" + std::to_string(rank_));
   collectiveThread_ = std::thread([this] { runCollectives(); });
 }
 
@@ -509,7 +496,7 @@ ProcessGroupGloo::Impl::~Impl() {
         StateError(t.work.description() + ": the process group was destroyed before the transfer completed")));
   }
   for (std::thread& t : transferWaiters_) t.join();
-  if (progress_) progress_->close(Millis(2000));
+  progress_.reset();
   if (context_) context_->closeConnections();
 }
 
@@ -606,7 +593,7 @@ void ProcessGroupGloo::Impl::runTask(Task& task) {
     return;
   }
   started_.store(task.header.seq + 1, std::memory_order_relaxed);
-  progress_->post(task.header.seq);
+  progress_->record(task.header.seq);
   const Deadline deadline = Clock::now() + options_.timeout;
   try {
     if (options_.checkCalls) {
@@ -634,6 +621,28 @@ void ProcessGroupGloo::Impl::runTask(Task& task) {
 
 std::string ProcessGroupGloo::Impl::exchangeHeaders(const Header& mine, Deadline d) {
   const auto words = mine.encode();
+  // Fast path: one max-allreduce of (h, -h) gives every rank max(h) and
+  // -min(h) at once; the calls match iff they are equal word by word.
+  std::array<int64_t, 2 * kHeaderWords> extremes;
+  for (size_t i = 0; i < kHeaderWords; ++i) {
+    extremes[i] = words[i];
+    extremes[kHeaderWords + i] = -words[i];
+  }
+  {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(extremes.data(), extremes.size());
+    opts.setReduceFunction(reduceFunction<int64_t>(ReduceOp::Max));
+    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    opts.setTag(nextTag_++);
+    opts.setTimeout(remaining(d));
+    gloo::allreduce(opts);
+  }
+  bool agree = true;
+  for (size_t i = 0; i < kHeaderWords; ++i) agree = agree && extremes[i] == -extremes[kHeaderWords + i];
+  if (agree) return "";
+
+  // Every rank saw the same extremes, so every rank gathers the headers to
+  // say who called what.
   std::vector<int64_t> all(kHeaderWords * static_cast<size_t>(size_));
   gloo::AllgatherOptions opts(context_);
   opts.setInput(const_cast<int64_t*>(words.data()), kHeaderWords);

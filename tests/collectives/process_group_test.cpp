@@ -193,6 +193,9 @@ TEST_CASE("destroying a group fails its queued collectives with StateError") {
   Ranks ranks(2, {.timeout = 500ms});
   Work first = ranks[0].barrier();   // waits for rank 1, which never calls
   Work queued = ranks[0].allReduce(zeros({3}));
+  auto until = std::chrono::steady_clock::now() + 5s;  // the barrier is running, the allReduce queued
+  while (ranks[0].collectivesStarted() < 1 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  REQUIRE(ranks[0].collectivesStarted() == 1);
   ranks.destroy(0);
   CHECK_THROWS_AS(first.wait(5s), TimeoutError);
   CHECK_THROWS_AS(queued.wait(5s), StateError);
