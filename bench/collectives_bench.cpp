@@ -1,0 +1,210 @@
+// collectives_bench: allReduce (float32 sum) on 2 processes through weft's ProcessGroupGloo, with
+// and without the call-header check, and through a direct Gloo ring allreduce call on a context of
+// its own, in the same run, for 1 KiB to 64 MiB. The bench re-executes itself as rank 1
+// (`/proc/self/exe --rank1 PORT`); rank 0 prints one line per size with the median time of each
+// path, the bus bandwidth (for 2 ranks: bytes / time) and the overhead ratios against Gloo direct
+// (goal: weft <= 1.1x).
+//
+//   collectives_bench [--sizes 1K,64K,64M] [--min-iters N]
+//
+// The three paths alternate within each iteration, so that drift in machine load hits them alike.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "collectives/gloo_store.h"
+#include "collectives/process_group_gloo.h"
+#include "rpc/store.h"
+#include "tensor/tensor.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using weft::Tensor;
+using weft::collectives::ProcessGroupGloo;
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+
+std::vector<int64_t> parseSizes(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    std::string item = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    int64_t mult = 1;
+    if (!item.empty() && (item.back() == 'K' || item.back() == 'k')) mult = 1 << 10;
+    if (!item.empty() && (item.back() == 'M' || item.back() == 'm')) mult = 1 << 20;
+    if (mult != 1) item.pop_back();
+    if (item.empty()) fail("bad size list '" + text + "'");
+    out.push_back(std::stoll(item) * mult);
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+struct Config {
+  std::vector<int64_t> sizes = parseSizes("1K,4K,16K,64K,256K,1M,4M,16M,64M");
+  int minIters = 5;
+};
+
+int iterationsFor(int64_t bytes, int minIters) {
+  int64_t n = (int64_t{256} << 20) / bytes;  // about 256 MiB moved per path and size
+  return static_cast<int>(std::clamp<int64_t>(n, minIters, 400));
+}
+
+// One rank's part: both ranks run exactly the same sequence of operations.
+int runRank(int rank, uint16_t port, const Config& cfg) {
+  std::unique_ptr<weft::rpc::StoreServer> server;
+  if (rank == 0) {
+    weft::rpc::StoreServer::Config sc;
+    sc.port = port;
+    server = std::make_unique<weft::rpc::StoreServer>(sc);
+  }
+  weft::rpc::StoreClient::Config cc;
+  cc.port = port;
+  cc.timeout = 60s;
+  weft::rpc::StoreClient store(cc);
+
+  ProcessGroupGloo checked(store, rank, 2, {.timeout = 120s, .checkCalls = true, .name = "checked"});
+  ProcessGroupGloo unchecked(store, rank, 2, {.timeout = 120s, .checkCalls = false, .name = "unchecked"});
+
+  // The direct path: a Gloo context of its own, used the way Gloo's own benchmarks do.
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, 2);
+  context->setTimeout(120s);
+  weft::collectives::GlooStore glooStore(store, "bench/direct/", 60s);
+  context->connectFullMesh(glooStore, device);
+  uint32_t tag = 0;
+
+  if (rank == 0) {
+    std::printf("collectives_bench: allReduce float32 sum, 2 processes on 127.0.0.1, median of N iterations\n");
+    std::printf("%9s %6s | %11s %11s %11s | %9s %9s %9s | %7s %7s\n", "bytes", "iters", "gloo_us", "weft_us",
+                "nochk_us", "gloo_GB/s", "weft_GB/s", "nochk_GB/s", "weft/x", "nochk/x");
+  }
+  for (int64_t bytes : cfg.sizes) {
+    const int64_t n = bytes / 4;
+    const int iters = iterationsFor(bytes, cfg.minIters);
+    Tensor a = weft::full({n}, 1.0);
+    Tensor b = weft::full({n}, 1.0);
+    Tensor c = weft::full({n}, 1.0);
+    std::vector<double> direct, viaWeft, viaUnchecked;
+    for (int it = 0; it < iters + 1; ++it) {  // the first round warms up
+      // Values stay small: reset to 1 every 16 rounds (2^16 fits a float exactly).
+      if (it % 16 == 0) {
+        a.fill_(1.0);
+        b.fill_(1.0);
+        c.fill_(1.0);
+      }
+      auto t0 = Clock::now();
+      {
+        gloo::AllreduceOptions opts(context);
+        opts.setOutput(a.data<float>(), static_cast<size_t>(n));
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+        opts.setTag(tag++);
+        opts.setTimeout(120s);
+        gloo::allreduce(opts);
+      }
+      auto t1 = Clock::now();
+      checked.allReduce(b).wait();
+      auto t2 = Clock::now();
+      unchecked.allReduce(c).wait();
+      auto t3 = Clock::now();
+      if (it == 0) continue;
+      direct.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      viaWeft.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+      viaUnchecked.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
+    }
+    if (a.data<float>()[n - 1] != b.data<float>()[n - 1] || b.data<float>()[n - 1] != c.data<float>()[n - 1]) {
+      fail("the three paths disagree at " + std::to_string(bytes) + " bytes");
+    }
+    if (rank == 0) {
+      double d = median(direct), w = median(viaWeft), u = median(viaUnchecked);
+      auto gbps = [&](double us) { return static_cast<double>(bytes) / (us * 1e-6) / 1e9; };
+      std::printf("%9lld %6d | %11.1f %11.1f %11.1f | %9.3f %9.3f %9.3f | %7.3f %7.3f\n",
+                  static_cast<long long>(bytes), iters, d, w, u, gbps(d), gbps(w), gbps(u), w / d, u / d);
+      std::fflush(stdout);
+    }
+  }
+  store.barrier("bench/exit", 2, 60s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Config cfg;
+    // Rank 1 gets "--rank1 PORT" followed by rank 0's own arguments.
+    const bool isRank1 = argc >= 3 && std::string(argv[1]) == "--rank1";
+    for (int i = isRank1 ? 3 : 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--sizes" && i + 1 < argc) {
+        cfg.sizes = parseSizes(argv[++i]);
+      } else if (arg == "--min-iters" && i + 1 < argc) {
+        cfg.minIters = std::max(1, std::stoi(argv[++i]));
+      } else {
+        std::fprintf(stderr, "usage: collectives_bench [--sizes 1K,64K,64M] [--min-iters N]\n");
+        return 2;
+      }
+    }
+    for (int64_t s : cfg.sizes) {
+      if (s < 4 || s % 4 != 0) fail("sizes must be positive multiples of 4 bytes");
+    }
+    if (isRank1) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      return runRank(1, static_cast<uint16_t>(std::stoi(argv[2])), cfg);
+    }
+    // A port the kernel just handed out (bound and released), for rank 0's store.
+    weft::rpc::StoreServer::Config probe;
+    uint16_t port;
+    {
+      weft::rpc::StoreServer s(probe);
+      port = s.port();
+    }
+    pid_t child = ::fork();
+    if (child < 0) fail("fork failed");
+    if (child == 0) {
+      std::string p = std::to_string(port);
+      std::string self = "/proc/self/exe";
+      std::vector<char*> args = {self.data(), const_cast<char*>("--rank1"), p.data()};
+      for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+      args.push_back(nullptr);
+      ::execv("/proc/self/exe", args.data());
+      ::_exit(127);
+    }
+    int rc = runRank(0, port, cfg);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail("rank 1 failed");
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collectives_bench: %s\n", e.what());
+    return 1;
+  }
+}
