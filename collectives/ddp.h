@@ -1,0 +1,231 @@
+// DistributedDataParallel: data-parallel training of one module replicated on
+// every rank of a process group. Each rank runs forward and backward on its own
+// share of the data; DDP averages the parameters' gradients over the ranks
+// during backward, so that every replica takes the same optimizer step and the
+// replicas stay identical (after torch.nn.parallel.DistributedDataParallel).
+//
+//   #include "collectives/ddp.h"
+//   auto pg = collectives::ProcessGroupGloo::create(store, rank, world);
+//   auto net = std::make_shared<Net>();
+//   collectives::DistributedDataParallel ddp(net, *pg);   // rank 0's parameters and buffers everywhere
+//   nn::optim::SGD opt(net->parameters(), {.lr = 0.1});
+//   for (...) {
+//     opt.zeroGrad();
+//     Tensor loss = nn::functional::crossEntropy(ddp.forward(x), y);
+//     loss.backward();                                   // .grad = the average over the ranks
+//     opt.step();
+//   }
+//   {                                                    // gradient accumulation:
+//     auto scope = ddp.noSync();                         // no communication for these passes
+//     lossA.backward(); lossB.backward();
+//   }
+//   lossC.backward();                                    // reduces A + B + C, averaged
+//
+// Construction (collective: every rank builds its DDP over the same group, in
+// the same order relative to the group's other collectives): broadcasts every
+// parameter and buffer from rank 0, then registers a pre-hook on the
+// AccumulateGrad node of every parameter that requires grad, and lays those
+// parameters out in buckets: in reverse order of Module::parameters() (the
+// order backward usually produces their gradients), a new bucket whenever the
+// next parameter would take the bucket past Options::bucketCapBytes or has
+// another dtype or device. A parameter larger than the cap has a bucket of its
+// own.
+//
+// A synced backward pass (local `loss.backward()`, or
+// dist_autograd::Context::backward). Each parameter's hook copies its incoming
+// gradient into its slot of its bucket's flat buffer and takes it from the
+// engine (nothing reaches .grad yet). When the last gradient of a bucket has
+// arrived, the bucket's allreduce (sum) is launched asynchronously, so that
+// communication overlaps with the rest of backward. Buckets are launched in
+// bucket order (a bucket that is ready early waits for its predecessors), so
+// that every rank issues the same allreduces in the same order. When the pass
+// is over on this worker (autograd::queueCallback), DDP waits for every
+// bucket, divides by the group size and hands each parameter its averaged
+// gradient through autograd::accumulateLeafGradient: added to .grad for a
+// local backward, to the context's gradients for a distributed one (where
+// dist_optim::DistributedOptimizer finds them; .grad stays untouched).
+// backward() returns after that. Gradients add to what .grad (or the context)
+// already holds, as without DDP: zero them between steps.
+//
+// noSync() (gradient accumulation). While a NoSyncGuard lives, the hooks add
+// each incoming gradient to a buffer per parameter that DDP keeps, with no
+// communication; nothing reaches .grad or a context. The next synced pass
+// reduces, for each parameter, its new gradient plus what was accumulated, and
+// hands over the average of those totals. This works alike for local and
+// distributed passes, and the noSync passes may run in other contexts than the
+// synced one (only the synced pass's context receives the gradients).
+// pendingGradient() shows what is held. The noSync passes are each rank's
+// own business, but every rank must run the same number of synced passes.
+//
+// Parameters that get no gradient. Every rank must launch the same allreduces,
+// so every bucket must fill. By default a parameter that got no gradient by
+// the end of a synced pass is an error (StateError naming the parameters,
+// raised from backward(); nothing is handed over). With
+// Options::findUnusedParameters, forward() walks the output's local graph and
+// marks the parameters it does not reach as ready (their slot holds zeros, or
+// their noSync accumulation) as soon as the next synced pass starts, and any
+// parameter still missing at the end of the pass is reduced the same way, so
+// its bucket is launched then. A parameter marked unused whose gradient
+// arrives after all (it was reached in a way the local walk cannot see, e.g.
+// through an RPC) is added to its slot if the bucket has not been launched
+// yet, and is an error otherwise.
+//
+// Ranks that disagree. A rank that runs one more synced pass than the others
+// (or reduces a different set of parameters) launches an allreduce the others
+// never call: its backward() fails after the group's timeout with the group's
+// TimeoutError (it names the allreduce and the ranks that never started it),
+// prefixed with what DDP was doing. The group is unusable afterwards (see
+// process_group.h). A dead peer fails the pass with DisconnectedError.
+//
+// Limits. A synced pass must run on this worker within one autograd pass: the
+// local backward, or the part of a distributed pass that runs here in one
+// piece (the worker calling ctx.backward, or one backward request). Passes of
+// one DDP must not overlap. autograd::grad over the parameters is not
+// supported (the hooks take the gradients). Buffers are broadcast at
+// construction only.
+//
+// Threads: construct, forward and destroy from one thread; noSync() and the
+// accessors from any; backward passes on one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace weft::collectives {
+
+class DistributedDataParallel {
+ public:
+  struct Options {
+    // Most bytes of gradient per bucket; > 0 (InvalidArgumentError). PyTorch's default.
+    int64_t bucketCapBytes = int64_t{25} << 20;
+    // Reduce parameters that got no gradient as zeros (see "Parameters that get no gradient").
+    bool findUnusedParameters = false;
+  };
+
+  // What the last synced pass did, for tests and tuning.
+  struct Stats {
+    struct Launch {
+      size_t bucket = 0;       // bucket index
+      size_t hooksBefore = 0;  // gradients that had arrived when it was launched
+      int64_t ns = 0;          // steady clock, nanoseconds
+    };
+    int64_t syncedPasses = 0;          // synced passes completed since construction
+    std::vector<size_t> hookOrder;     // parameter indices, in the order their gradients arrived
+    std::vector<int64_t> hookNs;       // steady clock time of each, nanoseconds
+    std::vector<Launch> launches;      // allreduces, in launch order
+    size_t unusedParameters = 0;       // parameters reduced with no gradient of this pass
+    size_t completedAtEnd = 0;         // allreduces already finished when the pass ended here
+  };
+
+  // See "Construction". `module` and `group` must outlive the DDP.
+  // InvalidArgumentError when the module has no parameter that requires grad,
+  // for a bad option, or a parameter that is not a CPU tensor the group can
+  // reduce; the group's error (prefixed) when the broadcast fails, e.g.
+  // because the ranks' modules differ.
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroup& group, Options options);
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroup& group)
+      : DistributedDataParallel(std::move(module), group, Options{}) {}
+  // Removes the hooks and waits for allreduces still running (their errors
+  // are dropped).
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // The module's forward; with findUnusedParameters, also prepareForBackward.
+  Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input) { return forward(input); }
+  // For modules called through another forward: marks, for the next synced
+  // pass, the parameters that `outputs`' local graph does not reach as unused.
+  // Only with findUnusedParameters (otherwise a no-op).
+  void prepareForBackward(const std::vector<Tensor>& outputs);
+
+  // Turns gradient synchronisation off for its lifetime (restores the
+  // previous setting at the end; nests).
+  class NoSyncGuard {
+   public:
+    ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&& other) noexcept;
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    friend class DistributedDataParallel;
+    NoSyncGuard(DistributedDataParallel* ddp, bool previous) : ddp_(ddp), previous_(previous) {}
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard noSync();
+  bool syncEnabled() const;
+
+  const std::shared_ptr<nn::Module>& module() const { return module_; }
+  ProcessGroup& group() const { return group_; }
+  const Options& options() const { return options_; }
+  // The parameters DDP reduces (those of module->parameters() that require
+  // grad, in that order) and their dotted names.
+  std::vector<Tensor> parameters() const;
+  std::vector<std::string> parameterNames() const;
+  // Parameter indices (into parameters()) of each bucket, in bucket order.
+  std::vector<std::vector<size_t>> buckets() const;
+  // What noSync passes accumulated for parameter `index` and the next synced
+  // pass will add; undefined when nothing. IndexError for a bad index.
+  Tensor pendingGradient(size_t index) const;
+  Stats stats() const;
+
+ private:
+  struct Param {
+    Tensor tensor;
+    std::string name;
+    size_t bucket = 0;
+    int64_t offset = 0;  // in the bucket's flat buffer, elements
+    int hookId = -1;
+    Tensor pending;      // noSync accumulation
+    bool ready = false;  // this pass
+    bool markedUnused = false;
+  };
+  struct Bucket {
+    std::vector<size_t> params;
+    Tensor flat;
+    size_t waiting = 0;  // parameters of this pass not yet ready
+    bool launched = false;
+    Work work;
+  };
+
+  void broadcastState();
+  void layOutBuckets();
+  void onGradient(size_t index, std::vector<Tensor>& grads);
+  void startPassLocked();
+  Tensor slotOf(const Param& p) const;
+  void markReadyLocked(size_t index, const Tensor& grad);
+  void launchReadyLocked();
+  void finishPass();
+  void abandonPassLocked();
+  void setSync(bool on);
+
+  std::shared_ptr<nn::Module> module_;
+  ProcessGroup& group_;
+  Options options_;
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+
+  mutable std::mutex mutex_;
+  bool sync_ = true;
+  bool passActive_ = false;
+  // Held by the callback queued for the current pass: expires when the pass
+  // was abandoned (its graph task destroyed without running its callbacks).
+  std::weak_ptr<int> passToken_;
+  size_t nextBucket_ = 0;
+  size_t hooksThisPass_ = 0;
+  std::vector<bool> unusedNext_;  // from prepareForBackward; empty when none
+  Stats stats_;
+};
+
+}  // namespace weft::collectives
