@@ -1,0 +1,366 @@
+// DistributedDataParallel within one process: each rank is a thread with its own ProcessGroupGloo
+// (real TCP on 127.0.0.1), its own replica and its own backward passes (autograd runs on the
+// calling thread). Options and module checks, the bucket layout, the broadcast at construction,
+// averaged gradients, noSync accumulation, parameters without a gradient (an error, or zeros with
+// findUnusedParameters), the launch order of buckets, and a rank running one pass more than the
+// others. The multiprocess test (ddp_mp_test.cpp) repeats the essentials across processes.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/ddp.h"
+#include "collectives/process_group_gloo.h"
+#include "common/error.h"
+#include "nn/linear.h"
+#include "rpc/store.h"
+#include "tensor/ops.h"
+#include "text_util.h"
+
+using namespace weft;
+using namespace std::chrono_literals;
+using weft::collectives::DistributedDataParallel;
+using weft::collectives::ProcessGroupGloo;
+using weft::testing::contains;
+
+namespace {
+
+using Ddp = DistributedDataParallel;
+
+// A store and `world` groups, one per rank, built concurrently (the constructor is collective).
+class DdpRanks {
+ public:
+  explicit DdpRanks(int world, std::chrono::milliseconds timeout = 10s) {
+    server_ = std::make_unique<rpc::StoreServer>(rpc::StoreServer::Config{});
+    for (int r = 0; r < world; ++r) {
+      rpc::StoreClient::Config cc;
+      cc.port = server_->port();
+      cc.timeout = 10s;
+      clients_.push_back(std::make_unique<rpc::StoreClient>(cc));
+    }
+    std::vector<std::future<std::unique_ptr<ProcessGroupGloo>>> made;
+    for (int r = 0; r < world; ++r) {
+      made.push_back(std::async(std::launch::async, [this, r, world, timeout] {
+        return ProcessGroupGloo::create(*clients_[static_cast<size_t>(r)], r, world, {.timeout = timeout});
+      }));
+    }
+    for (auto& f : made) groups_.push_back(f.get());
+  }
+  ProcessGroupGloo& operator[](int r) { return *groups_.at(static_cast<size_t>(r)); }
+  int size() const { return static_cast<int>(groups_.size()); }
+
+  // Runs fn(rank) on one thread per rank and waits for all; rethrows the first failure.
+  void onEachRank(const std::function<void(int)>& fn) {
+    std::vector<std::future<void>> running;
+    for (int r = 0; r < size(); ++r) running.push_back(std::async(std::launch::async, [&fn, r] { fn(r); }));
+    for (auto& f : running) f.get();
+  }
+
+ private:
+  std::unique_ptr<rpc::StoreServer> server_;
+  std::vector<std::unique_ptr<rpc::StoreClient>> clients_;  // outlive the groups
+  std::vector<std::unique_ptr<ProcessGroupGloo>> groups_;
+};
+
+// 4 -> 8 -> 3, with an optional 3 -> 3 layer that forward uses only when useExtra, and a buffer.
+class Net : public nn::Module {
+ public:
+  explicit Net(uint64_t seed, bool withExtra = false) : Module("Net") {
+    Generator gen(seed);
+    fc1_ = registerModule("fc1", std::make_shared<nn::Linear>(4, 8));
+    fc2_ = registerModule("fc2", std::make_shared<nn::Linear>(8, 3));
+    fc1_->resetParameters(&gen);
+    fc2_->resetParameters(&gen);
+    if (withExtra) {
+      extra_ = registerModule("extra", std::make_shared<nn::Linear>(3, 3));
+      extra_->resetParameters(&gen);
+    }
+    registerBuffer("marker", fromVector<float>({static_cast<float>(seed), 2.0f}));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = fc2_->forward(tanh(fc1_->forward(x)));
+    return extra_ && useExtra ? extra_->forward(h) : h;
+  }
+  bool useExtra = true;
+  bool hasExtra() const { return extra_ != nullptr; }
+
+ private:
+  std::shared_ptr<nn::Linear> fc1_, fc2_, extra_;
+};
+
+Tensor batchFor(int rank, int step) {
+  Generator gen(1000 + static_cast<uint64_t>(rank) * 97 + static_cast<uint64_t>(step));
+  return randn({5, 4}, {}, &gen);
+}
+
+Tensor lossOf(const Tensor& out) { return square(out).mean(); }
+
+// The gradients of lossOf(net(x)) for a fresh copy of `like` (its state and useExtra), in
+// parameters() order (undefined for a parameter the forward does not use).
+std::vector<Tensor> localGradients(const Net& like, const Tensor& x) {
+  auto twin = std::make_shared<Net>(1, like.hasExtra());
+  twin->useExtra = like.useExtra;
+  nn::StateDict state;
+  for (auto& [k, v] : like.stateDict()) state[k] = v.clone();
+  twin->loadStateDict(state);
+  lossOf(twin->forward(x)).backward();
+  std::vector<Tensor> out;
+  for (const Tensor& p : twin->parameters()) out.push_back(p.grad());
+  return out;
+}
+
+std::string errorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("ddp: bad options and modules without trainable parameters are refused") {
+  DdpRanks ranks(1);
+  auto net = std::make_shared<Net>(1);
+  CHECK_THROWS_AS(Ddp(net, ranks[0], {.bucketCapBytes = 0}), InvalidArgumentError);
+  CHECK(contains(errorOf([&] { Ddp(net, ranks[0], {.bucketCapBytes = -5}); }), "bucketCapBytes must be > 0"));
+  CHECK_THROWS_AS(Ddp(nullptr, ranks[0]), InvalidArgumentError);
+  for (Tensor p : net->parameters()) p.requiresGrad_(false);
+  CHECK(contains(errorOf([&] { Ddp(net, ranks[0]); }), "has no parameter that requires grad"));
+}
+
+TEST_CASE("ddp: buckets hold parameters in reverse order up to the cap, split by dtype") {
+  DdpRanks ranks(1);
+  auto net = std::make_shared<Net>(1);
+  // fc1.weight 128 B, fc1.bias 32 B, fc2.weight 96 B, fc2.bias 12 B.
+  Ddp all(net, ranks[0]);
+  CHECK(all.buckets() == std::vector<std::vector<size_t>>{{3, 2, 1, 0}});
+  CHECK(all.parameterNames() == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  auto net2 = std::make_shared<Net>(1);
+  Ddp capped(net2, ranks[0], {.bucketCapBytes = 130});
+  CHECK(capped.buckets() == std::vector<std::vector<size_t>>{{3, 2}, {1}, {0}});
+  // A parameter larger than the cap has a bucket of its own.
+  auto net3 = std::make_shared<Net>(1);
+  Ddp tiny(net3, ranks[0], {.bucketCapBytes = 4});
+  CHECK(tiny.buckets() == std::vector<std::vector<size_t>>{{3}, {2}, {1}, {0}});
+
+  auto mixed = std::make_shared<nn::Module>("Mixed");
+  mixed->registerParameter("a", zeros({2}));
+  mixed->registerParameter("b", zeros({2}, {.dtype = DType::Float64}));
+  mixed->registerParameter("c", zeros({2}, {.dtype = DType::Float64}));
+  mixed->registerParameter("frozen", zeros({2}), /*requiresGrad=*/false);
+  mixed->registerParameter("d", zeros({2}));
+  Ddp split(mixed, ranks[0]);
+  CHECK(split.buckets() == std::vector<std::vector<size_t>>{{3}, {2, 1}, {0}});
+  CHECK(split.parameters().size() == 4);
+}
+
+TEST_CASE("ddp: construction copies rank 0's parameters and buffers to every rank") {
+  DdpRanks ranks(3);
+  std::vector<std::shared_ptr<Net>> nets;
+  for (int r = 0; r < 3; ++r) nets.push_back(std::make_shared<Net>(10 + static_cast<uint64_t>(r)));
+  nn::StateDict want;
+  for (auto& [k, v] : nets[0]->stateDict()) want[k] = v.clone();
+  CHECK_FALSE(allclose(nets[1]->parameters()[0], want["fc1.weight"]));
+  std::vector<std::unique_ptr<Ddp>> ddps(3);
+  ranks.onEachRank([&](int r) { ddps[static_cast<size_t>(r)] = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r]); });
+  for (int r = 0; r < 3; ++r) {
+    for (auto& [k, v] : nets[static_cast<size_t>(r)]->stateDict()) {
+      INFO("rank " << r << " " << k);
+      CHECK(v.toVector<float>() == want[k].toVector<float>());
+    }
+  }
+}
+
+TEST_CASE("ddp: backward leaves in .grad the average of the ranks' gradients, added to what .grad held") {
+  DdpRanks ranks(2);
+  std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
+  std::vector<std::unique_ptr<Ddp>> ddps(2);
+  ranks.onEachRank([&](int r) {
+    auto& ddp = ddps[static_cast<size_t>(r)];
+    ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r], Ddp::Options{.bucketCapBytes = 100});
+    lossOf(ddp->forward(batchFor(r, 0))).backward();
+  });
+  auto g0 = localGradients(*nets[0], batchFor(0, 0));
+  auto g1 = localGradients(*nets[0], batchFor(1, 0));
+  for (int r = 0; r < 2; ++r) {
+    auto params = nets[static_cast<size_t>(r)]->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      INFO("rank " << r << " parameter " << i);
+      REQUIRE(params[i].grad().defined());
+      CHECK(allclose(params[i].grad(), (g0[i] + g1[i]) * 0.5, 0, 1e-6));
+      CHECK_FALSE(allclose(params[i].grad(), g0[i], 0, 1e-6));
+    }
+    CHECK(ddps[static_cast<size_t>(r)]->stats().syncedPasses == 1);
+  }
+  // Bit-identical on both ranks.
+  for (size_t i = 0; i < g0.size(); ++i) {
+    CHECK(nets[0]->parameters()[i].grad().toVector<float>() == nets[1]->parameters()[i].grad().toVector<float>());
+  }
+  // A second pass without zeroing adds, as without DDP.
+  ranks.onEachRank([&](int r) { lossOf(ddps[static_cast<size_t>(r)]->forward(batchFor(r, 0))).backward(); });
+  auto params = nets[0]->parameters();
+  for (size_t i = 0; i < params.size(); ++i) CHECK(allclose(params[i].grad(), g0[i] + g1[i], 0, 2e-6));
+}
+
+TEST_CASE("ddp: on a group of one, the gradient is the local one") {
+  DdpRanks ranks(1);
+  auto net = std::make_shared<Net>(3);
+  Ddp ddp(net, ranks[0]);
+  lossOf(ddp(batchFor(0, 1))).backward();
+  auto want = localGradients(*net, batchFor(0, 1));
+  auto params = net->parameters();
+  for (size_t i = 0; i < params.size(); ++i) CHECK(params[i].grad().toVector<float>() == want[i].toVector<float>());
+}
+
+TEST_CASE("ddp: passes under noSync accumulate without communication and the next synced pass reduces the sum") {
+  DdpRanks ranks(2);
+  std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
+  std::vector<std::unique_ptr<Ddp>> ddps(2);
+  std::vector<int64_t> startedBefore(2), startedAfter(2);
+  ranks.onEachRank([&](int r) {
+    auto& ddp = ddps[static_cast<size_t>(r)];
+    ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r]);
+    startedBefore[static_cast<size_t>(r)] = ranks[r].collectivesStarted();
+    {
+      auto scope = ddp->noSync();
+      CHECK_FALSE(ddp->syncEnabled());
+      lossOf(ddp->forward(batchFor(r, 0))).backward();
+      lossOf(ddp->forward(batchFor(r, 1))).backward();
+      startedAfter[static_cast<size_t>(r)] = ranks[r].collectivesStarted();
+    }
+    CHECK(ddp->syncEnabled());
+  });
+  for (int r = 0; r < 2; ++r) {
+    auto& ddp = *ddps[static_cast<size_t>(r)];
+    // Nothing went over the group and nothing reached .grad.
+    CHECK(startedAfter[static_cast<size_t>(r)] == startedBefore[static_cast<size_t>(r)]);
+    for (const Tensor& p : nets[static_cast<size_t>(r)]->parameters()) CHECK_FALSE(p.grad().defined());
+    CHECK(ddp.pendingGradient(0).defined());
+    CHECK(ddp.stats().syncedPasses == 0);
+  }
+  CHECK_THROWS_AS(ddps[0]->pendingGradient(4), IndexError);
+  ranks.onEachRank([&](int r) { lossOf(ddps[static_cast<size_t>(r)]->forward(batchFor(r, 2))).backward(); });
+  std::vector<Tensor> sum;
+  for (int r = 0; r < 2; ++r) {
+    for (int s = 0; s < 3; ++s) {
+      auto g = localGradients(*nets[0], batchFor(r, s));
+      if (sum.empty()) {
+        sum = g;
+      } else {
+        for (size_t i = 0; i < g.size(); ++i) sum[i] = sum[i] + g[i];
+      }
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto params = nets[static_cast<size_t>(r)]->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      INFO("rank " << r << " parameter " << i);
+      CHECK(allclose(params[i].grad(), sum[i] * 0.5, 0, 1e-6));
+      CHECK_FALSE(ddps[static_cast<size_t>(r)]->pendingGradient(i).defined());
+    }
+  }
+}
+
+TEST_CASE("ddp: a parameter without a gradient fails the pass naming it unless findUnusedParameters") {
+  DdpRanks ranks(2);
+  std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1, true), std::make_shared<Net>(2, true)};
+  for (auto& n : nets) n->useExtra = false;
+  std::vector<std::unique_ptr<Ddp>> ddps(2);
+  std::vector<std::string> errors(2);
+  ranks.onEachRank([&](int r) {
+    auto& ddp = ddps[static_cast<size_t>(r)];
+    ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r]);
+    errors[static_cast<size_t>(r)] = errorOf([&] { lossOf(ddp->forward(batchFor(r, 0))).backward(); });
+  });
+  for (int r = 0; r < 2; ++r) {
+    const std::string& e = errors[static_cast<size_t>(r)];
+    INFO(e);
+    CHECK(contains(e, "DistributedDataParallel: synced backward pass #1: 2 of 6 parameters received no gradient"));
+    CHECK(contains(e, "'extra.weight', 'extra.bias'"));
+    CHECK(contains(e, "findUnusedParameters"));
+    for (const Tensor& p : nets[static_cast<size_t>(r)]->parameters()) CHECK_FALSE(p.grad().defined());
+  }
+}
+
+TEST_CASE("ddp: findUnusedParameters reduces zeros for a parameter one rank did not use") {
+  DdpRanks ranks(2);
+  for (bool throughDdpForward : {true, false}) {
+    CAPTURE(throughDdpForward);
+    std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1, true), std::make_shared<Net>(2, true)};
+    nets[0]->useExtra = false;  // rank 0 leaves extra.* unused; rank 1 uses them
+    std::vector<std::unique_ptr<Ddp>> ddps(2);
+    ranks.onEachRank([&](int r) {
+      auto& ddp = ddps[static_cast<size_t>(r)];
+      ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r],
+                                  Ddp::Options{.bucketCapBytes = 40, .findUnusedParameters = true});
+      Tensor x = batchFor(r, 0);
+      Tensor out = throughDdpForward ? ddp->forward(x) : nets[static_cast<size_t>(r)]->forward(x);
+      lossOf(out).backward();
+    });
+    auto g0 = localGradients(*nets[0], batchFor(0, 0));  // extra unused: fc gradients only
+    auto g1 = localGradients(*nets[1], batchFor(1, 0));
+    auto names = ddps[0]->parameterNames();
+    for (int r = 0; r < 2; ++r) {
+      auto params = nets[static_cast<size_t>(r)]->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        INFO("rank " << r << " " << names[i]);
+        Tensor want = i < 4 ? (g0[i] + g1[i]) * 0.5 : g1[i] * 0.5;
+        CHECK(allclose(params[i].grad(), want, 0, 1e-6));
+      }
+    }
+    CHECK(ddps[0]->stats().unusedParameters == 2);
+    CHECK(ddps[1]->stats().unusedParameters == 0);
+  }
+}
+
+TEST_CASE("ddp: the first bucket is launched before the last gradient arrives, buckets in order") {
+  DdpRanks ranks(2);
+  std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
+  std::vector<std::unique_ptr<Ddp>> ddps(2);
+  ranks.onEachRank([&](int r) {
+    auto& ddp = ddps[static_cast<size_t>(r)];
+    ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r], Ddp::Options{.bucketCapBytes = 130});
+    lossOf(ddp->forward(batchFor(r, 0))).backward();
+  });
+  for (int r = 0; r < 2; ++r) {
+    Ddp::Stats s = ddps[static_cast<size_t>(r)]->stats();
+    REQUIRE(s.launches.size() == 3);
+    for (size_t k = 0; k < 3; ++k) CHECK(s.launches[k].bucket == k);
+    // Backward produces fc2's gradients first: bucket 0 = {fc2.bias, fc2.weight} fills after 2 hooks.
+    CHECK(s.hookOrder.size() == 4);
+    CHECK(s.launches[0].hooksBefore == 2);
+    CHECK(s.launches[0].ns <= s.hookNs.back());
+    CHECK(s.launches[2].hooksBefore == 4);
+  }
+}
+
+TEST_CASE("ddp: a rank running one synced pass more than the others fails with the group's timeout, not a hang") {
+  DdpRanks ranks(2, 1000ms);
+  std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
+  std::vector<std::unique_ptr<Ddp>> ddps(2);
+  std::string error;
+  ranks.onEachRank([&](int r) {
+    auto& ddp = ddps[static_cast<size_t>(r)];
+    ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r]);
+    lossOf(ddp->forward(batchFor(r, 0))).backward();
+    if (r == 0) {
+      auto began = std::chrono::steady_clock::now();
+      try {
+        lossOf(ddp->forward(batchFor(r, 1))).backward();
+      } catch (const TimeoutError& e) {
+        error = e.what();
+      }
+      CHECK(std::chrono::steady_clock::now() - began < 8s);
+    }
+  });
+  INFO(error);
+  CHECK(contains(error, "DistributedDataParallel: synced backward pass #2: the allreduce of bucket 0 (of 1) failed"));
+  CHECK(contains(error, "allReduce #2 on group 'default'"));
+  CHECK(contains(error, "ranks [1] have not started it"));
+}
