@@ -319,17 +319,27 @@ TEST_CASE("ddp: findUnusedParameters reduces zeros for a parameter one rank did 
   }
 }
 
-TEST_CASE("ddp: the first bucket is launched before the last gradient arrives, buckets in order") {
+TEST_CASE("ddp: the first bucket is launched before backward reaches the first layer, buckets in order") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
   std::vector<std::unique_ptr<Ddp>> ddps(2);
+  std::vector<int64_t> inputGradNs(2);
   ranks.onEachRank([&](int r) {
     auto& ddp = ddps[static_cast<size_t>(r)];
     ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r], Ddp::Options{.bucketCapBytes = 130});
-    lossOf(ddp->forward(batchFor(r, 0))).backward();
+    // The input's gradient is the last thing backward computes (after fc1's).
+    Tensor x = batchFor(r, 0).requiresGrad_();
+    x.gradAccumulator()->registerPreHook([&inputGradNs, r](std::vector<Tensor>&) {
+      inputGradNs[static_cast<size_t>(r)] = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now().time_since_epoch())
+                                                .count();
+    });
+    lossOf(ddp->forward(x)).backward();
   });
   for (int r = 0; r < 2; ++r) {
     Ddp::Stats s = ddps[static_cast<size_t>(r)]->stats();
+    // Launched while backward still had fc1 and the input to go.
+    CHECK(s.launches.at(0).ns < inputGradNs[static_cast<size_t>(r)]);
     REQUIRE(s.launches.size() == 3);
     for (size_t k = 0; k < 3; ++k) CHECK(s.launches[k].bucket == k);
     // Backward produces fc2's gradients first: bucket 0 = {fc2.bias, fc2.weight} fills after 2 hooks.

@@ -1,0 +1,125 @@
+// DistributedDataParallel across real processes on 127.0.0.1 (tests/collectives/ddp_helpers/ddp_worker.cpp,
+// one process per rank, Gloo): gradients equal the average of the ranks' local gradients, buckets
+// launched during backward and in order, replicas bit-identical after many SGD steps on different
+// data, noSync accumulation, findUnusedParameters, a rank running one pass more than the other
+// (a timeout naming the allreduce and the rank, not a hang), and DDP inside a distributed autograd
+// context (gradients in the context, .grad untouched). Every wait is bounded and every process is
+// checked to be gone at the end.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "mp_job.h"
+#include "text_util.h"
+
+using namespace std::chrono_literals;
+using weft::testing::contains;
+using weft::testing::MpJob;
+using weft::testing::numberAfter;
+using weft::testing::rankPrefix;
+using weft::testing::restOfLine;
+
+namespace {
+
+MpJob ddpJob(const std::string& scenario, int world) {
+  return MpJob({DDP_WORKER_PATH, scenario}, world, [](int) { return weft::testing::fastFailureSettings(4); });
+}
+
+// Exit status 0 and "rank R done"; dumps every rank's output otherwise.
+bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
+  bool ok = true;
+  for (size_t r = 0; r < results.size(); ++r) {
+    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
+         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
+  }
+  if (!ok) weft::testing::dumpResults(results);
+  return ok;
+}
+
+// The number after `key` among the "key value" pairs of rank `rank`'s line that starts with `first`
+// ("rank R <first> v <key> v ..."); -1 when absent.
+long long field(const std::string& out, int rank, const std::string& first, const std::string& key) {
+  const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ");
+  return numberAfter(line, " " + key + " ");
+}
+
+}  // namespace
+
+TEST_CASE("ddp on 3 processes: averaged gradients, overlapping buckets, bit-identical replicas, noSync, "
+          "findUnusedParameters") {
+  constexpr int kWorld = 3;
+  MpJob job = ddpJob("train", kWorld);
+  auto results = job.finish(25s);
+  REQUIRE(allClean(results));
+  std::string hash0;
+  for (int r = 0; r < kWorld; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    const std::string p = rankPrefix(r);
+    INFO(out);
+    // Against the average of the ranks' gradients computed separately, to 1e-6.
+    CHECK(field(out, r, "grad_maxdiff_ppb", "grad_maxdiff_ppb") <= 1000);
+    // 12 parameters (6 layers x weight, bias) in buckets of 1088 B (one layer): 6 buckets, the first
+    // launched after 2 gradients of 12, before backward reached the input, in bucket order.
+    CHECK(field(out, r, "overlap", "buckets") == 6);
+    CHECK(field(out, r, "overlap", "first_launch_hooks") == 2);
+    CHECK(field(out, r, "overlap", "params") == 12);
+    CHECK(field(out, r, "overlap", "first_before_last_hook") == 1);
+    CHECK(field(out, r, "overlap", "in_order") == 1);
+    CHECK(field(out, r, "overlap", "launches") == 6);
+    CHECK(field(out, r, "overlap", "first_before_input_grad") == 1);
+    // Trained on different data, yet identical to the bit.
+    std::string line = restOfLine(out, p + "params_hash ");
+    CHECK(contains(line, " moved 1"));
+    std::string hash = line.substr(0, line.find(' '));
+    if (r == 0) hash0 = hash;
+    CHECK(hash == hash0);
+    // Two microbatches under noSync and a synced one: the averaged sum, no communication meanwhile.
+    CHECK(field(out, r, "nosync_maxdiff_ppb", "nosync_maxdiff_ppb") <= 1000);
+    CHECK(field(out, r, "nosync_maxdiff_ppb", "nosync_collectives") == 0);
+    CHECK(field(out, r, "nosync_maxdiff_ppb", "grad_untouched") == 1);
+    // Only rank 0 uses the extra layer: its 2 parameters are reduced as zeros on the others.
+    CHECK(field(out, r, "unused_maxdiff_ppb", "unused_maxdiff_ppb") <= 1000);
+    CHECK(field(out, r, "unused_maxdiff_ppb", "unused_count") == (r == 0 ? 0 : 2));
+  }
+  job.checkAllGone();
+}
+
+TEST_CASE("ddp: a rank running one synced pass more than the other fails after the group timeout naming "
+          "the allreduce and the missing rank") {
+  MpJob job = ddpJob("mismatch", 2);
+  auto results = job.finish(20s);
+  REQUIRE(allClean(results));
+  const std::string& out = results[0].out;
+  INFO(out);
+  long long ms = numberAfter(out, "rank 0 failed in_ms ");
+  CHECK(ms >= 1400);        // the 1.5 s group timeout
+  CHECK(ms < 1500 + 3000);  // plus the bounded diagnosis
+  std::string line = restOfLine(out, "rank 0 failed in_ms ");
+  CHECK(contains(line, "TimeoutError: DistributedDataParallel: synced backward pass #3: the allreduce of bucket 0"));
+  CHECK(contains(line, "every rank must run the same number of synced backward passes"));
+  CHECK(contains(line, "allReduce #3 on group 'default'"));
+  CHECK(contains(line, "ranks [1] have not started it"));
+  CHECK_FALSE(contains(results[1].out, "rank 1 failed"));
+  job.checkAllGone();
+}
+
+TEST_CASE("ddp inside a distributed autograd context: averaged gradients land in the context, .grad untouched") {
+  MpJob job = ddpJob("context", 2);
+  auto results = job.finish(25s);
+  REQUIRE(allClean(results));
+  for (int r = 0; r < 2; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    const std::string p = rankPrefix(r);
+    INFO(out);
+    long long diff = field(out, r, "ctx_maxdiff_ppb", "ctx_maxdiff_ppb");
+    CHECK(diff >= 0);
+    CHECK(diff <= 1000);
+    CHECK(field(out, r, "ctx_maxdiff_ppb", "dotgrad") == 0);
+    CHECK(field(out, r, "ctx_maxdiff_ppb", "input_grad") == 1);
+    CHECK(field(out, r, "local_after_ctx_maxdiff_ppb", "local_after_ctx_maxdiff_ppb") <= 1000);
+    CHECK(contains(out, p + "shutdown graceful 1"));
+  }
+  job.checkAllGone();
+}
