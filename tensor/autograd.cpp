@@ -162,7 +162,15 @@ Tensor accumulate(const Tensor& dst, const Tensor& g) {
 
 namespace {
 
-bool runsLater(const Node* a, const Node* b) { return a->sequenceNr() < b->sequenceNr(); }
+// The ready queue's order: AccumulateGrad nodes first (a leaf's gradient, and the hooks on it such
+// as DDP's bucket allreduce, as soon as it is complete, as in PyTorch, rather than after the rest of
+// the graph), then the latest op first.
+bool runsLater(const Node* a, const Node* b) {
+  const bool aLeaf = dynamic_cast<const AccumulateGrad*>(a) != nullptr;
+  const bool bLeaf = dynamic_cast<const AccumulateGrad*>(b) != nullptr;
+  if (aLeaf != bLeaf) return bLeaf;
+  return a->sequenceNr() < b->sequenceNr();
+}
 
 }  // namespace
 
