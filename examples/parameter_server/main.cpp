@@ -12,11 +12,13 @@
 // parameter RRefs. At the end trainer_1 has the server evaluate the model on the test split (eval
 // mode) and prints "final test accuracy: A ...". README.md explains the roles, the update modes
 // and the output.
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
