@@ -230,8 +230,10 @@ class GraphTask {
   // root that is also reached from another root runs when that one has run).
   // A node is queued at most once.
   void schedule(Node* n);
-  // Runs queued nodes, latest first, until none is ready. Throws what a node
-  // threw; the task must not be used afterwards.
+  // Runs queued nodes until none is ready: AccumulateGrad nodes as soon as
+  // they are ready (a leaf's gradient and its hooks, e.g. DDP's bucket
+  // allreduce, come while the rest of backward runs), the others latest
+  // first. Throws what a node threw; the task must not be used afterwards.
   void run();
   // Queues every node that holds gradients but still waits for others (that,
   // the caller knows, will never come: distributed autograd's initiator once
