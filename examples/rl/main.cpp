@@ -1,0 +1,227 @@
+// rl: REINFORCE on CartPole-v1 with one agent and several observers, over RPC and remote
+// references (after PyTorch's examples/distributed/rpc/rl). Rank 0 is "agent"; ranks 1..W-1 are
+// "observer1".."observer<W-1>", each owning a CartPole environment.
+//
+//   ./build/tools/weftrun/weftrun -n 2 ./build/examples/rl/rl
+//       [--max-episodes 2000] [--seed 543] [--lr 0.01] [--gamma 0.99] [--log-interval 10]
+//       [--metrics rl_metrics.csv]
+//
+// The agent builds its ReinforceAgent (policy, Adam) through remote(...) on itself, so that it
+// holds an RRef to itself to hand to the observers, and builds each observer's Observer through
+// remote(...) too. Each episode it asks every observer to run an episode (async calls, waited
+// together), the observers call back for every action and reward (reinforce.h), and the agent
+// takes one REINFORCE step. It stops when the running reward exceeds 475 (CartPole-v1 solved) or
+// after --max-episodes, prints "solved at episode N ..." or "not solved ...", and tells the
+// observers to stop; every rank then shuts down and checks that nothing is left.
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/future.h"
+#include "rpc/agent.h"
+#include "rpc/options.h"
+#include "rref/rref.h"
+
+#include "cartpole.h"
+#include "reinforce.h"
+
+using namespace weft;
+using namespace std::chrono_literals;
+using weft::examples::rl::CartPole;
+using weft::examples::rl::EpisodeSummary;
+using weft::examples::rl::Observer;
+using weft::examples::rl::ReinforceAgent;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kProgram = "rl";
+
+struct Flags {
+  int64_t maxEpisodes = 2000;
+  uint64_t seed = 543;
+  double lr = 1e-2;
+  double gamma = 0.99;
+  int64_t logInterval = 10;
+  std::string metrics = "rl_metrics.csv";
+};
+
+[[noreturn]] void usage(const std::string& err) {
+  std::fprintf(stderr,
+               "%s: %s\nusage: weftrun -n W %s [--max-episodes N] [--seed N] [--lr X] [--gamma X] [--log-interval N]\n"
+               "          [--metrics PATH]\n"
+               "  (W >= 2: rank 0 is the agent, ranks 1..W-1 the observers)\n",
+               kProgram, err.c_str(), kProgram);
+  std::exit(2);
+}
+
+Flags parseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") usage("help");
+    if (i + 1 >= argc) usage("missing value for " + a);
+    std::string v = argv[++i];
+    auto integer = [&] {
+      char* end = nullptr;
+      long long x = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
+      return static_cast<int64_t>(x);
+    };
+    auto real = [&] {
+      char* end = nullptr;
+      double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
+      return x;
+    };
+    if (a == "--max-episodes") f.maxEpisodes = integer();
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(integer());
+    else if (a == "--lr") f.lr = real();
+    else if (a == "--gamma") f.gamma = real();
+    else if (a == "--log-interval") f.logInterval = integer();
+    else if (a == "--metrics") f.metrics = v;
+    else usage("unknown flag " + a);
+  }
+  if (f.maxEpisodes < 1) usage("--max-episodes must be at least 1");
+  if (f.logInterval < 1) usage("--log-interval must be at least 1");
+  if (!(f.lr > 0)) usage("--lr must be positive");
+  if (!(f.gamma > 0 && f.gamma <= 1)) usage("--gamma must lie in (0, 1]");
+  return f;
+}
+
+// The agent tells the observers that training is over.
+inline const Function<void(int64_t)> finished{"rl.finished"};
+
+void say(const char* format, auto... args) {
+  std::printf(format, args...);
+  std::fflush(stdout);
+}
+
+// Waits for `f`, failing as soon as one of `peers` is gone.
+template <class T>
+T await(rpc::Agent& agent, Future<T> f, const std::vector<int>& peers, const std::string& what) {
+  while (!f.waitFor(200ms)) {
+    for (int r : peers) {
+      if (!agent.isAlive(r)) throw Error(agent.worker(r).name + " stopped while " + agent.name() + " was " + what);
+    }
+  }
+  return f.get();
+}
+
+// After the graceful shutdown: nothing of the job may be left in this process.
+void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report) {
+  auto rrefs = rref::debugCounts(agent);
+  if (!report.clean() || !rrefs.empty()) {
+    throw Error("unclean shutdown: " + std::to_string(report.missing.size()) + " workers missing; RRefs " +
+                rrefs.toString());
+  }
+  say("%s: shut down cleanly\n", agent.name().c_str());
+}
+
+int runObserver(rpc::Agent& agent, Promise<int64_t>& done) {
+  await(agent, done.getFuture(), {0}, "waiting for the agent's episodes");
+  checkShutdown(agent, agent.shutdown());
+  return 0;
+}
+
+int runAgent(rpc::Agent& agent, const Flags& flags) {
+  const int observers = agent.worldSize() - 1;
+  std::vector<int> observerRanks;
+  std::vector<int64_t> observerIds;
+  for (int r = 1; r <= observers; ++r) {
+    observerRanks.push_back(r);
+    observerIds.push_back(r);
+  }
+  int64_t episodes = 0;
+  bool solved = false;
+  double running = 0;
+  int64_t totalSteps = 0;
+  double totalSeconds = 0;
+  {
+    // The agent's own object, built through remote() on this worker: `self` is the reference the
+    // observers call back through, `learner` the object itself for the updates.
+    RRef<ReinforceAgent> self = agent.remote<ReinforceAgent>(agent.rank(), static_cast<int64_t>(flags.seed), flags.lr,
+                                                             flags.gamma);
+    std::shared_ptr<ReinforceAgent> learner = self.localValue();
+    std::vector<RRef<Observer>> obs;
+    for (int r : observerRanks) {
+      obs.push_back(agent.remote<Observer>(r, static_cast<int64_t>(flags.seed), static_cast<int64_t>(r)));
+    }
+    say("%s: policy of %" PRId64 " parameters, %d observer(s), seed %" PRIu64 "\n", agent.name().c_str(),
+        learner->parameterCount(), observers, flags.seed);
+
+    std::ofstream csv(flags.metrics);
+    if (!csv) throw Error("cannot write the metrics file '" + flags.metrics + "'");
+    csv << "episode,reward,mean_reward,running_reward,loss,steps,seconds,ms_per_step\n";
+
+    int64_t windowSteps = 0;
+    double windowSeconds = 0;
+    while (episodes < flags.maxEpisodes && !solved) {
+      ++episodes;
+      auto t0 = Clock::now();
+      std::vector<Future<int64_t>> runs;
+      for (const RRef<Observer>& ob : obs) runs.push_back(ob.rpcAsync(&Observer::runEpisode, self, CartPole::kMaxSteps));
+      std::vector<int64_t> steps =
+          await(agent, whenAll(runs), observerRanks, "waiting for episode " + std::to_string(episodes));
+      EpisodeSummary s = learner->finishEpisode(observerIds, steps);
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      running = 0.05 * s.minReward + 0.95 * running;
+      double mean = 0;
+      for (double r : s.rewards) mean += r;
+      mean /= static_cast<double>(s.rewards.size());
+      csv << episodes << ',' << s.minReward << ',' << mean << ',' << running << ',' << s.loss << ',' << s.steps << ','
+          << seconds << ',' << 1e3 * seconds / static_cast<double>(s.steps) << '\n';
+      totalSteps += s.steps;
+      totalSeconds += seconds;
+      windowSteps += s.steps;
+      windowSeconds += seconds;
+      solved = running > CartPole::kRewardThreshold;
+      if (episodes % flags.logInterval == 0 || solved || episodes == flags.maxEpisodes) {
+        say("%s: episode %" PRId64 " last reward %.0f (lowest of %d) running reward %.2f %.3f ms/step\n",
+            agent.name().c_str(), episodes, s.minReward, observers, running,
+            1e3 * windowSeconds / static_cast<double>(windowSteps));
+        windowSteps = 0;
+        windowSeconds = 0;
+      }
+    }
+    csv.close();
+    if (!csv) throw Error("could not write the metrics file '" + flags.metrics + "'");
+    const double msPerStep = 1e3 * totalSeconds / static_cast<double>(totalSteps);
+    say("%s at episode %" PRId64 ": running reward %.2f (observers %d, seed %" PRIu64 ", %" PRId64
+        " environment steps, %.3f ms per step, %.1f s); metrics in %s\n",
+        solved ? "solved" : "not solved", episodes, running, observers, flags.seed, totalSteps, msPerStep,
+        totalSeconds, flags.metrics.c_str());
+    for (int r : observerRanks) agent.sync(r, finished, episodes);
+  }
+  checkShutdown(agent, agent.shutdown());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags = parseFlags(argc, argv);
+  try {
+    rpc::Options options = rpc::Options::fromEnv();
+    if (options.worldSize < 2) {
+      throw Error("needs at least 2 processes (rank 0: the agent, ranks 1..: observers), got a world of " +
+                  std::to_string(options.worldSize) + "; start it with weftrun -n 2 " + kProgram);
+    }
+    options.name = options.rank == 0 ? "agent" : "observer" + std::to_string(options.rank);
+    options.validate();
+    rpc::Agent agent(options);
+    Promise<int64_t> done;
+    agent.registry().impl(finished, [&done](int64_t episodes) { done.trySetValue(episodes); });
+    agent.start();
+    return options.rank == 0 ? runAgent(agent, flags) : runObserver(agent, done);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
+    return 1;
+  }
+}
