@@ -19,17 +19,22 @@
 #include <string>
 
 #include "data/data.h"
+#include "examples/fashion_mnist_mlp/mlp.h"
 #include "nn/nn.h"
 
 using namespace weft;
+using weft::examples::fashion_mnist_mlp::evaluate;
+using weft::examples::fashion_mnist_mlp::kDefaults;
+using weft::examples::fashion_mnist_mlp::loadSplit;
+using weft::examples::fashion_mnist_mlp::makeModel;
 
 namespace {
 
 struct Flags {
-  int64_t epochs = 2;
-  int64_t batchSize = 64;
-  double lr = 0.01;
-  double momentum = 0.9;
+  int64_t epochs = kDefaults.epochs;
+  int64_t batchSize = kDefaults.batchSize;
+  double lr = kDefaults.lr;
+  double momentum = kDefaults.momentum;
   uint64_t seed = 0;
   std::string dataDir = data::kFashionMnistDir;
   std::string csv = "fashion_mnist_mlp.csv";
@@ -75,27 +80,6 @@ Flags parseFlags(int argc, char** argv) {
   return f;
 }
 
-std::shared_ptr<nn::Sequential> makeModel() {
-  return nn::makeSequential({std::make_shared<nn::Linear>(784, 256), std::make_shared<nn::ReLU>(),
-                             std::make_shared<nn::Linear>(256, 128), std::make_shared<nn::ReLU>(),
-                             std::make_shared<nn::Linear>(128, 10)});
-}
-
-// Fraction of correct predictions over a whole split, in eval mode.
-double evaluate(nn::Module& model, const data::TensorDataset& ds) {
-  NoGradGuard ng;
-  model.eval();
-  const int64_t n = ds.size(), chunk = 1000;
-  int64_t correct = 0;
-  for (int64_t s = 0; s < n; s += chunk) {
-    int64_t len = std::min(chunk, n - s);
-    Tensor pred = argmax(model.forward(ds.data().narrow(0, s, len)), 1);
-    correct += eq(pred, ds.targets().narrow(0, s, len)).sum().item<int64_t>();
-  }
-  model.train();
-  return static_cast<double>(correct) / static_cast<double>(n);
-}
-
 void progress(bool tty, int64_t epoch, int64_t done, int64_t total, double loss) {
   if (!tty) return;
   const int width = 30;
@@ -111,11 +95,8 @@ int main(int argc, char** argv) {
   Flags flags = parseFlags(argc, argv);
   try {
     manualSeed(flags.seed);
-    auto norm = data::kFashionMnistNormalization;
-    auto train = std::make_shared<data::TensorDataset>(data::loadFashionMnist(
-        {.root = flags.dataDir, .split = data::Split::Train, .normalize = norm, .flatten = true}));
-    data::TensorDataset test = data::loadFashionMnist(
-        {.root = flags.dataDir, .split = data::Split::Test, .normalize = norm, .flatten = true});
+    auto train = std::make_shared<data::TensorDataset>(loadSplit(flags.dataDir, data::Split::Train));
+    data::TensorDataset test = loadSplit(flags.dataDir, data::Split::Test);
     std::printf("Fashion-MNIST: %lld training and %lld test images; MLP 784-256-128-10, SGD lr %g momentum %g, batch %lld\n",
                 static_cast<long long>(train->size()), static_cast<long long>(test.size()), flags.lr, flags.momentum,
                 static_cast<long long>(flags.batchSize));
