@@ -130,7 +130,7 @@ int runObserver(rpc::Agent& agent, Promise<int64_t>& done) {
   return 0;
 }
 
-int runAgent(rpc::Agent& agent, const Flags& flags) {
+int runAgent(rpc::Agent& agent, const Flags& flags, std::ofstream& csv) {
   const int observers = agent.worldSize() - 1;
   std::vector<int> observerRanks;
   std::vector<int64_t> observerIds;
@@ -156,8 +156,6 @@ int runAgent(rpc::Agent& agent, const Flags& flags) {
     say("%s: policy of %" PRId64 " parameters, %d observer(s), seed %" PRIu64 "\n", agent.name().c_str(),
         learner->parameterCount(), observers, flags.seed);
 
-    std::ofstream csv(flags.metrics);
-    if (!csv) throw Error("cannot write the metrics file '" + flags.metrics + "'");
     csv << "episode,reward,mean_reward,running_reward,loss,steps,seconds,ms_per_step\n";
 
     int64_t windowSteps = 0;
@@ -215,11 +213,17 @@ int main(int argc, char** argv) {
     }
     options.name = options.rank == 0 ? "agent" : "observer" + std::to_string(options.rank);
     options.validate();
+    // The agent's metrics file is opened before the job starts, so that a bad path stops it at once.
+    std::ofstream csv;
+    if (options.rank == 0) {
+      csv.open(flags.metrics);
+      if (!csv) throw Error("cannot write the metrics file '" + flags.metrics + "'");
+    }
     rpc::Agent agent(options);
     Promise<int64_t> done;
     agent.registry().impl(finished, [&done](int64_t episodes) { done.trySetValue(episodes); });
     agent.start();
-    return options.rank == 0 ? runAgent(agent, flags) : runObserver(agent, done);
+    return options.rank == 0 ? runAgent(agent, flags, csv) : runObserver(agent, done);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
     return 1;

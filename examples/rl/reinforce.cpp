@@ -94,38 +94,44 @@ EpisodeSummary ReinforceAgent::finishEpisode(const std::vector<int64_t>& observe
                "ReinforceAgent::finishEpisode: one step count per observer expected");
   std::lock_guard<std::mutex> lock(mutex_);
   EpisodeSummary summary;
-  std::vector<Tensor> logProbs;
-  std::vector<double> returns;
+  std::vector<double> all;  // every observer's discounted returns, in rank order
   for (size_t i = 0; i < observers.size(); ++i) {
     auto it = trajectories_.find(observers[i]);
     const size_t recorded = it == trajectories_.end() ? 0 : it->second.rewards.size();
-    WEFT_ENFORCE(recorded == static_cast<size_t>(steps[i]) && recorded > 0 &&
-                     it->second.logProbs.size() == recorded,
+    WEFT_ENFORCE(recorded == static_cast<size_t>(steps[i]) && recorded > 0 && it->second.logProbs.size() == recorded,
                  StateError, "ReinforceAgent::finishEpisode: observer ", observers[i], " ran ", steps[i],
                  " steps but the agent recorded ", recorded, " rewards");
-    Trajectory& t = it->second;
+    const Trajectory& t = it->second;
     double total = 0;
     for (double r : t.rewards) total += r;
     summary.rewards.push_back(total);
     summary.steps += steps[i];
     std::vector<double> g = discountedReturns(t.rewards, gamma_);
-    returns.insert(returns.end(), g.begin(), g.end());
-    logProbs.insert(logProbs.end(), t.logProbs.begin(), t.logProbs.end());
+    all.insert(all.end(), g.begin(), g.end());
   }
   WEFT_ENFORCE(trajectories_.size() == observers.size(), StateError,
                "ReinforceAgent::finishEpisode: actions were requested by ", trajectories_.size(),
                " observers, but ", observers.size(), " ran an episode");
-  trajectories_.clear();
   summary.minReward = *std::min_element(summary.rewards.begin(), summary.rewards.end());
 
-  normalizeInPlace(returns, kReturnEps);
-  std::vector<float> weights(returns.size());
-  for (size_t i = 0; i < returns.size(); ++i) weights[i] = static_cast<float>(-returns[i]);
-  Tensor loss = sum(mul(stack(logProbs), fromVector(weights)));
+  // Normalised over every step of every observer, as one batch.
+  normalizeInPlace(all, kReturnEps);
+  // One backward per observer, in rank order: the sum of their gradients is the gradient of the
+  // whole loss, and each pass sees only its observer's graph, so the order in which gradients
+  // reach the parameters does not depend on how the observers' calls interleaved.
   optimizer_.zeroGrad();
-  loss.backward();
+  size_t offset = 0;
+  for (size_t i = 0; i < observers.size(); ++i) {
+    const Trajectory& t = trajectories_.at(observers[i]);
+    std::vector<float> weights(t.rewards.size());
+    for (size_t k = 0; k < weights.size(); ++k) weights[k] = static_cast<float>(-all[offset + k]);
+    offset += weights.size();
+    Tensor loss = sum(mul(stack(t.logProbs), fromVector(weights)));
+    loss.backward();
+    summary.loss += loss.item<float>();
+  }
+  trajectories_.clear();
   optimizer_.step();
-  summary.loss = loss.item<float>();
   return summary;
 }
 
