@@ -11,7 +11,8 @@ PyTorch's examples/distributed/rpc do, and writing per-iteration timings as CSV.
 
 Nothing here reaches beyond the loopback interface: the rendezvous, TensorPipe's sockets and
 Gloo's are all bound to 127.0.0.1 / lo. TensorPipe picks its transports as by default (shm and
-uv); WEFT_BENCH_TP_TRANSPORTS=uv (a comma-separated list) restricts them.
+uv); WEFT_BENCH_TP_TRANSPORTS=uv (a comma-separated list) restricts them. Each process computes
+with PyTorch's default number of threads; WEFT_BENCH_TORCH_THREADS=N sets it.
 """
 
 import csv
@@ -46,6 +47,8 @@ def launch(worker, world, args, extra_ports=0):
 
 def init_rpc(name, rank, world, port, threads=16, timeout=300):
     """Joins the RPC group as `name` with the TensorPipe backend, rendezvous on 127.0.0.1:port."""
+    if os.environ.get("WEFT_BENCH_TORCH_THREADS"):
+        torch.set_num_threads(int(os.environ["WEFT_BENCH_TORCH_THREADS"]))
     extra = {}
     if os.environ.get("WEFT_BENCH_TP_TRANSPORTS"):
         extra["_transports"] = os.environ["WEFT_BENCH_TP_TRANSPORTS"].split(",")
