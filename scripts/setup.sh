@@ -129,5 +129,6 @@ log "configuring $build_dir (Release, Ninja)"
 cmake "${configure_args[@]}"
 log "building with $jobs jobs"
 cmake --build "$build_dir" -j "$jobs"
-log "done: run the demo with ./build/examples/fashion_mnist_mlp/fashion_mnist_mlp" \
+log "done: run the parameter-server example with" \
+    "./build/tools/weftrun/weftrun -n 3 ./build/examples/parameter_server/parameter_server" \
     "and the tests with: ctest --test-dir build --output-on-failure -j2"
