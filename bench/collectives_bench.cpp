@@ -5,9 +5,16 @@
 // path, the bus bandwidth (for 2 ranks: bytes / time) and the overhead ratios against Gloo direct
 // (goal: weft <= 1.1x).
 //
-//   collectives_bench [--sizes 1K,64K,64M] [--min-iters N]
+//   collectives_bench [--sizes 1K,64K,64M] [--min-iters N] [--back-to-back K]
 //
 // The three paths alternate within each iteration, so that drift in machine load hits them alike.
+// With --back-to-back K (default 1) each path issues K allReduces in a row per iteration (direct:
+// K Gloo calls one after the other; weft: K allReduce calls, then a wait on all of them, the way a
+// training step reduces several gradients) and the times printed are per allReduce (the
+// iteration's time / K). On a machine whose CPUs are busy with other work, K > 1 shows a cost that
+// K = 1 hides: Gloo's TCP event-loop thread busy-polls a socket while the thread that posted the
+// next operation holds the connection's lock, and when both share a CPU the poster only gets it
+// back at the next scheduler tick (4 ms at HZ=250).
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -68,6 +75,7 @@ double median(std::vector<double> v) {
 struct Config {
   std::vector<int64_t> sizes = parseSizes("1K,4K,16K,64K,256K,1M,4M,16M,64M");
   int minIters = 5;
+  int backToBack = 1;  // allReduces issued in a row per path and iteration
 };
 
 int iterationsFor(int64_t bytes, int minIters) {
@@ -102,28 +110,37 @@ int runRank(int rank, uint16_t port, const Config& cfg) {
   uint32_t tag = 0;
 
   if (rank == 0) {
-    std::printf("collectives_bench: allReduce float32 sum, 2 processes on 127.0.0.1, median of N iterations\n");
+    std::printf("collectives_bench: allReduce float32 sum, 2 processes on 127.0.0.1, median of N iterations, "
+                "%d allReduce(s) in a row per iteration (times per allReduce)\n",
+                cfg.backToBack);
     std::printf("%9s %6s | %11s %11s %11s | %9s %9s %9s | %7s %7s\n", "bytes", "iters", "gloo_us", "weft_us",
                 "nochk_us", "gloo_GB/s", "weft_GB/s", "nochk_GB/s", "weft/x", "nochk/x");
   }
   for (int64_t bytes : cfg.sizes) {
     const int64_t n = bytes / 4;
-    const int iters = iterationsFor(bytes, cfg.minIters);
-    Tensor a = weft::full({n}, 1.0);
-    Tensor b = weft::full({n}, 1.0);
-    Tensor c = weft::full({n}, 1.0);
+    const int k = cfg.backToBack;
+    const int iters = std::max(cfg.minIters, iterationsFor(bytes, cfg.minIters) / k);
+    // Path p's j-th tensor of the row; all start at 1 and see the same reductions.
+    auto makeRow = [&] {
+      std::vector<Tensor> row;
+      for (int j = 0; j < k; ++j) row.push_back(weft::full({n}, 1.0));
+      return row;
+    };
+    std::vector<Tensor> a = makeRow(), b = makeRow(), c = makeRow();
     std::vector<double> direct, viaWeft, viaUnchecked;
     for (int it = 0; it < iters + 1; ++it) {  // the first round warms up
       // Values stay small: reset to 1 every 16 rounds (2^16 fits a float exactly).
       if (it % 16 == 0) {
-        a.fill_(1.0);
-        b.fill_(1.0);
-        c.fill_(1.0);
+        for (int j = 0; j < k; ++j) {
+          a[j].fill_(1.0);
+          b[j].fill_(1.0);
+          c[j].fill_(1.0);
+        }
       }
       auto t0 = Clock::now();
-      {
+      for (int j = 0; j < k; ++j) {
         gloo::AllreduceOptions opts(context);
-        opts.setOutput(a.data<float>(), static_cast<size_t>(n));
+        opts.setOutput(a[j].data<float>(), static_cast<size_t>(n));
         opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
         opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
         opts.setTag(tag++);
@@ -131,17 +148,26 @@ int runRank(int rank, uint16_t port, const Config& cfg) {
         gloo::allreduce(opts);
       }
       auto t1 = Clock::now();
-      checked.allReduce(b).wait();
+      auto viaGroup = [k](ProcessGroupGloo& pg, const std::vector<Tensor>& row) {
+        std::vector<weft::collectives::Work> works;
+        for (int j = 0; j < k; ++j) works.push_back(pg.allReduce(row[static_cast<size_t>(j)]));
+        for (auto& w : works) w.wait();
+      };
+      viaGroup(checked, b);
       auto t2 = Clock::now();
-      unchecked.allReduce(c).wait();
+      viaGroup(unchecked, c);
       auto t3 = Clock::now();
       if (it == 0) continue;
-      direct.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      viaWeft.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
-      viaUnchecked.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
+      auto perOp = [k](Clock::time_point from, Clock::time_point to) {
+        return std::chrono::duration<double, std::micro>(to - from).count() / k;
+      };
+      direct.push_back(perOp(t0, t1));
+      viaWeft.push_back(perOp(t1, t2));
+      viaUnchecked.push_back(perOp(t2, t3));
     }
-    if (a.data<float>()[n - 1] != b.data<float>()[n - 1] || b.data<float>()[n - 1] != c.data<float>()[n - 1]) {
-      fail("the three paths disagree at " + std::to_string(bytes) + " bytes");
+    for (int j = 0; j < k; ++j) {
+      const float x = a[j].data<float>()[n - 1], y = b[j].data<float>()[n - 1], z = c[j].data<float>()[n - 1];
+      if (x != y || y != z) fail("the three paths disagree at " + std::to_string(bytes) + " bytes");
     }
     if (rank == 0) {
       double d = median(direct), w = median(viaWeft), u = median(viaUnchecked);
@@ -168,8 +194,11 @@ int main(int argc, char** argv) {
         cfg.sizes = parseSizes(argv[++i]);
       } else if (arg == "--min-iters" && i + 1 < argc) {
         cfg.minIters = std::max(1, std::stoi(argv[++i]));
+      } else if (arg == "--back-to-back" && i + 1 < argc) {
+        cfg.backToBack = std::stoi(argv[++i]);
+        if (cfg.backToBack < 1 || cfg.backToBack > 64) fail("--back-to-back takes 1 to 64");
       } else {
-        std::fprintf(stderr, "usage: collectives_bench [--sizes 1K,64K,64M] [--min-iters N]\n");
+        std::fprintf(stderr, "usage: collectives_bench [--sizes 1K,64K,64M] [--min-iters N] [--back-to-back K]\n");
         return 2;
       }
     }
