@@ -1,6 +1,7 @@
 #include "collectives/process_group_gloo.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -87,6 +88,43 @@ class SigpipeBlock {
  private:
   sigset_t previous_;
   bool wasPending_ = false;
+};
+
+// ---- the Gloo loop thread's scheduling policy ---------------------------------------
+
+// Gloo's TCP loop thread handles a connection's events only when it gets the
+// connection's lock with try_lock; otherwise it returns to epoll, which
+// (level-triggered) reports the same event at once: it busy-polls until the
+// thread holding the lock lets go. A thread that posts an operation holds that
+// lock across its socket write, and the write wakes the peer, whose answer
+// wakes this loop thread; a woken thread normally preempts the running one, so
+// on a busy CPU the poster is preempted with the lock held and the loop thread
+// spins until the next scheduler tick (4 ms at HZ=250) hands the CPU back.
+// Back-to-back collectives (the call-header check and its collective, a
+// training step's gradients) hit this on nearly every op when the machine's
+// CPUs are busy. Under SCHED_BATCH the loop thread never preempts on wakeup:
+// it runs once the poster releases the lock and blocks. SCHED_BATCH needs no
+// privilege and keeps the nice value; the loop thread inherits the policy of
+// the thread that creates the device, so the device is created under it.
+class BatchPolicyScope {
+ public:
+  BatchPolicyScope() {
+    ok_ = pthread_getschedparam(pthread_self(), &policy_, &param_) == 0 && policy_ == SCHED_OTHER;
+    if (!ok_) return;  // a real-time or other explicit policy: leave it (and so the loop thread's) alone
+    sched_param batch{};
+    batch.sched_priority = 0;
+    ok_ = pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch) == 0;
+  }
+  ~BatchPolicyScope() {
+    if (ok_) pthread_setschedparam(pthread_self(), policy_, &param_);
+  }
+  BatchPolicyScope(const BatchPolicyScope&) = delete;
+  BatchPolicyScope& operator=(const BatchPolicyScope&) = delete;
+
+ private:
+  int policy_ = SCHED_OTHER;
+  sched_param param_{};
+  bool ok_ = false;
 };
 
 // ---- the call header ------------------------------------------------------------
@@ -451,7 +489,8 @@ ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
   if (!device_) {
     gloo::transport::tcp::attr attr;
     attr.hostname = options_.hostname.empty() ? defaultHostname(store_) : options_.hostname;
-    SigpipeBlock block;  // Gloo's loop thread inherits the mask
+    SigpipeBlock block;       // Gloo's loop thread inherits the mask
+    BatchPolicyScope batch;   // and the scheduling policy
     try {
       device_ = gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception& e) {

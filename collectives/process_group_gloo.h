@@ -26,7 +26,11 @@
 // other and the collectives; their completions are awaited by a pool of
 // threads that grows to the number of transfers in flight at once, so one
 // transfer's completion never waits behind another's. Gloo adds one thread
-// per device (its TCP event loop). SIGPIPE is blocked on all of them and
+// per device (its TCP event loop), which runs under SCHED_BATCH (it never
+// preempts on wakeup; same nice value): Gloo's loop busy-polls a connection
+// whose lock another thread holds, and a loop thread that preempted the
+// holder on a busy CPU would spin until the next scheduler tick, about 4 ms
+// per back-to-back collective. SIGPIPE is blocked on all of them and
 // around the calls that write on the caller's thread, so a dead peer is an
 // error, never a killed process.
 //

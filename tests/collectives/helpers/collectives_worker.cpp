@@ -17,13 +17,22 @@
 //             "rank R after mismatch ok".
 //   kill      [>= 3] after a first allReduce, the last rank kills itself with SIGKILL; the others
 //             call allReduce (10 s timeout) and print "rank R failed in_ms T <ErrorType>: <message>".
+//   b2b       20 allReduces of 10 float32 issued back to back (call checking on), then waited for,
+//             in 5 rounds; prints "rank R b2b_best_us U" (the fastest round) and "rank R b2b_rounds_us
+//             ...", and the scheduling policies of this process's threads: "rank R batch_threads N"
+//             (Gloo's loop thread runs SCHED_BATCH) and "rank R main_policy P" (unchanged: 0).
 // Every rank first prints "rank R pid P started". A wrong result throws: one line on stderr,
 // exit status 1.
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -330,11 +339,54 @@ void runKill(ProcessGroupGloo& pg) {
   }
 }
 
+// The scheduling policy of thread `tid` of this process (field 41 of /proc/self/task/<tid>/stat),
+// -1 when unreadable.
+int threadPolicy(const std::string& tid) {
+  std::ifstream in("/proc/self/task/" + tid + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(close + 2));  // from field 3 (state) on
+  std::string field;
+  for (int i = 3; i <= 41 && (fields >> field); ++i) {
+    if (i == 41) return std::stoi(field);
+  }
+  return -1;
+}
+
+void runBackToBack(ProcessGroupGloo& pg) {
+  constexpr int kOps = 20;
+  constexpr int kRounds = 5;
+  std::vector<Tensor> xs;
+  for (int i = 0; i < kOps; ++i) xs.push_back(weft::ones({10}));
+  pg.barrier().wait(30s);
+  std::vector<long long> rounds;
+  for (int round = 0; round < kRounds; ++round) {
+    for (Tensor& x : xs) x.fill_(1.0);
+    auto t0 = Clock::now();
+    std::vector<weft::collectives::Work> works;
+    for (Tensor& x : xs) works.push_back(pg.allReduce(x));
+    for (auto& w : works) w.wait(30s);
+    rounds.push_back(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+    for (Tensor& x : xs) expectEq(x, [&](int64_t) { return static_cast<double>(pg.size()); }, "back-to-back allReduce");
+  }
+  std::string all;
+  for (long long us : rounds) all += " " + std::to_string(us);
+  say("b2b_rounds_us" + all);
+  say("b2b_best_us " + std::to_string(*std::min_element(rounds.begin(), rounds.end())));
+  int batch = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    if (threadPolicy(entry.path().filename().string()) == SCHED_BATCH) ++batch;
+  }
+  say("batch_threads " + std::to_string(batch));
+  say("main_policy " + std::to_string(threadPolicy(std::to_string(::getpid()))));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collectives_worker all|timeout|mismatch|kill\n");
+    std::fprintf(stderr, "usage: collectives_worker all|timeout|mismatch|kill|b2b\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -353,6 +405,7 @@ int main(int argc, char** argv) {
       else if (scenario == "timeout") runTimeout(pg);
       else if (scenario == "mismatch") runMismatch(pg);
       else if (scenario == "kill") runKill(pg);
+      else if (scenario == "b2b") runBackToBack(pg);
       else fail("unknown scenario " + scenario);
     }
     // Rank 0 serves the store: it leaves last.
