@@ -45,6 +45,7 @@
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
+#include "examples/common/rpc_app.h"
 
 #include "batch.h"
 
@@ -80,7 +81,11 @@ WEFT_CODEC_FIELDS(TrainerReport, rank, iterations, firstEpochLoss, lastEpochLoss
 
 using weft::examples::ddp_rpc::TrainerReport;
 
+namespace app = weft::examples::app;
+
 namespace {
+
+using app::say;
 
 constexpr const char* kProgram = "ddp_rpc";
 constexpr int kWorld = 4;
@@ -98,39 +103,30 @@ struct Flags {
 };
 
 [[noreturn]] void usage(const std::string& err) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: weftrun -n 4 %s [--epochs N] [--batches N] [--seed N] [--target learnable|random]\n"
-               "          [--log-interval N] [--metrics PATH]\n"
-               "  (ranks 0, 1: trainer0, trainer1; rank 2: master; rank 3: ps)\n",
-               kProgram, err.c_str(), kProgram);
-  std::exit(2);
+  app::exitWithUsage(kProgram, err, "weftrun -n 4",
+                     "[--epochs N] [--batches N] [--seed N] [--target learnable|random]\n"
+                     "          [--log-interval N] [--metrics PATH]\n"
+                     "  (ranks 0, 1: trainer0, trainer1; rank 2: master; rank 3: ps)\n");
 }
 
 Flags parseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") usage("help");
-    if (i + 1 >= argc) usage("missing value for " + a);
-    std::string v = argv[++i];
-    auto integer = [&] {
-      char* end = nullptr;
-      long long x = std::strtoll(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
-      return static_cast<int64_t>(x);
-    };
-    if (a == "--epochs") f.epochs = integer();
-    else if (a == "--batches") f.batches = integer();
-    else if (a == "--seed") f.seed = static_cast<uint64_t>(integer());
+  app::FlagReader args(argc, argv, usage);
+  while (args.next()) {
+    const std::string& a = args.flag();
+    const std::string& v = args.value();
+    if (a == "--epochs") f.epochs = args.integer();
+    else if (a == "--batches") f.batches = args.integer();
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(args.integer());
     else if (a == "--target") {
       try {
         f.target = examples::ddp_rpc::parseTargetMode(v);
       } catch (const Error& e) {
         usage(e.what());
       }
-    } else if (a == "--log-interval") f.logInterval = integer();
+    } else if (a == "--log-interval") f.logInterval = args.integer();
     else if (a == "--metrics") f.metrics = v;
-    else usage("unknown flag " + a);
+    else args.unknown();
   }
   if (f.epochs < 1) usage("--epochs must be at least 1");
   if (f.batches < 1) usage("--batches must be at least 1");
@@ -212,18 +208,6 @@ void bind(rpc::Agent& agent, Signals& signals) {
   }
 }
 
-// Waits for `f`, failing as soon as one of `peers` is gone (a dead process is noticed at once, a
-// silent one after the agent's heartbeat misses).
-template <class T>
-T await(rpc::Agent& agent, Future<T> f, const std::vector<int>& peers, const std::string& what) {
-  while (!f.waitFor(200ms)) {
-    for (int r : peers) {
-      if (!agent.isAlive(r)) throw Error(agent.worker(r).name + " stopped while " + agent.name() + " was " + what);
-    }
-  }
-  return f.get();
-}
-
 std::vector<int> othersThan(int rank) {
   std::vector<int> out;
   for (int r = 0; r < kWorld; ++r) {
@@ -232,21 +216,12 @@ std::vector<int> othersThan(int rank) {
   return out;
 }
 
-void say(const char* format, auto... args) {
-  std::printf(format, args...);
-  std::fflush(stdout);
-}
-
 // After the graceful shutdown: nothing of the job may be left in this process.
 void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report) {
-  auto rrefs = rref::debugCounts(agent);
-  auto contexts = dist_autograd::debugCounts(agent);
-  auto optimizers = dist_optim::debugCounts(agent);
-  if (!report.clean() || !rrefs.empty() || !contexts.empty() || !optimizers.empty()) {
-    throw Error("unclean shutdown: " + std::to_string(report.missing.size()) + " workers missing; RRefs " +
-                rrefs.toString() + "; autograd " + contexts.toString() + "; optimizer " + optimizers.toString());
-  }
-  say("%s: shut down cleanly\n", agent.name().c_str());
+  app::checkShutdown(agent, report,
+                     {app::layerCounts("RRefs", rref::debugCounts(agent)),
+                      app::layerCounts("autograd", dist_autograd::debugCounts(agent)),
+                      app::layerCounts("optimizer", dist_optim::debugCounts(agent))});
 }
 
 // One trainer's training, from the master's call to the replica check.
@@ -362,7 +337,7 @@ int runTrainerRank(rpc::Agent& agent, const Flags& flags, Signals& signals) {
     // The two trainers' own group, made from the job's store under its own name.
     auto group = collectives::ProcessGroupGloo::create(agent.store(), rank, kMaster,
                                                        {.timeout = 60s, .name = "ddp_rpc_trainers"});
-    Start start = await(agent, signals.start.getFuture(), othersThan(rank), "waiting for the master");
+    Start start = app::awaitPeers(agent, signals.start.getFuture(), othersThan(rank), "waiting for the master");
     try {
       signals.report.setValue(train(agent, *group, flags, start));
     } catch (...) {
@@ -386,7 +361,7 @@ int runMaster(rpc::Agent& agent, const Flags& flags) {
     std::vector<Future<TrainerReport>> calls;
     for (int r = 0; r < kMaster; ++r) calls.push_back(agent.async(r, runTrainer, {.timeout = 0ms}, table, initial));
     std::vector<TrainerReport> reports;
-    for (auto& call : calls) reports.push_back(await(agent, call, othersThan(kMaster), "waiting for the trainers"));
+    for (auto& call : calls) reports.push_back(app::awaitPeers(agent, call, othersThan(kMaster), "waiting for the trainers"));
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
 
     Tensor now = weight.toHere();
@@ -417,7 +392,7 @@ int runMaster(rpc::Agent& agent, const Flags& flags) {
 
 int runPs(rpc::Agent& agent, Signals& signals) {
   say("ps: serving the embedding table\n");
-  await(agent, signals.finished.getFuture(), othersThan(kPs), "serving the table");
+  app::awaitPeers(agent, signals.finished.getFuture(), othersThan(kPs), "serving the table");
   checkShutdown(agent, agent.shutdown());
   return 0;
 }

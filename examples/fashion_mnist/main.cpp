@@ -37,6 +37,7 @@
 #include "nn/nn.h"
 #include "rpc/options.h"
 #include "rpc/store.h"
+#include "examples/common/app.h"
 
 using namespace weft;
 namespace mlp = weft::examples::fashion_mnist_mlp;
@@ -45,7 +46,11 @@ using collectives::ReduceOp;
 using collectives::Work;
 using Clock = std::chrono::steady_clock;
 
+namespace app = weft::examples::app;
+
 namespace {
+
+using app::say;
 
 constexpr const char* kProgram = "fashion_mnist";
 
@@ -79,57 +84,42 @@ struct Flags {
 };
 
 [[noreturn]] void usage(const std::string& err) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: weftrun -n W %s [--mode ddp|allreduce|local] [--epochs N] [--batch-size N] [--lr X]\n"
-               "          [--momentum X] [--seed N] [--max-batches N] [--log-interval N] [--metrics PATH]\n"
-               "          [--save PATH] [--threads N] [--bucket-cap-mb X] [--timeout S] [--check-calls 1|0] [--data-dir DIR]\n"
-               "  (--batch-size is the global batch: each of the W processes takes batch / W of it)\n",
-               kProgram, err.c_str(), kProgram);
-  std::exit(2);
+  app::exitWithUsage(kProgram, err, "weftrun -n W",
+                     "[--mode ddp|allreduce|local] [--epochs N] [--batch-size N] [--lr X]\n"
+                     "          [--momentum X] [--seed N] [--max-batches N] [--log-interval N] [--metrics PATH]\n"
+                     "          [--save PATH] [--threads N] [--bucket-cap-mb X] [--timeout S] [--check-calls 1|0] [--data-dir DIR]\n"
+                     "  (--batch-size is the global batch: each of the W processes takes batch / W of it)\n");
 }
 
 Flags parseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") usage("help");
-    if (i + 1 >= argc) usage("missing value for " + a);
-    std::string v = argv[++i];
-    auto integer = [&] {
-      char* end = nullptr;
-      long long x = std::strtoll(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
-      return static_cast<int64_t>(x);
-    };
-    auto real = [&] {
-      char* end = nullptr;
-      double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end || !std::isfinite(x)) usage("invalid value '" + v + "' for " + a);
-      return x;
-    };
+  app::FlagReader args(argc, argv, usage);
+  while (args.next()) {
+    const std::string& a = args.flag();
+    const std::string& v = args.value();
     if (a == "--mode") {
       if (v == "ddp") f.mode = Mode::Ddp;
       else if (v == "allreduce") f.mode = Mode::AllReduce;
       else if (v == "local") f.mode = Mode::Local;
       else usage("unknown mode '" + v + "' (ddp, allreduce or local)");
-    } else if (a == "--epochs") f.epochs = integer();
-    else if (a == "--batch-size") f.batchSize = integer();
-    else if (a == "--lr") f.lr = real();
-    else if (a == "--momentum") f.momentum = real();
-    else if (a == "--seed") f.seed = static_cast<uint64_t>(integer());
-    else if (a == "--max-batches") f.maxBatches = integer();
-    else if (a == "--log-interval") f.logInterval = integer();
+    } else if (a == "--epochs") f.epochs = args.integer();
+    else if (a == "--batch-size") f.batchSize = args.integer();
+    else if (a == "--lr") f.lr = args.real(true);
+    else if (a == "--momentum") f.momentum = args.real(true);
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(args.integer());
+    else if (a == "--max-batches") f.maxBatches = args.integer();
+    else if (a == "--log-interval") f.logInterval = args.integer();
     else if (a == "--metrics") f.metrics = v;
     else if (a == "--save") f.save = v;
-    else if (a == "--threads") f.threads = integer();
-    else if (a == "--bucket-cap-mb") f.bucketCapMb = real();
-    else if (a == "--timeout") f.timeoutSeconds = real();
+    else if (a == "--threads") f.threads = args.integer();
+    else if (a == "--bucket-cap-mb") f.bucketCapMb = args.real(true);
+    else if (a == "--timeout") f.timeoutSeconds = args.real(true);
     else if (a == "--check-calls") {
       if (v != "0" && v != "1") usage("--check-calls takes 1 (on) or 0 (off), not '" + v + "'");
       f.checkCalls = v == "1";
     }
     else if (a == "--data-dir") f.dataDir = v;
-    else usage("unknown flag " + a);
+    else args.unknown();
   }
   if (f.epochs < 1) usage("--epochs must be at least 1");
   if (f.batchSize < 1) usage("--batch-size must be at least 1");
@@ -153,11 +143,6 @@ void checkDataFiles(const std::string& dir) {
                            "t10k-labels-idx1-ubyte"}) {
     data::findIdxFile(dir, stem, hint);
   }
-}
-
-void say(const char* format, auto... args) {
-  std::printf(format, args...);
-  std::fflush(stdout);
 }
 
 double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }

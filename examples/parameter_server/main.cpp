@@ -35,6 +35,7 @@
 #include "rref/rref.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "examples/common/rpc_app.h"
 
 #include "server.h"
 
@@ -48,7 +49,11 @@ using weft::examples::parameter_server::ParameterServer;
 using weft::examples::parameter_server::UpdateMode;
 using Clock = std::chrono::steady_clock;
 
+namespace app = weft::examples::app;
+
 namespace {
+
+using app::say;
 
 constexpr const char* kProgram = "parameter_server";
 
@@ -65,48 +70,33 @@ struct Flags {
 };
 
 [[noreturn]] void usage(const std::string& err) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: weftrun -n W %s [--epochs N] [--max-batches N] [--seed N] [--update serialized|snapshot]\n"
-               "          [--lr X] [--batch-size N] [--log-interval N] [--metrics PATH] [--data-dir DIR]\n"
-               "  (W >= 2: rank 0 is the parameter server, ranks 1..W-1 the trainers)\n",
-               kProgram, err.c_str(), kProgram);
-  std::exit(2);
+  app::exitWithUsage(kProgram, err, "weftrun -n W",
+                     "[--epochs N] [--max-batches N] [--seed N] [--update serialized|snapshot]\n"
+                     "          [--lr X] [--batch-size N] [--log-interval N] [--metrics PATH] [--data-dir DIR]\n"
+                     "  (W >= 2: rank 0 is the parameter server, ranks 1..W-1 the trainers)\n");
 }
 
 Flags parseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") usage("help");
-    if (i + 1 >= argc) usage("missing value for " + a);
-    std::string v = argv[++i];
-    auto integer = [&] {
-      char* end = nullptr;
-      long long x = std::strtoll(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
-      return static_cast<int64_t>(x);
-    };
-    auto real = [&] {
-      char* end = nullptr;
-      double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
-      return x;
-    };
-    if (a == "--epochs") f.epochs = integer();
-    else if (a == "--max-batches") f.maxBatches = integer();
-    else if (a == "--seed") f.seed = static_cast<uint64_t>(integer());
+  app::FlagReader args(argc, argv, usage);
+  while (args.next()) {
+    const std::string& a = args.flag();
+    const std::string& v = args.value();
+    if (a == "--epochs") f.epochs = args.integer();
+    else if (a == "--max-batches") f.maxBatches = args.integer();
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(args.integer());
     else if (a == "--update") {
       try {
         f.update = examples::parameter_server::parseUpdateMode(v);
       } catch (const Error& e) {
         usage(e.what());
       }
-    } else if (a == "--lr") f.lr = real();
-    else if (a == "--batch-size") f.batchSize = integer();
-    else if (a == "--log-interval") f.logInterval = integer();
+    } else if (a == "--lr") f.lr = args.real();
+    else if (a == "--batch-size") f.batchSize = args.integer();
+    else if (a == "--log-interval") f.logInterval = args.integer();
     else if (a == "--metrics") f.metrics = v;
     else if (a == "--data-dir") f.dataDir = v;
-    else usage("unknown flag " + a);
+    else args.unknown();
   }
   if (f.epochs < 1) usage("--epochs must be at least 1");
   if (f.maxBatches < -1 || f.maxBatches == 0) usage("--max-batches must be positive (or -1: the whole shard)");
@@ -175,18 +165,6 @@ void bind(rpc::Agent& agent, Signals& signals) {
   if (trainers == 1) signals.trainersDone.setValue();
 }
 
-// Waits for `f`, failing as soon as one of `peers` is gone (bounded by the peers' liveness: a
-// dead process is noticed at once, a silent one after the agent's heartbeat misses).
-template <class T>
-T await(rpc::Agent& agent, Future<T> f, const std::vector<int>& peers, const std::string& what) {
-  while (!f.waitFor(200ms)) {
-    for (int r : peers) {
-      if (!agent.isAlive(r)) throw Error(agent.worker(r).name + " stopped while " + agent.name() + " was " + what);
-    }
-  }
-  return f.get();
-}
-
 std::vector<int> ranksBut(const rpc::Agent& agent, std::initializer_list<int> skip) {
   std::vector<int> out;
   for (int r = 0; r < agent.worldSize(); ++r) {
@@ -197,26 +175,17 @@ std::vector<int> ranksBut(const rpc::Agent& agent, std::initializer_list<int> sk
   return out;
 }
 
-void say(const char* format, auto... args) {
-  std::printf(format, args...);
-  std::fflush(stdout);
-}
-
 // After the graceful shutdown: nothing of the job may be left in this process.
 void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report) {
-  auto rrefs = rref::debugCounts(agent);
-  auto contexts = dist_autograd::debugCounts(agent);
-  auto optimizers = dist_optim::debugCounts(agent);
-  if (!report.clean() || !rrefs.empty() || !contexts.empty() || !optimizers.empty()) {
-    throw Error("unclean shutdown: " + std::to_string(report.missing.size()) + " workers missing; RRefs " +
-                rrefs.toString() + "; autograd " + contexts.toString() + "; optimizer " + optimizers.toString());
-  }
-  say("%s: shut down cleanly\n", agent.name().c_str());
+  app::checkShutdown(agent, report,
+                     {app::layerCounts("RRefs", rref::debugCounts(agent)),
+                      app::layerCounts("autograd", dist_autograd::debugCounts(agent)),
+                      app::layerCounts("optimizer", dist_optim::debugCounts(agent))});
 }
 
 int runServer(rpc::Agent& agent, Signals& signals) {
   say("%s: serving %d trainer(s)\n", agent.name().c_str(), agent.worldSize() - 1);
-  await(agent, signals.finished.getFuture(), ranksBut(agent, {0}), "serving the trainers");
+  app::awaitPeers(agent, signals.finished.getFuture(), ranksBut(agent, {0}), "serving the trainers");
   checkShutdown(agent, agent.shutdown());
   return 0;
 }
@@ -242,7 +211,7 @@ int runTrainer(rpc::Agent& agent, const Flags& flags, Signals& signals) {
           updateModeName(flags.update));
       for (int r = 2; r <= trainers; ++r) agent.sync(r, handOver, ps);
     } else {
-      ps = await(agent, signals.server.getFuture(), {0, 1}, "waiting for trainer_1 to build the model");
+      ps = app::awaitPeers(agent, signals.server.getFuture(), {0, 1}, "waiting for trainer_1 to build the model");
     }
     const int64_t tensors = ps.rpcSync(&ParameterServer::parameterTensorCount);
     if (tensors != static_cast<int64_t>(kNetParameterTensors)) {
@@ -322,7 +291,7 @@ int runTrainer(rpc::Agent& agent, const Flags& flags, Signals& signals) {
         trainSeconds, perBatch, csvPath.c_str());
 
     if (rank == 1) {
-      await(agent, signals.trainersDone.getFuture(), ranksBut(agent, {1}),
+      app::awaitPeers(agent, signals.trainersDone.getFuture(), ranksBut(agent, {1}),
             "waiting for the other trainers to finish");
       auto t0 = Clock::now();
       const double accuracy = ps.rpcSync(&ParameterServer::testAccuracy);
@@ -334,7 +303,7 @@ int runTrainer(rpc::Agent& agent, const Flags& flags, Signals& signals) {
       for (int r : ranksBut(agent, {1})) agent.sync(r, finished, accuracy);
     } else {
       agent.sync(1, trainerDone, static_cast<int64_t>(rank));
-      await(agent, signals.finished.getFuture(), {0, 1}, "waiting for trainer_1's evaluation");
+      app::awaitPeers(agent, signals.finished.getFuture(), {0, 1}, "waiting for trainer_1's evaluation");
     }
   }
   checkShutdown(agent, agent.shutdown());

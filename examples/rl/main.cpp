@@ -27,6 +27,7 @@
 #include "rpc/agent.h"
 #include "rpc/options.h"
 #include "rref/rref.h"
+#include "examples/common/rpc_app.h"
 
 #include "cartpole.h"
 #include "reinforce.h"
@@ -39,7 +40,11 @@ using weft::examples::rl::Observer;
 using weft::examples::rl::ReinforceAgent;
 using Clock = std::chrono::steady_clock;
 
+namespace app = weft::examples::app;
+
 namespace {
+
+using app::say;
 
 constexpr const char* kProgram = "rl";
 
@@ -53,40 +58,25 @@ struct Flags {
 };
 
 [[noreturn]] void usage(const std::string& err) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: weftrun -n W %s [--max-episodes N] [--seed N] [--lr X] [--gamma X] [--log-interval N]\n"
-               "          [--metrics PATH]\n"
-               "  (W >= 2: rank 0 is the agent, ranks 1..W-1 the observers)\n",
-               kProgram, err.c_str(), kProgram);
-  std::exit(2);
+  app::exitWithUsage(kProgram, err, "weftrun -n W",
+                     "[--max-episodes N] [--seed N] [--lr X] [--gamma X] [--log-interval N]\n"
+                     "          [--metrics PATH]\n"
+                     "  (W >= 2: rank 0 is the agent, ranks 1..W-1 the observers)\n");
 }
 
 Flags parseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") usage("help");
-    if (i + 1 >= argc) usage("missing value for " + a);
-    std::string v = argv[++i];
-    auto integer = [&] {
-      char* end = nullptr;
-      long long x = std::strtoll(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
-      return static_cast<int64_t>(x);
-    };
-    auto real = [&] {
-      char* end = nullptr;
-      double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
-      return x;
-    };
-    if (a == "--max-episodes") f.maxEpisodes = integer();
-    else if (a == "--seed") f.seed = static_cast<uint64_t>(integer());
-    else if (a == "--lr") f.lr = real();
-    else if (a == "--gamma") f.gamma = real();
-    else if (a == "--log-interval") f.logInterval = integer();
+  app::FlagReader args(argc, argv, usage);
+  while (args.next()) {
+    const std::string& a = args.flag();
+    const std::string& v = args.value();
+    if (a == "--max-episodes") f.maxEpisodes = args.integer();
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(args.integer());
+    else if (a == "--lr") f.lr = args.real();
+    else if (a == "--gamma") f.gamma = args.real();
+    else if (a == "--log-interval") f.logInterval = args.integer();
     else if (a == "--metrics") f.metrics = v;
-    else usage("unknown flag " + a);
+    else args.unknown();
   }
   if (f.maxEpisodes < 1) usage("--max-episodes must be at least 1");
   if (f.logInterval < 1) usage("--log-interval must be at least 1");
@@ -98,34 +88,13 @@ Flags parseFlags(int argc, char** argv) {
 // The agent tells the observers that training is over.
 inline const Function<void(int64_t)> finished{"rl.finished"};
 
-void say(const char* format, auto... args) {
-  std::printf(format, args...);
-  std::fflush(stdout);
-}
-
-// Waits for `f`, failing as soon as one of `peers` is gone.
-template <class T>
-T await(rpc::Agent& agent, Future<T> f, const std::vector<int>& peers, const std::string& what) {
-  while (!f.waitFor(200ms)) {
-    for (int r : peers) {
-      if (!agent.isAlive(r)) throw Error(agent.worker(r).name + " stopped while " + agent.name() + " was " + what);
-    }
-  }
-  return f.get();
-}
-
 // After the graceful shutdown: nothing of the job may be left in this process.
 void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report) {
-  auto rrefs = rref::debugCounts(agent);
-  if (!report.clean() || !rrefs.empty()) {
-    throw Error("unclean shutdown: " + std::to_string(report.missing.size()) + " workers missing; RRefs " +
-                rrefs.toString());
-  }
-  say("%s: shut down cleanly\n", agent.name().c_str());
+  app::checkShutdown(agent, report, {app::layerCounts("RRefs", rref::debugCounts(agent))});
 }
 
 int runObserver(rpc::Agent& agent, Promise<int64_t>& done) {
-  await(agent, done.getFuture(), {0}, "waiting for the agent's episodes");
+  app::awaitPeers(agent, done.getFuture(), {0}, "waiting for the agent's episodes");
   checkShutdown(agent, agent.shutdown());
   return 0;
 }
@@ -166,7 +135,7 @@ int runAgent(rpc::Agent& agent, const Flags& flags, std::ofstream& csv) {
       std::vector<Future<int64_t>> runs;
       for (const RRef<Observer>& ob : obs) runs.push_back(ob.rpcAsync(&Observer::runEpisode, self, CartPole::kMaxSteps));
       std::vector<int64_t> steps =
-          await(agent, whenAll(runs), observerRanks, "waiting for episode " + std::to_string(episodes));
+          app::awaitPeers(agent, whenAll(runs), observerRanks, "waiting for episode " + std::to_string(episodes));
       EpisodeSummary s = learner->finishEpisode(observerIds, steps);
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       running = 0.05 * s.minReward + 0.95 * running;

@@ -39,6 +39,7 @@
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
+#include "examples/common/rpc_app.h"
 
 #include "model.h"
 #include "task.h"
@@ -49,7 +50,11 @@ using weft::examples::rnn::Decoder;
 using weft::examples::rnn::EmbeddingTable;
 using Clock = std::chrono::steady_clock;
 
+namespace app = weft::examples::app;
+
 namespace {
+
+using app::say;
 
 constexpr const char* kProgram = "rnn";
 
@@ -73,13 +78,11 @@ struct Flags {
 };
 
 [[noreturn]] void usage(const std::string& err) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: weftrun -n 2 %s [--iterations N] [--seed N] [--ntoken N] [--ninp N] [--nhid N]\n"
-               "          [--nlayers N] [--bptt N] [--batch-size N] [--dropout P] [--noise P] [--lr X]\n"
-               "          [--dtype float32|float64] [--log-interval N] [--metrics PATH] [--check-gradients] [--upstream]\n"
-               "  (rank 0 is the parameter server \"ps\", rank 1 the trainer)\n",
-               kProgram, err.c_str(), kProgram);
-  std::exit(2);
+  app::exitWithUsage(kProgram, err, "weftrun -n 2",
+                     "[--iterations N] [--seed N] [--ntoken N] [--ninp N] [--nhid N]\n"
+                     "          [--nlayers N] [--bptt N] [--batch-size N] [--dropout P] [--noise P] [--lr X]\n"
+                     "          [--dtype float32|float64] [--log-interval N] [--metrics PATH] [--check-gradients] [--upstream]\n"
+                     "  (rank 0 is the parameter server \"ps\", rank 1 the trainer)\n");
 }
 
 // Flags given explicitly win over --upstream's preset, wherever they stand on the command line.
@@ -89,9 +92,9 @@ Flags parseFlags(int argc, char** argv) {
     std::optional<double> lr;
   } given;
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") usage("help");
+  app::FlagReader args(argc, argv, usage);
+  while (args.next()) {
+    const std::string& a = args.flag();
     if (a == "--check-gradients") {
       f.checkGradients = true;
       continue;
@@ -100,35 +103,22 @@ Flags parseFlags(int argc, char** argv) {
       f.upstream = true;
       continue;
     }
-    if (i + 1 >= argc) usage("missing value for " + a);
-    std::string v = argv[++i];
-    auto integer = [&] {
-      char* end = nullptr;
-      long long x = std::strtoll(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
-      return static_cast<int64_t>(x);
-    };
-    auto real = [&] {
-      char* end = nullptr;
-      double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end) usage("invalid value '" + v + "' for " + a);
-      return x;
-    };
-    if (a == "--iterations") given.iterations = integer();
-    else if (a == "--seed") f.seed = static_cast<uint64_t>(integer());
-    else if (a == "--ntoken") given.ntoken = integer();
-    else if (a == "--ninp") given.ninp = integer();
-    else if (a == "--nhid") given.nhid = integer();
-    else if (a == "--nlayers") given.nlayers = integer();
-    else if (a == "--bptt") given.bptt = integer();
-    else if (a == "--batch-size") given.batchSize = integer();
-    else if (a == "--dropout") f.dropout = real();
-    else if (a == "--noise") f.noise = real();
-    else if (a == "--lr") given.lr = real();
+    const std::string& v = args.value();
+    if (a == "--iterations") given.iterations = args.integer();
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(args.integer());
+    else if (a == "--ntoken") given.ntoken = args.integer();
+    else if (a == "--ninp") given.ninp = args.integer();
+    else if (a == "--nhid") given.nhid = args.integer();
+    else if (a == "--nlayers") given.nlayers = args.integer();
+    else if (a == "--bptt") given.bptt = args.integer();
+    else if (a == "--batch-size") given.batchSize = args.integer();
+    else if (a == "--dropout") f.dropout = args.real();
+    else if (a == "--noise") f.noise = args.real();
+    else if (a == "--lr") given.lr = args.real();
     else if (a == "--dtype") f.dtype = v;
-    else if (a == "--log-interval") f.logInterval = integer();
+    else if (a == "--log-interval") f.logInterval = args.integer();
     else if (a == "--metrics") f.metrics = v;
-    else usage("unknown flag " + a);
+    else args.unknown();
   }
   if (f.upstream) {
     // Upstream's sizes: 10 epochs of 5 batches, sequences of 5 tokens, 6 sequences per batch.
@@ -192,34 +182,17 @@ void bind(rpc::Agent& agent, Signals& signals) {
   agent.registry().impl(finished, [&signals](double loss) { signals.finished.trySetValue(loss); });
 }
 
-template <class T>
-T await(rpc::Agent& agent, Future<T> f, int peer, const std::string& what) {
-  while (!f.waitFor(200ms)) {
-    if (!agent.isAlive(peer)) throw Error(agent.worker(peer).name + " stopped while " + agent.name() + " was " + what);
-  }
-  return f.get();
-}
-
-void say(const char* format, auto... args) {
-  std::printf(format, args...);
-  std::fflush(stdout);
-}
-
 // After the graceful shutdown: nothing of the job may be left in this process.
 void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report) {
-  auto rrefs = rref::debugCounts(agent);
-  auto contexts = dist_autograd::debugCounts(agent);
-  auto optimizers = dist_optim::debugCounts(agent);
-  if (!report.clean() || !rrefs.empty() || !contexts.empty() || !optimizers.empty()) {
-    throw Error("unclean shutdown: " + std::to_string(report.missing.size()) + " workers missing; RRefs " +
-                rrefs.toString() + "; autograd " + contexts.toString() + "; optimizer " + optimizers.toString());
-  }
-  say("%s: shut down cleanly\n", agent.name().c_str());
+  app::checkShutdown(agent, report,
+                     {app::layerCounts("RRefs", rref::debugCounts(agent)),
+                      app::layerCounts("autograd", dist_autograd::debugCounts(agent)),
+                      app::layerCounts("optimizer", dist_optim::debugCounts(agent))});
 }
 
 int runServer(rpc::Agent& agent, Signals& signals) {
   say("%s: holding the embedding table and the decoder for the trainer\n", agent.name().c_str());
-  await(agent, signals.finished.getFuture(), 1, "serving the trainer");
+  app::awaitPeers(agent, signals.finished.getFuture(), {1}, "serving the trainer");
   checkShutdown(agent, agent.shutdown());
   return 0;
 }
