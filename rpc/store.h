@@ -183,7 +183,10 @@ class StoreClient {
   // (counted with add, released with one key per round). Reusable: the k-th
   // call of every participant meets the k-th calls of the others, provided all
   // participants pass the same worldSize. On timeout, TimeoutError says how
-  // many had arrived. Uses the keys "weft/barrier/<name>/...".
+  // many had arrived. Uses the keys "weft/barrier/<name>/...". Not an exit
+  // barrier for the process serving the store: a participant may still be
+  // waiting for its release when the last one returns. To leave last, have the
+  // others set a key each and wait() for all of them.
   void barrier(const std::string& name, int worldSize);
   void barrier(const std::string& name, int worldSize, std::chrono::milliseconds timeout);
   Future<void> barrierAsync(const std::string& name, int worldSize, std::chrono::milliseconds timeout);

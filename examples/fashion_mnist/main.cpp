@@ -149,7 +149,7 @@ double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>
 
 // The job's communication: nothing in local mode, else rank 0's store server, every rank's store
 // client and the process group built on them. Destroyed in reverse order; rank 0 (which serves
-// the store) leaves last, after every rank has met at the exit barrier.
+// the store) leaves last, after every other rank has said it is leaving.
 class Job {
  public:
   Job(const rpc::Options& options, Mode mode, std::chrono::milliseconds timeout, bool checkCalls)
@@ -186,7 +186,15 @@ class Job {
     if (!group_) return;
     group_->barrier().wait();
     group_.reset();
-    store_->barrier("fashion_mnist/exit", world_, timeout_);
+    // A store barrier alone would let rank 0 close the store while another rank still waits on
+    // it: every other rank says it is leaving, and rank 0 waits for all of them.
+    if (rank_ == 0) {
+      std::vector<std::string> left;
+      for (int r = 1; r < world_; ++r) left.push_back("fashion_mnist/left/" + std::to_string(r));
+      if (!left.empty()) store_->wait(left, timeout_);
+    } else {
+      store_->set("fashion_mnist/left/" + std::to_string(rank_), "1");
+    }
     store_.reset();
     server_.reset();
   }

@@ -408,10 +408,20 @@ int main(int argc, char** argv) {
       else if (scenario == "b2b") runBackToBack(pg);
       else fail("unknown scenario " + scenario);
     }
-    // Rank 0 serves the store: it leaves last.
     // Ranks that took part to the end meet before leaving (the last rank of timeout and kill does not).
+    // Rank 0 serves the store: it leaves only once every other such rank has said it is leaving (a
+    // barrier alone lets rank 0 close the store while another rank's barrier answer is in flight).
     const int staying = scenario == "timeout" || scenario == "kill" ? opt.worldSize - 1 : opt.worldSize;
-    if (opt.rank < staying) store.barrier("collectives_worker/exit", staying, 30s);
+    if (opt.rank < staying) {
+      store.barrier("collectives_worker/exit", staying, 30s);
+      if (opt.rank == 0) {
+        std::vector<std::string> left;
+        for (int r = 1; r < staying; ++r) left.push_back("collectives_worker/left/" + std::to_string(r));
+        if (!left.empty()) store.wait(left, 30s);
+      } else {
+        store.set("collectives_worker/left/" + std::to_string(opt.rank), "1");
+      }
+    }
     say("done");
     return 0;
   } catch (const std::exception& e) {

@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "rpc/options.h"
@@ -68,8 +69,16 @@ int count(const Options& opt, int adds, int serverDelayMs) {
   std::string total = store->get("counter", kTimeout);
   say("rank " + std::to_string(opt.rank) + " pid " + std::to_string(::getpid()) + " counter " + total);
   if (total != std::to_string(static_cast<int64_t>(opt.worldSize) * adds)) return 3;
-  // Nobody leaves (and rank 0 does not close the server) before everyone has read the total.
+  // Nobody leaves before everyone has read the total, and rank 0 does not close the server before
+  // every other rank has said it is leaving (after the barrier, one may still await its release).
   store->barrier("done", opt.worldSize, kTimeout);
+  if (opt.rank == 0) {
+    std::vector<std::string> left;
+    for (int r = 1; r < opt.worldSize; ++r) left.push_back("left/" + std::to_string(r));
+    if (!left.empty()) store->wait(left, kTimeout);
+  } else {
+    store->set("left/" + std::to_string(opt.rank), "1");
+  }
   return 0;
 }
 
