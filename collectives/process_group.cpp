@@ -1,5 +1,7 @@
 #include "collectives/process_group.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace weft::collectives {
@@ -13,6 +15,60 @@ const char* reduceOpName(ReduceOp op) {
     case ReduceOp::Max: return "max";
   }
   return "unknown";
+}
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(ranks[i]);
+  }
+  return s + "]";
+}
+
+void ProcessGroup::checkRoot(int root, const char* op) const {
+  WEFT_ENFORCE(root >= 0 && root < size_, InvalidArgumentError, op, ": root ", root,
+               " is not a rank of a group of size ", size_);
+}
+
+void ProcessGroup::checkPeer(int peer, const char* op, const char* role) const {
+  WEFT_ENFORCE(peer >= 0 && peer < size_, InvalidArgumentError, op, ": ", role, " rank ", peer,
+               " is not a rank of a group of size ", size_);
+  WEFT_ENFORCE(peer != rank_, InvalidArgumentError, op, ": rank ", rank_, " cannot ", op, " to or from itself");
+}
+
+void ProcessGroup::checkSubgroupRanks(const std::vector<int>& ranks) const {
+  WEFT_ENFORCE(!ranks.empty(), InvalidArgumentError, "newGroup: the list of ranks is empty");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  WEFT_ENFORCE(sorted.front() >= 0 && sorted.back() < size_, InvalidArgumentError, "newGroup: ranks ",
+               rankList(ranks), " are not all ranks of group '", name(), "' of size ", size_);
+  WEFT_ENFORCE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), InvalidArgumentError,
+               "newGroup: ranks ", rankList(ranks), " name a rank twice");
+}
+
+int ProcessGroup::rankIn(const std::vector<int>& ranks) const {
+  auto at = std::find(ranks.begin(), ranks.end(), rank_);
+  return at == ranks.end() ? -1 : static_cast<int>(at - ranks.begin());
+}
+
+std::string ProcessGroup::subgroupName(const std::string& parent, int index, const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) text += ',';
+    text += std::to_string(ranks[i]);
+  }
+  return parent + "/sub" + std::to_string(index) + "[" + text + "]";
+}
+
+void ProcessGroup::checkGroupName(const char* backend, const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 64;
+  for (char c : name) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+                c == '-');
+  }
+  WEFT_ENFORCE(ok, InvalidArgumentError, backend, ": group name '", name,
+               "' must be 1 to 64 characters from [A-Za-z0-9_.-]");
 }
 
 ProcessGroup::ProcessGroup(int rank, int size) : rank_(rank), size_(size) {

@@ -75,6 +75,9 @@ namespace weft::collectives {
 enum class ReduceOp : uint8_t { Sum = 0, Avg = 1, Product = 2, Min = 3, Max = 4 };
 const char* reduceOpName(ReduceOp op);  // "sum", "avg", ...
 
+// "[0, 2, 3]", for messages.
+std::string rankList(const std::vector<int>& ranks);
+
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int size);
@@ -137,6 +140,19 @@ class ProcessGroup {
   virtual std::unique_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks) = 0;
 
  protected:
+  // What every backend checks the same way (InvalidArgumentError naming `op`).
+  void checkRoot(int root, const char* op) const;
+  // role: "source" or "destination"; a rank may not send to or receive from itself.
+  void checkPeer(int peer, const char* op, const char* role) const;
+  // newGroup's list: non-empty, every rank of this group at most once.
+  void checkSubgroupRanks(const std::vector<int>& ranks) const;
+  // This rank's position in `ranks`, or -1 when it is not in it.
+  int rankIn(const std::vector<int>& ranks) const;
+  // The name of sub-group number `index` of group `parent`: "parent/sub1[0,2]".
+  static std::string subgroupName(const std::string& parent, int index, const std::vector<int>& ranks);
+  // A group name: 1 to 64 characters from [A-Za-z0-9_.-]; backend names the class for the message.
+  static void checkGroupName(const char* backend, const std::string& name);
+
   const int rank_;
   const int size_;
 };

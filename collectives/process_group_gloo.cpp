@@ -292,24 +292,6 @@ Millis remaining(Deadline deadline) {
   return std::max(left, Millis(1));
 }
 
-std::string rankList(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
-  os << ']';
-  return os.str();
-}
-
-void checkName(const std::string& name) {
-  bool ok = !name.empty() && name.size() <= 64;
-  for (char c : name) {
-    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-                c == '-');
-  }
-  WEFT_ENFORCE(ok, InvalidArgumentError, "ProcessGroupGloo: group name '", name,
-               "' must be 1 to 64 characters from [A-Za-z0-9_.-]");
-}
-
 // The address peers reach this rank at (see Options::hostname).
 std::string defaultHostname(const rpc::StoreClient& store) {
   std::string host = store.endpoint();
@@ -956,7 +938,7 @@ std::unique_ptr<ProcessGroupGloo> ProcessGroupGloo::create(rpc::StoreClient& sto
 
 ProcessGroupGloo::ProcessGroupGloo(rpc::StoreClient& store, int rank, int size, Options options)
     : ProcessGroup(rank, size) {
-  checkName(options.name);
+  checkGroupName("ProcessGroupGloo", options.name);
   std::string name = options.name;
   impl_ = std::make_unique<Impl>(store, rank, size, std::move(options), std::move(name), nullptr);
 }
@@ -970,16 +952,9 @@ const std::string& ProcessGroupGloo::name() const { return impl_->name_; }
 const ProcessGroupGloo::Options& ProcessGroupGloo::options() const { return impl_->options_; }
 int64_t ProcessGroupGloo::collectivesStarted() const { return impl_->started_.load(std::memory_order_relaxed); }
 
-namespace {
-void checkRoot(int root, int size, const char* op) {
-  WEFT_ENFORCE(root >= 0 && root < size, InvalidArgumentError, op, ": root ", root, " is not a rank of a group of size ",
-               size);
-}
-}  // namespace
-
 Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
   checkTensor(tensor, "broadcast", "tensor");
-  checkRoot(root, size_, "broadcast");
+  checkRoot(root, "broadcast");
   Header h{OpCode::Broadcast, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, -1};
   Impl* impl = impl_.get();
   return impl->enqueue(h, {tensor}, [impl, tensor, root](Deadline d) {
@@ -999,7 +974,7 @@ Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
 
 Work ProcessGroupGloo::reduce(const Tensor& tensor, int root, ReduceOp op) {
   checkTensor(tensor, "reduce", "tensor");
-  checkRoot(root, size_, "reduce");
+  checkRoot(root, "reduce");
   checkReducible(tensor.dtype(), op, "reduce");
   Header h{OpCode::Reduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, static_cast<int64_t>(op)};
   Impl* impl = impl_.get();
@@ -1060,7 +1035,7 @@ Work ProcessGroupGloo::allGatherInto(const Tensor& output, const Tensor& input) 
 
 Work ProcessGroupGloo::gather(std::vector<Tensor>& outputs, const Tensor& input, int root) {
   checkTensor(input, "gather", "input");
-  checkRoot(root, size_, "gather");
+  checkRoot(root, "gather");
   if (rank_ == root) {
     prepareOutputs(outputs, input, size_, "gather");
   } else {
@@ -1083,7 +1058,7 @@ Work ProcessGroupGloo::gather(std::vector<Tensor>& outputs, const Tensor& input,
 
 Work ProcessGroupGloo::scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) {
   checkTensor(output, "scatter", "output");
-  checkRoot(root, size_, "scatter");
+  checkRoot(root, "scatter");
   if (rank_ == root) {
     WEFT_ENFORCE(inputs.size() == static_cast<size_t>(size_), InvalidArgumentError, "scatter: the root passes ", size_,
                  " inputs (one per rank), got ", inputs.size());
@@ -1147,52 +1122,35 @@ Work ProcessGroupGloo::barrier() {
   return impl->enqueue(Header{OpCode::Barrier, 0, -1, -1, -1, -1}, {}, [impl](Deadline d) { impl->barrierRaw(d); });
 }
 
-namespace {
-void checkPeer(int peer, int rank, int size, const char* op, const char* role) {
-  WEFT_ENFORCE(peer >= 0 && peer < size, InvalidArgumentError, op, ": ", role, " rank ", peer,
-               " is not a rank of a group of size ", size);
-  WEFT_ENFORCE(peer != rank, InvalidArgumentError, op, ": rank ", rank, " cannot ", op, " to or from itself");
-}
-}  // namespace
-
 Work ProcessGroupGloo::isend(const Tensor& tensor, int dst, uint32_t tag) {
   checkTensor(tensor, "isend", "tensor");
-  checkPeer(dst, rank_, size_, "isend", "destination");
+  checkPeer(dst, "isend", "destination");
   return impl_->startTransfer(tensor, false, {dst}, tag);
 }
 
 Work ProcessGroupGloo::irecv(const Tensor& tensor, int src, uint32_t tag) {
   checkTensor(tensor, "irecv", "tensor");
-  checkPeer(src, rank_, size_, "irecv", "source");
+  checkPeer(src, "irecv", "source");
   return impl_->startTransfer(tensor, true, {src}, tag);
 }
 
 Work ProcessGroupGloo::irecvFrom(const Tensor& tensor, const std::vector<int>& srcs, uint32_t tag) {
   checkTensor(tensor, "irecvFrom", "tensor");
   WEFT_ENFORCE(!srcs.empty(), InvalidArgumentError, "irecvFrom: the list of source ranks is empty");
-  for (int s : srcs) checkPeer(s, rank_, size_, "irecvFrom", "source");
+  for (int s : srcs) checkPeer(s, "irecvFrom", "source");
   return impl_->startTransfer(tensor, true, srcs, tag);
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroupGloo::newGroup(const std::vector<int>& ranks) {
-  WEFT_ENFORCE(!ranks.empty(), InvalidArgumentError, "newGroup: the list of ranks is empty");
-  std::vector<int> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
-  WEFT_ENFORCE(sorted.front() >= 0 && sorted.back() < size_, InvalidArgumentError, "newGroup: ranks ",
-               rankList(ranks), " are not all ranks of group '", name(), "' of size ", size_);
-  WEFT_ENFORCE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), InvalidArgumentError,
-               "newGroup: ranks ", rankList(ranks), " name a rank twice");
+  checkSubgroupRanks(ranks);
   int index;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex_);
     index = impl_->subgroups_++;
   }
-  auto at = std::find(ranks.begin(), ranks.end(), rank_);
-  if (at == ranks.end()) return nullptr;
-  const int newRank = static_cast<int>(at - ranks.begin());
-  std::string ranksText;
-  for (size_t i = 0; i < ranks.size(); ++i) ranksText += (i ? "," : "") + std::to_string(ranks[i]);
-  std::string subName = impl_->name_ + "/sub" + std::to_string(index) + "[" + ranksText + "]";
+  const int newRank = rankIn(ranks);
+  if (newRank < 0) return nullptr;
+  std::string subName = subgroupName(impl_->name_, index, ranks);
   const int subSize = static_cast<int>(ranks.size());
   auto impl = std::make_unique<Impl>(impl_->store_, newRank, subSize, impl_->options_, std::move(subName),
                                      impl_->device_);

@@ -141,39 +141,9 @@ void checkReducible(DType t, ReduceOp op, const char* name) {
                " needs NCCL 2.10 or newer (ncclAvg); this build has NCCL ", NCCL_MAJOR, ".", NCCL_MINOR);
 }
 
-void checkRoot(int root, int size, const char* op) {
-  WEFT_ENFORCE(root >= 0 && root < size, InvalidArgumentError, op, ": root ", root, " is not a rank of a group of size ",
-               size);
-}
-
-void checkPeer(int peer, int rank, int size, const char* op, const char* role) {
-  WEFT_ENFORCE(peer >= 0 && peer < size, InvalidArgumentError, op, ": ", role, " rank ", peer,
-               " is not a rank of a group of size ", size);
-  WEFT_ENFORCE(peer != rank, InvalidArgumentError, op, ": rank ", rank, " cannot ", op, " to or from itself");
-}
-
 void checkTag(uint32_t tag, const char* op) {
   WEFT_ENFORCE(tag == 0, InvalidArgumentError, op, ": the nccl backend has no tags (NCCL matches transfers between ",
                "two ranks in issue order); the tag must be 0, got ", tag);
-}
-
-void checkName(const std::string& name) {
-  bool ok = !name.empty() && name.size() <= 64;
-  for (char c : name) {
-    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-                c == '-');
-  }
-  WEFT_ENFORCE(ok, InvalidArgumentError, "ProcessGroupNccl: group name '", name,
-               "' must be 1 to 64 characters from [A-Za-z0-9_.-]");
-}
-
-std::string rankList(const std::vector<int>& ranks) {
-  std::string s = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(ranks[i]);
-  }
-  return s + "]";
 }
 
 std::string toHex(const ncclUniqueId& id) {
@@ -573,7 +543,7 @@ std::unique_ptr<ProcessGroupNccl> ProcessGroupNccl::create(rpc::StoreClient& sto
 
 ProcessGroupNccl::ProcessGroupNccl(rpc::StoreClient& store, int rank, int size, Options options)
     : ProcessGroup(rank, size) {
-  checkName(options.name);
+  checkGroupName("ProcessGroupNccl", options.name);
   std::string name = options.name;
   impl_ = std::make_unique<Impl>(store, rank, size, std::move(options), std::move(name));
 }
@@ -589,7 +559,7 @@ int ProcessGroupNccl::device() const { return impl_->device_; }
 
 Work ProcessGroupNccl::broadcast(const Tensor& tensor, int root) {
   checkTensor(tensor, device(), "broadcast", "tensor");
-  checkRoot(root, size_, "broadcast");
+  checkRoot(root, "broadcast");
   return impl_->submit("broadcast", true, {tensor}, [tensor, root](ncclComm_t comm, cudaStream_t s) {
     if (tensor.numel() == 0) return;
     ncclEnforce(ncclBroadcast(tensor.rawData(), tensor.rawData(), static_cast<size_t>(tensor.numel()),
@@ -618,7 +588,7 @@ Work ProcessGroupNccl::allReduce(const Tensor& tensor, ReduceOp op) {
 
 Work ProcessGroupNccl::reduce(const Tensor& tensor, int root, ReduceOp op) {
   checkTensor(tensor, device(), "reduce", "tensor");
-  checkRoot(root, size_, "reduce");
+  checkRoot(root, "reduce");
   checkReducible(tensor.dtype(), op, "reduce");
   Impl::FinishFn finish;
   if (!kNcclHasAvg && op == ReduceOp::Avg && rank_ == root) {
@@ -683,7 +653,7 @@ Work ProcessGroupNccl::allGatherInto(const Tensor& output, const Tensor& input) 
 
 Work ProcessGroupNccl::gather(std::vector<Tensor>& outputs, const Tensor& input, int root) {
   checkTensor(input, device(), "gather", "input");
-  checkRoot(root, size_, "gather");
+  checkRoot(root, "gather");
   if (rank_ == root) {
     prepareOutputs(outputs, input, size_, device(), "gather");
   } else {
@@ -714,7 +684,7 @@ Work ProcessGroupNccl::gather(std::vector<Tensor>& outputs, const Tensor& input,
 
 Work ProcessGroupNccl::scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) {
   checkTensor(output, device(), "scatter", "output");
-  checkRoot(root, size_, "scatter");
+  checkRoot(root, "scatter");
   if (rank_ == root) {
     WEFT_ENFORCE(inputs.size() == static_cast<size_t>(size_), InvalidArgumentError, "scatter: the root passes ", size_,
                  " inputs (one per rank), got ", inputs.size());
@@ -808,7 +778,7 @@ Work ProcessGroupNccl::barrier() {
 Work ProcessGroupNccl::isend(const Tensor& tensor, int dst, uint32_t tag) {
   checkTensor(tensor, device(), "isend", "tensor");
   checkTag(tag, "isend");
-  checkPeer(dst, rank_, size_, "isend", "destination");
+  checkPeer(dst, "isend", "destination");
   return impl_->submit("send to rank " + std::to_string(dst), false, {tensor},
                        [tensor, dst](ncclComm_t comm, cudaStream_t s) {
                          if (tensor.nbytes() == 0) return;
@@ -819,7 +789,7 @@ Work ProcessGroupNccl::isend(const Tensor& tensor, int dst, uint32_t tag) {
 Work ProcessGroupNccl::irecv(const Tensor& tensor, int src, uint32_t tag) {
   checkTensor(tensor, device(), "irecv", "tensor");
   checkTag(tag, "irecv");
-  checkPeer(src, rank_, size_, "irecv", "source");
+  checkPeer(src, "irecv", "source");
   Work w = impl_->submit("recv from rank " + std::to_string(src), false, {tensor},
                          [tensor, src](ncclComm_t comm, cudaStream_t s) {
                            if (tensor.nbytes() == 0) return;
@@ -838,27 +808,15 @@ Work ProcessGroupNccl::irecvFrom(const Tensor& tensor, const std::vector<int>& s
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroupNccl::newGroup(const std::vector<int>& ranks) {
-  WEFT_ENFORCE(!ranks.empty(), InvalidArgumentError, "newGroup: the list of ranks is empty");
-  std::vector<int> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
-  WEFT_ENFORCE(sorted.front() >= 0 && sorted.back() < size_, InvalidArgumentError, "newGroup: ranks ",
-               rankList(ranks), " are not all ranks of group '", name(), "' of size ", size_);
-  WEFT_ENFORCE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), InvalidArgumentError,
-               "newGroup: ranks ", rankList(ranks), " name a rank twice");
+  checkSubgroupRanks(ranks);
   int index;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex_);
     index = impl_->subgroups_++;
   }
-  auto at = std::find(ranks.begin(), ranks.end(), rank_);
-  if (at == ranks.end()) return nullptr;
-  const int newRank = static_cast<int>(at - ranks.begin());
-  std::string ranksText;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) ranksText += ',';
-    ranksText += std::to_string(ranks[i]);
-  }
-  std::string subName = impl_->name_ + "/sub" + std::to_string(index) + "[" + ranksText + "]";
+  const int newRank = rankIn(ranks);
+  if (newRank < 0) return nullptr;
+  std::string subName = subgroupName(impl_->name_, index, ranks);
   Options subOptions = impl_->options_;
   subOptions.device = impl_->device_;
   const int subSize = static_cast<int>(ranks.size());
