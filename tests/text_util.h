@@ -6,6 +6,8 @@
 //   std::string why = weft::testing::restOfLine(out, "error: ");
 #pragma once
 
+#include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,20 @@ inline long long numberAfter(const std::string& text, const std::string& label) 
   size_t end = 0;
   while (end < rest.size() && rest[end] >= '0' && rest[end] <= '9') ++end;
   return end == 0 ? -1 : std::stoll(rest.substr(0, end));
+}
+
+// How many times `what` occurs in `text` (overlapping occurrences count).
+inline size_t countOf(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
+  return n;
+}
+
+// The real number right after the first `label` (as atof reads it: 0 when no number follows);
+// NaN when label is absent.
+inline double realAfter(const std::string& text, const std::string& label) {
+  size_t pos = text.find(label);
+  return pos == std::string::npos ? std::nan("") : std::atof(text.c_str() + pos + label.size());
 }
 
 }  // namespace weft::testing

@@ -4,16 +4,20 @@
 // rank shuts down cleanly; upstream's random target runs too; bad configurations fail at start.
 // Also the example's batches and targets on their own.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "examples/ddp_rpc/batch.h"
 #include "tensor/ops.h"
+#include "examples/example_run.h"
+#include "text_util.h"
+
+using weft::testing::runShell;
+using weft::testing::countLines;
+using weft::testing::countOf;
 
 using namespace weft::examples::ddp_rpc;
 
@@ -78,32 +82,6 @@ TEST_CASE("the learnable target is the class the initial table projected by P ra
 
 namespace {
 
-// Runs `cmd` through the shell, returning its exit status and its stdout (and stderr when the
-// command redirects it).
-int run(const std::string& cmd, std::string& out) {
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-int countLines(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return -1;
-  int lines = 0;
-  for (int c; (c = std::fgetc(f)) != EOF;) lines += c == '\n';
-  std::fclose(f);
-  return lines;
-}
-
-size_t countOf(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
-  return n;
-}
-
 // The numbers of the master's summary line.
 struct Summary {
   double first0 = 0, last0 = 0, first1 = 0, last1 = 0;
@@ -136,7 +114,7 @@ TEST_CASE("ddp_rpc learns the learnable target with identical replicas and a cha
   // 40 epochs of 10 batches per trainer (a third of the default run): the last epoch's mean loss
   // is 0.33-0.49 for seeds 0-5, from 2.1-2.5 in the first; chance (and upstream's random target)
   // stays at ln 8 = 2.08. The test requires half of ln 8, the goal the default run is held to.
-  int rc = run(kWeftrun + " -n 4 --grace-period 5 " + kProgram + " --epochs 40 --metrics " + csv + " 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 4 --grace-period 5 " + kProgram + " --epochs 40 --metrics " + csv + " 2>&1", out);
   INFO(out);
   CHECK(rc == 0);
   Summary s = parseSummary(out);
@@ -166,7 +144,7 @@ TEST_CASE("ddp_rpc runs upstream's random target, which it cannot learn") {
   const std::string csv = "ddp_rpc_test_random.csv";
   const std::string csv1 = "ddp_rpc_test_random.trainer1.csv";
   std::string out;
-  int rc = run(kWeftrun + " -n 4 --grace-period 5 " + kProgram + " --epochs 5 --target random --metrics " + csv +
+  int rc = runShell(kWeftrun + " -n 4 --grace-period 5 " + kProgram + " --epochs 5 --target random --metrics " + csv +
                    " 2>&1",
                out);
   INFO(out);
@@ -186,7 +164,7 @@ TEST_CASE("ddp_rpc runs upstream's random target, which it cannot learn") {
 
 TEST_CASE("ddp_rpc refuses a world other than 4 processes") {
   std::string out;
-  int rc = run(kWeftrun + " -n 3 " + kProgram + " --metrics /dev/null 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 3 " + kProgram + " --metrics /dev/null 2>&1", out);
   INFO(out);
   CHECK(rc == 1);
   CHECK(out.find("needs exactly 4 processes (trainer0, trainer1, master, ps), got a world of 3") !=
@@ -195,11 +173,11 @@ TEST_CASE("ddp_rpc refuses a world other than 4 processes") {
 
 TEST_CASE("ddp_rpc rejects an unknown target mode and bad numbers with its usage") {
   std::string out;
-  CHECK(run(kProgram + " --target hogwild 2>&1", out) == 2);
+  CHECK(runShell(kProgram + " --target hogwild 2>&1", out) == 2);
   CHECK(out.find("unknown target mode 'hogwild'") != std::string::npos);
   CHECK(out.find("usage: weftrun -n 4 ddp_rpc") != std::string::npos);
   out.clear();
-  CHECK(run(kProgram + " --epochs 0 2>&1", out) == 2);
+  CHECK(runShell(kProgram + " --epochs 0 2>&1", out) == 2);
   CHECK(out.find("--epochs must be at least 1") != std::string::npos);
 }
 

@@ -5,50 +5,23 @@
 // float rounding on two), the model must learn, every process must exit 0 after a clean shutdown;
 // bad configurations fail at start with a clear message.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "nn/serialize.h"
+#include "examples/example_run.h"
+#include "text_util.h"
+
+using weft::testing::runShell;
+using weft::testing::countLines;
+using weft::testing::countOf;
+using weft::testing::realAfter;
 
 #ifdef WEFT_FASHION_MNIST_DP
 
 namespace {
-
-// Runs `cmd` through the shell, returning its exit status and its stdout (and stderr when the
-// command redirects it).
-int run(const std::string& cmd, std::string& out) {
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-int countLines(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return -1;
-  int lines = 0;
-  for (int c; (c = std::fgetc(f)) != EOF;) lines += c == '\n';
-  std::fclose(f);
-  return lines;
-}
-
-size_t countOf(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
-  return n;
-}
-
-// The number after `key` in `text`, or NaN when `key` is absent.
-double numberAfter(const std::string& text, const std::string& key) {
-  auto pos = text.find(key);
-  return pos == std::string::npos ? std::nan("") : std::atof(text.c_str() + pos + key.size());
-}
 
 const std::string kWeftrun = WEFT_WEFTRUN;
 const std::string kProgram = WEFT_FASHION_MNIST_DP;
@@ -67,7 +40,7 @@ Result train(int processes, const std::string& mode) {
   const std::string args = " --mode " + mode + " --epochs 1 --max-batches 100 --log-interval 50 --threads 1 --metrics " +
                            csv + " --save " + weights + " 2>&1";
   std::string out;
-  const int rc = run(kWeftrun + " -n " + std::to_string(processes) + " --grace-period 5 " + kProgram + args, out);
+  const int rc = runShell(kWeftrun + " -n " + std::to_string(processes) + " --grace-period 5 " + kProgram + args, out);
   INFO(out);
   CHECK(rc == 0);
   CHECK(out.find("mode " + mode + ", " + std::to_string(processes) + " process(es) x 1 thread(s), global batch 64 (" +
@@ -80,8 +53,8 @@ Result train(int processes, const std::string& mode) {
   // Rank 0's metrics: the header and one row per step.
   CHECK(countLines(csv) == 101);
   Result r;
-  r.accuracy = numberAfter(out, "final test accuracy: ");
-  r.throughput = numberAfter(out, "throughput: ");
+  r.accuracy = realAfter(out, "final test accuracy: ");
+  r.throughput = realAfter(out, "throughput: ");
   REQUIRE_NOTHROW(r.weights = weft::nn::loadStateDictFile(weights));
   std::remove(csv.c_str());
   std::remove(weights.c_str());
@@ -135,7 +108,7 @@ TEST_CASE("data-parallel Fashion-MNIST on one and two processes ends with the si
 
 TEST_CASE("the data-parallel example refuses a global batch that does not split over the processes") {
   std::string out;
-  int rc = run(kWeftrun + " -n 2 " + kProgram + " --batch-size 63 --metrics /dev/null 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 2 " + kProgram + " --batch-size 63 --metrics /dev/null 2>&1", out);
   INFO(out);
   CHECK(rc == 1);
   CHECK(out.find("--batch-size 63 is the global batch and must split evenly over the 2 processes") != std::string::npos);
@@ -143,7 +116,7 @@ TEST_CASE("the data-parallel example refuses a global batch that does not split 
 
 TEST_CASE("the data-parallel example keeps --mode local to a world of one") {
   std::string out;
-  int rc = run(kWeftrun + " -n 2 " + kProgram + " --mode local --metrics /dev/null 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 2 " + kProgram + " --mode local --metrics /dev/null 2>&1", out);
   INFO(out);
   CHECK(rc == 1);
   CHECK(out.find("--mode local is the single-process baseline; this job has 2 processes") != std::string::npos);
@@ -151,7 +124,7 @@ TEST_CASE("the data-parallel example keeps --mode local to a world of one") {
 
 TEST_CASE("the data-parallel example rejects an unknown mode with its usage") {
   std::string out;
-  int rc = run(kProgram + " --mode hogwild 2>&1", out);
+  int rc = runShell(kProgram + " --mode hogwild 2>&1", out);
   CHECK(rc == 2);
   CHECK(out.find("unknown mode 'hogwild' (ddp, allreduce or local)") != std::string::npos);
   CHECK(out.find("usage: weftrun -n W fashion_mnist") != std::string::npos);
@@ -159,7 +132,7 @@ TEST_CASE("the data-parallel example rejects an unknown mode with its usage") {
 
 TEST_CASE("the data-parallel example names the Debian package when the data are missing") {
   std::string out;
-  int rc = run(kWeftrun + " -n 2 " + kProgram + " --data-dir /nonexistent-weft-data --metrics /dev/null 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 2 " + kProgram + " --data-dir /nonexistent-weft-data --metrics /dev/null 2>&1", out);
   INFO(out);
   CHECK(rc == 1);
   CHECK(out.find("dataset-fashion-mnist") != std::string::npos);

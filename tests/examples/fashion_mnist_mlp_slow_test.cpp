@@ -1,30 +1,20 @@
 // The Fashion-MNIST demo, run as a user runs it: two epochs must reach a test
 // accuracy of at least 0.85.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-namespace {
+#include "examples/example_run.h"
 
-// Runs `cmd`, returning its exit status and stdout.
-int run(const std::string& cmd, std::string& out) {
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-}  // namespace
+using weft::testing::countLines;
+using weft::testing::runShell;
 
 TEST_CASE("the Fashion-MNIST MLP demo reaches 85% test accuracy in two epochs") {
   std::string csv = "fashion_mnist_mlp_test.csv";
   std::string out;
-  int rc = run(std::string(WEFT_FASHION_MNIST_MLP) + " --epochs 2 --csv " + csv, out);
+  int rc = runShell(std::string(WEFT_FASHION_MNIST_MLP) + " --epochs 2 --csv " + csv, out);
   INFO(out);
   REQUIRE(rc == 0);
   auto pos = out.find("final test accuracy: ");
@@ -32,25 +22,22 @@ TEST_CASE("the Fashion-MNIST MLP demo reaches 85% test accuracy in two epochs") 
   double acc = std::atof(out.c_str() + pos + 21);
   CHECK(acc >= 0.85);
   // One CSV row per iteration: 2 epochs of ceil(60000 / 64) batches.
-  FILE* f = std::fopen(csv.c_str(), "r");
-  REQUIRE(f != nullptr);
-  int lines = 0;
-  for (int c; (c = std::fgetc(f)) != EOF;) lines += c == '\n';
-  std::fclose(f);
+  int lines = countLines(csv);
+  REQUIRE(lines >= 0);
   std::remove(csv.c_str());
   CHECK(lines == 1 + 2 * 938);
 }
 
 TEST_CASE("the demo rejects an unknown flag with its usage") {
   std::string out;
-  int rc = run(std::string(WEFT_FASHION_MNIST_MLP) + " --bogus 1 2>&1", out);
+  int rc = runShell(std::string(WEFT_FASHION_MNIST_MLP) + " --bogus 1 2>&1", out);
   CHECK(rc == 2);
   CHECK(out.find("unknown flag --bogus") != std::string::npos);
 }
 
 TEST_CASE("the demo names the Debian package when the data are missing") {
   std::string out;
-  int rc = run(std::string(WEFT_FASHION_MNIST_MLP) + " --data-dir /nonexistent-weft-data --csv /dev/null 2>&1", out);
+  int rc = runShell(std::string(WEFT_FASHION_MNIST_MLP) + " --data-dir /nonexistent-weft-data --csv /dev/null 2>&1", out);
   CHECK(rc == 1);
   CHECK(out.find("dataset-fashion-mnist") != std::string::npos);
 }

@@ -2,13 +2,17 @@
 // weftrun: a short run with two trainers learns (test accuracy far above chance) and every rank
 // shuts down cleanly; bad configurations fail at start. Also the server's UpdateLock on its own.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "examples/parameter_server/update_lock.h"
+#include "examples/example_run.h"
+#include "text_util.h"
+
+using weft::testing::runShell;
+using weft::testing::countLines;
+using weft::testing::countOf;
 
 using weft::examples::parameter_server::UpdateLock;
 using Mode = UpdateLock::Mode;
@@ -70,32 +74,6 @@ TEST_CASE("UpdateLock transition gives a shared hold back and queues for the exc
 
 namespace {
 
-// Runs `cmd` through the shell, returning its exit status and its stdout (and stderr when the
-// command redirects it).
-int run(const std::string& cmd, std::string& out) {
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-int countLines(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return -1;
-  int lines = 0;
-  for (int c; (c = std::fgetc(f)) != EOF;) lines += c == '\n';
-  std::fclose(f);
-  return lines;
-}
-
-size_t countOf(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
-  return n;
-}
-
 const std::string kWeftrun = WEFT_WEFTRUN;
 const std::string kProgram = WEFT_PARAMETER_SERVER;
 
@@ -107,7 +85,7 @@ TEST_CASE("two trainers of the parameter server learn Fashion-MNIST and shut dow
     const std::string csv = std::string("parameter_server_test_") + mode + ".csv";
     const std::string csv2 = std::string("parameter_server_test_") + mode + ".trainer_2.csv";
     std::string out;
-    int rc = run(kWeftrun + " -n 3 --grace-period 5 " + kProgram + " --max-batches 150 --log-interval 50 --update " +
+    int rc = runShell(kWeftrun + " -n 3 --grace-period 5 " + kProgram + " --max-batches 150 --log-interval 50 --update " +
                      mode + " --metrics " + csv + " 2>&1",
                  out);
     INFO(out);
@@ -134,7 +112,7 @@ TEST_CASE("two trainers of the parameter server learn Fashion-MNIST and shut dow
 
 TEST_CASE("the parameter server refuses a world of one process") {
   std::string out;
-  int rc = run(kWeftrun + " -n 1 " + kProgram + " --metrics /dev/null 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 1 " + kProgram + " --metrics /dev/null 2>&1", out);
   INFO(out);
   CHECK(rc == 1);
   CHECK(out.find("needs at least 2 processes") != std::string::npos);
@@ -142,7 +120,7 @@ TEST_CASE("the parameter server refuses a world of one process") {
 
 TEST_CASE("the parameter server names the Debian package when the data are missing") {
   std::string out;
-  int rc = run(kWeftrun + " -n 2 " + kProgram + " --data-dir /nonexistent-weft-data --metrics /dev/null 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 2 " + kProgram + " --data-dir /nonexistent-weft-data --metrics /dev/null 2>&1", out);
   INFO(out);
   CHECK(rc == 1);
   CHECK(out.find("dataset-fashion-mnist") != std::string::npos);
@@ -150,7 +128,7 @@ TEST_CASE("the parameter server names the Debian package when the data are missi
 
 TEST_CASE("the parameter server rejects an unknown update mode with its usage") {
   std::string out;
-  int rc = run(kProgram + " --update hogwild 2>&1", out);
+  int rc = runShell(kProgram + " --update hogwild 2>&1", out);
   CHECK(rc == 2);
   CHECK(out.find("unknown update mode 'hogwild'") != std::string::npos);
 }

@@ -3,35 +3,22 @@
 // cleanly; a run is reproducible from its seed however the observers' calls interleave; bad
 // configurations fail at start.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "examples/example_run.h"
+#include "text_util.h"
+
+using weft::testing::runShell;
+using weft::testing::countOf;
+
 #ifdef WEFT_RL
 
 namespace {
-
-// Runs `cmd` through the shell, returning its exit status and its stdout (and stderr when the
-// command redirects it).
-int run(const std::string& cmd, std::string& out) {
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-size_t countOf(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
-  return n;
-}
 
 // The metrics file's rows, each split at the commas; the header line first.
 std::vector<std::vector<std::string>> readCsv(const std::string& path) {
@@ -54,7 +41,7 @@ const std::string kProgram = WEFT_RL;
 TEST_CASE("two observers of the rl example learn CartPole, reproducibly, and shut down cleanly") {
   const std::string csv = "rl_test_two_observers.csv";
   std::string out;
-  int rc = run(kWeftrun + " -n 3 --grace-period 5 " + kProgram + " --max-episodes 100 --log-interval 25 --metrics " +
+  int rc = runShell(kWeftrun + " -n 3 --grace-period 5 " + kProgram + " --max-episodes 100 --log-interval 25 --metrics " +
                    csv + " 2>&1",
                out);
   INFO(out);
@@ -88,7 +75,7 @@ TEST_CASE("two observers of the rl example learn CartPole, reproducibly, and shu
   // differently.
   const std::string again = "rl_test_again.csv";
   std::string out2;
-  rc = run(kWeftrun + " -n 3 --grace-period 5 " + kProgram + " --max-episodes 20 --metrics " + again + " 2>&1", out2);
+  rc = runShell(kWeftrun + " -n 3 --grace-period 5 " + kProgram + " --max-episodes 20 --metrics " + again + " 2>&1", out2);
   INFO(out2);
   CHECK(rc == 0);
   auto rows2 = readCsv(again);
@@ -103,7 +90,7 @@ TEST_CASE("two observers of the rl example learn CartPole, reproducibly, and shu
 
 TEST_CASE("the rl example refuses a world of one process") {
   std::string out;
-  int rc = run(kWeftrun + " -n 1 " + kProgram + " --metrics /dev/null 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 1 " + kProgram + " --metrics /dev/null 2>&1", out);
   INFO(out);
   CHECK(rc == 1);
   CHECK(out.find("needs at least 2 processes (rank 0: the agent") != std::string::npos);
@@ -111,17 +98,17 @@ TEST_CASE("the rl example refuses a world of one process") {
 
 TEST_CASE("the rl example rejects bad flags with its usage") {
   std::string out;
-  CHECK(run(kProgram + " --max-episodes 0 2>&1", out) == 2);
+  CHECK(runShell(kProgram + " --max-episodes 0 2>&1", out) == 2);
   CHECK(out.find("--max-episodes must be at least 1") != std::string::npos);
   CHECK(out.find("usage: weftrun -n W rl") != std::string::npos);
   out.clear();
-  CHECK(run(kProgram + " --episodes 3 2>&1", out) == 2);
+  CHECK(runShell(kProgram + " --episodes 3 2>&1", out) == 2);
   CHECK(out.find("unknown flag --episodes") != std::string::npos);
 }
 
 TEST_CASE("the rl example fails at start when it cannot write its metrics") {
   std::string out;
-  int rc = run(kWeftrun + " -n 2 --grace-period 5 " + kProgram + " --metrics /nonexistent-weft-dir/rl.csv 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 2 --grace-period 5 " + kProgram + " --metrics /nonexistent-weft-dir/rl.csv 2>&1", out);
   INFO(out);
   CHECK(rc == 1);
   CHECK(out.find("cannot write the metrics file '/nonexistent-weft-dir/rl.csv'") != std::string::npos);

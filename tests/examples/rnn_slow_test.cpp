@@ -3,15 +3,20 @@
 // gradients equal those of a local replay, the upstream sizes run, a run is reproducible from its
 // seed, both ranks shut down cleanly, and bad configurations fail at start.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "common/error.h"
 #include "examples/rnn/task.h"
+#include "examples/example_run.h"
+#include "text_util.h"
+
+using weft::testing::runShell;
+using weft::testing::countLines;
+using weft::testing::countOf;
+using weft::testing::realAfter;
 
 TEST_CASE("PeriodicTask continues every stream across batches and follows its cycle without noise") {
   weft::examples::rnn::PeriodicTask task(5, 3, 0.0, 7);
@@ -40,37 +45,6 @@ TEST_CASE("PeriodicTask continues every stream across batches and follows its cy
 
 namespace {
 
-int run(const std::string& cmd, std::string& out) {
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-int countLines(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return -1;
-  int lines = 0;
-  for (int c; (c = std::fgetc(f)) != EOF;) lines += c == '\n';
-  std::fclose(f);
-  return lines;
-}
-
-size_t countOf(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
-  return n;
-}
-
-// The number after `label` in `text`; NaN when the label is missing.
-double numberAfter(const std::string& text, const std::string& label) {
-  auto pos = text.find(label);
-  if (pos == std::string::npos) return NAN;
-  return std::atof(text.c_str() + pos + label.size());
-}
-
 const std::string kWeftrun = WEFT_WEFTRUN;
 const std::string kProgram = WEFT_RNN;
 
@@ -79,13 +53,13 @@ const std::string kProgram = WEFT_RNN;
 TEST_CASE("the distributed RNN learns the periodic sequence and shuts down cleanly") {
   const std::string csv = "rnn_test_metrics.csv";
   std::string out;
-  int rc = run(kWeftrun + " -n 2 --grace-period 5 " + kProgram + " --metrics " + csv + " 2>&1", out);
+  int rc = runShell(kWeftrun + " -n 2 --grace-period 5 " + kProgram + " --metrics " + csv + " 2>&1", out);
   INFO(out);
   CHECK(rc == 0);
   CHECK(out.find("11 parameter tensors (59144 values)") != std::string::npos);
   const double chance = std::log(8.0);
-  const double first = numberAfter(out, "first 50: ");
-  const double last = numberAfter(out, "final loss ");
+  const double first = realAfter(out, "first 50: ");
+  const double last = realAfter(out, "final loss ");
   // Knowing nothing costs ln 8 = 2.08; the default run ends near 0.62 (floor about 0.47).
   CHECK(first > 0.95 * chance);
   CHECK(last < 0.5 * chance);
@@ -108,12 +82,12 @@ TEST_CASE("distributed autograd's gradients equal a local replay's for every par
                         Case{"--upstream --dtype float64 --dropout 0", 1e-6}}) {
     CAPTURE(c.args);
     std::string out;
-    int rc = run(kWeftrun + " -n 2 --grace-period 5 " + kProgram + " --check-gradients --iterations 40 " + c.args +
+    int rc = runShell(kWeftrun + " -n 2 --grace-period 5 " + kProgram + " --check-gradients --iterations 40 " + c.args +
                      " --metrics " + csv + " 2>&1",
                  out);
     INFO(out);
     CHECK(rc == 0);
-    const double diff = numberAfter(out, "gradient check: max relative difference ");
+    const double diff = realAfter(out, "gradient check: max relative difference ");
     REQUIRE_FALSE(std::isnan(diff));
     CHECK(diff <= c.tolerance);
     CHECK(countOf(out, "shut down cleanly") == 2);
@@ -125,12 +99,12 @@ TEST_CASE("distributed autograd's gradients equal a local replay's for every par
 TEST_CASE("the distributed RNN is reproducible from its seed and runs the upstream sizes") {
   const std::string csv = "rnn_test_seed.csv";
   std::string a, b, c;
-  CHECK(run(kWeftrun + " -n 2 " + kProgram + " --iterations 60 --seed 5 --metrics " + csv + " 2>&1", a) == 0);
-  CHECK(run(kWeftrun + " -n 2 " + kProgram + " --iterations 60 --seed 5 --metrics " + csv + " 2>&1", b) == 0);
-  const double la = numberAfter(a, "final loss "), lb = numberAfter(b, "final loss ");
+  CHECK(runShell(kWeftrun + " -n 2 " + kProgram + " --iterations 60 --seed 5 --metrics " + csv + " 2>&1", a) == 0);
+  CHECK(runShell(kWeftrun + " -n 2 " + kProgram + " --iterations 60 --seed 5 --metrics " + csv + " 2>&1", b) == 0);
+  const double la = realAfter(a, "final loss "), lb = realAfter(b, "final loss ");
   CHECK_FALSE(std::isnan(la));
   CHECK(la == lb);
-  CHECK(run(kWeftrun + " -n 2 " + kProgram + " --upstream --metrics " + csv + " 2>&1", c) == 0);
+  CHECK(runShell(kWeftrun + " -n 2 " + kProgram + " --upstream --metrics " + csv + " 2>&1", c) == 0);
   INFO(c);
   CHECK(c.find("embedding 7x2 and decoder 3->7 on ps, LSTM 2->3 x4 layers here; 19 parameter tensors") !=
         std::string::npos);
@@ -142,7 +116,7 @@ TEST_CASE("the distributed RNN is reproducible from its seed and runs the upstre
 TEST_CASE("the distributed RNN refuses a world other than two processes") {
   for (const char* n : {"1", "3"}) {
     std::string out;
-    int rc = run(kWeftrun + " -n " + n + " " + kProgram + " --metrics /dev/null 2>&1", out);
+    int rc = runShell(kWeftrun + " -n " + n + " " + kProgram + " --metrics /dev/null 2>&1", out);
     INFO(out);
     CHECK(rc == 1);
     CHECK(out.find("needs exactly 2 processes") != std::string::npos);
@@ -160,7 +134,7 @@ TEST_CASE("the distributed RNN rejects bad flags with its usage") {
                         Case{"--frobnicate 3", "unknown flag --frobnicate"}}) {
     CAPTURE(c.args);
     std::string out;
-    int rc = run(kProgram + " " + c.args + " 2>&1", out);
+    int rc = runShell(kProgram + " " + c.args + " 2>&1", out);
     CHECK(rc == 2);
     CHECK(out.find(c.message) != std::string::npos);
     CHECK(out.find("usage: weftrun -n 2") != std::string::npos);
