@@ -15,10 +15,6 @@
 // K = 1 hides: Gloo's TCP event-loop thread busy-polls a socket while the thread that posted the
 // next operation holds the connection's lock, and when both share a CPU the poster only gets it
 // back at the next scheduler tick (4 ms at HZ=250).
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,6 +32,7 @@
 
 #include "collectives/gloo_store.h"
 #include "collectives/process_group_gloo.h"
+#include "bench/two_process.h"
 #include "rpc/store.h"
 #include "tensor/tensor.h"
 
@@ -46,7 +43,7 @@ using Clock = std::chrono::steady_clock;
 using weft::Tensor;
 using weft::collectives::ProcessGroupGloo;
 
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+using weft::bench::fail;
 
 std::vector<int64_t> parseSizes(const std::string& text) {
   std::vector<int64_t> out;
@@ -205,32 +202,14 @@ int main(int argc, char** argv) {
     for (int64_t s : cfg.sizes) {
       if (s < 4 || s % 4 != 0) fail("sizes must be positive multiples of 4 bytes");
     }
-    if (isRank1) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      return runRank(1, static_cast<uint16_t>(std::stoi(argv[2])), cfg);
-    }
-    // A port the kernel just handed out (bound and released), for rank 0's store.
-    weft::rpc::StoreServer::Config probe;
-    uint16_t port;
-    {
-      weft::rpc::StoreServer s(probe);
-      port = s.port();
-    }
-    pid_t child = ::fork();
-    if (child < 0) fail("fork failed");
-    if (child == 0) {
-      std::string p = std::to_string(port);
-      std::string self = "/proc/self/exe";
-      std::vector<char*> args = {self.data(), const_cast<char*>("--rank1"), p.data()};
-      for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
-      args.push_back(nullptr);
-      ::execv("/proc/self/exe", args.data());
-      ::_exit(127);
-    }
+    if (isRank1) return runRank(1, static_cast<uint16_t>(std::stoi(argv[2])), cfg);
+    // Rank 1: this program again, with "--rank1 PORT" before rank 0's own arguments.
+    const uint16_t port = weft::bench::freePort();
+    std::vector<std::string> args = {"collectives_bench", "--rank1", std::to_string(port)};
+    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+    weft::bench::ServerProcess rank1(std::move(args));
     int rc = runRank(0, port, cfg);
-    int status = 0;
-    ::waitpid(child, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail("rank 1 failed");
+    rank1.waitForExit(std::chrono::seconds(60));
     return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "collectives_bench: %s\n", e.what());

@@ -12,10 +12,6 @@
 // --no-check builds the process group without the call-header check (one extra small allreduce
 // per collective, which the per-parameter loop pays 128 times per step). The paths alternate
 // within each iteration, so that drift in machine load hits them alike.
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +26,7 @@
 #include "collectives/process_group_gloo.h"
 #include "nn/linear.h"
 #include "nn/optim.h"
+#include "bench/two_process.h"
 #include "rpc/store.h"
 #include "tensor/ops.h"
 
@@ -43,7 +40,7 @@ using weft::collectives::ProcessGroupGloo;
 using weft::collectives::ReduceOp;
 using weft::collectives::Work;
 
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+using weft::bench::fail;
 
 constexpr int kLayers = 64;
 constexpr int64_t kWidth = 64;
@@ -206,31 +203,14 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    if (isRank1) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      return runRank(1, static_cast<uint16_t>(std::stoi(argv[2])), cfg);
-    }
-    // A port the kernel just handed out (bound and released), for rank 0's store.
-    uint16_t port;
-    {
-      weft::rpc::StoreServer probe(weft::rpc::StoreServer::Config{});
-      port = probe.port();
-    }
-    pid_t child = ::fork();
-    if (child < 0) fail("fork failed");
-    if (child == 0) {
-      std::string p = std::to_string(port);
-      std::string self = "/proc/self/exe";
-      std::vector<char*> args = {self.data(), const_cast<char*>("--rank1"), p.data()};
-      for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
-      args.push_back(nullptr);
-      ::execv("/proc/self/exe", args.data());
-      ::_exit(127);
-    }
+    if (isRank1) return runRank(1, static_cast<uint16_t>(std::stoi(argv[2])), cfg);
+    // Rank 1: this program again, with "--rank1 PORT" before rank 0's own arguments.
+    const uint16_t port = weft::bench::freePort();
+    std::vector<std::string> args = {"ddp_bench", "--rank1", std::to_string(port)};
+    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+    weft::bench::ServerProcess rank1(std::move(args));
     int rc = runRank(0, port, cfg);
-    int status = 0;
-    ::waitpid(child, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail("rank 1 failed");
+    rank1.waitForExit(std::chrono::seconds(60));
     return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_bench: %s\n", e.what());

@@ -203,12 +203,15 @@ inline rpc::Options agentOptions(int rank, uint16_t storePort, std::chrono::mill
   return o;
 }
 
-// The server: this program re-executed as `program --serve storePort cpu`. It dies with this
-// process (PR_SET_PDEATHSIG), and is killed and reaped unless it was waited for.
+// The server: this program re-executed as `program --serve storePort cpu` (or with any argument
+// list). It dies with this process (PR_SET_PDEATHSIG), and is killed and reaped unless it was
+// waited for.
 class ServerProcess {
  public:
-  ServerProcess(const std::string& program, uint16_t storePort, int cpu) {
-    std::vector<std::string> args = {program, "--serve", std::to_string(storePort), std::to_string(cpu)};
+  ServerProcess(const std::string& program, uint16_t storePort, int cpu)
+      : ServerProcess({program, "--serve", std::to_string(storePort), std::to_string(cpu)}) {}
+  // This program re-executed with `args` as its argv (args[0]: the name it runs under).
+  explicit ServerProcess(std::vector<std::string> args) {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
