@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_set>
@@ -37,6 +38,9 @@ constexpr auto kReleaseDelay = std::chrono::milliseconds(50);
 constexpr size_t kTombstones = size_t{1} << 16;
 
 const rpc::CallOptions kControl{.timeout = std::chrono::milliseconds(0), .duringShutdown = true};
+
+// The rank that created a context (or message, or pass) id.
+int creatorOf(int64_t id) { return static_cast<int>(static_cast<uint64_t>(id) >> kRankShift); }
 
 std::string idString(int64_t id) {
   auto u = static_cast<uint64_t>(id);
@@ -122,9 +126,7 @@ class RecvNode final : public Node {
 void GradientMap::accumulate(const Tensor& t, const Tensor& g) {
   auto it = entries_.find(t.impl());
   if (it == entries_.end()) {
-    // Keep the gradient as is only when nothing else can see its storage.
-    bool exclusive = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous();
-    entries_.emplace(t.impl(), std::make_pair(t, exclusive ? g : g.contiguous().clone()));
+    entries_.emplace(t.impl(), std::make_pair(t, autograd::ownedGradient(g)));
   } else {
     it->second.second = autograd::accumulate(it->second.second, g);
   }
@@ -195,6 +197,27 @@ class ContextState : public std::enable_shared_from_this<ContextState> {
 
   // Called by a recv node while the pass runs (mutex_ held).
   void sendGradients(int peer, int64_t messageId, std::vector<Tensor> grads);
+
+  // What a released context held: the workers it reached, and its graph (freed by whoever takes
+  // it, outside the locks).
+  struct Dropped {
+    std::set<int> workers;
+    std::unordered_map<int64_t, std::shared_ptr<SendNode>> sendNodes;
+    std::unique_ptr<GraphTask> task;
+  };
+  // Marks the context released (a later use raises `why` when it is an error and no other failure
+  // came first, else StateError) and takes what it held; nothing when it was released already.
+  std::optional<Dropped> drop(const Status& why = Status()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (released_) return std::nullopt;
+    released_ = true;
+    if (failure_.ok() && !why.ok()) failure_ = why;
+    Dropped d;
+    d.workers.swap(workers_);
+    d.sendNodes.swap(sendNodes_);
+    d.task.swap(task_);
+    return d;
+  }
 
  private:
   DistAutograd& layer_;
@@ -471,7 +494,7 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
                             " tensors that require grad");
       }
       if (passId != state->passId_ || !state->task_) {
-        WEFT_ENFORCE(state->passId_ == 0 || passId > state->passId_ || (passId >> kRankShift) != (state->passId_ >> kRankShift),
+        WEFT_ENFORCE(state->passId_ == 0 || passId > state->passId_ || creatorOf(passId) != creatorOf(state->passId_),
                      StateError, "a backward request of an earlier pass of context ", idString(contextId));
         state->startPass(passId, retainGraph, std::nullopt, {});
       }
@@ -495,30 +518,30 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
   // Drops `state` here and queues its release for the workers it reached. With `now`, sends
   // those workers' queues at once and returns when they answered.
   Future<void> release(const std::shared_ptr<ContextState>& state, bool now) {
-    std::set<int> workers;
-    std::unordered_map<int64_t, std::shared_ptr<SendNode>> nodes;  // freed outside the locks
-    std::unique_ptr<GraphTask> task;
-    {
-      std::lock_guard<std::mutex> lock(state->mutex_);
-      if (state->released_) return makeReadyFuture();
-      state->released_ = true;
-      workers.swap(state->workers_);
-      nodes.swap(state->sendNodes_);
-      task.swap(state->task_);
-    }
-    workers.erase(agent_.rank());
+    std::optional<ContextState::Dropped> dropped = state->drop();
+    if (!dropped) return makeReadyFuture();
+    dropped->workers.erase(agent_.rank());
     Batches batches;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      forget(state->id());
-      for (int w : workers) {
-        if (deadPeers_.count(w)) continue;
-        auto& q = pendingRelease_[w];
-        q.push_back(state->id());
-        if (now || q.size() >= kReleaseBatch) batches.emplace_back(w, takeQueued(w));
+      for (int w : queueRelease(state->id(), dropped->workers)) {
+        if (now || pendingRelease_[w].size() >= kReleaseBatch) batches.emplace_back(w, takeQueued(w));
       }
     }
     return sendAll(batches);
+  }
+
+  // mutex_ held: forgets `id` and queues its release for each of `workers` still alive; returns
+  // those workers.
+  std::vector<int> queueRelease(int64_t id, const std::set<int>& workers) {
+    forget(id);
+    std::vector<int> queued;
+    for (int w : workers) {
+      if (deadPeers_.count(w)) continue;
+      pendingRelease_[w].push_back(id);
+      queued.push_back(w);
+    }
+    return queued;
   }
 
   // mutex_ held: removes `id` from the table and remembers it.
@@ -600,40 +623,30 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
         }
       }
     }
-    std::map<int, std::vector<int64_t>> forwards;
-    std::vector<std::unordered_map<int64_t, std::shared_ptr<SendNode>>> freed;
+    std::vector<std::pair<int64_t, ContextState::Dropped>> dropped;  // freed outside the locks
     for (auto& state : states) {
-      std::set<int> workers;
-      {
-        std::lock_guard<std::mutex> lock(state->mutex_);
-        if (state->released_) continue;
-        state->released_ = true;
-        if ((static_cast<uint64_t>(state->id()) >> kRankShift) == static_cast<uint64_t>(agent_.rank())) {
-          // The creator's context released by another worker: only after a failure there.
-          state->failure_ = Status::disconnected("distributed autograd context " + idString(state->id()) +
-                                                 " was released by worker '" + ctx.callerName +
-                                                 "' after a worker it reached failed");
-        }
-        workers.swap(state->workers_);
-        freed.emplace_back().swap(state->sendNodes_);
-        state->task_.reset();
-      }
-      for (int w : workers) {
-        if (w != ctx.callerRank && w != agent_.rank()) forwards[w].push_back(state->id());
-      }
+      // The creator's context released by another worker: only after a failure there.
+      Status why = creatorOf(state->id()) == agent_.rank()
+                       ? Status::disconnected("distributed autograd context " + idString(state->id()) +
+                                              " was released by worker '" + ctx.callerName +
+                                              "' after a worker it reached failed")
+                       : Status();
+      std::optional<ContextState::Dropped> d = state->drop(why);
+      if (!d) continue;
+      d->workers.erase(ctx.callerRank);
+      d->workers.erase(agent_.rank());
+      dropped.emplace_back(state->id(), std::move(*d));
     }
     Batches batches;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& state : states) forget(state->id());
-      for (auto& [w, list] : forwards) {
-        if (deadPeers_.count(w)) continue;
-        auto& q = pendingRelease_[w];
-        q.insert(q.end(), list.begin(), list.end());
-        batches.emplace_back(w, takeQueued(w));
+      std::set<int> touched;
+      for (auto& [id, d] : dropped) {
+        for (int w : queueRelease(id, d.workers)) touched.insert(w);
       }
+      for (int w : touched) batches.emplace_back(w, takeQueued(w));
     }
-    freed.clear();
+    dropped.clear();
     return sendAll(batches).then([] { return rpc::HeldValue::none(); });
   }
 
@@ -663,26 +676,17 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
       pendingRelease_.erase(rank);
       for (auto& [id, state] : contexts_) hit.push_back(state);
     }
-    std::string name = "rank " + std::to_string(rank);
-    for (const auto& w : agent_.workers()) {
-      if (w.rank == rank) name = "'" + w.name + "'";
-    }
+    const std::string name = agent_.worker(rank).name;
     for (auto& state : hit) {
-      bool involved = false;
-      {
-        std::lock_guard<std::mutex> lock(state->mutex_);
-        involved = state->workers_.count(rank) != 0 ||
-                   (static_cast<uint64_t>(state->id()) >> kRankShift) == static_cast<uint64_t>(rank);
-        if (involved && state->failure_.ok()) {
-          state->failure_ = Status::disconnected("distributed autograd context " + idString(state->id()) +
-                                                 " was released on worker '" + agent_.name() + "': worker " + name +
-                                                 ", which it reached, failed (" + why.message() + ")");
-        }
-      }
-      if (!involved) continue;
       Status failure;
       {
         std::lock_guard<std::mutex> lock(state->mutex_);
+        if (state->workers_.count(rank) == 0 && creatorOf(state->id()) != rank) continue;
+        if (state->failure_.ok()) {
+          state->failure_ = Status::disconnected("distributed autograd context " + idString(state->id()) +
+                                                 " was released on worker '" + agent_.name() + "': worker '" + name +
+                                                 "', which it reached, failed (" + why.message() + ")");
+        }
         failure = state->failure_;
       }
       {
@@ -703,14 +707,8 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
       pendingRelease_.clear();
     }
     for (auto& [id, state] : left) {
-      std::lock_guard<std::mutex> lock(state->mutex_);
-      state->released_ = true;
-      if (state->failure_.ok()) {
-        state->failure_ = Status::cancelled("distributed autograd context " + idString(id) + ": worker '" +
-                                            agent_.name() + "' has shut down its agent");
-      }
-      state->sendNodes_.clear();
-      state->task_.reset();
+      state->drop(Status::cancelled("distributed autograd context " + idString(id) + ": worker '" + agent_.name() +
+                                    "' has shut down its agent"));
     }
   }
 

@@ -74,10 +74,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> gradOutputs) {
   if (!leaf.defined() || !g.defined()) return {};
   Tensor cur = leaf.grad();
   if (!cur.defined()) {
-    // Take the incoming gradient as is when nothing else can see its storage;
-    // otherwise copy so that later in-place accumulation cannot alias it.
-    bool exclusive = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous();
-    leaf.setGrad(exclusive ? g : g.contiguous().clone());
+    leaf.setGrad(autograd::ownedGradient(g));
   } else {
     NoGradGuard ng;
     cur.add_(g);
@@ -150,6 +147,11 @@ void recordOp(const char* name, const std::vector<Tensor>& inputs, const std::ve
 // ---- the engine ----------------------------------------------------------------
 
 namespace autograd {
+
+Tensor ownedGradient(const Tensor& g) {
+  bool exclusive = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous();
+  return exclusive ? g : g.contiguous().clone();
+}
 
 Tensor accumulate(const Tensor& dst, const Tensor& g) {
   if (!dst.defined()) return g;

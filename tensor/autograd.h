@@ -282,5 +282,10 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 // the accumulation every node input buffer and AccumulateGrad use.
 Tensor accumulate(const Tensor& dst, const Tensor& g);
 
+// What a gradient sink keeps as a leaf's first gradient: g itself when
+// nothing else can see its storage, else a contiguous copy, so that later
+// in-place accumulation into it cannot alias another tensor.
+Tensor ownedGradient(const Tensor& g);
+
 }  // namespace autograd
 }  // namespace weft
