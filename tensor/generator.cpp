@@ -36,6 +36,24 @@ uint64_t Generator::nextU64() {
   return result;
 }
 
+void Generator::fillU64(uint64_t* out, int64_t n) {
+  uint64_t s0 = s_[0], s1 = s_[1], s2 = s_[2], s3 = s_[3];
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = rotl(s1 * 5, 7) * 9;
+    const uint64_t t = s1 << 17;
+    s2 ^= s0;
+    s3 ^= s1;
+    s1 ^= s2;
+    s0 ^= s3;
+    s2 ^= t;
+    s3 = rotl(s3, 45);
+  }
+  s_[0] = s0;
+  s_[1] = s1;
+  s_[2] = s2;
+  s_[3] = s3;
+}
+
 double Generator::nextDouble() { return static_cast<double>(nextU64() >> 11) * 0x1.0p-53; }
 float Generator::nextFloat() { return static_cast<float>(nextU64() >> 40) * 0x1.0p-24f; }
 

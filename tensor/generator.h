@@ -19,6 +19,9 @@ class Generator {
   explicit Generator(uint64_t seed = 0x5eed);
   void seed(uint64_t s);
   uint64_t nextU64();
+  // out[0..n) = the next n values of nextU64(), in order (a tight loop for
+  // bulk users such as dropout masks).
+  void fillU64(uint64_t* out, int64_t n);
   double nextDouble();   // U[0, 1) with 53 random bits
   float nextFloat();     // U[0, 1) with 24 random bits
   double nextNormal();   // N(0, 1), Box-Muller (pairs cached)

@@ -1,5 +1,7 @@
 // Neural-network ops (embedding, embeddingBag, conv2d, maxPool2d, dropout,
 // lstmCell) and their backward rules. Losses are in ops_loss.cpp.
+#include <algorithm>
+#include <cmath>
 #include <mutex>
 
 #include "kernels/cpu/conv.h"
@@ -294,28 +296,39 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   detail::requireCpu("dropout", x);
   detail::requireFloating("dropout", x);
   // mask = 0 with probability p, else 1 / (1 - p); all zeros when p == 1.
+  // Element i is dropped when the generator's i-th nextDouble() would be
+  // below p: (u >> 11) * 2^-53 < p, that is (u >> 11) < p * 2^53.
+  Tensor xc = x.detach().contiguous();
   Tensor mask = empty(x.shape(), like(x));
-  int64_t n = mask.numel();
-  if (p == 1.0) {
-    mask.zero_();
-  } else {
-    std::unique_lock<std::mutex> lock;
-    if (!gen) {
-      lock = std::unique_lock<std::mutex>(defaultGeneratorMutex());
-      gen = &defaultGenerator();
+  Tensor out = empty(x.shape(), like(x));
+  const int64_t n = mask.numel();
+  std::unique_lock<std::mutex> lock;
+  if (!gen) {
+    lock = std::unique_lock<std::mutex>(defaultGeneratorMutex());
+    gen = &defaultGenerator();
+  }
+  const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
+  // k < p * 2^53 for an integer k is k < ceil(p * 2^53).
+  const auto threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
+  WEFT_DISPATCH_FLOATING(x.dtype(), "dropout", [&]<class T>() {
+    const T* px = xc.data<T>();
+    T* m = mask.data<T>();
+    T* po = out.data<T>();
+    const T keep = static_cast<T>(scale);
+    constexpr int64_t kBlock = 1024;
+    uint64_t bits[kBlock];
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t len = std::min(kBlock, n - b);
+      if (p == 1.0) {
+        std::fill(m + b, m + b + len, T(0));
+      } else {
+        gen->fillU64(bits, len);
+        // Branch-free: the draws are unpredictable.
+        for (int64_t i = 0; i < len; ++i) m[b + i] = static_cast<T>((bits[i] >> 11) >= threshold) * keep;
+      }
+      for (int64_t i = 0; i < len; ++i) po[b + i] = px[b + i] * m[b + i];
     }
-    double scale = 1.0 / (1.0 - p);
-    WEFT_DISPATCH_FLOATING(x.dtype(), "dropout", [&]<class T>() {
-      T* m = mask.data<T>();
-      T keep = static_cast<T>(scale);
-      for (int64_t i = 0; i < n; ++i) m[i] = gen->nextDouble() < p ? T(0) : keep;
-    });
-  }
-  Tensor out;
-  {
-    NoGradGuard ng;
-    out = mul(x, mask);
-  }
+  });
   if (anyRequiresGrad({&x})) {
     recordOp("DropoutBackward", {x}, {out},
              [mask](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], mask)}; });

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <new>
 
 #include "common/error.h"
@@ -12,6 +14,68 @@ namespace weft {
 
 namespace {
 constexpr size_t kHugePageBytes = size_t{2} << 20;
+// Most bytes of freed large blocks kept for reuse.
+constexpr size_t kBlockCacheBytes = size_t{256} << 20;
+
+// Freed CPU blocks of 2 MiB and more, kept by size for the next allocation of
+// the same size. A training step allocates the same large activations and
+// gradients every iteration; handing each a fresh mapping costs a page fault
+// and a zeroed page per 4 KiB (per 2 MiB with huge pages), which on small
+// models is a large share of the step. Process-wide, like the C heap it sits
+// on; never destroyed, so storages freed during static destruction still find it.
+class LargeBlockCache {
+ public:
+  static LargeBlockCache& instance() {
+    static LargeBlockCache* cache = new LargeBlockCache();
+    return *cache;
+  }
+
+  void* take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_.find(bytes);
+    if (it == free_.end()) return nullptr;
+    void* p = it->second;
+    free_.erase(it);
+    cached_ -= bytes;
+    return p;
+  }
+
+  void give(void* p, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (cached_ + bytes <= kBlockCacheBytes) {
+        free_.emplace(bytes, p);
+        cached_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  size_t release() {
+    std::multimap<size_t, void*> blocks;
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks.swap(free_);
+      bytes = cached_;
+      cached_ = 0;
+    }
+    for (auto& [size, p] : blocks) std::free(p);
+    return bytes;
+  }
+
+  size_t cachedBytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cached_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_;
+  size_t cached_ = 0;
+};
+
 }  // namespace
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
@@ -22,21 +86,28 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   }
   // 64-byte alignment suits AVX-512 loads and keeps rows off shared cache lines.
   size_t rounded = (nbytes + 63) / 64 * 64;
-  void* p = nullptr;
   if (rounded >= kHugePageBytes) {
     // Large buffers are 2 MiB aligned and backed by transparent huge pages where
     // the kernel offers them (madvise mode): filling a fresh 64 MiB buffer then
     // takes 32 page faults instead of 16384, which is most of the cost of
-    // receiving a large tensor into new storage.
+    // receiving a large tensor into new storage. Freed ones are reused.
     rounded = (rounded + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-    p = std::aligned_alloc(kHugePageBytes, rounded);
-    if (p) ::madvise(p, rounded, MADV_HUGEPAGE);
-  } else if (rounded) {
-    p = std::aligned_alloc(64, rounded);
+    void* p = LargeBlockCache::instance().take(rounded);
+    if (!p) {
+      p = std::aligned_alloc(kHugePageBytes, rounded);
+      if (!p) throw std::bad_alloc();
+      ::madvise(p, rounded, MADV_HUGEPAGE);
+    }
+    return std::shared_ptr<Storage>(
+        new Storage(p, nbytes, device, [rounded](void* q) { LargeBlockCache::instance().give(q, rounded); }));
   }
+  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
   if (rounded && !p) throw std::bad_alloc();
   return std::shared_ptr<Storage>(new Storage(p, nbytes, device, [](void* q) { std::free(q); }));
 }
+
+size_t Storage::releaseCachedMemory() { return LargeBlockCache::instance().release(); }
+size_t Storage::cachedBytes() { return LargeBlockCache::instance().cachedBytes(); }
 
 std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device, Deleter deleter) {
   return std::shared_ptr<Storage>(new Storage(data, nbytes, device, std::move(deleter)));

@@ -1,8 +1,14 @@
 #include "kernels/cpu/conv.h"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <memory>
+#include <vector>
 
+#include "common/error.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
 
@@ -13,66 +19,129 @@ bool isPointwise(const Conv2dGeometry& g) {
   return g.kernelH == 1 && g.kernelW == 1 && g.strideH == 1 && g.strideW == 1 && g.padH == 0 && g.padW == 0;
 }
 
+// The output columns [lo, hi) whose input column ow * stride - pad + kj lies
+// inside [0, width); the others read the zero padding.
+struct ColumnRange {
+  int64_t lo, hi;
+};
+ColumnRange validColumns(int64_t kj, int64_t stride, int64_t pad, int64_t width, int64_t outW) {
+  // ow * stride >= pad - kj  and  ow * stride < width + pad - kj
+  auto ceilDiv = [](int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; };
+  int64_t lo = std::min(ceilDiv(pad - kj, stride), outW);
+  int64_t hi = std::clamp<int64_t>(ceilDiv(width + pad - kj, stride), lo, outW);
+  return {lo, hi};
+}
+
 // cols[(c*kh + ki)*kw + kj, oh*outW + ow] = x[c, oh*sh - ph + ki, ow*sw - pw + kj],
-// zero where that position falls in the padding.
+// zero where that position falls in the padding. Runs on the calling thread:
+// callers parallelise over images, so one image's cols stay in that core's cache.
 template <class T>
 void im2col(const T* x, const Conv2dGeometry& g, T* cols) {
   const int64_t K = g.kernelH * g.kernelW, L = g.outH * g.outW;
-  parallelFor(g.inChannels * K, kParallelGrain / (L > 0 ? L : 1) + 1, [&](int64_t rb, int64_t re) {
-    for (int64_t r = rb; r < re; ++r) {
-      int64_t c = r / K, ki = (r % K) / g.kernelW, kj = r % g.kernelW;
-      const T* plane = x + c * g.height * g.width;
-      T* dst = cols + r * L;
-      for (int64_t oh = 0; oh < g.outH; ++oh) {
-        int64_t ih = oh * g.strideH - g.padH + ki;
-        T* drow = dst + oh * g.outW;
-        if (ih < 0 || ih >= g.height) {
-          std::memset(drow, 0, sizeof(T) * g.outW);
-          continue;
-        }
-        const T* srow = plane + ih * g.width;
-        for (int64_t ow = 0; ow < g.outW; ++ow) {
-          int64_t iw = ow * g.strideW - g.padW + kj;
-          drow[ow] = iw >= 0 && iw < g.width ? srow[iw] : T(0);
-        }
+  for (int64_t r = 0; r < g.inChannels * K; ++r) {
+    const int64_t c = r / K, ki = (r % K) / g.kernelW, kj = r % g.kernelW;
+    const T* plane = x + c * g.height * g.width;
+    const auto [lo, hi] = validColumns(kj, g.strideW, g.padW, g.width, g.outW);
+    T* dst = cols + r * L;
+    for (int64_t oh = 0; oh < g.outH; ++oh) {
+      const int64_t ih = oh * g.strideH - g.padH + ki;
+      T* drow = dst + oh * g.outW;
+      if (ih < 0 || ih >= g.height || lo == hi) {
+        std::memset(drow, 0, sizeof(T) * g.outW);
+        continue;
       }
+      const T* srow = plane + ih * g.width - g.padW + kj;  // srow[ow * sw] is input column ow*sw - pw + kj
+      std::fill(drow, drow + lo, T(0));
+      if (g.strideW == 1) {
+        std::memcpy(drow + lo, srow + lo, sizeof(T) * (hi - lo));
+      } else {
+        for (int64_t ow = lo; ow < hi; ++ow) drow[ow] = srow[ow * g.strideW];
+      }
+      std::fill(drow + hi, drow + g.outW, T(0));
     }
-  });
+  }
 }
 
-// The adjoint of im2col: x[c, ih, iw] = sum of every cols entry that
-// im2col read from (c, ih, iw). x [C, H, W] is overwritten.
+// The adjoint of im2col: x[c, ih, iw] = sum of every cols entry that im2col
+// read from (c, ih, iw). x [C, H, W] is overwritten. Calling thread only.
 template <class T>
 void col2im(const T* cols, const Conv2dGeometry& g, T* x) {
   const int64_t L = g.outH * g.outW, plane = g.height * g.width;
-  const int64_t perChannel = g.kernelH * g.kernelW * L;
-  parallelFor(g.inChannels, kParallelGrain / (perChannel > 0 ? perChannel : 1) + 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      T* dst = x + c * plane;
-      std::memset(dst, 0, sizeof(T) * plane);
-      for (int64_t ki = 0; ki < g.kernelH; ++ki) {
-        for (int64_t kj = 0; kj < g.kernelW; ++kj) {
-          const T* src = cols + ((c * g.kernelH + ki) * g.kernelW + kj) * L;
-          for (int64_t oh = 0; oh < g.outH; ++oh) {
-            int64_t ih = oh * g.strideH - g.padH + ki;
-            if (ih < 0 || ih >= g.height) continue;
-            T* drow = dst + ih * g.width;
-            const T* srow = src + oh * g.outW;
-            for (int64_t ow = 0; ow < g.outW; ++ow) {
-              int64_t iw = ow * g.strideW - g.padW + kj;
-              if (iw >= 0 && iw < g.width) drow[iw] += srow[ow];
-            }
+  std::memset(x, 0, sizeof(T) * g.inChannels * plane);
+  for (int64_t c = 0; c < g.inChannels; ++c) {
+    T* dst = x + c * plane;
+    for (int64_t ki = 0; ki < g.kernelH; ++ki) {
+      for (int64_t kj = 0; kj < g.kernelW; ++kj) {
+        const T* src = cols + ((c * g.kernelH + ki) * g.kernelW + kj) * L;
+        const auto [lo, hi] = validColumns(kj, g.strideW, g.padW, g.width, g.outW);
+        for (int64_t oh = 0; oh < g.outH; ++oh) {
+          const int64_t ih = oh * g.strideH - g.padH + ki;
+          if (ih < 0 || ih >= g.height) continue;
+          T* drow = dst + ih * g.width - g.padW + kj;
+          const T* srow = src + oh * g.outW;
+          if (g.strideW == 1) {
+            for (int64_t ow = lo; ow < hi; ++ow) drow[ow] += srow[ow];
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) drow[ow * g.strideW] += srow[ow];
           }
         }
       }
     }
-  });
+  }
 }
+
+// BLAS takes 32-bit sizes; checked before any parallel region, which an
+// exception must not leave.
+void checkConvRange(const Conv2dGeometry& g) {
+  const int64_t ckk = g.inChannels * g.kernelH * g.kernelW, l = g.outH * g.outW;
+  for (int64_t v : {ckk, l, g.outChannels}) {
+    WEFT_ENFORCE(v <= static_cast<int64_t>(INT_MAX), InvalidArgumentError, "conv2d: a per-image product of [",
+                 g.outChannels, ", ", ckk, "] x [", ckk, ", ", l, "] exceeds the 32-bit BLAS integer range");
+  }
+}
+
+// The images of a batch in `chunks` contiguous runs of nearly equal length.
+struct ImageChunks {
+  int64_t batch, chunks;
+  int64_t begin(int64_t c) const { return c * batch / chunks; }
+};
+
+// Runs body(chunk, firstImage, endImage, thread) for each chunk, spread over
+// the OpenMP threads one chunk at a time (dynamic schedule: a thread the OS
+// has descheduled holds up only the chunk it is on, not a fixed share of the
+// batch). `thread` is in [0, threadsFor(chunks)) and fixed for one thread, so
+// it can index scratch memory. What a chunk computes must not depend on the
+// thread that runs it: results are then the same for any thread count.
+int threadsFor(int64_t chunks) {
+  return chunks > 1 && !omp_in_parallel() ? static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks)) : 1;
+}
+
+template <class F>
+void forEachChunk(const ImageChunks& ch, F&& body) {
+  const int threads = threadsFor(ch.chunks);
+  if (threads <= 1) {
+    for (int64_t c = 0; c < ch.chunks; ++c) body(c, ch.begin(c), ch.begin(c + 1), 0);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < ch.chunks; ++c) body(c, ch.begin(c), ch.begin(c + 1), t);
+  }
+}
+
+// Forward and gradX treat images independently: one chunk per image.
+// gradWeight sums over images: a fixed number of chunks, each with its own
+// partial sum, added in chunk order, so the result does not depend on how
+// many threads ran or which ran what.
+constexpr int64_t kWeightChunks = 8;
 
 }  // namespace
 
 void conv2dForward(DType type, const Conv2dGeometry& g, const void* x, const void* weight, const void* bias,
                    void* out) {
+  checkConvRange(g);
   WEFT_DISPATCH_FLOATING(type, "conv2d", [&]<class T>() {
     const T* px = static_cast<const T*>(x);
     const T* pb = static_cast<const T*>(bias);
@@ -80,26 +149,29 @@ void conv2dForward(DType type, const Conv2dGeometry& g, const void* x, const voi
     const int64_t CKK = g.inChannels * g.kernelH * g.kernelW, L = g.outH * g.outW;
     const int64_t inImage = g.inChannels * g.height * g.width, outImage = g.outChannels * L;
     const bool direct = isPointwise(g);
-    std::unique_ptr<T[]> cols(direct ? nullptr : new T[CKK * L]);
-    for (int64_t n = 0; n < g.batch; ++n) {
+    const ImageChunks chunks{g.batch, g.batch};
+    std::vector<std::unique_ptr<T[]>> cols(static_cast<size_t>(threadsFor(chunks.chunks)));
+    if (!direct) {
+      for (auto& c : cols) c.reset(new T[static_cast<size_t>(CKK * L)]);
+    }
+    forEachChunk(chunks, [&](int64_t, int64_t n, int64_t, int t) {
       const T* xn = px + n * inImage;
       T* on = po + n * outImage;
-      if (!direct) im2col(xn, g, cols.get());
+      if (!direct) im2col(xn, g, cols[static_cast<size_t>(t)].get());
       double beta = 0.0;
       if (pb) {
-        for (int64_t o = 0; o < g.outChannels; ++o) {
-          T* row = on + o * L;
-          for (int64_t l = 0; l < L; ++l) row[l] = pb[o];
-        }
+        for (int64_t o = 0; o < g.outChannels; ++o) std::fill(on + o * L, on + (o + 1) * L, pb[o]);
         beta = 1.0;
       }
-      gemm(type, {weight, false, CKK}, {direct ? xn : cols.get(), false, L}, g.outChannels, L, CKK, 1.0, beta, on, L);
-    }
+      gemm(type, {weight, false, CKK}, {direct ? xn : cols[static_cast<size_t>(t)].get(), false, L}, g.outChannels, L,
+           CKK, 1.0, beta, on, L);
+    });
   });
 }
 
 void conv2dBackward(DType type, const Conv2dGeometry& g, const void* x, const void* weight, const void* grad,
                     void* gradX, void* gradWeight, void* gradBias) {
+  checkConvRange(g);
   WEFT_DISPATCH_FLOATING(type, "conv2d backward", [&]<class T>() {
     const T* px = static_cast<const T*>(x);
     const T* pg = static_cast<const T*>(grad);
@@ -108,22 +180,43 @@ void conv2dBackward(DType type, const Conv2dGeometry& g, const void* x, const vo
     T* gb = static_cast<T*>(gradBias);
     const int64_t CKK = g.inChannels * g.kernelH * g.kernelW, L = g.outH * g.outW;
     const int64_t inImage = g.inChannels * g.height * g.width, outImage = g.outChannels * L;
+    const int64_t weightSize = g.outChannels * CKK;
     const bool direct = isPointwise(g);
-    std::unique_ptr<T[]> cols(direct || !gw ? nullptr : new T[CKK * L]);
-    std::unique_ptr<T[]> gcols(direct || !gx ? nullptr : new T[CKK * L]);
-    if (gw && g.batch == 0) std::memset(gw, 0, sizeof(T) * g.outChannels * CKK);
-    for (int64_t n = 0; n < g.batch; ++n) {
-      const T* xn = px + n * inImage;
-      const T* gn = pg + n * outImage;
-      if (gw) {  // gradWeight += grad_n [O, L] · cols_n^T [L, CKK]
-        if (!direct) im2col(xn, g, cols.get());
-        gemm(type, {gn, false, L}, {direct ? xn : cols.get(), true, L}, g.outChannels, CKK, L, 1.0, n == 0 ? 0.0 : 1.0,
-             gw, CKK);
+    // gradX needs one chunk per image; gradWeight a fixed number of chunks.
+    const ImageChunks chunks{g.batch, gw ? std::min(g.batch, kWeightChunks) : g.batch};
+    const int threads = threadsFor(chunks.chunks);
+    // Per thread: an unfolded image (for gradWeight) and an unfolded gradient
+    // (for gradX). Per chunk: a partial gradWeight.
+    std::vector<std::unique_ptr<T[]>> cols(static_cast<size_t>(threads)), gcols(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t) {
+      if (gw && !direct) cols[static_cast<size_t>(t)].reset(new T[static_cast<size_t>(CKK * L)]);
+      if (gx && !direct) gcols[static_cast<size_t>(t)].reset(new T[static_cast<size_t>(CKK * L)]);
+    }
+    std::unique_ptr<T[]> partials(gw ? new T[static_cast<size_t>(weightSize * chunks.chunks)] : nullptr);
+    forEachChunk(chunks, [&](int64_t c, int64_t first, int64_t end, int t) {
+      T* tcols = cols[static_cast<size_t>(t)].get();
+      T* tgcols = gcols[static_cast<size_t>(t)].get();
+      for (int64_t n = first; n < end; ++n) {
+        const T* xn = px + n * inImage;
+        const T* gn = pg + n * outImage;
+        if (gw) {  // partial gradWeight (+)= grad_n [O, L] · cols_n^T [L, CKK]
+          if (!direct) im2col(xn, g, tcols);
+          gemm(type, {gn, false, L}, {direct ? xn : tcols, true, L}, g.outChannels, CKK, L, 1.0,
+               n == first ? 0.0 : 1.0, partials.get() + c * weightSize, CKK);
+        }
+        if (gx) {  // gradCols = weight^T [CKK, O] · grad_n [O, L], folded back onto the image
+          T* gxn = gx + n * inImage;
+          gemm(type, {weight, true, CKK}, {gn, false, L}, CKK, L, g.outChannels, 1.0, 0.0, direct ? gxn : tgcols, L);
+          if (!direct) col2im(tgcols, g, gxn);
+        }
       }
-      if (gx) {  // gradCols = weight^T [CKK, O] · grad_n [O, L], folded back onto the image
-        T* gxn = gx + n * inImage;
-        gemm(type, {weight, true, CKK}, {gn, false, L}, CKK, L, g.outChannels, 1.0, 0.0, direct ? gxn : gcols.get(), L);
-        if (!direct) col2im(gcols.get(), g, gxn);
+    });
+    if (gw) {
+      if (chunks.chunks == 0) std::memset(gw, 0, sizeof(T) * weightSize);
+      if (chunks.chunks > 0) std::memcpy(gw, partials.get(), sizeof(T) * weightSize);
+      for (int64_t c = 1; c < chunks.chunks; ++c) {
+        const T* part = partials.get() + c * weightSize;
+        for (int64_t i = 0; i < weightSize; ++i) gw[i] += part[i];
       }
     }
     if (gb) {

@@ -10,8 +10,13 @@
 // kernel with unit stride and no padding skips the unfolding (cols is the
 // image itself). All buffers are contiguous NCHW / OCHW.
 //
-// Threading: images run in order, each GEMM uses OpenBLAS's threads and the
-// (un)folding loops split channels across OpenMP threads.
+// Threading: images are spread over the OpenMP threads (dynamically, one
+// image or chunk of images at a time, so a thread the OS has descheduled
+// delays only its own share); each image's unfolding and GEMM run on its
+// thread, so its cols stay in that core's cache. The weight gradient is summed
+// per chunk of images, a fixed number of chunks added in order: results are
+// the same bits for any thread count. A batch of one image runs on the
+// calling thread, with the GEMM split across threads.
 #pragma once
 
 #include <cstdint>

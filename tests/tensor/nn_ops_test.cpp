@@ -1,3 +1,5 @@
+#include <omp.h>
+
 #include <cmath>
 #include <vector>
 
@@ -281,6 +283,72 @@ TEST_CASE("maxPool2d backward routes each gradient to its window's maximum") {
   CHECK(x.grad().toVector<double>() == std::vector<double>{0, 1, 0, 0, 0, 0, 2, 0, 0, 3, 4, 0, 0, 0, 0, 0});
 }
 
+TEST_CASE("maxPool2d's 2x2 windows keep the first maximum and the first NaN, on rows of any width") {
+  // Widths on both sides of the four-outputs-at-a-time path, odd sizes
+  // (the last row and column are outside every window), ties and NaNs.
+  for (int64_t w : {2, 7, 8, 9, 17, 30}) {
+    const int64_t h = 5, planes = 3;
+    std::vector<double> v(static_cast<size_t>(planes * h * w));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * 7) % 5);  // many ties
+    for (size_t i = 3; i < v.size(); i += 11) v[i] = std::nan("");
+    for (DType dt : {DType::Float32, DType::Float64}) {
+      Tensor x = fromVector(v, {1, planes, h, w}).to(dt).requiresGrad_();
+      Tensor out = maxPool2d(x, 2);
+      out.sum().backward();
+      std::vector<double> got = out.to(DType::Float64).toVector<double>();
+      std::vector<double> grad = x.grad().to(DType::Float64).toVector<double>();
+      std::vector<double> wantGrad(v.size(), 0.0);
+      const int64_t oh = h / 2, ow = w / 2;
+      for (int64_t p = 0; p < planes; ++p) {
+        for (int64_t i = 0; i < oh; ++i) {
+          for (int64_t j = 0; j < ow; ++j) {
+            size_t best = static_cast<size_t>((p * h + 2 * i) * w + 2 * j);
+            for (int64_t di = 0; di < 2; ++di) {
+              for (int64_t dj = 0; dj < 2; ++dj) {
+                size_t k = static_cast<size_t>((p * h + 2 * i + di) * w + 2 * j + dj);
+                if (v[k] > v[best] || (std::isnan(v[k]) && !std::isnan(v[best]))) best = k;
+              }
+            }
+            double o = got[static_cast<size_t>((p * oh + i) * ow + j)];
+            CHECK((std::isnan(v[best]) ? std::isnan(o) : o == v[best]));
+            wantGrad[best] = 1.0;
+          }
+        }
+      }
+      CHECK(grad == wantGrad);
+    }
+  }
+}
+
+TEST_CASE("conv2d gives the same bits with one thread or several, for batches of any size") {
+  // Images are spread over threads in the forward pass and gradX, and the
+  // weight gradient is summed in a fixed number of chunks: the result must
+  // not depend on the thread count.
+  const int saved = omp_get_max_threads();
+  for (int64_t batch : {1, 3, 8, 11}) {
+    for (auto [s, p] : {std::pair<int64_t, int64_t>{1, 0}, {2, 1}}) {
+      Tensor x = wave({batch, 3, 9, 8}, 0.3), w = wave({4, 3, 3, 3}, 0.9, 0.4), b = wave({4}, 0.1);
+      auto run = [&](int threads) {
+        omp_set_num_threads(threads);
+        Tensor xs = x.to(DType::Float32).requiresGrad_(), ws = w.to(DType::Float32).requiresGrad_();
+        Tensor bs = b.to(DType::Float32).requiresGrad_();
+        Tensor out = conv2d(xs, ws, bs, s, p);
+        mul(out, out).sum().backward();
+        return std::vector<std::vector<float>>{out.toVector<float>(), xs.grad().toVector<float>(),
+                                               ws.grad().toVector<float>(), bs.grad().toVector<float>()};
+      };
+      auto one = run(1), two = run(2);
+      omp_set_num_threads(saved);
+      CHECK(one == two);
+      // And the float32 weight gradient agrees with float64.
+      Tensor wd = w.clone().requiresGrad_();
+      Tensor outd = conv2d(x, wd, b, s, p);
+      mul(outd, outd).sum().backward();
+      expectClose(fromVector(std::vector<double>(one[2].begin(), one[2].end()), w.shape()), wd.grad(), 1e-3, 1e-4);
+    }
+  }
+}
+
 TEST_CASE("lstmCell passes gradcheck for every input, through h' and c'") {
   std::vector<Tensor> in{randn({3, 4}, kF64), randn({3, 2}, kF64), randn({3, 2}, kF64), randn({8, 4}, kF64),
                          randn({8, 2}, kF64),  randn({8}, kF64),    randn({8}, kF64)};
@@ -328,6 +396,21 @@ TEST_CASE("dropout is reproducible with a seeded generator") {
   Tensor da = dropout(x, 0.5, true, &a), db = dropout(x, 0.5, true, &b), dc = dropout(x, 0.5, true, &c);
   CHECK(da.toVector<float>() == db.toVector<float>());
   CHECK(da.toVector<float>() != dc.toVector<float>());
+}
+
+TEST_CASE("dropout drops exactly the elements whose draw from the generator falls below p") {
+  // Element i is dropped when the generator's i-th nextDouble() is below p,
+  // for every p (including ones whose scaled threshold is not exact).
+  for (double p : {0.1, 0.25, 1.0 / 3.0, 0.5, 0.9}) {
+    Generator g(11), ref(11);
+    Tensor out = dropout(ones({5000}, kF64), p, true, &g);
+    std::vector<double> v = out.toVector<double>();
+    for (size_t i = 0; i < v.size(); ++i) {
+      const bool dropped = ref.nextDouble() < p;
+      CHECK(v[i] == (dropped ? 0.0 : 1.0 / (1.0 - p)));
+    }
+    CHECK(g.nextU64() == ref.nextU64());  // and leaves the generator where the draws end
+  }
 }
 
 TEST_CASE("dropout is the identity outside training or with p = 0, and zeros with p = 1") {

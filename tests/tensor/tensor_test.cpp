@@ -83,3 +83,27 @@ TEST_CASE("a CUDA allocation without a device is a clear error") {
   if (kernels::cudaDeviceCount() > 0) return;
   CHECK_THROWS_AS(zeros({2}, {.device = Device::cuda(0)}), InvalidArgumentError);
 }
+
+TEST_CASE("freed large CPU buffers are reused by the next allocation of the same size") {
+  Storage::releaseCachedMemory();
+  CHECK(Storage::cachedBytes() == 0);
+  void* first = nullptr;
+  {
+    Tensor big = empty({3 << 20}, {.dtype = DType::Float32});  // 12 MiB
+    first = big.rawData();
+  }
+  CHECK(Storage::cachedBytes() == (size_t{12} << 20));
+  {
+    Tensor again = empty({3 << 20}, {.dtype = DType::Float32});
+    CHECK(again.rawData() == first);
+    CHECK(Storage::cachedBytes() == 0);
+    Tensor other = empty({1 << 20}, {.dtype = DType::Float32});  // another size: a new block
+    CHECK(other.rawData() != first);
+  }
+  CHECK(Storage::releaseCachedMemory() == (size_t{16} << 20));
+  CHECK(Storage::cachedBytes() == 0);
+  {
+    Tensor small = empty({1000});  // below 2 MiB: the C heap, never cached
+  }
+  CHECK(Storage::cachedBytes() == 0);
+}
