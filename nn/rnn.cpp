@@ -1,7 +1,6 @@
 #include "nn/rnn.h"
 
 #include <cmath>
-#include <tuple>
 
 #include "nn/init.h"
 #include "tensor/ops.h"
@@ -64,16 +63,10 @@ LstmOutput LSTM::forward(const Tensor& input, const LstmState& state) {
   std::vector<Tensor> hN, cN;
   for (int64_t k = 0; k < o.numLayers; ++k) {
     const Layer& l = layers_[k];
-    Tensor h = h0.select(0, k), c = c0.select(0, k);
-    std::vector<Tensor> outs;
-    outs.reserve(static_cast<size_t>(steps));
-    for (int64_t t = 0; t < steps; ++t) {
-      std::tie(h, c) = lstmCell(x.select(0, t), h, c, l.wIh, l.wHh, l.bIh, l.bHh);
-      outs.push_back(h);
-    }
-    hN.push_back(h);
-    cN.push_back(c);
-    x = stack(outs, 0);
+    LstmLayerOutput layer = lstmLayer(x, h0.select(0, k), c0.select(0, k), l.wIh, l.wHh, l.bIh, l.bHh);
+    hN.push_back(layer.h);
+    cN.push_back(layer.c);
+    x = layer.output;
     if (k + 1 < o.numLayers && o.dropout > 0 && isTraining()) x = dropout(x, o.dropout, true, gen_);
   }
 

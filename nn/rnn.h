@@ -1,5 +1,6 @@
 // LSTM: a multi-layer long short-term memory network over a sequence, as
-// torch.nn.LSTM (unidirectional), built on the fused lstmCell op.
+// torch.nn.LSTM (unidirectional), one fused lstmLayer op per layer (the whole
+// sequence in one autograd node; see tensor/ops_nn.h).
 //
 //   auto lstm = std::make_shared<nn::LSTM>(nn::LstmOptions{.inputSize = 32, .hiddenSize = 64, .numLayers = 2});
 //   auto [out, state] = lstm->forward(x, {});      // x [T, N, 32] -> out [T, N, 64]

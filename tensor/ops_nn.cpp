@@ -336,21 +336,23 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   return out;
 }
 
-// ---- LSTM cell ---------------------------------------------------------------------
+// ---- LSTM cell and layer -------------------------------------------------------------
 
-std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& wIh,
-                                   const Tensor& wHh, const Tensor& bIh, const Tensor& bHh) {
-  const char* op = "lstmCell";
+namespace {
+
+// The checks lstmCell and lstmLayer share: x [..., N, in] (its last two
+// dimensions), h and c [N, H], wIh [4H, in], wHh [4H, H], biases [4H] or undefined.
+void checkLstmArguments(const char* op, const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& wIh,
+                        const Tensor& wHh, const Tensor& bIh, const Tensor& bHh) {
   detail::checkSameKind(op, x, wIh);
   detail::checkSameKind(op, x, wHh);
   detail::checkSameKind(op, x, h);
   detail::checkSameKind(op, x, c);
   detail::requireCpu(op, x);
   detail::requireFloating(op, x);
-  WEFT_ENFORCE(x.dim() == 2, InvalidArgumentError, op, ": input must be 2-D [N, in], got shape ", x.shape());
-  WEFT_ENFORCE(wIh.dim() == 2 && wIh.size(0) % 4 == 0 && wIh.size(1) == x.size(1), InvalidArgumentError, op,
+  WEFT_ENFORCE(wIh.dim() == 2 && wIh.size(0) % 4 == 0 && wIh.size(1) == x.size(-1), InvalidArgumentError, op,
                ": wIh of shape ", wIh.shape(), " must be [4*hidden, in] for input of shape ", x.shape());
-  int64_t N = x.size(0), in = x.size(1), H = wIh.size(0) / 4;
+  const int64_t N = x.size(-2), H = wIh.size(0) / 4;
   WEFT_ENFORCE(wHh.shape() == (Shape{4 * H, H}), InvalidArgumentError, op, ": wHh of shape ", wHh.shape(),
                " must be [", 4 * H, ", ", H, "] for wIh of shape ", wIh.shape());
   WEFT_ENFORCE(h.shape() == (Shape{N, H}) && c.shape() == (Shape{N, H}), InvalidArgumentError, op, ": h of shape ",
@@ -361,20 +363,32 @@ std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tenso
     WEFT_ENFORCE(b->shape() == Shape{4 * H}, InvalidArgumentError, op, ": bias of shape ", b->shape(), " must be [",
                  4 * H, "]");
   }
+}
+
+// bIh + bHh as one contiguous tensor with no history; undefined without biases.
+Tensor combinedBias(const Tensor& bIh, const Tensor& bHh) {
+  if (bIh.defined() && bHh.defined()) {
+    NoGradGuard ng;
+    return add(bIh.detach(), bHh.detach()).contiguous();
+  }
+  return packed(bIh.defined() ? bIh : bHh);
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& wIh,
+                                   const Tensor& wHh, const Tensor& bIh, const Tensor& bHh) {
+  const char* op = "lstmCell";
+  WEFT_ENFORCE(x.dim() == 2, InvalidArgumentError, op, ": input must be 2-D [N, in], got shape ", x.shape());
+  checkLstmArguments(op, x, h, c, wIh, wHh, bIh, bHh);
+  int64_t N = x.size(0), in = x.size(1), H = wIh.size(0) / 4;
   DType dt = x.dtype();
   Tensor xc = packed(x), hc = packed(h), cc = packed(c), wi = packed(wIh), wh = packed(wHh);
 
   // gates = x · wIh^T + h · wHh^T + (bIh + bHh)
   Tensor gates = empty({N, 4 * H}, like(x));
   double beta = 0.0;
-  if (bIh.defined() || bHh.defined()) {
-    Tensor bias;
-    if (bIh.defined() && bHh.defined()) {
-      NoGradGuard ng;
-      bias = add(bIh.detach(), bHh.detach()).contiguous();
-    } else {
-      bias = packed(bIh.defined() ? bIh : bHh);
-    }
+  if (Tensor bias = combinedBias(bIh, bHh); bias.defined()) {
     kernels::cpu::fillRows(dt, bias.rawData(), N, 4 * H, gates.rawData(), 4 * H);
     beta = 1.0;
   }
@@ -432,6 +446,67 @@ std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tenso
              });
   }
   return {hNew, cNew};
+}
+
+LstmLayerOutput lstmLayer(const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& wIh, const Tensor& wHh,
+                          const Tensor& bIh, const Tensor& bHh) {
+  const char* op = "lstmLayer";
+  WEFT_ENFORCE(x.dim() == 3 && x.size(0) > 0, InvalidArgumentError, op,
+               ": input must be 3-D [T, N, in] with T > 0, got shape ", x.shape());
+  checkLstmArguments(op, x, h0, c0, wIh, wHh, bIh, bHh);
+  const kernels::cpu::LstmLayerGeometry geo{
+      .steps = x.size(0), .batch = x.size(1), .input = x.size(2), .hidden = wIh.size(0) / 4};
+  const int64_t T = geo.steps, N = geo.batch, H = geo.hidden;
+  const DType dt = x.dtype();
+  Tensor xc = packed(x), hc = packed(h0), cc = packed(c0), wi = packed(wIh), wh = packed(wHh);
+  Tensor bias = combinedBias(bIh, bHh);
+  Tensor gates = empty({T, N, 4 * H}, like(x)), hs = empty({T, N, H}, like(x)), cs = empty({T, N, H}, like(x));
+  kernels::cpu::lstmLayerForward(dt, geo, xc.rawData(), hc.rawData(), cc.rawData(), wi.rawData(), wh.rawData(),
+                                 bias.defined() ? bias.rawData() : nullptr, gates.rawData(), hs.rawData(),
+                                 cs.rawData());
+  LstmLayerOutput result;
+  result.output = hs;
+  result.h = hs.select(0, T - 1).clone();
+  result.c = cs.select(0, T - 1).clone();
+
+  std::vector<Tensor> inputs{x, h0, c0, wIh, wHh, bIh, bHh};
+  if (anyRequiresGrad(inputs)) {
+    std::vector<bool> need(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) need[i] = inputs[i].defined() && inputs[i].requiresGrad();
+    // hs and cs are this node's own buffers; `output` is hs itself, so an
+    // in-place write to it is caught by the saved version.
+    SavedTensor sx(need[3] ? xc : Tensor()), sh0(hc), sc0(cc), swi(need[0] ? wi : Tensor()), swh(wh), shs(hs);
+    recordOp("LstmLayerBackward", inputs, {result.output, result.h, result.c},
+             [need, sx, sh0, sc0, swi, swh, shs, gates, cs, geo, dt](const std::vector<Tensor>& g) {
+               const char* name = "LstmLayerBackward";
+               Tensor gOut = g[0].contiguous(), ghT = g[1].contiguous(), gcT = g[2].contiguous();
+               Tensor xs = sx.unpack(name), h0s = sh0.unpack(name), c0s = sc0.unpack(name);
+               Tensor wIhs = swi.unpack(name), wHhs = swh.unpack(name), hss = shs.unpack(name);
+               const Shape state{geo.batch, geo.hidden}, gateShape{4 * geo.hidden};
+               std::vector<Tensor> grads(7);
+               grads[1] = empty(state, {.dtype = dt});
+               grads[2] = empty(state, {.dtype = dt});
+               if (need[0]) grads[0] = empty({geo.steps, geo.batch, geo.input}, {.dtype = dt});
+               if (need[3]) grads[3] = empty({4 * geo.hidden, geo.input}, {.dtype = dt});
+               if (need[4]) grads[4] = empty({4 * geo.hidden, geo.hidden}, {.dtype = dt});
+               Tensor gb = need[5] || need[6] ? empty(gateShape, {.dtype = dt}) : Tensor();
+               Tensor dGates = empty({geo.steps, geo.batch, 4 * geo.hidden}, {.dtype = dt});
+               auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
+               kernels::cpu::lstmLayerBackward(
+                   dt, geo,
+                   {.x = raw(xs), .h0 = h0s.rawData(), .c0 = c0s.rawData(), .wIh = raw(wIhs), .wHh = wHhs.rawData(),
+                    .gates = gates.rawData(), .hs = hss.rawData(), .cs = cs.rawData()},
+                   {.output = gOut.rawData(), .hLast = ghT.rawData(), .cLast = gcT.rawData()}, dGates.rawData(),
+                   {.x = raw(grads[0]), .h0 = grads[1].rawData(), .c0 = grads[2].rawData(), .wIh = raw(grads[3]),
+                    .wHh = raw(grads[4]), .bias = raw(gb)});
+               if (!need[1]) grads[1] = Tensor();
+               if (!need[2]) grads[2] = Tensor();
+               if (need[5]) grads[5] = gb;
+               if (need[6]) grads[6] = need[5] ? gb.clone() : gb;
+               return grads;
+             });
+  }
+  return result;
 }
 
 }  // namespace weft

@@ -51,4 +51,15 @@ Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction r = Reductio
 std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& wIh,
                                    const Tensor& wHh, const Tensor& bIh, const Tensor& bHh);
 
+// One LSTM layer over a whole sequence, as one layer of torch.nn.LSTM: the
+// same values as lstmCell applied step by step, as one autograd node (far
+// fewer, larger GEMMs; see kernels/cpu/lstm.h). x [T, N, in], h0 and c0
+// [N, hidden], weights and biases as lstmCell's. Returns the output
+// [T, N, hidden] (h at every step) and the last h and c [N, hidden].
+struct LstmLayerOutput {
+  Tensor output, h, c;
+};
+LstmLayerOutput lstmLayer(const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& wIh, const Tensor& wHh,
+                          const Tensor& bIh, const Tensor& bHh);
+
 }  // namespace weft

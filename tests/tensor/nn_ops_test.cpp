@@ -1,6 +1,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "gradcheck.h"
@@ -360,6 +361,104 @@ TEST_CASE("lstmCell passes gradcheck for every input, through h' and c'") {
   CHECK(gradcheck([](const auto& t) { return lstmCell(t[0], t[1], t[2], t[3], t[4], Tensor(), Tensor()).first; },
                   {randn({2, 3}, kF64), randn({2, 2}, kF64), randn({2, 2}, kF64), randn({3, 8}, kF64).t(),
                    randn({8, 2}, kF64)}));
+}
+
+namespace {
+
+// lstmCell applied step by step: the definition lstmLayer must match.
+LstmLayerOutput lstmLayerByCells(const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& wIh,
+                                 const Tensor& wHh, const Tensor& bIh, const Tensor& bHh) {
+  Tensor h = h0, c = c0;
+  std::vector<Tensor> outs;
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    std::tie(h, c) = lstmCell(x.select(0, t), h, c, wIh, wHh, bIh, bHh);
+    outs.push_back(h);
+  }
+  return {stack(outs, 0), h, c};
+}
+
+}  // namespace
+
+TEST_CASE("lstmLayer equals lstmCell step by step, values and every gradient, in float64 and float32") {
+  // Batches below, at and above the row-chunk size, with and without biases.
+  for (int64_t n : {1, 5, 16, 37}) {
+    for (bool bias : {true, false}) {
+      const int64_t T = 6, in = 3, H = 5;
+      std::vector<Tensor> base{wave({T, n, in}, 0.1), wave({n, H}, 0.2, 0.5), wave({n, H}, 0.3),
+                               wave({4 * H, in}, 0.4, 0.5), wave({4 * H, H}, 0.6, 0.5)};
+      if (bias) {
+        base.push_back(wave({4 * H}, 0.7, 0.1));
+        base.push_back(wave({4 * H}, 0.8, 0.1));
+      }
+      for (DType dt : {DType::Float64, DType::Float32}) {
+        const double tol = dt == DType::Float64 ? 1e-12 : 2e-5;
+        auto run = [&](bool layer) {
+          std::vector<Tensor> args;
+          for (const Tensor& t : base) args.push_back(t.to(dt).detach().requiresGrad_());
+          Tensor bi = bias ? args[5] : Tensor(), bh = bias ? args[6] : Tensor();
+          LstmLayerOutput o = layer ? lstmLayer(args[0], args[1], args[2], args[3], args[4], bi, bh)
+                                    : lstmLayerByCells(args[0], args[1], args[2], args[3], args[4], bi, bh);
+          // A loss through the output, the last h and the last c.
+          add(add(mul(o.output, o.output).sum(), mul(o.h, 0.5).sum()), mul(o.c, 2.0).sum()).backward();
+          std::vector<Tensor> got{o.output.detach(), o.h.detach(), o.c.detach()};
+          for (const Tensor& t : args) got.push_back(t.grad());
+          return got;
+        };
+        std::vector<Tensor> layer = run(true), cells = run(false);
+        REQUIRE(layer.size() == cells.size());
+        for (size_t i = 0; i < layer.size(); ++i) {
+          CAPTURE(i);
+          REQUIRE(layer[i].defined());
+          REQUIRE(cells[i].defined());
+          expectClose(layer[i], cells[i], tol, tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("lstmLayer passes gradcheck for every input, through its output and its last state") {
+  for (int64_t n : {2, 17}) {
+    std::vector<Tensor> in{randn({3, n, 2}, kF64), randn({n, 3}, kF64), randn({n, 3}, kF64), randn({12, 2}, kF64),
+                           randn({12, 3}, kF64),   randn({12}, kF64),   randn({12}, kF64)};
+    auto layer = [](const std::vector<Tensor>& t) { return lstmLayer(t[0], t[1], t[2], t[3], t[4], t[5], t[6]); };
+    CHECK(gradcheck([&](const auto& t) { return layer(t).output; }, in));
+    CHECK(gradcheck([&](const auto& t) { return add(layer(t).h, mul(layer(t).c, 0.5)); }, in));
+  }
+}
+
+TEST_CASE("lstmLayer gives the same bits with one thread or several") {
+  const int saved = omp_get_max_threads();
+  auto run = [](int threads) {
+    omp_set_num_threads(threads);
+    Generator g(3);
+    std::vector<Tensor> in{randn({20, 48, 32}, {}, &g), randn({48, 64}, {}, &g), randn({48, 64}, {}, &g),
+                           randn({256, 32}, {}, &g),    randn({256, 64}, {}, &g), randn({256}, {}, &g),
+                           randn({256}, {}, &g)};
+    for (Tensor& t : in) t.requiresGrad_();
+    LstmLayerOutput o = lstmLayer(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
+    add(mul(o.output, o.output).sum(), o.c.sum()).backward();
+    std::vector<std::vector<float>> got{o.output.toVector<float>(), o.h.toVector<float>()};
+    for (const Tensor& t : in) got.push_back(t.grad().toVector<float>());
+    return got;
+  };
+  auto one = run(1), two = run(2);
+  omp_set_num_threads(saved);
+  CHECK(one == two);
+}
+
+TEST_CASE("lstmLayer names the op and the shapes on bad input") {
+  Tensor h = zeros({2, 3}), w = zeros({12, 4}), wh = zeros({12, 3});
+  CHECK_THROWS_WITH_AS(lstmLayer(zeros({2, 4}), h, h, w, wh, Tensor(), Tensor()),
+                       doctest::Contains("lstmLayer: input must be 3-D [T, N, in]"), InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(lstmLayer(zeros({0, 2, 4}), h, h, w, wh, Tensor(), Tensor()),
+                       doctest::Contains("with T > 0"), InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(lstmLayer(zeros({5, 2, 5}), h, h, w, wh, Tensor(), Tensor()),
+                       doctest::Contains("lstmLayer: wIh of shape [12, 4] must be [4*hidden, in]"), InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(lstmLayer(zeros({5, 3, 4}), h, h, w, wh, Tensor(), Tensor()),
+                       doctest::Contains("must both be [3, 3]"), InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(lstmLayer(zeros({5, 2, 4}), h, h, w, wh, zeros({11}), Tensor()),
+                       doctest::Contains("bias of shape [11] must be [12]"), InvalidArgumentError);
 }
 
 TEST_CASE("dropout passes gradcheck with a fixed mask") {

@@ -1,0 +1,148 @@
+#include "kernels/cpu/vec_math.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "weft_test.h"
+
+using namespace weft::kernels::cpu;
+
+namespace {
+
+// Distance in units in the last place between two floats of the same sign.
+int64_t ulps(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  if ((ia < 0) != (ib < 0)) return a == b ? 0 : std::numeric_limits<int32_t>::max();
+  return std::abs(static_cast<int64_t>(ia) - static_cast<int64_t>(ib));
+}
+
+// Every float32 in [lo, hi] with step `step`, plus the ends.
+std::vector<float> sweep(float lo, float hi, float step) {
+  std::vector<float> v;
+  for (double x = lo; x <= hi; x += step) v.push_back(static_cast<float>(x));
+  v.push_back(hi);
+  return v;
+}
+
+using RowFn = void (*)(const float*, float*, int64_t, vecmath::Isa);
+
+std::vector<float> mapAll(RowFn f, const std::vector<float>& in, vecmath::Isa isa) {
+  std::vector<float> out(in.size());
+  f(in.data(), out.data(), static_cast<int64_t>(in.size()), isa);
+  return out;
+}
+
+// Every instruction set this CPU runs (SSE2 always).
+std::vector<vecmath::Isa> isas() {
+  std::vector<vecmath::Isa> v;
+  for (vecmath::Isa isa : {vecmath::Isa::Sse2, vecmath::Isa::Avx2, vecmath::Isa::Avx512}) {
+    if (vecmath::supports(isa)) v.push_back(isa);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("vectorised exp is within 2 ulp of exp over its whole range") {
+  for (vecmath::Isa isa : isas()) {
+    CAPTURE(vecmath::isaName(isa));
+    std::vector<float> x = sweep(-87.0f, 88.0f, 0.0137f);
+    std::vector<float> y = mapAll(vecmath::expRow, x, isa);
+    int64_t worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      float want = static_cast<float>(std::exp(static_cast<double>(x[i])));
+      worst = std::max(worst, ulps(y[i], want));
+    }
+    CHECK(worst <= 2);
+  }
+}
+
+TEST_CASE("vectorised sigmoid is within 2 ulp and saturates without overflow") {
+  for (vecmath::Isa isa : isas()) {
+    CAPTURE(vecmath::isaName(isa));
+    std::vector<float> x = sweep(-30.0f, 30.0f, 0.00731f);
+    std::vector<float> y = mapAll(vecmath::sigmoidRow, x, isa);
+    int64_t worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      float want = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x[i]))));
+      worst = std::max(worst, ulps(y[i], want));
+    }
+    CHECK(worst <= 2);
+    std::vector<float> extreme =
+        mapAll(vecmath::sigmoidRow, {-1e30f, -200.0f, 200.0f, 1e30f, std::numeric_limits<float>::infinity()}, isa);
+    CHECK(extreme[0] >= 0.0f);
+    CHECK(extreme[0] < 1e-37f);
+    CHECK(extreme[1] < 1e-37f);
+    CHECK(extreme[2] == 1.0f);
+    CHECK(extreme[3] == 1.0f);
+    CHECK(extreme[4] == 1.0f);
+  }
+}
+
+TEST_CASE("vectorised tanh is within 3 ulp, odd, and exact at 0 and the saturation ends") {
+  for (vecmath::Isa isa : isas()) {
+    CAPTURE(vecmath::isaName(isa));
+    std::vector<float> x = sweep(-20.0f, 20.0f, 0.00317f);
+    std::vector<float> y = mapAll(vecmath::tanhRow, x, isa);
+    int64_t worst = 0;
+    double worstAbs = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      float want = static_cast<float>(std::tanh(static_cast<double>(x[i])));
+      if (std::abs(want) < 1e-3f) {
+        worstAbs = std::max(worstAbs, static_cast<double>(std::abs(y[i] - want)));
+      } else {
+        worst = std::max(worst, ulps(y[i], want));
+      }
+    }
+    CHECK(worst <= 3);
+    CHECK(worstAbs <= 1e-7);
+    std::vector<float> odd =
+        mapAll(vecmath::tanhRow, {0.0f, 0.3f, -0.3f, 2.0f, -2.0f, 1e-20f, 50.0f, -50.0f, 1e30f}, isa);
+    CHECK(odd[0] == 0.0f);
+    CHECK(odd[1] == -odd[2]);
+    CHECK(odd[3] == -odd[4]);
+    CHECK(odd[5] == 1e-20f);
+    CHECK(odd[6] == 1.0f);
+    CHECK(odd[7] == -1.0f);
+    CHECK(odd[8] == 1.0f);
+  }
+}
+
+TEST_CASE("vectorised exp, sigmoid and tanh keep NaN and give a value the same bits in any position") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (vecmath::Isa isa : isas()) {
+    CAPTURE(vecmath::isaName(isa));
+    for (RowFn f : {RowFn{vecmath::expRow}, RowFn{vecmath::sigmoidRow}, RowFn{vecmath::tanhRow}}) {
+      std::vector<float> y = mapAll(f, {1.0f, nan, -1.0f}, isa);
+      CHECK(std::isnan(y[1]));
+      // 0.7 first in a row of 40, in the middle, and in a short tail.
+      std::vector<float> row(40, 0.25f);
+      row[0] = 0.7f;
+      std::vector<float> first = mapAll(f, row, isa);
+      row[0] = 0.25f;
+      row[21] = 0.7f;
+      std::vector<float> middle = mapAll(f, row, isa);
+      row.resize(37);
+      row[21] = 0.25f;
+      row[36] = 0.7f;
+      std::vector<float> tail = mapAll(f, row, isa);
+      CHECK(first[0] == middle[21]);
+      CHECK(first[0] == tail[36]);
+    }
+  }
+}
+
+TEST_CASE("an instruction set the CPU lacks is refused by name") {
+  for (vecmath::Isa isa : {vecmath::Isa::Avx2, vecmath::Isa::Avx512}) {
+    if (vecmath::supports(isa)) continue;
+    float v = 0;
+    CHECK_THROWS_WITH_AS(vecmath::expRow(&v, &v, 1, isa), doctest::Contains(vecmath::isaName(isa)),
+                         weft::InvalidArgumentError);
+  }
+  CHECK(vecmath::supports(vecmath::bestIsa()));
+}
