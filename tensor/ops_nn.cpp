@@ -1,8 +1,10 @@
 // Neural-network ops (embedding, embeddingBag, conv2d, maxPool2d, dropout,
 // lstmCell) and their backward rules. Losses are in ops_loss.cpp.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/embedding.h"
@@ -323,8 +325,14 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
         std::fill(m + b, m + b + len, T(0));
       } else {
         gen->fillU64(bits, len);
-        // Branch-free: the draws are unpredictable.
-        for (int64_t i = 0; i < len; ++i) m[b + i] = static_cast<T>((bits[i] >> 11) >= threshold) * keep;
+        // Branch-free (the draws are unpredictable): keep's bits under an
+        // all-ones or all-zeros mask.
+        using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+        const Bits keepBits = std::bit_cast<Bits>(keep);
+        for (int64_t i = 0; i < len; ++i) {
+          const Bits kept = Bits{0} - static_cast<Bits>((bits[i] >> 11) >= threshold);
+          m[b + i] = std::bit_cast<T>(static_cast<Bits>(keepBits & kept));
+        }
       }
       for (int64_t i = 0; i < len; ++i) po[b + i] = px[b + i] * m[b + i];
     }

@@ -14,14 +14,18 @@ namespace weft {
 
 namespace {
 constexpr size_t kHugePageBytes = size_t{2} << 20;
-// Most bytes of freed large blocks kept for reuse.
+constexpr size_t kPageBytes = 4096;
+// From this size up, freed blocks are kept for reuse.
+constexpr size_t kCachedFromBytes = size_t{64} << 10;
+// Most bytes of freed blocks kept for reuse.
 constexpr size_t kBlockCacheBytes = size_t{256} << 20;
 
-// Freed CPU blocks of 2 MiB and more, kept by size for the next allocation of
-// the same size. A training step allocates the same large activations and
-// gradients every iteration; handing each a fresh mapping costs a page fault
-// and a zeroed page per 4 KiB (per 2 MiB with huge pages), which on small
-// models is a large share of the step. Process-wide, like the C heap it sits
+// Freed CPU blocks of 64 KiB and more, kept by size for the next allocation
+// of the same size. A training step allocates the same activations and
+// gradients every iteration; the C heap hands blocks this large out as fresh
+// mappings (or trims them back to the system), so each costs a page fault and
+// a zeroed page per 4 KiB (per 2 MiB with huge pages), which on small models
+// is a large share of the step. Process-wide, like the C heap it sits
 // on; never destroyed, so storages freed during static destruction still find it.
 class LargeBlockCache {
  public:
@@ -86,24 +90,26 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   }
   // 64-byte alignment suits AVX-512 loads and keeps rows off shared cache lines.
   size_t rounded = (nbytes + 63) / 64 * 64;
-  if (rounded >= kHugePageBytes) {
-    // Large buffers are 2 MiB aligned and backed by transparent huge pages where
-    // the kernel offers them (madvise mode): filling a fresh 64 MiB buffer then
-    // takes 32 page faults instead of 16384, which is most of the cost of
-    // receiving a large tensor into new storage. Freed ones are reused.
-    rounded = (rounded + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-    void* p = LargeBlockCache::instance().take(rounded);
-    if (!p) {
-      p = std::aligned_alloc(kHugePageBytes, rounded);
-      if (!p) throw std::bad_alloc();
-      ::madvise(p, rounded, MADV_HUGEPAGE);
-    }
-    return std::shared_ptr<Storage>(
-        new Storage(p, nbytes, device, [rounded](void* q) { LargeBlockCache::instance().give(q, rounded); }));
+  if (rounded < kCachedFromBytes) {
+    void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    if (rounded && !p) throw std::bad_alloc();
+    return std::shared_ptr<Storage>(new Storage(p, nbytes, device, [](void* q) { std::free(q); }));
   }
-  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-  if (rounded && !p) throw std::bad_alloc();
-  return std::shared_ptr<Storage>(new Storage(p, nbytes, device, [](void* q) { std::free(q); }));
+  // Large buffers are 2 MiB aligned and backed by transparent huge pages where
+  // the kernel offers them (madvise mode): filling a fresh 64 MiB buffer then
+  // takes 32 page faults instead of 16384, which is most of the cost of
+  // receiving a large tensor into new storage. Smaller ones are whole pages.
+  // Either kind is reused once freed.
+  const size_t align = rounded >= kHugePageBytes ? kHugePageBytes : kPageBytes;
+  rounded = (rounded + align - 1) / align * align;
+  void* p = LargeBlockCache::instance().take(rounded);
+  if (!p) {
+    p = std::aligned_alloc(align, rounded);
+    if (!p) throw std::bad_alloc();
+    if (align == kHugePageBytes) ::madvise(p, rounded, MADV_HUGEPAGE);
+  }
+  return std::shared_ptr<Storage>(
+      new Storage(p, nbytes, device, [rounded](void* q) { LargeBlockCache::instance().give(q, rounded); }));
 }
 
 size_t Storage::releaseCachedMemory() { return LargeBlockCache::instance().release(); }

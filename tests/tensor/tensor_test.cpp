@@ -103,7 +103,12 @@ TEST_CASE("freed large CPU buffers are reused by the next allocation of the same
   CHECK(Storage::releaseCachedMemory() == (size_t{16} << 20));
   CHECK(Storage::cachedBytes() == 0);
   {
-    Tensor small = empty({1000});  // below 2 MiB: the C heap, never cached
+    Tensor mid = empty({25000});  // 100,000 bytes: kept as 25 pages
+  }
+  CHECK(Storage::cachedBytes() == 25 * 4096);
+  Storage::releaseCachedMemory();
+  {
+    Tensor small = empty({1000});  // below 64 KiB: the C heap, never cached
   }
   CHECK(Storage::cachedBytes() == 0);
 }
