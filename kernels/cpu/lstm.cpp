@@ -244,7 +244,14 @@ void lstmLayerForward(DType type, const LstmLayerGeometry& g, const void* x, con
       beta = 1.0;
     }
     gemm(type, {x, false, I}, {wIh, true, I}, T_ * N, G, I, 1.0, beta, gates, G);
-    // The recurrence, each chunk of batch rows on its own.
+    // The recurrence, each chunk of batch rows on its own. Its products read
+    // wHh^T stored as such: BLAS handles these small [rows, H] x [H, 4H]
+    // products about twice as fast untransposed (no packing of B per call).
+    std::unique_ptr<T[]> wHhT(new T[static_cast<size_t>(H * G)]);
+    const T* pw = static_cast<const T*>(wHh);
+    for (int64_t r = 0; r < G; ++r) {
+      for (int64_t k = 0; k < H; ++k) wHhT[static_cast<size_t>(k * G + r)] = pw[r * H + k];
+    }
     const RowChunks chunks(N);
     chunks.run([&](int64_t rb, int64_t re, int) {
       const int64_t rows = re - rb;
@@ -252,7 +259,7 @@ void lstmLayerForward(DType type, const LstmLayerGeometry& g, const void* x, con
         T* gs = pg + (s * N + rb) * G;
         const T* hPrev = s == 0 ? static_cast<const T*>(h0) + rb * H : phs + ((s - 1) * N + rb) * H;
         const T* cPrev = s == 0 ? static_cast<const T*>(c0) + rb * H : pcs + ((s - 1) * N + rb) * H;
-        gemm(type, {hPrev, false, H}, {wHh, true, H}, rows, G, H, 1.0, 1.0, gs, G);
+        gemm(type, {hPrev, false, H}, {wHhT.get(), false, G}, rows, G, H, 1.0, 1.0, gs, G);
         cellForwardRows<T>(rows, H, gs, cPrev, pcs + (s * N + rb) * H, phs + (s * N + rb) * H);
       }
     });
