@@ -46,12 +46,12 @@
 //    called allReduce #5", learnt from the progress each rank posts to the
 //    store).
 //  - DisconnectedError: the connection to a peer was lost (its process died):
-//    prompt, never a hang.
+//    prompt, never a hang; names the rank(s) whose connection was lost.
 //  - InvalidArgumentError: the ranks called different collectives, or the same
 //    one with different dtypes, sizes, roots or reduce ops. Every rank learns
-//    it from the header exchanged before each collective (when
-//    Options::checkCalls is on, the default) and fails that op alike; the
-//    group stays usable.
+//    it from the call headers the ranks exchange before each collective (gloo:
+//    Options::checkCalls, on by default) and fails that op alike; the group
+//    stays usable.
 //  - StateError: the group is unusable: an earlier op failed with a timeout or
 //    a lost connection (the transport state is then unknown), or the group was
 //    destroyed while the op was queued. The message repeats the first failure.
