@@ -262,9 +262,8 @@ class ProcessGroupGloo::Impl {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::unique_ptr<ProgressPoster> progress_;
 
-  std::mutex mutex_;  // guards the queue, nextSeq_, subgroups_, stopping_
+  std::mutex mutex_;  // guards the queue, nextSeq_, stopping_
   int64_t nextSeq_ = 0;
-  int subgroups_ = 0;
   std::atomic<int64_t> started_{0};
   std::atomic<int64_t> fused_{0};
   const size_t fusedLimit_;  // ProcessGroupGloo::fusedLimit()
@@ -1046,12 +1045,7 @@ Work ProcessGroupGloo::irecvFrom(const Tensor& tensor, const std::vector<int>& s
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroupGloo::newGroup(const std::vector<int>& ranks) {
-  checkSubgroupRanks(ranks);
-  int index;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex_);
-    index = impl_->subgroups_++;
-  }
+  const int index = agreeOnSubgroup(impl_->store_, impl_->prefix_, impl_->options_.timeout, ranks);
   const int newRank = rankIn(ranks);
   if (newRank < 0) return nullptr;
   std::string subName = subgroupName(impl_->name_, index, ranks);
