@@ -169,6 +169,7 @@ TEST_CASE("a rank killed with SIGKILL makes the others' next collective fail pro
     CHECK(ms >= 0);
     CHECK(ms < 5000);  // well within the 10 s group timeout
     std::string line = restOfLine(res.out, p + "failed in_ms ");
+    INFO(line);
     CHECK(contains(line, "DisconnectedError: allReduce #1 on group 'default'"));
     CHECK(contains(line, "the connection to rank 2 was lost"));
   }

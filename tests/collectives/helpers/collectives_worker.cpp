@@ -24,7 +24,8 @@
 //             the others on twice as many float32, the same bytes ("mismatch_dtype"). Prints
 //             "rank R <case> <ErrorType>: <message>" and "rank R after <case> ok" for each.
 //   kill      [>= 3] after a first allReduce, the last rank kills itself with SIGKILL; the others
-//             call allReduce (10 s timeout) and print "rank R failed in_ms T <ErrorType>: <message>".
+//             call allReduce (10 s timeout), print "rank R failed in_ms T <ErrorType>: <message>"
+//             and keep their group until every survivor has failed.
 //   b2b       20 allReduces of 10 float32 issued back to back (call checking on), then waited for,
 //             in 5 rounds; prints "rank R b2b_best_us U" (the fastest round) and "rank R b2b_rounds_us
 //             ...", and the scheduling policies of this process's threads: "rank R batch_threads N"
@@ -414,7 +415,7 @@ void runMismatch(ProcessGroupGloo& pg) {
   mismatchCase(pg, "mismatch_dtype", weft::ones({8}), weft::ones({4}, {.dtype = DType::Float64}));
 }
 
-void runKill(ProcessGroupGloo& pg) {
+void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   Tensor x = weft::ones({1024});
   pg.allReduce(x).wait(30s);
   if (pg.rank() == pg.size() - 1) {
@@ -431,6 +432,9 @@ void runKill(ProcessGroupGloo& pg) {
     long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
     say("failed in_ms " + std::to_string(ms) + " " + errorLine(e));
   }
+  // The survivors keep their connections until each has failed: a survivor that destroyed its
+  // group first would be a lost connection for the others too.
+  store.barrier("collectives_worker/kill/failed", pg.size() - 1, 30s);
 }
 
 // The scheduling policy of thread `tid` of this process (field 41 of /proc/self/task/<tid>/stat),
@@ -499,7 +503,7 @@ int main(int argc, char** argv) {
       else if (scenario == "timeout") runTimeout(pg);
       else if (scenario == "mismatch") runMismatch(pg);
       else if (scenario == "fused") runFused(pg);
-      else if (scenario == "kill") runKill(pg);
+      else if (scenario == "kill") runKill(pg, store);
       else if (scenario == "b2b") runBackToBack(pg);
       else fail("unknown scenario " + scenario);
     }
