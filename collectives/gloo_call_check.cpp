@@ -76,15 +76,14 @@ std::string CallHeader::describe() const {
 }
 
 CallExchange::CallExchange(const std::shared_ptr<gloo::Context>& context, int rank, int size, size_t maxData)
-    : rank_(rank),
+    : context_(context),
+      rank_(rank),
       size_(size),
       maxData_(maxData),
       capacity_(kHeaderBytes + maxData),
-      send_(capacity_),
       headers_(static_cast<size_t>(size)),
       valid_(static_cast<size_t>(size), false),
       dataBytes_(static_cast<size_t>(size), 0) {
-  sendBuffer_ = context->createUnboundBuffer(send_.data(), send_.size());
   for (size_t set = 0; set < 2; ++set) {
     recv_[set].resize(capacity_ * static_cast<size_t>(size));
     recvBuffers_[set].resize(static_cast<size_t>(size));
@@ -98,35 +97,87 @@ CallExchange::CallExchange(const std::shared_ptr<gloo::Context>& context, int ra
 
 CallExchange::~CallExchange() = default;
 
+std::unique_ptr<CallExchange::Staging> CallExchange::takeStaging(size_t size) {
+  {
+    std::lock_guard<std::mutex> lock(poolMutex_);
+    auto& pool = size == kHeaderBytes ? headerPool_ : fullPool_;
+    if (!pool.empty()) {
+      std::unique_ptr<Staging> staging = std::move(pool.back());
+      pool.pop_back();
+      return staging;
+    }
+  }
+  auto staging = std::make_unique<Staging>();
+  staging->bytes.resize(size);
+  staging->buffer = context_->createUnboundBuffer(staging->bytes.data(), staging->bytes.size());
+  return staging;
+}
+
+std::unique_ptr<CallExchange::Outgoing> CallExchange::post(const CallHeader& mine, bool withData) {
+  auto out = std::make_unique<Outgoing>();
+  out->run = posted_++;
+  out->header = mine;
+  if (!withData) {
+    out->staging = takeStaging(kHeaderBytes);
+    sendToPeers(*out, 0);
+  }
+  return out;
+}
+
+void CallExchange::send(Outgoing& out, const void* data, size_t bytes) {
+  WEFT_CHECK(bytes <= maxData_ && !out.staging) << bytes << " bytes of data with a call header, at most " << maxData_;
+  out.staging = takeStaging(capacity_);
+  if (bytes > 0) std::memcpy(out.staging->bytes.data() + kHeaderBytes, data, bytes);
+  sendToPeers(out, bytes);
+}
+
+void CallExchange::sendToPeers(Outgoing& out, size_t bytes) {
+  const auto words = encode(out.header, bytes);
+  std::memcpy(out.staging->bytes.data(), words.data(), kHeaderBytes);
+  try {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      out.staging->buffer->send(r, kExchangeSlotBase + out.run, 0, kHeaderBytes + bytes);
+      ++out.sends;
+    }
+  } catch (const std::exception&) {
+    out.postError = std::current_exception();
+  }
+}
+
 void CallExchange::postReceives(uint64_t run) {
   auto& buffers = recvBuffers_[run % 2];
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) buffers[static_cast<size_t>(r)]->recv(r, kExchangeSlotBase + run, 0, capacity_);
   }
-  postedUpTo_ = run + 1;
+  receivedUpTo_ = run + 1;
 }
 
-void CallExchange::run(const CallHeader& mine, const void* data, size_t bytes, Deadline deadline) {
-  WEFT_CHECK(bytes <= maxData_) << bytes << " bytes of data with a call header, at most " << maxData_;
-  const uint64_t run = runs_++;
-  const auto words = encode(mine, bytes);
-  std::memcpy(send_.data(), words.data(), kHeaderBytes);
-  if (bytes > 0) std::memcpy(send_.data() + kHeaderBytes, data, bytes);
-  if (postedUpTo_ <= run) postReceives(run);
-  for (int r = 0; r < size_; ++r) {
-    if (r != rank_) sendBuffer_->send(r, kExchangeSlotBase + run, 0, kHeaderBytes + bytes);
+void CallExchange::finish(std::unique_ptr<Outgoing> out, Deadline deadline) {
+  const uint64_t run = out->run;
+  try {
+    WEFT_CHECK(out->staging) << "run " << run << " finished before its message was sent";
+    if (out->postError) std::rethrow_exception(out->postError);
+    if (receivedUpTo_ <= run) postReceives(run);
+    auto& buffers = recvBuffers_[run % 2];
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      // Nothing aborts these waits (only the group's point-to-point waits are aborted).
+      WEFT_CHECK(buffers[static_cast<size_t>(r)]->waitRecv(nullptr, timeoutUntil(deadline)))
+          << "call header receive from rank " << r << " aborted";
+    }
+    for (int i = 0; i < out->sends; ++i) {
+      WEFT_CHECK(out->staging->buffer->waitSend(nullptr, timeoutUntil(deadline))) << "call header send aborted";
+    }
+  } catch (const std::exception&) {
+    retire(std::move(out));
+    throw;
   }
-  auto& buffers = recvBuffers_[run % 2];
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    // Nothing aborts these waits (only the group's point-to-point waits are aborted).
-    WEFT_CHECK(buffers[static_cast<size_t>(r)]->waitRecv(nullptr, timeoutUntil(deadline)))
-        << "call header receive from rank " << r << " aborted";
+  if (current_) {
+    std::lock_guard<std::mutex> lock(poolMutex_);
+    (current_->staging->bytes.size() == kHeaderBytes ? headerPool_ : fullPool_).push_back(std::move(current_->staging));
   }
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    WEFT_CHECK(sendBuffer_->waitSend(nullptr, timeoutUntil(deadline))) << "call header send aborted";
-  }
+  current_ = std::move(out);
   for (int r = 0; r < size_; ++r) {
     std::array<int64_t, kHeaderWords> w;
     std::memcpy(w.data(), messageOf(r), kHeaderBytes);
@@ -139,12 +190,20 @@ void CallExchange::run(const CallHeader& mine, const void* data, size_t bytes, D
   try {
     postReceives(run + 1);
   } catch (const std::exception&) {
-    postedUpTo_ = run + 1;
+    receivedUpTo_ = run + 1;
   }
 }
 
+void CallExchange::abandon(std::unique_ptr<Outgoing> out) { retire(std::move(out)); }
+
+void CallExchange::retire(std::unique_ptr<Outgoing> out) {
+  std::lock_guard<std::mutex> lock(poolMutex_);
+  retired_.push_back(std::move(out));
+}
+
 const uint8_t* CallExchange::messageOf(int r) const {
-  return r == rank_ ? send_.data() : recv_[(runs_ - 1) % 2].data() + capacity_ * static_cast<size_t>(r);
+  return r == rank_ ? current_->staging->bytes.data()
+                    : recv_[current_->run % 2].data() + capacity_ * static_cast<size_t>(r);
 }
 
 const CallHeader* CallExchange::headerOf(int r) const {

@@ -207,14 +207,13 @@ size_t fusedLimitFor(int size) {
   return ProcessGroupGloo::kFusedSendBytes / static_cast<size_t>(size - 1) / 64 * 64;
 }
 
-// A collective that the call exchange can carry whole when it is small:
-// opBytes decides (the same on every rank whose call matches), `data` is what
-// this rank sends with its header, and finish completes the op from the
-// exchange once every rank's header matched.
-struct Fusable {
-  size_t opBytes = 0;
-  const void* data = nullptr;
-  size_t dataBytes = 0;
+// A collective the call exchange carries (its data, or all it needs, comes
+// with the call headers), decided by the op from its size alone, so that every
+// rank whose call matches decides alike. attach sends this rank's data when
+// the op runs (null: the bare header, sent when it is issued); finish
+// completes the op once every rank's header matched.
+struct Carried {
+  std::function<void(CallExchange&, CallExchange::Outgoing&)> attach;
   std::function<void(const CallExchange&)> finish;
 };
 
@@ -230,10 +229,10 @@ class ProcessGroupGloo::Impl {
 
   // ---- collectives: issue side (any thread) ----
   // Numbers the collective, queues it and returns its Work. body runs on the
-  // collective thread with the op's deadline; for a fusable allReduce that the
-  // call check carried, fused.reduce runs instead.
+  // collective thread with the op's deadline; for a collective the call
+  // exchange carries (carried.finish set), carried.finish runs instead.
   Work enqueue(CallHeader header, std::vector<Tensor> keep, std::function<void(Deadline)> body,
-               Fusable fused = {});
+               Carried carried = {});
 
   // ---- Gloo ops, collective thread only ----
   void allreduceRaw(void* data, size_t n, DType t, ReduceOp op, Deadline d);
@@ -273,7 +272,8 @@ class ProcessGroupGloo::Impl {
     Work work;
     CallHeader header;
     std::function<void(Deadline)> body;
-    Fusable fused;
+    Carried carried;
+    std::unique_ptr<CallExchange::Outgoing> outgoing;  // this rank's message of the call exchange, if any
   };
   struct Transfer {
     Work work;
@@ -285,9 +285,9 @@ class ProcessGroupGloo::Impl {
   void rendezvous();
   void runCollectives();
   void runTask(Task& task);
-  // Runs the call exchange for `mine` (with `bytes` of `data`): empty when
-  // every rank called the same thing; else the message.
-  std::string exchangeCalls(const CallHeader& mine, const void* data, size_t bytes, Deadline d);
+  // Finishes the call exchange of `task`: empty when every rank called the
+  // same thing; else the message.
+  std::string exchangeCalls(Task& task, Deadline d);
   // The peers whose connection Gloo knows to be lost.
   std::vector<int> lostPeers();
   // "ranks [2] have not started allReduce #5 ..." from the progress keys.
@@ -297,7 +297,9 @@ class ProcessGroupGloo::Impl {
   std::exception_ptr fatal(const std::string& what, const std::exception& e, const std::string& detail);
 
   uint32_t nextTag_ = 0;  // collective thread only
-  std::unique_ptr<CallExchange> exchange_;  // collective thread only; made at the first checked collective
+  // Made at the first collective that uses it (under mutex_); posted to under
+  // mutex_, finished on the collective thread.
+  std::unique_ptr<CallExchange> exchange_;
 
   std::condition_variable queued_;
   std::deque<Task> queue_;
@@ -354,6 +356,7 @@ ProcessGroupGloo::Impl::~Impl() {
   }
   queued_.notify_all();
   for (Task& t : cancelled) {
+    if (t.outgoing) exchange_->abandon(std::move(t.outgoing));
     t.work.fail(std::make_exception_ptr(
         StateError(describe(t.header) + ": the process group was destroyed before the collective ran")));
   }
@@ -439,7 +442,7 @@ void ProcessGroupGloo::Impl::rendezvous() {
 // ---- the collective thread ----------------------------------------------------------------
 
 Work ProcessGroupGloo::Impl::enqueue(CallHeader header, std::vector<Tensor> keep, std::function<void(Deadline)> body,
-                                     Fusable fused) {
+                                     Carried carried) {
   std::lock_guard<std::mutex> lock(mutex_);
   header.seq = nextSeq_++;
   Work work = Work::start(describe(header), std::move(keep));
@@ -447,7 +450,15 @@ Work ProcessGroupGloo::Impl::enqueue(CallHeader header, std::vector<Tensor> keep
     work.fail(std::make_exception_ptr(StateError(work.description() + ": the process group is being destroyed")));
     return work;
   }
-  queue_.push_back(Task{work, header, std::move(body), std::move(fused)});
+  Task task{work, header, std::move(body), std::move(carried), nullptr};
+  if ((options_.checkCalls || task.carried.finish) && brokenReason().empty()) {
+    // Numbered in call order (under mutex_); a bare header leaves now, so
+    // that the peers' are usually in when the collective thread gets here.
+    if (!exchange_) exchange_ = std::make_unique<CallExchange>(context_, rank_, size_, fusedLimit_);
+    SigpipeBlock block;
+    task.outgoing = exchange_->post(header, static_cast<bool>(task.carried.attach));
+  }
+  queue_.push_back(std::move(task));
   queued_.notify_one();
   return work;
 }
@@ -471,25 +482,26 @@ void ProcessGroupGloo::Impl::runTask(Task& task) {
   const std::string what = task.work.description();
   std::string broken = brokenReason();
   if (!broken.empty()) {
+    if (task.outgoing) exchange_->abandon(std::move(task.outgoing));
     task.work.fail(std::make_exception_ptr(
         StateError(what + ": the group is unusable after an earlier failure: " + broken)));
     return;
   }
+  // enqueue posts a message for every such op while the group is usable.
+  WEFT_CHECK(task.outgoing || !(options_.checkCalls || task.carried.finish)) << what << " has no call exchange message";
   started_.store(task.header.seq + 1, std::memory_order_relaxed);
   progress_->record(task.header.seq);
   const Deadline deadline = Clock::now() + options_.timeout;
   try {
-    const bool fuse = task.fused.finish && task.fused.opBytes <= fusedLimit_;
-    if (options_.checkCalls || fuse) {
-      std::string mismatch = exchangeCalls(task.header, fuse ? task.fused.data : nullptr,
-                                           fuse ? task.fused.dataBytes : 0, deadline);
+    if (task.outgoing) {
+      std::string mismatch = exchangeCalls(task, deadline);
       if (!mismatch.empty()) {
         task.work.fail(std::make_exception_ptr(InvalidArgumentError(mismatch)));
         return;
       }
-      if (fuse) {
-        // The headers match, so every rank fused: what the op needs came along.
-        task.fused.finish(*exchange_);
+      if (task.carried.finish) {
+        // The headers match, so every rank's data (or all the op needs) came along.
+        task.carried.finish(*exchange_);
         fused_.fetch_add(1, std::memory_order_relaxed);
         task.work.complete();
         return;
@@ -511,10 +523,10 @@ void ProcessGroupGloo::Impl::runTask(Task& task) {
   task.work.complete();
 }
 
-std::string ProcessGroupGloo::Impl::exchangeCalls(const CallHeader& mine, const void* data, size_t bytes,
-                                                  Deadline d) {
-  if (!exchange_) exchange_ = std::make_unique<CallExchange>(context_, rank_, size_, fusedLimit_);
-  exchange_->run(mine, data, bytes, d);
+std::string ProcessGroupGloo::Impl::exchangeCalls(Task& task, Deadline d) {
+  const CallHeader& mine = task.header;
+  if (task.carried.attach) task.carried.attach(*exchange_, *task.outgoing);
+  exchange_->finish(std::move(task.outgoing), d);
   bool same = true;
   std::vector<std::string> calls;
   for (int r = 0; r < size_; ++r) {
@@ -830,16 +842,19 @@ Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
   CallHeader h{OpCode::Broadcast, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, -1};
   Impl* impl = impl_.get();
   auto tree = [impl, tensor, root](Deadline d) { impl->broadcastRaw(tensor.rawData(), tensor.nbytes(), root, d); };
+  if (tensor.nbytes() > impl->fusedLimit_) return impl->enqueue(h, {tensor}, std::move(tree));
   // Carried by the call exchange: the root's data comes with its header.
   const bool isRoot = rank_ == root;
-  auto local = [tensor, root, isRoot](const CallExchange& ex) {
+  Carried carried;
+  carried.attach = [tensor, isRoot](CallExchange& ex, CallExchange::Outgoing& out) {
+    ex.send(out, tensor.rawData(), isRoot ? tensor.nbytes() : 0);
+  };
+  carried.finish = [tensor, root, isRoot](const CallExchange& ex) {
     WEFT_CHECK(ex.dataBytesOf(root) == tensor.nbytes()) << "the root sent " << ex.dataBytesOf(root) << " bytes of "
                                                         << tensor.nbytes();
     if (!isRoot && tensor.nbytes() > 0) std::memcpy(tensor.rawData(), ex.dataOf(root), tensor.nbytes());
   };
-  return impl->enqueue(h, {tensor}, std::move(tree),
-                       {tensor.nbytes(), isRoot ? tensor.rawData() : nullptr, isRoot ? tensor.nbytes() : 0,
-                        std::move(local)});
+  return impl->enqueue(h, {tensor}, std::move(tree), std::move(carried));
 }
 
 Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
@@ -850,14 +865,19 @@ Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
   auto ring = [impl, tensor, op](Deadline d) {
     impl->allreduceRaw(tensor.rawData(), static_cast<size_t>(tensor.numel()), tensor.dtype(), op, d);
   };
+  if (tensor.nbytes() > impl->fusedLimit_) return impl->enqueue(h, {tensor}, std::move(ring));
   // Carried by the call exchange: every rank reduces the ranks' copies in
   // rank order, so all get the same bits.
   const int n = size_;
-  auto local = [tensor, op, n](const CallExchange& ex) {
+  Carried carried;
+  carried.attach = [tensor](CallExchange& ex, CallExchange::Outgoing& out) {
+    ex.send(out, tensor.rawData(), tensor.nbytes());
+  };
+  carried.finish = [tensor, op, n](const CallExchange& ex) {
     const size_t count = static_cast<size_t>(tensor.numel());
     for (int r = 0; r < n; ++r) {
-      WEFT_CHECK(ex.dataBytesOf(r) == tensor.nbytes()) << "rank " << r << " sent " << ex.dataBytesOf(r) << " bytes of "
-                                                       << tensor.nbytes();
+      WEFT_CHECK(ex.dataBytesOf(r) == tensor.nbytes())
+          << "rank " << r << " sent " << ex.dataBytesOf(r) << " bytes of " << tensor.nbytes();
     }
     if (count == 0) return;
     void* out = tensor.rawData();
@@ -868,8 +888,7 @@ Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
     });
     if (op == ReduceOp::Avg) divideInPlace(out, tensor.dtype(), count, n);
   };
-  return impl->enqueue(h, {tensor}, std::move(ring),
-                       {tensor.nbytes(), tensor.rawData(), tensor.nbytes(), std::move(local)});
+  return impl->enqueue(h, {tensor}, std::move(ring), std::move(carried));
 }
 
 Work ProcessGroupGloo::reduce(const Tensor& tensor, int root, ReduceOp op) {
@@ -1021,8 +1040,10 @@ Work ProcessGroupGloo::barrier() {
   Impl* impl = impl_.get();
   // Carried by the call exchange, which is itself a barrier: a rank has every
   // other rank's header only once they have all called.
+  Carried carried;
+  carried.finish = [](const CallExchange&) {};
   return impl->enqueue(CallHeader{OpCode::Barrier, 0, -1, -1, -1, -1}, {}, [impl](Deadline d) { impl->barrierRaw(d); },
-                       {0, nullptr, 0, [](const CallExchange&) {}});
+                       std::move(carried));
 }
 
 Work ProcessGroupGloo::isend(const Tensor& tensor, int dst, uint32_t tag) {

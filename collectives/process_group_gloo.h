@@ -58,12 +58,20 @@
 // round of messages thus replaces both the check and Gloo's algorithm, so
 // such collectives take this path (and are checked) whether or not
 // checkCalls is on. Larger ones run Gloo's algorithm after the exchange
-// (ring allreduce, ...). Each receive of the exchange is posted with room for
-// the largest message any rank may send, so ranks that called different
-// things never overrun each other. Measured on one host
-// (bench/collectives_bench, 2 processes, median per allReduce against a direct
-// Gloo ring allreduce call): 0.3-0.45x from 1 KiB to 64 KiB, 0.8x at 256 KiB,
-// about 1.0x from 1 MiB up, where the check adds one small round to the ring.
+// (ring allreduce, ...); their header leaves as soon as the collective is
+// called, so the peers' headers are usually in when the group's thread
+// takes the collective up. Each receive of the exchange is posted with room
+// for the largest message any rank may send, so ranks that called different
+// things never overrun each other. The exchange keeps staging memory of its
+// own: about 1.5 MiB in a group of 2 ranks, under 1 MiB in larger ones.
+//
+// Measured on one shared 2-core host (bench/collectives_bench, 2 processes,
+// medians of 5 runs of the median allReduce, against a direct Gloo ring
+// allreduce in the same run): 0.4-0.6x from 1 KiB to 256 KiB and 0.25-0.83x
+// from 1 MiB to 64 MiB against Gloo on its default device; against Gloo on a
+// SCHED_BATCH device like this group's (--batch-device), 0.5x up to 64 KiB,
+// 0.76x at 256 KiB, 1.16x at 1 MiB (the header round in front of the ring),
+// 0.99-1.07x from 4 MiB up.
 //
 // Destruction. The destructor fails collectives still queued with StateError,
 // waits for the one running (bounded by the timeout), aborts the wait of
