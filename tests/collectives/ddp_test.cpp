@@ -496,7 +496,7 @@ TEST_CASE("ddp: with rebuildBuckets off the buckets keep reverse parameter order
   }
 }
 
-TEST_CASE("ddp: each synced forward gives every rank rank 0's buffers; noSync, grad-disabled forwards and "
+TEST_CASE("ddp: each synced forward gives every rank rank 0's buffers, while noSync, grad-disabled forwards and "
           "broadcastBuffers off leave each rank its own") {
   DdpRanks ranks(3);
   auto scales = [](const std::vector<std::shared_ptr<Swapped>>& nets) {
