@@ -1,20 +1,22 @@
-// collectives_bench: allReduce (float32 sum) on 2 processes through weft's ProcessGroupGloo, with
-// and without the call-header check, and through a direct Gloo ring allreduce call on a context of
-// its own, in the same run, for 1 KiB to 64 MiB. The bench re-executes itself as rank 1
-// (`/proc/self/exe --rank1 PORT`); rank 0 prints one line per size with the median time of each
-// path, the bus bandwidth (for 2 ranks: bytes / time) and the overhead ratios against Gloo direct
-// (goal: weft <= 1.1x).
+// collectives_bench: allReduce (float32 sum) on 2 (or --world N) processes through weft's
+// ProcessGroupGloo, with and without the call check, and through a direct Gloo ring allreduce call
+// on a context of its own, in the same run, for 1 KiB to 64 MiB. The bench re-executes itself as
+// the other ranks (`/proc/self/exe --rank R PORT`); rank 0 prints one line per size with the
+// median time of each path, the bus bandwidth (bytes * 2(N-1)/N / time, for 2 ranks bytes / time)
+// and the overhead ratios against Gloo direct (goal: weft <= 1.1x).
 //
-//   collectives_bench [--sizes 1K,64K,64M] [--min-iters N] [--back-to-back K]
+//   collectives_bench [--sizes 1K,64K,64M] [--min-iters N] [--back-to-back K] [--world N] [--batch-device]
 //
 // The three paths alternate within each iteration, so that drift in machine load hits them alike.
-// With --back-to-back K (default 1) each path issues K allReduces in a row per iteration (direct:
-// K Gloo calls one after the other; weft: K allReduce calls, then a wait on all of them, the way a
-// training step reduces several gradients) and the times printed are per allReduce (the
-// iteration's time / K). On a machine whose CPUs are busy with other work, K > 1 shows a cost that
-// K = 1 hides: Gloo's TCP event-loop thread busy-polls a socket while the thread that posted the
-// next operation holds the connection's lock, and when both share a CPU the poster only gets it
-// back at the next scheduler tick (4 ms at HZ=250).
+// The direct path is Gloo used the way Gloo's own benchmarks use it, on its default device; with
+// --batch-device its device is made the way weft makes its own (the loop thread under SCHED_BATCH,
+// collectives/gloo_device.h), so that the ratio leaves out what that policy saves. On a machine
+// whose CPUs are busy with other work that is a lot: Gloo's TCP event-loop thread busy-polls a
+// socket while the thread that posted the next operation holds the connection's lock, and when
+// both share a CPU the poster only gets it back at the next scheduler tick (4 ms at HZ=250). With
+// --back-to-back K (default 1) each path issues K allReduces in a row per iteration (direct: K Gloo
+// calls one after the other; weft: K allReduce calls, then a wait on all of them, the way a training
+// step reduces several gradients) and the times printed are per allReduce (the iteration's time / K).
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +32,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "collectives/gloo_device.h"
 #include "collectives/gloo_store.h"
 #include "collectives/process_group_gloo.h"
 #include "bench/two_process.h"
@@ -73,6 +76,8 @@ struct Config {
   std::vector<int64_t> sizes = parseSizes("1K,4K,16K,64K,256K,1M,4M,16M,64M");
   int minIters = 5;
   int backToBack = 1;  // allReduces issued in a row per path and iteration
+  int world = 2;
+  bool batchDevice = false;  // the direct path on a SCHED_BATCH device like weft's
 };
 
 int iterationsFor(int64_t bytes, int minIters) {
@@ -80,8 +85,9 @@ int iterationsFor(int64_t bytes, int minIters) {
   return static_cast<int>(std::clamp<int64_t>(n, minIters, 400));
 }
 
-// One rank's part: both ranks run exactly the same sequence of operations.
+// One rank's part: every rank runs exactly the same sequence of operations.
 int runRank(int rank, uint16_t port, const Config& cfg) {
+  const int world = cfg.world;
   std::unique_ptr<weft::rpc::StoreServer> server;
   if (rank == 0) {
     weft::rpc::StoreServer::Config sc;
@@ -93,23 +99,30 @@ int runRank(int rank, uint16_t port, const Config& cfg) {
   cc.timeout = 60s;
   weft::rpc::StoreClient store(cc);
 
-  ProcessGroupGloo checked(store, rank, 2, {.timeout = 120s, .checkCalls = true, .name = "checked"});
-  ProcessGroupGloo unchecked(store, rank, 2, {.timeout = 120s, .checkCalls = false, .name = "unchecked"});
+  ProcessGroupGloo checked(store, rank, world, {.timeout = 120s, .checkCalls = true, .name = "checked"});
+  ProcessGroupGloo unchecked(store, rank, world, {.timeout = 120s, .checkCalls = false, .name = "unchecked"});
 
   // The direct path: a Gloo context of its own, used the way Gloo's own benchmarks do.
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  auto device = gloo::transport::tcp::CreateDevice(attr);
-  auto context = std::make_shared<gloo::rendezvous::Context>(rank, 2);
+  std::shared_ptr<gloo::transport::Device> device;
+  if (cfg.batchDevice) {
+    device = weft::collectives::gloo_detail::createTcpDevice("127.0.0.1");
+  } else {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    device = gloo::transport::tcp::CreateDevice(attr);
+  }
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
   context->setTimeout(120s);
   weft::collectives::GlooStore glooStore(store, "bench/direct/", 60s);
   context->connectFullMesh(glooStore, device);
   uint32_t tag = 0;
 
   if (rank == 0) {
-    std::printf("collectives_bench: allReduce float32 sum, 2 processes on 127.0.0.1, median of N iterations, "
-                "%d allReduce(s) in a row per iteration (times per allReduce)\n",
-                cfg.backToBack);
+    std::printf("collectives_bench: allReduce float32 sum, %d processes on 127.0.0.1, median of N iterations, "
+                "%d allReduce(s) in a row per iteration (times per allReduce), direct Gloo on %s device, "
+                "load %s\n",
+                world, cfg.backToBack, cfg.batchDevice ? "a SCHED_BATCH" : "Gloo's default",
+                weft::bench::loadAverage().c_str());
     std::printf("%9s %6s | %11s %11s %11s | %9s %9s %9s | %7s %7s\n", "bytes", "iters", "gloo_us", "weft_us",
                 "nochk_us", "gloo_GB/s", "weft_GB/s", "nochk_GB/s", "weft/x", "nochk/x");
   }
@@ -168,13 +181,14 @@ int runRank(int rank, uint16_t port, const Config& cfg) {
     }
     if (rank == 0) {
       double d = median(direct), w = median(viaWeft), u = median(viaUnchecked);
-      auto gbps = [&](double us) { return static_cast<double>(bytes) / (us * 1e-6) / 1e9; };
+      const double busFactor = 2.0 * (world - 1) / world;
+      auto gbps = [&](double us) { return static_cast<double>(bytes) * busFactor / (us * 1e-6) / 1e9; };
       std::printf("%9lld %6d | %11.1f %11.1f %11.1f | %9.3f %9.3f %9.3f | %7.3f %7.3f\n",
                   static_cast<long long>(bytes), iters, d, w, u, gbps(d), gbps(w), gbps(u), w / d, u / d);
       std::fflush(stdout);
     }
   }
-  store.barrier("bench/exit", 2, 60s);
+  store.barrier("bench/exit", world, 60s);
   return 0;
 }
 
@@ -183,9 +197,9 @@ int runRank(int rank, uint16_t port, const Config& cfg) {
 int main(int argc, char** argv) {
   try {
     Config cfg;
-    // Rank 1 gets "--rank1 PORT" followed by rank 0's own arguments.
-    const bool isRank1 = argc >= 3 && std::string(argv[1]) == "--rank1";
-    for (int i = isRank1 ? 3 : 1; i < argc; ++i) {
+    // Rank R > 0 gets "--rank R PORT" followed by rank 0's own arguments.
+    const bool isOther = argc >= 4 && std::string(argv[1]) == "--rank";
+    for (int i = isOther ? 4 : 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--sizes" && i + 1 < argc) {
         cfg.sizes = parseSizes(argv[++i]);
@@ -194,22 +208,32 @@ int main(int argc, char** argv) {
       } else if (arg == "--back-to-back" && i + 1 < argc) {
         cfg.backToBack = std::stoi(argv[++i]);
         if (cfg.backToBack < 1 || cfg.backToBack > 64) fail("--back-to-back takes 1 to 64");
+      } else if (arg == "--batch-device") {
+        cfg.batchDevice = true;
+      } else if (arg == "--world" && i + 1 < argc) {
+        cfg.world = std::stoi(argv[++i]);
+        if (cfg.world < 2 || cfg.world > 16) fail("--world takes 2 to 16");
       } else {
-        std::fprintf(stderr, "usage: collectives_bench [--sizes 1K,64K,64M] [--min-iters N] [--back-to-back K]\n");
+        std::fprintf(stderr,
+                     "usage: collectives_bench [--sizes 1K,64K,64M] [--min-iters N] [--back-to-back K] [--world N] "
+                     "[--batch-device]\n");
         return 2;
       }
     }
     for (int64_t s : cfg.sizes) {
       if (s < 4 || s % 4 != 0) fail("sizes must be positive multiples of 4 bytes");
     }
-    if (isRank1) return runRank(1, static_cast<uint16_t>(std::stoi(argv[2])), cfg);
-    // Rank 1: this program again, with "--rank1 PORT" before rank 0's own arguments.
+    if (isOther) return runRank(std::stoi(argv[2]), static_cast<uint16_t>(std::stoi(argv[3])), cfg);
+    // The other ranks: this program again, with "--rank R PORT" before rank 0's own arguments.
     const uint16_t port = weft::bench::freePort();
-    std::vector<std::string> args = {"collectives_bench", "--rank1", std::to_string(port)};
-    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
-    weft::bench::ServerProcess rank1(std::move(args));
+    std::vector<std::unique_ptr<weft::bench::ServerProcess>> others;
+    for (int r = 1; r < cfg.world; ++r) {
+      std::vector<std::string> args = {"collectives_bench", "--rank", std::to_string(r), std::to_string(port)};
+      for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+      others.push_back(std::make_unique<weft::bench::ServerProcess>(std::move(args)));
+    }
     int rc = runRank(0, port, cfg);
-    rank1.waitForExit(std::chrono::seconds(60));
+    for (auto& p : others) p->waitForExit(std::chrono::seconds(60));
     return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "collectives_bench: %s\n", e.what());

@@ -9,9 +9,10 @@
 //
 //   ddp_bench [--iters N] [--batch B] [--no-check]
 //
-// --no-check builds the process group without the call-header check (one extra small allreduce
-// per collective, which the per-parameter loop pays 128 times per step). The paths alternate
-// within each iteration, so that drift in machine load hits them alike.
+// --no-check builds the process group without the call check (the round of call headers in front
+// of each collective larger than the group's fused limit; the per-parameter loop's small
+// allreduces travel whole in that round either way). The paths alternate within each iteration,
+// so that drift in machine load hits them alike.
 
 #include <algorithm>
 #include <chrono>

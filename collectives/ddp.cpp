@@ -58,7 +58,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   WEFT_ENFORCE(!params_.empty(), InvalidArgumentError, "DistributedDataParallel: module ", module_->typeName(),
                " has no parameter that requires grad: there is nothing to synchronise");
   broadcastState();
-  layOutBuckets();
+  std::vector<size_t> reverse(params_.size());
+  for (size_t i = 0; i < reverse.size(); ++i) reverse[i] = reverse.size() - 1 - i;
+  layOutBuckets(reverse);
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].hookId = params_[i].tensor.gradAccumulator()->registerPreHook(
         [this, i](std::vector<Tensor>& grads) { onGradient(i, grads); });
@@ -82,10 +84,16 @@ DistributedDataParallel::~DistributedDataParallel() {
 }
 
 void DistributedDataParallel::broadcastState() {
-  // Every parameter (trainable or not) and buffer, coalesced into flat tensors
-  // of one dtype and device, at most bucketCapBytes each (or one tensor).
   std::vector<Tensor> all = module_->parameters();
   for (const Tensor& b : module_->buffers()) all.push_back(b);
+  broadcastFromRank0(all,
+                     "DistributedDataParallel: broadcasting the parameters and buffers from rank 0 failed (every rank "
+                     "must wrap a module with the same parameters and buffers): ");
+}
+
+void DistributedDataParallel::broadcastFromRank0(const std::vector<Tensor>& all, const std::string& prefix) {
+  // Coalesced into flat tensors of one dtype and device, at most
+  // bucketCapBytes each (or one tensor).
   struct Group {
     std::vector<size_t> members;
     int64_t numel = 0;
@@ -111,9 +119,6 @@ void DistributedDataParallel::broadcastState() {
     bytes += tb;
   }
   NoGradGuard noGrad;
-  const std::string prefix =
-      "DistributedDataParallel: broadcasting the parameters and buffers from rank 0 failed (every rank must wrap a "
-      "module with the same parameters and buffers): ";
   try {
     for (Group& g : groups) {
       const Tensor& first = all[g.members.front()];
@@ -149,15 +154,17 @@ void DistributedDataParallel::broadcastState() {
   for (Group& g : groups) {
     int64_t offset = 0;
     for (size_t i : g.members) {
-      all[i].copy_(sliceLike(g.flat, offset, all[i]));
+      Tensor target = all[i];  // a handle: copy_ writes the caller's tensor
+      target.copy_(sliceLike(g.flat, offset, target));
       offset += all[i].numel();
     }
   }
 }
 
-void DistributedDataParallel::layOutBuckets() {
+void DistributedDataParallel::layOutBuckets(const std::vector<size_t>& order) {
+  buckets_.clear();
   int64_t bytes = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
+  for (size_t k : order) {
     Param& p = params_[k];
     const int64_t pb = static_cast<int64_t>(p.tensor.nbytes());
     bool fresh = buckets_.empty() || bytes + pb > options_.bucketCapBytes;
@@ -183,7 +190,51 @@ void DistributedDataParallel::layOutBuckets() {
   }
 }
 
+void DistributedDataParallel::rebuildBuckets(const std::vector<size_t>& arrived, int64_t passNumber) {
+  // Rank 0's arrival order, then the parameters that got no gradient there
+  // (in reverse order: they are ready from the start or only at the end).
+  const size_t n = params_.size();
+  std::vector<size_t> order;
+  std::vector<bool> seen(n, false);
+  for (size_t k : arrived) {
+    if (!seen[k]) order.push_back(k);
+    seen[k] = true;
+  }
+  for (size_t k = n; k-- > 0;) {
+    if (!seen[k]) order.push_back(k);
+  }
+  if (group_.size() > 1) {
+    Tensor shared = empty({static_cast<int64_t>(n)}, {.dtype = DType::Int64});
+    for (size_t i = 0; i < n; ++i) shared.data<int64_t>()[i] = static_cast<int64_t>(order[i]);
+    try {
+      group_.broadcast(shared, 0).wait();
+    } catch (const std::exception&) {
+      rethrowPrefixed(std::current_exception(),
+                      weft::detail::concat("DistributedDataParallel: after synced backward pass #", passNumber,
+                                           ": broadcasting rank 0's gradient order for the bucket rebuild failed: "));
+    }
+    std::vector<bool> placed(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t k = shared.data<int64_t>()[i];
+      WEFT_ENFORCE(k >= 0 && static_cast<size_t>(k) < n && !placed[static_cast<size_t>(k)], StateError,
+                   "DistributedDataParallel: rank 0's gradient order for the bucket rebuild is not an order of this "
+                   "rank's ", n, " parameters (entry ", i, " is ", k, "): every rank must wrap the same module");
+      placed[static_cast<size_t>(k)] = true;
+      order[i] = static_cast<size_t>(k);
+    }
+  }
+  layOutBuckets(order);
+}
+
 Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (options_.broadcastBuffers && group_.size() > 1 && GradMode::enabled() && syncEnabled()) {
+    std::vector<Tensor> buffers = module_->buffers();
+    if (!buffers.empty()) {
+      broadcastFromRank0(buffers,
+                         "DistributedDataParallel: broadcasting the buffers from rank 0 before forward failed (every "
+                         "rank runs the same number of synced forwards): ");
+    }
+  }
   Tensor out = module_->forward(input);
   if (options_.findUnusedParameters) prepareForBackward({out});
   return out;
@@ -391,6 +442,10 @@ void DistributedDataParallel::finishPass() {
   }
   for (Param& p : params_) autograd::accumulateLeafGradient(p.tensor, slotOf(p));
   ++stats_.syncedPasses;
+  if (stats_.syncedPasses == 1 && options_.rebuildBuckets) {
+    rebuildBuckets(stats_.hookOrder, stats_.syncedPasses);
+    ++stats_.bucketRebuilds;
+  }
 }
 
 DistributedDataParallel::NoSyncGuard DistributedDataParallel::noSync() {
@@ -432,6 +487,7 @@ std::vector<std::string> DistributedDataParallel::parameterNames() const {
 }
 
 std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
+  std::lock_guard<std::mutex> lock(mutex_);  // the rebuild replaces them
   std::vector<std::vector<size_t>> out;
   out.reserve(buckets_.size());
   for (const Bucket& b : buckets_) out.push_back(b.params);

@@ -31,6 +31,26 @@
 // another dtype or device. A parameter larger than the cap has a bucket of its
 // own.
 //
+// Bucket rebuild (Options::rebuildBuckets, on by default; PyTorch's
+// Reducer::rebuild_buckets). Reverse registration order is only a guess: a
+// module that registers its layers in another order than it uses them would
+// fill its first bucket last and launch nothing until backward is over. So
+// once, at the end of the first synced pass, rank 0 broadcasts the order in
+// which that pass's gradients arrived there (parameters that got none there
+// last, in reverse order), and every rank lays its buckets out again in that
+// order, by the same rule (cap, dtype, device). Every later pass uses that
+// layout, the same on every rank. The broadcast is one more collective at the
+// end of that pass's backward; stats().bucketRebuilds says it happened.
+//
+// Buffers (Options::broadcastBuffers, on by default; PyTorch's
+// broadcast_buffers). Each forward() while sync is on and grad mode is enabled
+// (a training forward) first broadcasts rank 0's buffers to every rank
+// (coalesced like the construction broadcast; nothing when the module has no
+// buffers), so that running statistics and the like follow rank 0. Forwards
+// under noSync() or with grad mode off (evaluation) do not, so ranks may run
+// different numbers of them. A module called through another forward than
+// DDP's gets no broadcast.
+//
 // A synced backward pass (local `loss.backward()`, or
 // dist_autograd::Context::backward). Each parameter's hook copies its incoming
 // gradient into its slot of its bucket's flat buffer and takes it from the
@@ -71,18 +91,18 @@
 // yet, and is an error otherwise.
 //
 // Ranks that disagree. A rank that runs one more synced pass than the others
-// (or reduces a different set of parameters) launches an allreduce the others
-// never call: its backward() fails after the group's timeout with the group's
-// TimeoutError (it names the allreduce and the ranks that never started it),
-// prefixed with what DDP was doing. The group is unusable afterwards (see
+// (or reduces a different set of parameters) launches a collective the others
+// never call: its forward() (the buffer broadcast) or backward() (a bucket's
+// allreduce) fails after the group's timeout with the group's TimeoutError (it
+// names the collective and the ranks that never started it), prefixed with
+// what DDP was doing. The group is unusable afterwards (see
 // process_group.h). A dead peer fails the pass with DisconnectedError.
 //
 // Limits. A synced pass must run on this worker within one autograd pass: the
 // local backward, or the part of a distributed pass that runs here in one
 // piece (the worker calling ctx.backward, or one backward request). Passes of
 // one DDP must not overlap. autograd::grad over the parameters is not
-// supported (the hooks take the gradients). Buffers are broadcast at
-// construction only.
+// supported (the hooks take the gradients).
 //
 // Threads: construct, forward and destroy from one thread; noSync() and the
 // accessors from any; backward passes on one thread at a time.
@@ -108,6 +128,11 @@ class DistributedDataParallel {
     int64_t bucketCapBytes = int64_t{25} << 20;
     // Reduce parameters that got no gradient as zeros (see "Parameters that get no gradient").
     bool findUnusedParameters = false;
+    // Re-lay the buckets in the order gradients arrived on rank 0 after the
+    // first synced pass (see "Bucket rebuild").
+    bool rebuildBuckets = true;
+    // Broadcast rank 0's buffers at each synced forward (see "Buffers").
+    bool broadcastBuffers = true;
   };
 
   // What the last synced pass did, for tests and tuning.
@@ -123,6 +148,7 @@ class DistributedDataParallel {
     std::vector<Launch> launches;      // allreduces, in launch order
     size_t unusedParameters = 0;       // parameters reduced with no gradient of this pass
     size_t completedAtEnd = 0;         // allreduces already finished when the pass ended here
+    int64_t bucketRebuilds = 0;        // 1 once the buckets follow rank 0's gradient order
   };
 
   // See "Construction". `module` and `group` must outlive the DDP.
@@ -139,7 +165,9 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // The module's forward; with findUnusedParameters, also prepareForBackward.
+  // The module's forward, after rank 0's buffers were broadcast (see
+  // "Buffers"); with findUnusedParameters, also prepareForBackward. The
+  // broadcast's error, prefixed, when it fails.
   Tensor forward(const Tensor& input);
   Tensor operator()(const Tensor& input) { return forward(input); }
   // For modules called through another forward: marks, for the next synced
@@ -173,7 +201,8 @@ class DistributedDataParallel {
   // grad, in that order) and their dotted names.
   std::vector<Tensor> parameters() const;
   std::vector<std::string> parameterNames() const;
-  // Parameter indices (into parameters()) of each bucket, in bucket order.
+  // Parameter indices (into parameters()) of each bucket, in bucket order
+  // (after the first synced pass: the rebuilt layout).
   std::vector<std::vector<size_t>> buckets() const;
   // What noSync passes accumulated for parameter `index` and the next synced
   // pass will add; undefined when nothing. IndexError for a bad index.
@@ -200,7 +229,14 @@ class DistributedDataParallel {
   };
 
   void broadcastState();
-  void layOutBuckets();
+  // Copies rank 0's values of `tensors` into every rank's (coalesced
+  // broadcasts); a failure is rethrown with `prefix` in front.
+  void broadcastFromRank0(const std::vector<Tensor>& tensors, const std::string& prefix);
+  // Buckets filled with parameters in `order`: a new one whenever the next
+  // would pass bucketCapBytes or has another dtype or device.
+  void layOutBuckets(const std::vector<size_t>& order);
+  // Lays the buckets out in rank 0's order of `arrived` (see "Bucket rebuild").
+  void rebuildBuckets(const std::vector<size_t>& arrived, int64_t passNumber);
   void onGradient(size_t index, std::vector<Tensor>& grads);
   void startPassLocked();
   Tensor slotOf(const Param& p) const;

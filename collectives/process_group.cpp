@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/future.h"
+#include "rpc/store.h"
 
 namespace weft::collectives {
 
@@ -45,6 +47,53 @@ void ProcessGroup::checkSubgroupRanks(const std::vector<int>& ranks) const {
                rankList(ranks), " are not all ranks of group '", name(), "' of size ", size_);
   WEFT_ENFORCE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), InvalidArgumentError,
                "newGroup: ranks ", rankList(ranks), " name a rank twice");
+}
+
+int ProcessGroup::agreeOnSubgroup(rpc::StoreClient& store, const std::string& prefix,
+                                  std::chrono::milliseconds timeout, const std::vector<int>& ranks) {
+  const int index = nextSubgroup_.fetch_add(1);
+  const std::string what = "newGroup #" + std::to_string(index) + " on group '" + name() + "'";
+  const std::string keys = prefix + "newGroup/" + std::to_string(index) + "/";
+  const std::string mine = rankList(ranks);
+  // Posted before the local check, so that the others learn of a bad list
+  // too instead of waiting for this rank.
+  store.set(keys + std::to_string(rank_), mine);
+  checkSubgroupRanks(ranks);
+  std::vector<std::pair<int, Future<std::string>>> theirs;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) theirs.emplace_back(r, store.getAsync(keys + std::to_string(r), timeout));
+  }
+  std::vector<std::string> lists(static_cast<size_t>(size_));
+  lists[static_cast<size_t>(rank_)] = mine;
+  std::vector<int> missing;
+  std::exception_ptr storeError;
+  for (auto& [r, f] : theirs) {
+    f.wait();
+    if (!f.hasError()) {
+      lists[static_cast<size_t>(r)] = f.get();
+      continue;
+    }
+    try {
+      f.get();
+    } catch (const TimeoutError&) {
+      missing.push_back(r);
+    } catch (const std::exception&) {
+      if (!storeError) storeError = std::current_exception();
+    }
+  }
+  if (storeError) {
+    try {
+      std::rethrow_exception(storeError);
+    } catch (const std::exception& e) {
+      throw DisconnectedError(what + ": the store failed while the ranks compared their lists: " + e.what());
+    }
+  }
+  WEFT_ENFORCE(missing.empty(), TimeoutError, what, ": ranks ", rankList(missing), " did not call it within ",
+               timeout.count(), " ms (every rank of the group calls newGroup, in the same order)");
+  if (std::all_of(lists.begin(), lists.end(), [&](const std::string& l) { return l == mine; })) return index;
+  std::string msg = what + ": the ranks passed different rank lists:";
+  for (int r = 0; r < size_; ++r) msg += "\n  rank " + std::to_string(r) + " passed " + lists[static_cast<size_t>(r)];
+  throw InvalidArgumentError(msg);
 }
 
 int ProcessGroup::rankIn(const std::vector<int>& ranks) const {

@@ -46,12 +46,12 @@
 //    called allReduce #5", learnt from the progress each rank posts to the
 //    store).
 //  - DisconnectedError: the connection to a peer was lost (its process died):
-//    prompt, never a hang.
+//    prompt, never a hang; names the rank(s) whose connection was lost.
 //  - InvalidArgumentError: the ranks called different collectives, or the same
 //    one with different dtypes, sizes, roots or reduce ops. Every rank learns
-//    it from the header exchanged before each collective (when
-//    Options::checkCalls is on, the default) and fails that op alike; the
-//    group stays usable.
+//    it from the call headers the ranks exchange before each collective (gloo:
+//    Options::checkCalls, on by default) and fails that op alike; the group
+//    stays usable.
 //  - StateError: the group is unusable: an earlier op failed with a timeout or
 //    a lost connection (the transport state is then unknown), or the group was
 //    destroyed while the op was queued. The message repeats the first failure.
@@ -61,6 +61,7 @@
 // every rank must issue them in the same order: issue them from one thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -69,6 +70,10 @@
 
 #include "collectives/work.h"
 #include "tensor/tensor.h"
+
+namespace weft::rpc {
+class StoreClient;
+}
 
 namespace weft::collectives {
 
@@ -136,7 +141,16 @@ class ProcessGroup {
   // with its own connections and store prefix. Collective over this group:
   // every rank of it calls newGroup with the same list, in the same order
   // relative to its other newGroup calls; a rank not in the list gets null.
-  // InvalidArgumentError for an empty list, a repeated or out-of-range rank.
+  // The ranks compare their lists first (through the store: each posts its
+  // own and reads the others', bounded by the group's timeout), so that every
+  // rank of the group fails alike instead of some waiting for a sub-group that
+  // never forms.
+  // InvalidArgumentError at once for an empty list, a repeated or
+  // out-of-range rank; InvalidArgumentError on every rank when the ranks
+  // passed different lists, naming what each passed ("newGroup #0 on group
+  // 'default': the ranks passed different rank lists: rank 0 passed [0, 2],
+  // rank 1 passed [0, 1], ..."); TimeoutError naming the ranks that never
+  // called this newGroup. This group stays usable after either.
   virtual std::unique_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks) = 0;
 
  protected:
@@ -144,8 +158,13 @@ class ProcessGroup {
   void checkRoot(int root, const char* op) const;
   // role: "source" or "destination"; a rank may not send to or receive from itself.
   void checkPeer(int peer, const char* op, const char* role) const;
-  // newGroup's list: non-empty, every rank of this group at most once.
-  void checkSubgroupRanks(const std::vector<int>& ranks) const;
+  // newGroup's first step on every backend: numbers the call (sub-group
+  // `index`), posts `ranks` under "<prefix>newGroup/<index>/<rank>" in
+  // `store`, checks them (non-empty, every rank of this group at most once)
+  // and waits for the other ranks' lists, within `timeout`; see newGroup for
+  // the errors. Returns the index.
+  int agreeOnSubgroup(rpc::StoreClient& store, const std::string& prefix, std::chrono::milliseconds timeout,
+                      const std::vector<int>& ranks);
   // This rank's position in `ranks`, or -1 when it is not in it.
   int rankIn(const std::vector<int>& ranks) const;
   // The name of sub-group number `index` of group `parent`: "parent/sub1[0,2]".
@@ -155,6 +174,10 @@ class ProcessGroup {
 
   const int rank_;
   const int size_;
+
+ private:
+  void checkSubgroupRanks(const std::vector<int>& ranks) const;
+  std::atomic<int> nextSubgroup_{0};
 };
 
 }  // namespace weft::collectives

@@ -1,8 +1,5 @@
 #include "collectives/process_group_gloo.h"
 
-#include <pthread.h>
-#include <sched.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,10 +24,11 @@
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/scatter.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include "collectives/gloo_call_check.h"
+#include "collectives/gloo_device.h"
 #include "collectives/gloo_store.h"
 #include "common/error.h"
 #include "rpc/options.h"
@@ -39,173 +37,17 @@ namespace weft::collectives {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using gloo_detail::CallExchange;
+using gloo_detail::CallHeader;
+using gloo_detail::blockSigpipeOnThisThread;
+using gloo_detail::Clock;
+using gloo_detail::createTcpDevice;
+using gloo_detail::Deadline;
+using gloo_detail::OpCode;
+using gloo_detail::SigpipeBlock;
+using gloo_detail::opName;
+using gloo_detail::timeoutUntil;
 using Millis = std::chrono::milliseconds;
-using Deadline = Clock::time_point;
-
-// ---- signals ----------------------------------------------------------------------
-
-// Gloo writes to its sockets from the calling thread and its own loop thread;
-// a peer that died turns such a write into SIGPIPE, which would kill the
-// process. Blocked, the write fails with EPIPE and Gloo reports the error.
-void blockSigpipeOnThisThread() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
-// Blocks SIGPIPE on the calling thread for a scope (threads created inside
-// inherit the blocked mask); a SIGPIPE raised meanwhile is consumed before the
-// previous mask is restored.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set, &previous_);
-    sigset_t pending;
-    sigpending(&pending);
-    wasPending_ = sigismember(&pending, SIGPIPE) == 1;
-  }
-  ~SigpipeBlock() {
-    if (sigismember(&previous_, SIGPIPE) == 1) return;  // it was blocked before: leave everything as it was
-    sigset_t pending;
-    sigpending(&pending);
-    if (!wasPending_ && sigismember(&pending, SIGPIPE) == 1) {
-      sigset_t set;
-      sigemptyset(&set);
-      sigaddset(&set, SIGPIPE);
-      timespec zero{0, 0};
-      sigtimedwait(&set, nullptr, &zero);
-    }
-    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  sigset_t previous_;
-  bool wasPending_ = false;
-};
-
-// ---- the Gloo loop thread's scheduling policy ---------------------------------------
-
-// Gloo's TCP loop thread handles a connection's events only when it gets the
-// connection's lock with try_lock; otherwise it returns to epoll, which
-// (level-triggered) reports the same event at once: it busy-polls until the
-// thread holding the lock lets go. A thread that posts an operation holds that
-// lock across its socket write, and the write wakes the peer, whose answer
-// wakes this loop thread; a woken thread normally preempts the running one, so
-// on a busy CPU the poster is preempted with the lock held and the loop thread
-// spins until the next scheduler tick (4 ms at HZ=250) hands the CPU back.
-// Back-to-back collectives (the call-header check and its collective, a
-// training step's gradients) hit this on nearly every op when the machine's
-// CPUs are busy. Under SCHED_BATCH the loop thread never preempts on wakeup:
-// it runs once the poster releases the lock and blocks. SCHED_BATCH needs no
-// privilege and keeps the nice value; the loop thread inherits the policy of
-// the thread that creates the device, so the device is created under it.
-class BatchPolicyScope {
- public:
-  BatchPolicyScope() {
-    ok_ = pthread_getschedparam(pthread_self(), &policy_, &param_) == 0 && policy_ == SCHED_OTHER;
-    if (!ok_) return;  // a real-time or other explicit policy: leave it (and so the loop thread's) alone
-    sched_param batch{};
-    batch.sched_priority = 0;
-    ok_ = pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch) == 0;
-  }
-  ~BatchPolicyScope() {
-    if (ok_) pthread_setschedparam(pthread_self(), policy_, &param_);
-  }
-  BatchPolicyScope(const BatchPolicyScope&) = delete;
-  BatchPolicyScope& operator=(const BatchPolicyScope&) = delete;
-
- private:
-  int policy_ = SCHED_OTHER;
-  sched_param param_{};
-  bool ok_ = false;
-};
-
-// ---- the call header ------------------------------------------------------------
-
-enum class OpCode : int64_t {
-  Broadcast = 1,
-  AllReduce,
-  Reduce,
-  AllGather,
-  Gather,
-  Scatter,
-  ReduceScatter,
-  AllToAll,
-  Barrier,
-};
-
-const char* opName(OpCode op) {
-  switch (op) {
-    case OpCode::Broadcast: return "broadcast";
-    case OpCode::AllReduce: return "allReduce";
-    case OpCode::Reduce: return "reduce";
-    case OpCode::AllGather: return "allGather";
-    case OpCode::Gather: return "gather";
-    case OpCode::Scatter: return "scatter";
-    case OpCode::ReduceScatter: return "reduceScatter";
-    case OpCode::AllToAll: return "allToAll";
-    case OpCode::Barrier: return "barrier";
-  }
-  return "unknown collective";
-}
-
-constexpr size_t kHeaderWords = 8;
-constexpr int64_t kHeaderMagic = 0x7765667470670001;  // "weftpg" + version 1
-
-// What a rank called; exchanged before each collective when checkCalls is on.
-// Fields that do not apply to an op are -1.
-struct Header {
-  OpCode op = OpCode::Barrier;
-  int64_t seq = 0;
-  int64_t dtype = -1;
-  int64_t numel = -1;
-  int64_t root = -1;
-  int64_t reduceOp = -1;
-
-  std::array<int64_t, kHeaderWords> encode() const {
-    return {kHeaderMagic, static_cast<int64_t>(op), seq, dtype, numel, root, reduceOp, 0};
-  }
-  static bool decode(const int64_t* w, Header& h) {
-    if (w[0] != kHeaderMagic) return false;
-    h.op = static_cast<OpCode>(w[1]);
-    h.seq = w[2];
-    h.dtype = w[3];
-    h.numel = w[4];
-    h.root = w[5];
-    h.reduceOp = w[6];
-    return true;
-  }
-  bool operator==(const Header&) const = default;
-
-  // "allReduce #3(float32, 10 elements, op sum)"
-  std::string describe() const {
-    std::ostringstream os;
-    os << opName(op) << " #" << seq << "(";
-    const char* sep = "";
-    if (dtype >= 0) {
-      os << dtypeName(static_cast<DType>(dtype));
-      sep = ", ";
-    }
-    if (numel >= 0) {
-      os << sep << numel << " elements";
-      sep = ", ";
-    }
-    if (root >= 0) {
-      os << sep << "root " << root;
-      sep = ", ";
-    }
-    if (reduceOp >= 0) os << sep << "op " << reduceOpName(static_cast<ReduceOp>(reduceOp));
-    os << ")";
-    return os.str();
-  }
-};
 
 // ---- argument checks ---------------------------------------------------------------
 
@@ -287,11 +129,6 @@ void divideInPlace(void* data, DType t, size_t n, int by) {
 
 uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.rawData()); }
 
-Millis remaining(Deadline deadline) {
-  auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-  return std::max(left, Millis(1));
-}
-
 // The address peers reach this rank at (see Options::hostname).
 std::string defaultHostname(const rpc::StoreClient& store) {
   std::string host = store.endpoint();
@@ -363,6 +200,23 @@ class ProgressPoster {
   std::thread thread_;  // last: starts once the rest is built
 };
 
+// See ProcessGroupGloo::fusedLimit(): a rank sends each peer at most this
+// much, kFusedSendBytes in all.
+size_t fusedLimitFor(int size) {
+  if (size <= 1) return ProcessGroupGloo::kFusedSendBytes;
+  return ProcessGroupGloo::kFusedSendBytes / static_cast<size_t>(size - 1) / 64 * 64;
+}
+
+// A collective the call exchange carries (its data, or all it needs, comes
+// with the call headers), decided by the op from its size alone, so that every
+// rank whose call matches decides alike. attach sends this rank's data when
+// the op runs (null: the bare header, sent when it is issued); finish
+// completes the op once every rank's header matched.
+struct Carried {
+  std::function<void(CallExchange&, CallExchange::Outgoing&)> attach;
+  std::function<void(const CallExchange&)> finish;
+};
+
 }  // namespace
 
 // ==== Impl ================================================================================
@@ -375,8 +229,10 @@ class ProcessGroupGloo::Impl {
 
   // ---- collectives: issue side (any thread) ----
   // Numbers the collective, queues it and returns its Work. body runs on the
-  // collective thread with the op's deadline.
-  Work enqueue(Header header, std::vector<Tensor> keep, std::function<void(Deadline)> body);
+  // collective thread with the op's deadline; for a collective the call
+  // exchange carries (carried.finish set), carried.finish runs instead.
+  Work enqueue(CallHeader header, std::vector<Tensor> keep, std::function<void(Deadline)> body,
+               Carried carried = {});
 
   // ---- Gloo ops, collective thread only ----
   void allreduceRaw(void* data, size_t n, DType t, ReduceOp op, Deadline d);
@@ -393,7 +249,7 @@ class ProcessGroupGloo::Impl {
 
   // Empty while usable; else the first fatal failure.
   std::string brokenReason();
-  std::string describe(const Header& h) const;
+  std::string describe(const CallHeader& h) const;
 
   rpc::StoreClient& store_;
   const int rank_;
@@ -405,16 +261,19 @@ class ProcessGroupGloo::Impl {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::unique_ptr<ProgressPoster> progress_;
 
-  std::mutex mutex_;  // guards the queue, nextSeq_, subgroups_, stopping_
+  std::mutex mutex_;  // guards the queue, nextSeq_, stopping_
   int64_t nextSeq_ = 0;
-  int subgroups_ = 0;
   std::atomic<int64_t> started_{0};
+  std::atomic<int64_t> fused_{0};
+  const size_t fusedLimit_;  // ProcessGroupGloo::fusedLimit()
 
  private:
   struct Task {
     Work work;
-    Header header;
+    CallHeader header;
     std::function<void(Deadline)> body;
+    Carried carried;
+    std::unique_ptr<CallExchange::Outgoing> outgoing;  // this rank's message of the call exchange, if any
   };
   struct Transfer {
     Work work;
@@ -426,8 +285,11 @@ class ProcessGroupGloo::Impl {
   void rendezvous();
   void runCollectives();
   void runTask(Task& task);
-  // Empty when every rank called the same thing; else the message.
-  std::string exchangeHeaders(const Header& mine, Deadline d);
+  // Finishes the call exchange of `task`: empty when every rank called the
+  // same thing; else the message.
+  std::string exchangeCalls(Task& task, Deadline d);
+  // The peers whose connection Gloo knows to be lost.
+  std::vector<int> lostPeers();
   // "ranks [2] have not started allReduce #5 ..." from the progress keys.
   std::string progressReport(int64_t seq);
   void waitTransfers();
@@ -435,6 +297,9 @@ class ProcessGroupGloo::Impl {
   std::exception_ptr fatal(const std::string& what, const std::exception& e, const std::string& detail);
 
   uint32_t nextTag_ = 0;  // collective thread only
+  // Made at the first collective that uses it (under mutex_); posted to under
+  // mutex_, finished on the collective thread.
+  std::unique_ptr<CallExchange> exchange_;
 
   std::condition_variable queued_;
   std::deque<Task> queue_;
@@ -465,18 +330,16 @@ ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
       options_(std::move(options)),
       name_(std::move(name)),
       prefix_("weft/pg/" + name_ + "/"),
-      device_(std::move(device)) {
+      device_(std::move(device)),
+      fusedLimit_(fusedLimitFor(size)) {
   WEFT_ENFORCE(options_.timeout.count() > 0, InvalidArgumentError, "ProcessGroupGloo: timeout must be > 0, got ",
                options_.timeout.count(), " ms");
   if (!device_) {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = options_.hostname.empty() ? defaultHostname(store_) : options_.hostname;
-    SigpipeBlock block;       // Gloo's loop thread inherits the mask
-    BatchPolicyScope batch;   // and the scheduling policy
+    const std::string host = options_.hostname.empty() ? defaultHostname(store_) : options_.hostname;
     try {
-      device_ = gloo::transport::tcp::CreateDevice(attr);
-    } catch (const std::exception& e) {
-      throw Error("ProcessGroupGloo: cannot create a Gloo TCP device on '" + attr.hostname + "': " + e.what());
+      device_ = createTcpDevice(host);
+    } catch (const Error& e) {
+      throw Error(std::string("ProcessGroupGloo: ") + e.what());
     }
   }
   rendezvous();
@@ -493,6 +356,7 @@ ProcessGroupGloo::Impl::~Impl() {
   }
   queued_.notify_all();
   for (Task& t : cancelled) {
+    if (t.outgoing) exchange_->abandon(std::move(t.outgoing));
     t.work.fail(std::make_exception_ptr(
         StateError(describe(t.header) + ": the process group was destroyed before the collective ran")));
   }
@@ -521,7 +385,7 @@ ProcessGroupGloo::Impl::~Impl() {
   if (context_) context_->closeConnections();
 }
 
-std::string ProcessGroupGloo::Impl::describe(const Header& h) const {
+std::string ProcessGroupGloo::Impl::describe(const CallHeader& h) const {
   return std::string(opName(h.op)) + " #" + std::to_string(h.seq) + " on group '" + name_ + "'";
 }
 
@@ -577,7 +441,8 @@ void ProcessGroupGloo::Impl::rendezvous() {
 
 // ---- the collective thread ----------------------------------------------------------------
 
-Work ProcessGroupGloo::Impl::enqueue(Header header, std::vector<Tensor> keep, std::function<void(Deadline)> body) {
+Work ProcessGroupGloo::Impl::enqueue(CallHeader header, std::vector<Tensor> keep, std::function<void(Deadline)> body,
+                                     Carried carried) {
   std::lock_guard<std::mutex> lock(mutex_);
   header.seq = nextSeq_++;
   Work work = Work::start(describe(header), std::move(keep));
@@ -585,7 +450,15 @@ Work ProcessGroupGloo::Impl::enqueue(Header header, std::vector<Tensor> keep, st
     work.fail(std::make_exception_ptr(StateError(work.description() + ": the process group is being destroyed")));
     return work;
   }
-  queue_.push_back(Task{work, header, std::move(body)});
+  Task task{work, header, std::move(body), std::move(carried), nullptr};
+  if ((options_.checkCalls || task.carried.finish) && brokenReason().empty()) {
+    // Numbered in call order (under mutex_); a bare header leaves now, so
+    // that the peers' are usually in when the collective thread gets here.
+    if (!exchange_) exchange_ = std::make_unique<CallExchange>(context_, rank_, size_, fusedLimit_);
+    SigpipeBlock block;
+    task.outgoing = exchange_->post(header, static_cast<bool>(task.carried.attach));
+  }
+  queue_.push_back(std::move(task));
   queued_.notify_one();
   return work;
 }
@@ -609,18 +482,28 @@ void ProcessGroupGloo::Impl::runTask(Task& task) {
   const std::string what = task.work.description();
   std::string broken = brokenReason();
   if (!broken.empty()) {
+    if (task.outgoing) exchange_->abandon(std::move(task.outgoing));
     task.work.fail(std::make_exception_ptr(
         StateError(what + ": the group is unusable after an earlier failure: " + broken)));
     return;
   }
+  // enqueue posts a message for every such op while the group is usable.
+  WEFT_CHECK(task.outgoing || !(options_.checkCalls || task.carried.finish)) << what << " has no call exchange message";
   started_.store(task.header.seq + 1, std::memory_order_relaxed);
   progress_->record(task.header.seq);
   const Deadline deadline = Clock::now() + options_.timeout;
   try {
-    if (options_.checkCalls) {
-      std::string mismatch = exchangeHeaders(task.header, deadline);
+    if (task.outgoing) {
+      std::string mismatch = exchangeCalls(task, deadline);
       if (!mismatch.empty()) {
         task.work.fail(std::make_exception_ptr(InvalidArgumentError(mismatch)));
+        return;
+      }
+      if (task.carried.finish) {
+        // The headers match, so every rank's data (or all the op needs) came along.
+        task.carried.finish(*exchange_);
+        fused_.fetch_add(1, std::memory_order_relaxed);
+        task.work.complete();
         return;
       }
     }
@@ -640,49 +523,21 @@ void ProcessGroupGloo::Impl::runTask(Task& task) {
   task.work.complete();
 }
 
-std::string ProcessGroupGloo::Impl::exchangeHeaders(const Header& mine, Deadline d) {
-  const auto words = mine.encode();
-  // Fast path: one max-allreduce of (h, -h) gives every rank max(h) and
-  // -min(h) at once; the calls match iff they are equal word by word.
-  std::array<int64_t, 2 * kHeaderWords> extremes;
-  for (size_t i = 0; i < kHeaderWords; ++i) {
-    extremes[i] = words[i];
-    extremes[kHeaderWords + i] = -words[i];
-  }
-  {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(extremes.data(), extremes.size());
-    opts.setReduceFunction(reduceFunction<int64_t>(ReduceOp::Max));
-    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    opts.setTag(nextTag_++);
-    opts.setTimeout(remaining(d));
-    gloo::allreduce(opts);
-  }
-  bool agree = true;
-  for (size_t i = 0; i < kHeaderWords; ++i) agree = agree && extremes[i] == -extremes[kHeaderWords + i];
-  if (agree) return "";
-
-  // Every rank saw the same extremes, so every rank gathers the headers to
-  // say who called what.
-  std::vector<int64_t> all(kHeaderWords * static_cast<size_t>(size_));
-  gloo::AllgatherOptions opts(context_);
-  opts.setInput(const_cast<int64_t*>(words.data()), kHeaderWords);
-  opts.setOutput(all.data(), all.size());
-  opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
-  gloo::allgather(opts);
-
+std::string ProcessGroupGloo::Impl::exchangeCalls(Task& task, Deadline d) {
+  const CallHeader& mine = task.header;
+  if (task.carried.attach) task.carried.attach(*exchange_, *task.outgoing);
+  exchange_->finish(std::move(task.outgoing), d);
   bool same = true;
   std::vector<std::string> calls;
   for (int r = 0; r < size_; ++r) {
-    Header theirs;
-    if (!Header::decode(all.data() + kHeaderWords * static_cast<size_t>(r), theirs)) {
+    const CallHeader* theirs = exchange_->headerOf(r);
+    if (theirs == nullptr) {
       same = false;
-      calls.push_back("rank " + std::to_string(r) + " sent no call header (checkCalls off there?)");
+      calls.push_back("rank " + std::to_string(r) + " sent no call header of this weft version");
       continue;
     }
-    same = same && theirs == mine;
-    calls.push_back("rank " + std::to_string(r) + " called " + theirs.describe());
+    same = same && *theirs == mine;
+    calls.push_back("rank " + std::to_string(r) + " called " + theirs->describe());
   }
   if (same) return "";
   std::string msg = describe(mine) + ": the ranks' calls do not match:";
@@ -733,7 +588,14 @@ std::exception_ptr ProcessGroupGloo::Impl::fatal(const std::string& what, const 
   if (timedOut) {
     msg += "timed out after " + std::to_string(options_.timeout.count()) + " ms; " + detail;
   } else if (io) {
-    msg += "the connection to a peer was lost (its process may have died)";
+    const std::vector<int> lost = lostPeers();
+    if (lost.size() == 1) {
+      msg += "the connection to rank " + std::to_string(lost[0]) + " was lost (its process may have died)";
+    } else if (!lost.empty()) {
+      msg += "the connections to ranks " + rankList(lost) + " were lost (their processes may have died)";
+    } else {
+      msg += "the connection to a peer was lost (its process may have died)";
+    }
   } else {
     msg += detail;
   }
@@ -747,6 +609,26 @@ std::exception_ptr ProcessGroupGloo::Impl::fatal(const std::string& what, const 
   return std::make_exception_ptr(Error(msg));
 }
 
+std::vector<int> ProcessGroupGloo::Impl::lostPeers() {
+  // Gloo marks a pair failed as soon as its loop thread sees the connection
+  // close (a dead process's sockets close at once), and anything posted on a
+  // failed pair throws at once. A live pair takes a receive on a slot nothing
+  // ever sends to: harmless, the group is unusable after a lost connection.
+  std::vector<int> lost;
+  uint8_t byte = 0;
+  std::unique_ptr<gloo::transport::UnboundBuffer> probe = context_->createUnboundBuffer(&byte, 1);
+  SigpipeBlock block;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    try {
+      probe->recv(r, gloo_detail::kProbeSlot);
+    } catch (const std::exception&) {
+      lost.push_back(r);
+    }
+  }
+  return lost;
+}
+
 // ---- Gloo calls -----------------------------------------------------------------------------
 
 void ProcessGroupGloo::Impl::allreduceRaw(void* data, size_t n, DType t, ReduceOp op, Deadline d) {
@@ -758,7 +640,7 @@ void ProcessGroupGloo::Impl::allreduceRaw(void* data, size_t n, DType t, ReduceO
   });
   opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
   opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
+  opts.setTimeout(timeoutUntil(d));
   gloo::allreduce(opts);
   if (op == ReduceOp::Avg) divideInPlace(data, t, n, size_);
 }
@@ -780,7 +662,7 @@ void ProcessGroupGloo::Impl::reduceRaw(void* data, size_t n, DType t, ReduceOp o
   });
   opts.setRoot(root);
   opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
+  opts.setTimeout(timeoutUntil(d));
   gloo::reduce(opts);
   if (op == ReduceOp::Avg && rank_ == root) divideInPlace(data, t, n, size_);
 }
@@ -791,7 +673,7 @@ void ProcessGroupGloo::Impl::broadcastRaw(void* data, size_t nbytes, int root, D
   opts.setOutput(static_cast<uint8_t*>(data), nbytes);
   opts.setRoot(root);
   opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
+  opts.setTimeout(timeoutUntil(d));
   gloo::broadcast(opts);
 }
 
@@ -801,7 +683,7 @@ void ProcessGroupGloo::Impl::allgatherRaw(void* in, void* out, size_t nbytes, De
   opts.setInput(static_cast<uint8_t*>(in), nbytes);
   opts.setOutput(static_cast<uint8_t*>(out), nbytes * static_cast<size_t>(size_));
   opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
+  opts.setTimeout(timeoutUntil(d));
   gloo::allgather(opts);
 }
 
@@ -812,7 +694,7 @@ void ProcessGroupGloo::Impl::gatherRaw(void* in, void* out, size_t nbytes, int r
   if (rank_ == root) opts.setOutput(static_cast<uint8_t*>(out), nbytes * static_cast<size_t>(size_));
   opts.setRoot(root);
   opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
+  opts.setTimeout(timeoutUntil(d));
   gloo::gather(opts);
 }
 
@@ -824,7 +706,7 @@ void ProcessGroupGloo::Impl::scatterRaw(const std::vector<uint8_t*>& ins, void* 
   opts.setOutput(static_cast<uint8_t*>(out), nbytes);
   opts.setRoot(root);
   opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
+  opts.setTimeout(timeoutUntil(d));
   gloo::scatter(opts);
 }
 
@@ -834,14 +716,14 @@ void ProcessGroupGloo::Impl::alltoallRaw(void* in, void* out, size_t nbytes, Dea
   opts.setInput(static_cast<uint8_t*>(in), nbytes);
   opts.setOutput(static_cast<uint8_t*>(out), nbytes);
   opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
+  opts.setTimeout(timeoutUntil(d));
   gloo::alltoall(opts);
 }
 
 void ProcessGroupGloo::Impl::barrierRaw(Deadline d) {
   gloo::BarrierOptions opts(context_);
   opts.setTag(nextTag_++);
-  opts.setTimeout(remaining(d));
+  opts.setTimeout(timeoutUntil(d));
   gloo::barrier(opts);
 }
 
@@ -908,7 +790,7 @@ void ProcessGroupGloo::Impl::waitTransfers() {
     std::exception_ptr error;
     try {
       int peer = -1;
-      done = t.isRecv ? t.buffer->waitRecv(&peer, remaining(t.deadline)) : t.buffer->waitSend(&peer, remaining(t.deadline));
+      done = t.isRecv ? t.buffer->waitRecv(&peer, timeoutUntil(t.deadline)) : t.buffer->waitSend(&peer, timeoutUntil(t.deadline));
       if (done && t.isRecv) t.work.setSourceRank(peer);
     } catch (const std::exception& e) {
       error = fatal(what, e, t.isRecv ? "no matching send arrived" : "the receiver did not take it");
@@ -951,32 +833,69 @@ ProcessGroupGloo::~ProcessGroupGloo() = default;
 const std::string& ProcessGroupGloo::name() const { return impl_->name_; }
 const ProcessGroupGloo::Options& ProcessGroupGloo::options() const { return impl_->options_; }
 int64_t ProcessGroupGloo::collectivesStarted() const { return impl_->started_.load(std::memory_order_relaxed); }
+int64_t ProcessGroupGloo::fusedCollectives() const { return impl_->fused_.load(std::memory_order_relaxed); }
+size_t ProcessGroupGloo::fusedLimit() const { return impl_->fusedLimit_; }
 
 Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
   checkTensor(tensor, "broadcast", "tensor");
   checkRoot(root, "broadcast");
-  Header h{OpCode::Broadcast, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, -1};
+  CallHeader h{OpCode::Broadcast, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, -1};
   Impl* impl = impl_.get();
-  return impl->enqueue(h, {tensor}, [impl, tensor, root](Deadline d) {
-    impl->broadcastRaw(tensor.rawData(), tensor.nbytes(), root, d);
-  });
+  auto tree = [impl, tensor, root](Deadline d) { impl->broadcastRaw(tensor.rawData(), tensor.nbytes(), root, d); };
+  if (tensor.nbytes() > impl->fusedLimit_) return impl->enqueue(h, {tensor}, std::move(tree));
+  // Carried by the call exchange: the root's data comes with its header.
+  const bool isRoot = rank_ == root;
+  Carried carried;
+  carried.attach = [tensor, isRoot](CallExchange& ex, CallExchange::Outgoing& out) {
+    ex.send(out, tensor.rawData(), isRoot ? tensor.nbytes() : 0);
+  };
+  carried.finish = [tensor, root, isRoot](const CallExchange& ex) {
+    WEFT_CHECK(ex.dataBytesOf(root) == tensor.nbytes()) << "the root sent " << ex.dataBytesOf(root) << " bytes of "
+                                                        << tensor.nbytes();
+    if (!isRoot && tensor.nbytes() > 0) std::memcpy(tensor.rawData(), ex.dataOf(root), tensor.nbytes());
+  };
+  return impl->enqueue(h, {tensor}, std::move(tree), std::move(carried));
 }
 
 Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
   checkTensor(tensor, "allReduce", "tensor");
   checkReducible(tensor.dtype(), op, "allReduce");
-  Header h{OpCode::AllReduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), -1, static_cast<int64_t>(op)};
+  CallHeader h{OpCode::AllReduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), -1, static_cast<int64_t>(op)};
   Impl* impl = impl_.get();
-  return impl->enqueue(h, {tensor}, [impl, tensor, op](Deadline d) {
+  auto ring = [impl, tensor, op](Deadline d) {
     impl->allreduceRaw(tensor.rawData(), static_cast<size_t>(tensor.numel()), tensor.dtype(), op, d);
-  });
+  };
+  if (tensor.nbytes() > impl->fusedLimit_) return impl->enqueue(h, {tensor}, std::move(ring));
+  // Carried by the call exchange: every rank reduces the ranks' copies in
+  // rank order, so all get the same bits.
+  const int n = size_;
+  Carried carried;
+  carried.attach = [tensor](CallExchange& ex, CallExchange::Outgoing& out) {
+    ex.send(out, tensor.rawData(), tensor.nbytes());
+  };
+  carried.finish = [tensor, op, n](const CallExchange& ex) {
+    const size_t count = static_cast<size_t>(tensor.numel());
+    for (int r = 0; r < n; ++r) {
+      WEFT_CHECK(ex.dataBytesOf(r) == tensor.nbytes())
+          << "rank " << r << " sent " << ex.dataBytesOf(r) << " bytes of " << tensor.nbytes();
+    }
+    if (count == 0) return;
+    void* out = tensor.rawData();
+    std::memcpy(out, ex.dataOf(0), tensor.nbytes());
+    dispatchReducible(tensor.dtype(), [&]<class T>() {
+      const ReduceFn fn = reduceFunction<T>(op);
+      for (int r = 1; r < n; ++r) fn(out, out, ex.dataOf(r), count);
+    });
+    if (op == ReduceOp::Avg) divideInPlace(out, tensor.dtype(), count, n);
+  };
+  return impl->enqueue(h, {tensor}, std::move(ring), std::move(carried));
 }
 
 Work ProcessGroupGloo::reduce(const Tensor& tensor, int root, ReduceOp op) {
   checkTensor(tensor, "reduce", "tensor");
   checkRoot(root, "reduce");
   checkReducible(tensor.dtype(), op, "reduce");
-  Header h{OpCode::Reduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, static_cast<int64_t>(op)};
+  CallHeader h{OpCode::Reduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), root, static_cast<int64_t>(op)};
   Impl* impl = impl_.get();
   return impl->enqueue(h, {tensor}, [impl, tensor, root, op](Deadline d) {
     impl->reduceRaw(tensor.rawData(), static_cast<size_t>(tensor.numel()), tensor.dtype(), op, root, d);
@@ -1006,7 +925,7 @@ void unpack(const std::vector<uint8_t>& flat, const std::vector<Tensor>& outputs
 Work ProcessGroupGloo::allGather(std::vector<Tensor>& outputs, const Tensor& input) {
   checkTensor(input, "allGather", "input");
   prepareOutputs(outputs, input, size_, "allGather");
-  Header h{OpCode::AllGather, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
+  CallHeader h{OpCode::AllGather, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
   Impl* impl = impl_.get();
@@ -1026,7 +945,7 @@ Work ProcessGroupGloo::allGatherInto(const Tensor& output, const Tensor& input) 
                "allGatherInto: output (", dtypeName(output.dtype()), ", shape ", shapeString(output.shape()),
                ") must hold ", size_, " x ", input.numel(), " elements of ", dtypeName(input.dtype()),
                " (input shape ", shapeString(input.shape()), ")");
-  Header h{OpCode::AllGather, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
+  CallHeader h{OpCode::AllGather, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
   Impl* impl = impl_.get();
   return impl->enqueue(h, {output, input}, [impl, input, output](Deadline d) {
     impl->allgatherRaw(input.rawData(), output.rawData(), input.nbytes(), d);
@@ -1042,7 +961,7 @@ Work ProcessGroupGloo::gather(std::vector<Tensor>& outputs, const Tensor& input,
     WEFT_ENFORCE(outputs.empty(), InvalidArgumentError, "gather: only the root (rank ", root,
                  ") passes outputs; rank ", rank_, " passed ", outputs.size());
   }
-  Header h{OpCode::Gather, 0, static_cast<int64_t>(input.dtype()), input.numel(), root, -1};
+  CallHeader h{OpCode::Gather, 0, static_cast<int64_t>(input.dtype()), input.numel(), root, -1};
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
   Impl* impl = impl_.get();
@@ -1069,7 +988,7 @@ Work ProcessGroupGloo::scatter(const Tensor& output, const std::vector<Tensor>& 
     WEFT_ENFORCE(inputs.empty(), InvalidArgumentError, "scatter: only the root (rank ", root,
                  ") passes inputs; rank ", rank_, " passed ", inputs.size());
   }
-  Header h{OpCode::Scatter, 0, static_cast<int64_t>(output.dtype()), output.numel(), root, -1};
+  CallHeader h{OpCode::Scatter, 0, static_cast<int64_t>(output.dtype()), output.numel(), root, -1};
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
   Impl* impl = impl_.get();
@@ -1088,7 +1007,7 @@ Work ProcessGroupGloo::reduceScatter(const Tensor& output, const std::vector<Ten
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkLike(inputs[i], output, "reduceScatter", "inputs[" + std::to_string(i) + "]", "the output");
   }
-  Header h{OpCode::ReduceScatter, 0, static_cast<int64_t>(output.dtype()), output.numel(), -1,
+  CallHeader h{OpCode::ReduceScatter, 0, static_cast<int64_t>(output.dtype()), output.numel(), -1,
            static_cast<int64_t>(op)};
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
@@ -1110,7 +1029,7 @@ Work ProcessGroupGloo::allToAll(const Tensor& output, const Tensor& input) {
   checkLike(output, input, "allToAll", "output", "the input");
   WEFT_ENFORCE(input.dim() >= 1 && input.size(0) % size_ == 0, InvalidArgumentError, "allToAll: dim 0 of the input (shape ",
                shapeString(input.shape()), ") must split into ", size_, " equal chunks");
-  Header h{OpCode::AllToAll, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
+  CallHeader h{OpCode::AllToAll, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
   Impl* impl = impl_.get();
   return impl->enqueue(h, {output, input}, [impl, input, output](Deadline d) {
     impl->alltoallRaw(input.rawData(), output.rawData(), input.nbytes(), d);
@@ -1119,7 +1038,12 @@ Work ProcessGroupGloo::allToAll(const Tensor& output, const Tensor& input) {
 
 Work ProcessGroupGloo::barrier() {
   Impl* impl = impl_.get();
-  return impl->enqueue(Header{OpCode::Barrier, 0, -1, -1, -1, -1}, {}, [impl](Deadline d) { impl->barrierRaw(d); });
+  // Carried by the call exchange, which is itself a barrier: a rank has every
+  // other rank's header only once they have all called.
+  Carried carried;
+  carried.finish = [](const CallExchange&) {};
+  return impl->enqueue(CallHeader{OpCode::Barrier, 0, -1, -1, -1, -1}, {}, [impl](Deadline d) { impl->barrierRaw(d); },
+                       std::move(carried));
 }
 
 Work ProcessGroupGloo::isend(const Tensor& tensor, int dst, uint32_t tag) {
@@ -1142,12 +1066,7 @@ Work ProcessGroupGloo::irecvFrom(const Tensor& tensor, const std::vector<int>& s
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroupGloo::newGroup(const std::vector<int>& ranks) {
-  checkSubgroupRanks(ranks);
-  int index;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex_);
-    index = impl_->subgroups_++;
-  }
+  const int index = agreeOnSubgroup(impl_->store_, impl_->prefix_, impl_->options_.timeout, ranks);
   const int newRank = rankIn(ranks);
   if (newRank < 0) return nullptr;
   std::string subName = subgroupName(impl_->name_, index, ranks);

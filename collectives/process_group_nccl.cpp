@@ -209,9 +209,8 @@ class ProcessGroupNccl::Impl {
   int device_ = 0;
   void* barrierBuffer_ = nullptr;  // one float on the device
 
-  std::mutex mutex_;  // guards queue_, nextSeq_, subgroups_, stopping_, broken_
+  std::mutex mutex_;  // guards queue_, nextSeq_, stopping_, broken_
   int64_t nextSeq_ = 0;
-  int subgroups_ = 0;
 
  private:
   struct Task {
@@ -808,12 +807,7 @@ Work ProcessGroupNccl::irecvFrom(const Tensor& tensor, const std::vector<int>& s
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroupNccl::newGroup(const std::vector<int>& ranks) {
-  checkSubgroupRanks(ranks);
-  int index;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex_);
-    index = impl_->subgroups_++;
-  }
+  const int index = agreeOnSubgroup(impl_->store_, impl_->prefix_, impl_->options_.timeout, ranks);
   const int newRank = rankIn(ranks);
   if (newRank < 0) return nullptr;
   std::string subName = subgroupName(impl_->name_, index, ranks);

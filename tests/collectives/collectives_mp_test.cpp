@@ -1,64 +1,42 @@
 // Process groups across real processes on 127.0.0.1 (tests/collectives/helpers/collectives_worker.cpp,
 // one process per rank): every collective on 2, 3 and 4 ranks checked against local values, point to
-// point with tags and any-source receives, sub-groups, a 64 MiB allReduce; a rank that never calls
-// (the others time out naming it), mismatched shapes, a rank killed with SIGKILL, and back-to-back
+// point with tags and any-source receives, sub-groups, a 64 MiB allReduce; allReduce around the
+// fused limit (the data carried by the call exchange or not) with every op and dtype; a rank that
+// never calls (the others time out naming it), mismatched shapes, sizes and dtypes, a rank killed
+// with SIGKILL (the others name it), and back-to-back
 // small allReduces (no scheduler-tick stall per op; Gloo's loop thread under SCHED_BATCH). Every wait is
 // bounded and every process is checked to be gone at the end.
 #include <doctest/doctest.h>
 
-#include <algorithm>
 #include <chrono>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "rpc/agent_util.h"
+#include "mp_job.h"
 #include "text_util.h"
-#include "tools/subprocess.h"
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
-using weft::testing::freePort;
+using weft::testing::MpJob;
 using weft::testing::numberAfter;
-using weft::testing::processGone;
+using weft::testing::rankPrefix;
 using weft::testing::restOfLine;
 using weft::testing::Subprocess;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::string rankPrefix(int rank) { return "rank " + std::to_string(rank) + " "; }
-
 // One job of collectives_worker processes playing `scenario`, ranks 0..world-1.
-class Job {
- public:
-  Job(const std::string& scenario, int world) {
-    const uint16_t port = freePort();
-    for (int r = 0; r < world; ++r) {
-      procs_.push_back(std::make_unique<Subprocess>(
-          std::vector<std::string>{COLLECTIVES_WORKER_PATH, scenario},
-          std::vector<std::string>{"WEFT_RANK=" + std::to_string(r), "WEFT_WORLD_SIZE=" + std::to_string(world),
-                                   "WEFT_LOCAL_RANK=" + std::to_string(r), "WEFT_MASTER_ADDR=127.0.0.1",
-                                   "WEFT_MASTER_PORT=" + std::to_string(port), "WEFT_STORE_TIMEOUT=20"}));
-    }
-  }
+MpJob workerJob(const std::string& scenario, int world) {
+  return MpJob({COLLECTIVES_WORKER_PATH, scenario}, world,
+               [](int) { return std::vector<std::string>{"WEFT_STORE_TIMEOUT=20"}; });
+}
 
-  // Waits for every process (one shared deadline) and returns their results by rank.
-  std::vector<Subprocess::Result> finish(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    std::vector<Subprocess::Result> out;
-    for (auto& p : procs_) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      out.push_back(p->wait(std::max(left, std::chrono::milliseconds(1))));
-    }
-    for (auto& p : procs_) CHECK(processGone(p->pid(), 5s));
-    return out;
-  }
-
- private:
-  std::vector<std::unique_ptr<Subprocess>> procs_;
-};
+// Every rank's result within `timeout`, then a check that every process is gone.
+std::vector<Subprocess::Result> finish(MpJob& job, std::chrono::milliseconds timeout) {
+  auto results = job.finish(timeout);
+  job.checkAllGone();
+  return results;
+}
 
 void checkClean(const Subprocess::Result& res, int rank) {
   INFO("rank " << rank << " exit " << res.exitCode << " signal " << res.signal << "\nstdout:\n"
@@ -69,8 +47,8 @@ void checkClean(const Subprocess::Result& res, int rank) {
 }
 
 void runAll(int world) {
-  Job job("all", world);
-  auto results = job.finish(60s);
+  MpJob job = workerJob("all", world);
+  auto results = finish(job, 60s);
   for (int r = 0; r < world; ++r) {
     const auto& res = results[static_cast<size_t>(r)];
     checkClean(res, r);
@@ -89,9 +67,47 @@ TEST_CASE("every collective, point to point and a sub-group give the expected va
 
 TEST_CASE("every collective, point to point and a sub-group give the expected values on 4 processes") { runAll(4); }
 
+namespace {
+
+void runFused(int world) {
+  MpJob job = workerJob("fused", world);
+  auto results = finish(job, 60s);
+  const long long limit = 256 * 1024 / (world - 1) / 64 * 64;
+  for (int r = 0; r < world; ++r) {
+    const auto& res = results[static_cast<size_t>(r)];
+    checkClean(res, r);
+    const std::string p = rankPrefix(r);
+    CHECK(numberAfter(res.out, p + "fused_limit ") == limit);
+    // 3 dtypes x 5 sizes x the reduce ops (5 for floats, 4 for int64), each checked.
+    CHECK(numberAfter(res.out, p + "checked ") == 5 * (5 + 5 + 4));
+    // Sizes 0, 1, limit - 1 element and the limit travel with the call header; limit + 1 does not.
+    const long long fused = numberAfter(res.out, p + "fused_count ");
+    CHECK(fused == 4 * (5 + 5 + 4));
+    CHECK(numberAfter(res.out, p + "fused_count " + std::to_string(fused) + " expected ") == fused);
+    CHECK(contains(res.out, p + "identical 12 of 12\n"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("allReduce on 2 processes: every reduce op and dtype on both sides of the fused limit and at it, "
+          "bit-identical on every rank") {
+  runFused(2);
+}
+
+TEST_CASE("allReduce on 3 processes: every reduce op and dtype on both sides of the fused limit and at it, "
+          "bit-identical on every rank") {
+  runFused(3);
+}
+
+TEST_CASE("allReduce on 4 processes: every reduce op and dtype on both sides of the fused limit and at it, "
+          "bit-identical on every rank") {
+  runFused(4);
+}
+
 TEST_CASE("when one rank never calls allReduce the others fail in bounded time naming the op and that rank") {
-  Job job("timeout", 3);
-  auto results = job.finish(30s);
+  MpJob job = workerJob("timeout", 3);
+  auto results = finish(job, 30s);
   for (int r = 0; r < 2; ++r) {
     const auto& res = results[static_cast<size_t>(r)];
     checkClean(res, r);
@@ -110,24 +126,39 @@ TEST_CASE("when one rank never calls allReduce the others fail in bounded time n
   checkClean(results[2], 2);
 }
 
-TEST_CASE("a rank calling allReduce with a different shape fails that collective on every rank and the group "
-          "stays usable") {
-  Job job("mismatch", 3);
-  auto results = job.finish(30s);
+TEST_CASE("ranks calling allReduce with different shapes, sizes across the fused limit or dtypes of the same bytes "
+          "fail that collective on every rank, saying what each called, and the group stays usable") {
+  MpJob job = workerJob("mismatch", 3);
+  auto results = finish(job, 30s);
   for (int r = 0; r < 3; ++r) {
     const auto& res = results[static_cast<size_t>(r)];
     checkClean(res, r);
-    std::string line = restOfLine(res.out, rankPrefix(r) + "mismatch ");
+    const std::string p = rankPrefix(r);
+    std::string line = restOfLine(res.out, p + "mismatch ");
     CHECK(contains(line, "InvalidArgumentError: allReduce #0 on group 'default': the ranks' calls do not match"));
     CHECK(contains(line, "rank 1 called allReduce #0(float32, 5 elements, op sum)"));
     CHECK(contains(line, "rank 0 called allReduce #0(float32, 4 elements, op sum)"));
-    CHECK(contains(res.out, rankPrefix(r) + "after mismatch ok\n"));
+    CHECK(contains(res.out, p + "after mismatch ok\n"));
+    // Ranks 0 and 2 sent their data with the header (exactly the limit), rank 1 only its header.
+    const long long limit = 256 * 1024 / 2 / 4;  // float32 elements at the fused limit of 3 ranks
+    line = restOfLine(res.out, p + "mismatch_limit ");
+    CHECK(contains(line, "InvalidArgumentError: allReduce #2 on group 'default': the ranks' calls do not match"));
+    CHECK(contains(line, "rank 0 called allReduce #2(float32, " + std::to_string(limit) + " elements, op sum)"));
+    CHECK(contains(line, "rank 1 called allReduce #2(float32, " + std::to_string(limit + 1) + " elements, op sum)"));
+    CHECK(contains(line, "rank 2 called allReduce #2(float32, " + std::to_string(limit) + " elements, op sum)"));
+    CHECK(contains(res.out, p + "after mismatch_limit ok\n"));
+    line = restOfLine(res.out, p + "mismatch_dtype ");
+    CHECK(contains(line, "InvalidArgumentError: allReduce #4 on group 'default': the ranks' calls do not match"));
+    CHECK(contains(line, "rank 0 called allReduce #4(float32, 8 elements, op sum)"));
+    CHECK(contains(line, "rank 1 called allReduce #4(float64, 4 elements, op sum)"));
+    CHECK(contains(res.out, p + "after mismatch_dtype ok\n"));
   }
 }
 
-TEST_CASE("a rank killed with SIGKILL makes the others' next collective fail promptly with DisconnectedError") {
-  Job job("kill", 3);
-  auto results = job.finish(30s);
+TEST_CASE("a rank killed with SIGKILL makes the others' next collective fail promptly with DisconnectedError "
+          "naming the dead rank") {
+  MpJob job = workerJob("kill", 3);
+  auto results = finish(job, 30s);
   CHECK(results[2].signal == 9);
   CHECK(contains(results[2].out, "rank 2 dying"));
   for (int r = 0; r < 2; ++r) {
@@ -138,15 +169,16 @@ TEST_CASE("a rank killed with SIGKILL makes the others' next collective fail pro
     CHECK(ms >= 0);
     CHECK(ms < 5000);  // well within the 10 s group timeout
     std::string line = restOfLine(res.out, p + "failed in_ms ");
+    INFO(line);
     CHECK(contains(line, "DisconnectedError: allReduce #1 on group 'default'"));
-    CHECK(contains(line, "connection to a peer was lost"));
+    CHECK(contains(line, "the connection to rank 2 was lost"));
   }
 }
 
 TEST_CASE("20 back-to-back small allReduces on 2 processes take well under 20 ms and Gloo's loop thread runs "
           "SCHED_BATCH") {
-  Job job("b2b", 2);
-  auto results = job.finish(30s);
+  MpJob job = workerJob("b2b", 2);
+  auto results = finish(job, 30s);
   for (int r = 0; r < 2; ++r) {
     const auto& res = results[static_cast<size_t>(r)];
     checkClean(res, r);

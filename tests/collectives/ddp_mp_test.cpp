@@ -1,7 +1,8 @@
 // DistributedDataParallel across real processes on 127.0.0.1 (tests/collectives/ddp_helpers/ddp_worker.cpp,
 // one process per rank, Gloo): gradients equal the average of the ranks' local gradients, buckets
 // launched during backward and in order, replicas bit-identical after many SGD steps on different
-// data, noSync accumulation, findUnusedParameters, a rank running one pass more than the other
+// data, noSync accumulation, findUnusedParameters, the bucket rebuild in rank 0's gradient order and
+// rank 0's buffers at each forward, a rank running one pass more than the other
 // (a timeout naming the allreduce and the rank, not a hang), and DDP inside a distributed autograd
 // context (gradients in the context, .grad untouched). Every wait is bounded and every process is
 // checked to be gone at the end.
@@ -23,9 +24,6 @@ using weft::testing::restOfLine;
 
 namespace {
 
-MpJob ddpJob(const std::string& scenario, int world) {
-  return MpJob({DDP_WORKER_PATH, scenario}, world, [](int) { return weft::testing::fastFailureSettings(4); });
-}
 
 // Exit status 0 and "rank R done"; dumps every rank's output otherwise.
 bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
@@ -36,6 +34,17 @@ bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
   }
   if (!ok) weft::testing::dumpResults(results);
   return ok;
+}
+
+// Every rank's result of ddp_worker playing `scenario` on `world` ranks, once all have ended
+// cleanly (REQUIREd) within `timeout`; CHECKs that every process is gone.
+std::vector<weft::testing::Subprocess::Result> runDdpJob(const std::string& scenario, int world,
+                                                         std::chrono::milliseconds timeout) {
+  MpJob job({DDP_WORKER_PATH, scenario}, world, [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(timeout);
+  job.checkAllGone();
+  REQUIRE(allClean(results));
+  return results;
 }
 
 // The number after `key` among the "key value" pairs of rank `rank`'s line that starts with `first`
@@ -50,9 +59,7 @@ long long field(const std::string& out, int rank, const std::string& first, cons
 TEST_CASE("ddp on 3 processes: averaged gradients, overlapping buckets, bit-identical replicas, noSync, "
           "findUnusedParameters") {
   constexpr int kWorld = 3;
-  MpJob job = ddpJob("train", kWorld);
-  auto results = job.finish(25s);
-  REQUIRE(allClean(results));
+  auto results = runDdpJob("train", kWorld, 25s);
   std::string hash0;
   for (int r = 0; r < kWorld; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].out;
@@ -83,14 +90,35 @@ TEST_CASE("ddp on 3 processes: averaged gradients, overlapping buckets, bit-iden
     CHECK(field(out, r, "unused_maxdiff_ppb", "unused_maxdiff_ppb") <= 1000);
     CHECK(field(out, r, "unused_maxdiff_ppb", "unused_count") == (r == 0 ? 0 : 2));
   }
-  job.checkAllGone();
+}
+
+TEST_CASE("ddp on 3 processes: after the first pass the buckets follow rank 0's gradient order, gradients stay "
+          "the average, replicas stay bit-identical and each forward gives every rank rank 0's buffer") {
+  constexpr int kWorld = 3;
+  auto results = runDdpJob("rebuild", kWorld, 25s);
+  std::string hash0;
+  for (int r = 0; r < kWorld; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    const std::string p = rankPrefix(r);
+    INFO(out);
+    // Parameters: l3.weight, l3.bias (0, 1), l2 (2, 3), l1 (4, 5), l0 (6, 7); backward reaches l3 first.
+    std::string line = restOfLine(out, p + "rebuild ");
+    CHECK(contains(line, "before 6,7|4,5|2,3|0,1 after 0,1|2,3|4,5|6,7 "));
+    CHECK(field(out, r, "rebuild", "first_launch_hooks") == 8);  // l0's bucket waited for the last gradient
+    CHECK(field(out, r, "rebuild", "then") == 2);                // now l3's, the first to arrive
+    CHECK(field(out, r, "rebuild", "rebuilds") == 1);
+    CHECK(field(out, r, "rebuild_grad_maxdiff_ppb", "rebuild_grad_maxdiff_ppb") <= 1000);
+    CHECK(contains(out, p + "buffer_after_forward 2.000000\n"));
+    std::string hash = restOfLine(out, p + "rebuild_hash ");
+    if (r == 0) hash0 = hash;
+    CHECK(!hash.empty());
+    CHECK(hash == hash0);
+  }
 }
 
 TEST_CASE("ddp: a rank running one synced pass more than the other fails after the group timeout naming "
           "the allreduce and the missing rank") {
-  MpJob job = ddpJob("mismatch", 2);
-  auto results = job.finish(20s);
-  REQUIRE(allClean(results));
+  auto results = runDdpJob("mismatch", 2, 20s);
   const std::string& out = results[0].out;
   INFO(out);
   long long ms = numberAfter(out, "rank 0 failed in_ms ");
@@ -99,16 +127,14 @@ TEST_CASE("ddp: a rank running one synced pass more than the other fails after t
   std::string line = restOfLine(out, "rank 0 failed in_ms ");
   CHECK(contains(line, "TimeoutError: DistributedDataParallel: synced backward pass #3: the allreduce of bucket 0"));
   CHECK(contains(line, "every rank must run the same number of synced backward passes"));
-  CHECK(contains(line, "allReduce #3 on group 'default'"));
+  // #0 construction, #1 pass 1, #2 the bucket rebuild, #3 pass 2, #4 rank 0's pass 3.
+  CHECK(contains(line, "allReduce #4 on group 'default'"));
   CHECK(contains(line, "ranks [1] have not started it"));
   CHECK_FALSE(contains(results[1].out, "rank 1 failed"));
-  job.checkAllGone();
 }
 
 TEST_CASE("ddp inside a distributed autograd context: averaged gradients land in the context, .grad untouched") {
-  MpJob job = ddpJob("context", 2);
-  auto results = job.finish(25s);
-  REQUIRE(allClean(results));
+  auto results = runDdpJob("context", 2, 25s);
   for (int r = 0; r < 2; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     const std::string p = rankPrefix(r);
@@ -121,5 +147,4 @@ TEST_CASE("ddp inside a distributed autograd context: averaged gradients land in
     CHECK(field(out, r, "local_after_ctx_maxdiff_ppb", "local_after_ctx_maxdiff_ppb") <= 1000);
     CHECK(contains(out, p + "shutdown graceful 1"));
   }
-  job.checkAllGone();
 }

@@ -1,13 +1,15 @@
 // DistributedDataParallel within one process: each rank is a thread with its own ProcessGroupGloo
 // (real TCP on 127.0.0.1), its own replica and its own backward passes (autograd runs on the
-// calling thread). Options and module checks, the bucket layout, the broadcast at construction,
-// averaged gradients, noSync accumulation, parameters without a gradient (an error, or zeros with
-// findUnusedParameters), the launch order of buckets, and a rank running one pass more than the
-// others. The multiprocess test (ddp_mp_test.cpp) repeats the essentials across processes.
+// calling thread). Options and module checks, the bucket layout and its rebuild in rank 0's
+// gradient order after the first pass, the broadcast at construction and of buffers at each synced
+// forward, averaged gradients, noSync accumulation, parameters without a gradient (an error, or
+// zeros with findUnusedParameters), the launch order of buckets, and a rank running one pass more
+// than the others. The multiprocess test (ddp_mp_test.cpp) repeats the essentials across processes.
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <functional>
+#include <set>
 #include <future>
 #include <memory>
 #include <string>
@@ -90,6 +92,27 @@ class Net : public nn::Module {
 
  private:
   std::shared_ptr<nn::Linear> fc1_, fc2_, extra_;
+};
+
+// fc1 (4 -> 8) and fc2 (8 -> 3) registered in the opposite order of their use: backward produces
+// fc2's gradients first, which are parameters 0 and 1, not the last ones. Its output is scaled by
+// a buffer.
+class Swapped : public nn::Module {
+ public:
+  explicit Swapped(uint64_t seed) : Module("Swapped") {
+    Generator gen(seed);
+    fc2_ = registerModule("fc2", std::make_shared<nn::Linear>(8, 3));
+    fc1_ = registerModule("fc1", std::make_shared<nn::Linear>(4, 8));
+    fc2_->resetParameters(&gen);
+    fc1_->resetParameters(&gen);
+    scale_ = registerBuffer("scale", full({1}, 1.0));
+  }
+  Tensor forward(const Tensor& x) override { return fc2_->forward(tanh(fc1_->forward(x))) * scale_; }
+  Tensor scale() const { return scale_; }
+
+ private:
+  std::shared_ptr<nn::Linear> fc1_, fc2_;
+  Tensor scale_;
 };
 
 Tensor batchFor(int rank, int step) {
@@ -351,26 +374,179 @@ TEST_CASE("ddp: the first bucket is launched before backward reaches the first l
 }
 
 TEST_CASE("ddp: a rank running one synced pass more than the others fails with the group's timeout, not a hang") {
-  DdpRanks ranks(2, 1000ms);
-  std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
-  std::vector<std::unique_ptr<Ddp>> ddps(2);
-  std::string error;
-  ranks.onEachRank([&](int r) {
-    auto& ddp = ddps[static_cast<size_t>(r)];
-    ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r]);
-    lossOf(ddp->forward(batchFor(r, 0))).backward();
-    if (r == 0) {
-      auto began = std::chrono::steady_clock::now();
-      try {
-        lossOf(ddp->forward(batchFor(r, 1))).backward();
-      } catch (const TimeoutError& e) {
-        error = e.what();
+  for (bool broadcastBuffers : {false, true}) {
+    CAPTURE(broadcastBuffers);
+    DdpRanks ranks(2, 1000ms);
+    std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
+    std::vector<std::unique_ptr<Ddp>> ddps(2);
+    std::string error;
+    ranks.onEachRank([&](int r) {
+      auto& ddp = ddps[static_cast<size_t>(r)];
+      ddp = std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r],
+                                  Ddp::Options{.broadcastBuffers = broadcastBuffers});
+      lossOf(ddp->forward(batchFor(r, 0))).backward();
+      if (r == 0) {
+        auto began = std::chrono::steady_clock::now();
+        try {
+          lossOf(ddp->forward(batchFor(r, 1))).backward();
+        } catch (const TimeoutError& e) {
+          error = e.what();
+        }
+        CHECK(std::chrono::steady_clock::now() - began < 8s);
       }
-      CHECK(std::chrono::steady_clock::now() - began < 8s);
+    });
+    INFO(error);
+    CHECK(contains(error, "ranks [1] have not started it"));
+    if (broadcastBuffers) {
+      // Collectives: #0 construction, #1 the buffers before the first forward, #2 its bucket, #3 the
+      // bucket rebuild, #4 the buffers before the second forward.
+      CHECK(contains(error, "DistributedDataParallel: broadcasting the buffers from rank 0 before forward failed"));
+      CHECK(contains(error, "broadcast #4 on group 'default'"));
+    } else {
+      CHECK(contains(error, "DistributedDataParallel: synced backward pass #2: the allreduce of bucket 0 (of 1) failed"));
+      CHECK(contains(error, "allReduce #3 on group 'default'"));
     }
+  }
+}
+
+TEST_CASE("ddp: after the first synced pass the buckets follow the order gradients arrived on rank 0, on every "
+          "rank, and later passes launch their first bucket sooner") {
+  DdpRanks ranks(2);
+  std::vector<std::shared_ptr<Swapped>> nets = {std::make_shared<Swapped>(1), std::make_shared<Swapped>(2)};
+  std::vector<std::unique_ptr<Ddp>> ddps(2);
+  // fc2.weight 96 B, fc2.bias 12 B, fc1.weight 128 B, fc1.bias 32 B; a cap of 130 B.
+  const std::vector<std::vector<size_t>> reverse = {{3}, {2}, {1, 0}};
+  std::vector<Ddp::Stats> first(2), second(2);
+  std::vector<std::vector<std::vector<size_t>>> before(2), after(2);
+  ranks.onEachRank([&](int r) {
+    const size_t i = static_cast<size_t>(r);
+    ddps[i] = std::make_unique<Ddp>(nets[i], ranks[r], Ddp::Options{.bucketCapBytes = 130});
+    before[i] = ddps[i]->buckets();
+    lossOf(ddps[i]->forward(batchFor(r, 0))).backward();
+    first[i] = ddps[i]->stats();
+    after[i] = ddps[i]->buckets();
+    nets[i]->zeroGrad(true);
+    lossOf(ddps[i]->forward(batchFor(r, 1))).backward();
+    second[i] = ddps[i]->stats();
   });
-  INFO(error);
-  CHECK(contains(error, "DistributedDataParallel: synced backward pass #2: the allreduce of bucket 0 (of 1) failed"));
-  CHECK(contains(error, "allReduce #2 on group 'default'"));
-  CHECK(contains(error, "ranks [1] have not started it"));
+  // The rebuilt layout: rank 0's arrival order, cut at the cap.
+  const std::vector<size_t>& arrived = first[0].hookOrder;
+  REQUIRE(arrived.size() == 4);
+  CHECK(std::set<size_t>(arrived.begin(), arrived.begin() + 2) == std::set<size_t>{0, 1});  // fc2 first
+  std::vector<std::vector<size_t>> want;
+  int64_t bytes = 0;
+  const int64_t sizes[] = {96, 12, 128, 32};
+  for (size_t k : arrived) {
+    if (want.empty() || bytes + sizes[k] > 130) {
+      want.emplace_back();
+      bytes = 0;
+    }
+    want.back().push_back(k);
+    bytes += sizes[k];
+  }
+  for (int r = 0; r < 2; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    INFO("rank " << r);
+    CHECK(before[i] == reverse);
+    CHECK(after[i] == want);
+    CHECK(first[i].bucketRebuilds == 1);
+    CHECK(second[i].bucketRebuilds == 1);  // once only
+    CHECK(ddps[i]->buckets() == want);
+    // Before: the first bucket (fc1.bias) waited for backward to reach fc1; after: fc2's two gradients.
+    CHECK(first[i].launches.at(0).hooksBefore >= 3);
+    CHECK(second[i].launches.at(0).hooksBefore == 2);
+    CHECK(second[i].launches.size() == want.size());
+  }
+  // The second pass's gradients are the average of the ranks' own, the same bits on both.
+  auto twin = std::make_shared<Swapped>(9);
+  nn::StateDict state;
+  for (auto& [k, v] : nets[0]->stateDict()) state[k] = v.clone();
+  std::vector<std::vector<Tensor>> local(2);
+  for (int r = 0; r < 2; ++r) {
+    twin->loadStateDict(state);
+    twin->zeroGrad(true);
+    lossOf(twin->forward(batchFor(r, 1))).backward();
+    for (const Tensor& p : twin->parameters()) local[static_cast<size_t>(r)].push_back(p.grad().clone());
+  }
+  for (size_t k = 0; k < 4; ++k) {
+    INFO("parameter " << k);
+    Tensor g0 = nets[0]->parameters()[k].grad();
+    CHECK(allclose(g0, (local[0][k] + local[1][k]) * 0.5, 0, 1e-6));
+    CHECK(g0.toVector<float>() == nets[1]->parameters()[k].grad().toVector<float>());
+  }
+}
+
+TEST_CASE("ddp: with rebuildBuckets off the buckets keep reverse parameter order") {
+  DdpRanks ranks(2);
+  std::vector<std::shared_ptr<Swapped>> nets = {std::make_shared<Swapped>(1), std::make_shared<Swapped>(2)};
+  std::vector<std::unique_ptr<Ddp>> ddps(2);
+  std::vector<int64_t> byPasses(2);
+  ranks.onEachRank([&](int r) {
+    const size_t i = static_cast<size_t>(r);
+    ddps[i] = std::make_unique<Ddp>(nets[i], ranks[r],
+                                    Ddp::Options{.bucketCapBytes = 130, .rebuildBuckets = false, .broadcastBuffers = false});
+    const int64_t constructed = ranks[r].collectivesStarted();
+    for (int step = 0; step < 2; ++step) lossOf(ddps[i]->forward(batchFor(r, step))).backward();
+    byPasses[i] = ranks[r].collectivesStarted() - constructed;
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(ddps[static_cast<size_t>(r)]->buckets() == std::vector<std::vector<size_t>>{{3}, {2}, {1, 0}});
+    CHECK(ddps[static_cast<size_t>(r)]->stats().bucketRebuilds == 0);
+    CHECK(byPasses[static_cast<size_t>(r)] == 2 * 3);  // 3 buckets per pass, nothing else
+  }
+}
+
+TEST_CASE("ddp: each synced forward gives every rank rank 0's buffers, while noSync, grad-disabled forwards and "
+          "broadcastBuffers off leave each rank its own") {
+  DdpRanks ranks(3);
+  auto scales = [](const std::vector<std::shared_ptr<Swapped>>& nets) {
+    std::vector<float> out;
+    for (const auto& n : nets) out.push_back(n->scale().item<float>());
+    return out;
+  };
+  // Each rank sets its own scale, then runs one forward of the kind given.
+  auto run = [&](std::vector<std::unique_ptr<Ddp>>& ddps, std::vector<std::shared_ptr<Swapped>>& nets,
+                 const std::function<void(Ddp&, int)>& forward) {
+    ranks.onEachRank([&](int r) {
+      const size_t i = static_cast<size_t>(r);
+      nets[i]->scale().fill_(10.0 * (r + 1));
+      forward(*ddps[i], r);
+    });
+  };
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    std::vector<std::shared_ptr<Swapped>> nets;
+    for (int r = 0; r < 3; ++r) nets.push_back(std::make_shared<Swapped>(static_cast<uint64_t>(r) + 1));
+    std::vector<std::unique_ptr<Ddp>> ddps(3);
+    std::vector<Tensor> outs(3);
+    ranks.onEachRank([&](int r) {
+      ddps[static_cast<size_t>(r)] =
+          std::make_unique<Ddp>(nets[static_cast<size_t>(r)], ranks[r], Ddp::Options{.broadcastBuffers = on});
+    });
+    // A synced forward (the default mode, grad enabled).
+    run(ddps, nets, [&](Ddp& ddp, int r) {
+      outs[static_cast<size_t>(r)] = ddp.forward(batchFor(0, 0));
+      lossOf(outs[static_cast<size_t>(r)]).backward();
+    });
+    if (on) {
+      CHECK(scales(nets) == std::vector<float>{10, 10, 10});
+      // The forward used rank 0's scale: the same input gives the same output on every rank.
+      CHECK(outs[1].toVector<float>() == outs[0].toVector<float>());
+      CHECK(outs[2].toVector<float>() == outs[0].toVector<float>());
+    } else {
+      CHECK(scales(nets) == std::vector<float>{10, 20, 30});
+      CHECK(outs[1].toVector<float>() != outs[0].toVector<float>());
+    }
+    // Under noSync, and with grad mode off, no rank waits for the others: each keeps its own.
+    run(ddps, nets, [&](Ddp& ddp, int r) {
+      auto scope = ddp.noSync();
+      ddp.forward(batchFor(r, 1));
+    });
+    CHECK(scales(nets) == std::vector<float>{10, 20, 30});
+    run(ddps, nets, [&](Ddp& ddp, int r) {
+      NoGradGuard noGrad;
+      if (r != 1) ddp.forward(batchFor(r, 2));  // ranks may even evaluate different numbers of batches
+    });
+    CHECK(scales(nets) == std::vector<float>{10, 20, 30});
+  }
 }

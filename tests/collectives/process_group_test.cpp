@@ -1,6 +1,7 @@
 // ProcessGroupGloo within one process: several ranks, each with its own store client and group,
 // built on threads over real TCP on 127.0.0.1. Argument checks, Work semantics, the store
-// adaptor, float16 reductions, any-source receives, sub-group arguments and destruction.
+// adaptor, float16 reductions, any-source receives, sub-groups (arguments, ranks that pass different
+// lists or never call) and destruction.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -223,6 +224,72 @@ TEST_CASE("sub-groups have their own ranks and store prefix; non-members get non
   wc.wait(5s);
   CHECK(a.toVector<float>() == std::vector<float>(2, 5.0f));
   CHECK(ranks.store(0).check({"weft/pg/default/sub0[2,0]/joined/0", "weft/pg/default/sub0[2,0]/joined/1"}));
+}
+
+TEST_CASE("ranks passing newGroup different rank lists all fail naming what each passed, and the group stays "
+          "usable") {
+  Ranks ranks(3);
+  // Runs newGroup on every rank with lists[r]; returns each rank's error (empty: it succeeded).
+  auto newGroups = [&](const std::vector<std::vector<int>>& lists, std::vector<std::unique_ptr<ProcessGroup>>* made) {
+    std::vector<std::future<std::string>> calls;
+    for (int r = 0; r < 3; ++r) {
+      calls.push_back(std::async(std::launch::async, [&, r] {
+        return errorOf([&] {
+          auto g = ranks[r].newGroup(lists[static_cast<size_t>(r)]);
+          if (made != nullptr) (*made)[static_cast<size_t>(r)] = std::move(g);
+        });
+      }));
+    }
+    std::vector<std::string> errors;
+    for (auto& c : calls) errors.push_back(c.get());
+    return errors;
+  };
+  auto errors = newGroups({{0, 2}, {0, 1}, {0, 2}}, nullptr);
+  for (int r = 0; r < 3; ++r) {
+    const std::string& e = errors[static_cast<size_t>(r)];
+    INFO("rank " << r << ": " << e);
+    CHECK(contains(e, "newGroup #0 on group 'default': the ranks passed different rank lists:"));
+    CHECK(contains(e, "rank 0 passed [0, 2]\n  rank 1 passed [0, 1]\n  rank 2 passed [0, 2]"));
+  }
+  // The same ranks in another order number them differently: a different list.
+  errors = newGroups({{0, 2}, {0, 2}, {2, 0}}, nullptr);
+  for (const std::string& e : errors) CHECK(contains(e, "newGroup #1 on group 'default'"));
+  CHECK(contains(errors[0], "rank 2 passed [2, 0]"));
+  // A rank with a bad list fails at once; the others learn its list.
+  errors = newGroups({{0, 1}, {0, 1}, {0, 5}}, nullptr);
+  CHECK(contains(errors[2], "newGroup: ranks [0, 5] are not all ranks of group 'default' of size 3"));
+  CHECK(contains(errors[0], "newGroup #2 on group 'default': the ranks passed different rank lists"));
+  CHECK(contains(errors[1], "rank 2 passed [0, 5]"));
+  // Then matching lists make a working sub-group, and the group itself still works.
+  std::vector<std::unique_ptr<ProcessGroup>> subs(3);
+  errors = newGroups({{0, 1}, {0, 1}, {0, 1}}, &subs);
+  for (const std::string& e : errors) CHECK(e.empty());
+  REQUIRE(subs[0] != nullptr);
+  REQUIRE(subs[1] != nullptr);
+  CHECK(subs[2] == nullptr);
+  CHECK(subs[0]->name() == "default/sub3[0,1]");
+  Tensor a = full({3}, 2.0), b = full({3}, 5.0);
+  Work wa = subs[0]->allReduce(a);
+  Work wb = subs[1]->allReduce(b);
+  wa.wait(5s);
+  wb.wait(5s);
+  CHECK(a.toVector<float>() == std::vector<float>(3, 7.0f));
+  std::vector<Tensor> xs = {full({2}, 1.0), full({2}, 1.0), full({2}, 1.0)};
+  std::vector<Work> ws;
+  for (int r = 0; r < 3; ++r) ws.push_back(ranks[r].allReduce(xs[static_cast<size_t>(r)]));
+  for (Work& w : ws) w.wait(5s);
+  CHECK(xs[2].toVector<float>() == std::vector<float>(2, 3.0f));
+}
+
+TEST_CASE("a rank that never calls newGroup makes the others fail after the group timeout, naming it") {
+  Ranks ranks(2, {.timeout = 500ms});
+  auto began = std::chrono::steady_clock::now();
+  std::string e = errorOf([&] { ranks[0].newGroup({0, 1}); });
+  auto took = std::chrono::steady_clock::now() - began;
+  CHECK(contains(e, "newGroup #0 on group 'default': ranks [1] did not call it within 500 ms"));
+  CHECK(took >= 400ms);
+  CHECK(took < 5s);
+  CHECK_THROWS_AS(ranks[0].newGroup({0, 1}), TimeoutError);
 }
 
 TEST_CASE("GlooStore puts every key under its prefix") {

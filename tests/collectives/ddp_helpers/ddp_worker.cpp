@@ -18,6 +18,14 @@
 //             under noSync and one synced against the averaged sum: "nosync_maxdiff_ppb N
 //             nosync_collectives C" (collectives started under noSync). findUnusedParameters: a
 //             layer only rank 0 uses: "unused_maxdiff_ppb N unused_count U". "done" at the end.
+//   rebuild   [any world size] An MLP of 4 Linear(16, 16) layers registered in the reverse order of
+//             their use (backward produces the gradients of the first parameters first) with a
+//             buffer scaling its output, in DDP with buckets of one layer: "rebuild before L after L
+//             first_launch_hooks H then H rebuilds N" (layouts as "0,1|2,3|...", each bucket's
+//             parameter indices sorted; the hooks before the first launch of the first and second
+//             pass); "rebuild_grad_maxdiff_ppb N" (the second pass against the average of local
+//             gradients); "buffer_after_forward S" (each rank set its scale to rank + 2, a synced
+//             forward gives rank 0's); "rebuild_hash H" after 30 SGD steps on different data.
 //   mismatch  [2 ranks] Group timeout 1.5 s. Rank 0 runs 3 synced passes, rank 1 only 2 (then waits
 //             until rank 0 has reported). Rank 0: "failed in_ms T <ErrorType>: <message>".
 //   context   [2 ranks, rpc agents] Each rank's input goes through an RPC to the other rank and back,
@@ -242,6 +250,89 @@ void runTrain(ProcessGroupGloo& pg) {
   }
 }
 
+// `layers` Linear(16, 16) with tanh between, registered last layer first, output scaled by a buffer.
+class ReversedMlp : public weft::nn::Module {
+ public:
+  ReversedMlp(int layers, uint64_t seed) : Module("ReversedMlp") {
+    Generator gen(seed);
+    layers_.resize(static_cast<size_t>(layers));
+    for (int i = layers - 1; i >= 0; --i) {
+      std::string name = "l";
+      name += std::to_string(i);
+      layers_[static_cast<size_t>(i)] = registerModule(name, std::make_shared<weft::nn::Linear>(16, 16));
+      layers_[static_cast<size_t>(i)]->resetParameters(&gen);
+    }
+    scale_ = registerBuffer("scale", weft::full({1}, 1.0));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      h = layers_[i]->forward(h);
+      if (i + 1 < layers_.size()) h = weft::tanh(h);
+    }
+    return h * scale_;
+  }
+  Tensor scale() const { return scale_; }
+
+ private:
+  std::vector<std::shared_ptr<weft::nn::Linear>> layers_;
+  Tensor scale_;
+};
+
+// "0,1|2,3|...": each bucket's parameter indices, sorted.
+std::string layoutText(const std::vector<std::vector<size_t>>& buckets) {
+  std::string text;
+  for (const auto& b : buckets) {
+    std::vector<size_t> sorted = b;
+    std::sort(sorted.begin(), sorted.end());
+    if (!text.empty()) text += "|";
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      if (i > 0) text += ",";
+      text += std::to_string(sorted[i]);
+    }
+  }
+  return text;
+}
+
+void runRebuild(ProcessGroupGloo& pg) {
+  const int me = pg.rank();
+  constexpr int kLayers = 4;
+  auto net = std::make_shared<ReversedMlp>(kLayers, 500 + static_cast<uint64_t>(me));
+  Ddp ddp(net, pg, {.bucketCapBytes = 1088});
+  auto params = net->parameters();
+  const std::string before = layoutText(ddp.buckets());
+  lossOf(ddp.forward(batch(me, 0))).backward();
+  const size_t firstHooks = ddp.stats().launches.at(0).hooksBefore;
+  const std::string after = layoutText(ddp.buckets());
+
+  // The second pass runs on the rebuilt buckets; the buffer is rank 0's again by then.
+  net->zeroGrad(true);
+  net->scale().fill_(me + 2.0);
+  auto twin = std::make_shared<ReversedMlp>(kLayers, 1);
+  Tensor x = batch(me, 1);
+  Tensor out = ddp.forward(x);
+  sayLine("buffer_after_forward " + std::to_string(net->scale().item<float>()));
+  lossOf(out).backward();
+  weft::nn::StateDict state;
+  for (auto& [k, v] : net->stateDict()) state[k] = v.clone();
+  twin->loadStateDict(state);
+  lossOf(twin->forward(x)).backward();
+  Tensor want = averageOverRanks(pg, flatGrads(twin->parameters(), [](const Tensor& p) { return p.grad(); }));
+  Tensor got = flatGrads(params, [](const Tensor& p) { return p.grad(); });
+  const Ddp::Stats s = ddp.stats();
+  sayLine("rebuild before " + before + " after " + after + " first_launch_hooks " + std::to_string(firstHooks) +
+          " then " + std::to_string(s.launches.at(0).hooksBefore) + " rebuilds " + std::to_string(s.bucketRebuilds));
+  sayLine("rebuild_grad_maxdiff_ppb " + std::to_string(maxDiffPpb(got, want)));
+
+  weft::nn::optim::SGD opt(params, {.lr = 0.05, .momentum = 0.9});
+  for (int step = 2; step < 32; ++step) {
+    opt.zeroGrad();
+    lossOf(ddp.forward(batch(me, step))).backward();
+    opt.step();
+  }
+  sayLine("rebuild_hash " + std::to_string(paramsHash(params)));
+}
+
 void runMismatch(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   const int me = pg.rank();
   auto net = std::make_shared<Mlp>(2, 7);
@@ -306,7 +397,7 @@ void runContext(weft::rpc::Agent& agent) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("ddp_worker", {"train", "mismatch", "context"}, argc, argv,
+  return weft::testing::workerMain("ddp_worker", {"train", "rebuild", "mismatch", "context"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -327,6 +418,7 @@ int main(int argc, char** argv) {
       auto pg = ProcessGroupGloo::create(store, opt.rank, opt.worldSize,
                                          {.timeout = scenario == "mismatch" ? 1500ms : std::chrono::milliseconds(20s)});
       if (scenario == "train") runTrain(*pg);
+      else if (scenario == "rebuild") runRebuild(*pg);
       else runMismatch(*pg, store);
     }
     // Rank 0 serves the store: it leaves once every other rank has said it is leaving.

@@ -12,11 +12,20 @@
 //             ranks, and one 64 MiB float32 allReduce. Prints "rank R checked N" and "rank R done".
 //   timeout   ranks but the last call allReduce with a 1.5 s group timeout; the last rank never does
 //             (it sleeps, then leaves). Prints "rank R failed in_ms T <ErrorType>: <message>".
-//   mismatch  rank 1 calls allReduce on 5 elements, the others on 4; then every rank calls a
-//             matching allReduce. Prints "rank R mismatch <ErrorType>: <message>" and
-//             "rank R after mismatch ok".
+//   fused     allReduce with every reduce op for float32, float64 and int64 at 0 and 1 elements and
+//             at one element below, at and above the group's fused limit (pg.fusedLimit()), checked
+//             against values computed locally; prints "rank R fused_limit L", "rank R fused_count C
+//             expected E" (the collectives the call exchange carried against those at most L bytes),
+//             "rank R identical N of M" (sum and avg of float data that rounds, below and above the
+//             limit: results equal to the bit on every rank) and "rank R checked N".
+//   mismatch  three mismatched allReduces, each followed by a matching one: rank 1 calls on 5
+//             elements, the others on 4 ("mismatch"); rank 1 on one float32 more than the fused
+//             limit holds, the others on exactly the limit ("mismatch_limit"); rank 1 on float64,
+//             the others on twice as many float32, the same bytes ("mismatch_dtype"). Prints
+//             "rank R <case> <ErrorType>: <message>" and "rank R after <case> ok" for each.
 //   kill      [>= 3] after a first allReduce, the last rank kills itself with SIGKILL; the others
-//             call allReduce (10 s timeout) and print "rank R failed in_ms T <ErrorType>: <message>".
+//             call allReduce (10 s timeout), print "rank R failed in_ms T <ErrorType>: <message>"
+//             and keep their group until every survivor has failed.
 //   b2b       20 allReduces of 10 float32 issued back to back (call checking on), then waited for,
 //             in 5 rounds; prints "rank R b2b_best_us U" (the fastest round) and "rank R b2b_rounds_us
 //             ...", and the scheduling policies of this process's threads: "rank R batch_threads N"
@@ -44,6 +53,7 @@
 #include "common/error.h"
 #include "rpc/options.h"
 #include "rpc/store.h"
+#include "tensor/generator.h"
 
 namespace {
 
@@ -282,6 +292,82 @@ void runAll(ProcessGroupGloo& pg) {
   say("checked " + std::to_string(gChecked));
 }
 
+std::vector<ReduceOp> opsFor(DType t) {
+  std::vector<ReduceOp> ops = {ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max};
+  if (t != DType::Int64) ops.push_back(ReduceOp::Avg);
+  return ops;
+}
+
+// What allReduce with `op` gives at index i when rank r holds value(r, i).
+double reduced(ReduceOp op, DType t, int world, int64_t i) {
+  double acc = value(0, i);
+  for (int r = 1; r < world; ++r) {
+    const double v = value(r, i);
+    if (op == ReduceOp::Sum || op == ReduceOp::Avg) acc += v;
+    else if (op == ReduceOp::Product) acc *= v;
+    else if (op == ReduceOp::Min) acc = std::min(acc, v);
+    else acc = std::max(acc, v);
+  }
+  if (op != ReduceOp::Avg) return acc;
+  if (t == DType::Float32) return static_cast<float>(acc) / static_cast<float>(world);
+  return acc / world;
+}
+
+// Rank 0's bytes of `x`, broadcast, equal to this rank's.
+bool sameBitsAsRank0(ProcessGroupGloo& pg, const Tensor& x) {
+  Tensor mine = x.clone();
+  Tensor theirs = x.clone();
+  pg.broadcast(theirs, 0).wait(60s);
+  return std::memcmp(mine.rawData(), theirs.rawData(), mine.nbytes()) == 0;
+}
+
+void runFused(ProcessGroupGloo& pg) {
+  const int W = pg.size();
+  const int me = pg.rank();
+  const int64_t limit = static_cast<int64_t>(pg.fusedLimit());
+  say("fused_limit " + std::to_string(limit));
+  const int64_t fusedBefore = pg.fusedCollectives();
+  int64_t expectFused = 0;
+  for (DType t : {DType::Float32, DType::Float64, DType::Int64}) {
+    const int64_t es = static_cast<int64_t>(weft::elementSize(t));
+    const int64_t atLimit = limit / es;
+    for (int64_t n : {int64_t{0}, int64_t{1}, atLimit - 1, atLimit, atLimit + 1}) {
+      const std::string tag = std::string(weft::dtypeName(t)) + " n=" + std::to_string(n);
+      std::vector<std::pair<ReduceOp, Tensor>> runs;
+      std::vector<Work> works;
+      for (ReduceOp op : opsFor(t)) {
+        runs.emplace_back(op, filled(t, n, me));
+        works.push_back(pg.allReduce(runs.back().second, op));
+        if (n * es <= limit) ++expectFused;
+      }
+      for (Work& w : works) w.wait(60s);
+      for (auto& [op, x] : runs) {
+        expectEq(x, [&, op = op](int64_t i) { return reduced(op, t, W, i); },
+                 std::string("allReduce ") + weft::collectives::reduceOpName(op) + " " + tag);
+      }
+    }
+  }
+  say("fused_count " + std::to_string(pg.fusedCollectives() - fusedBefore) + " expected " +
+      std::to_string(expectFused));
+
+  // Data that rounds: every rank must still end with the same bits.
+  int identical = 0, cases = 0;
+  for (DType t : {DType::Float32, DType::Float64}) {
+    const int64_t atLimit = limit / static_cast<int64_t>(weft::elementSize(t));
+    for (int64_t n : {int64_t{7}, atLimit, atLimit + 1}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+        weft::Generator gen(77 + static_cast<uint64_t>(me));
+        Tensor x = weft::randn({n}, {.dtype = t}, &gen);
+        pg.allReduce(x, op).wait(60s);
+        ++cases;
+        if (sameBitsAsRank0(pg, x)) ++identical;
+      }
+    }
+  }
+  say("identical " + std::to_string(identical) + " of " + std::to_string(cases));
+  say("checked " + std::to_string(gChecked));
+}
+
 void runTimeout(ProcessGroupGloo& pg) {
   const int last = pg.size() - 1;
   if (pg.rank() == last) {
@@ -306,21 +392,30 @@ void runTimeout(ProcessGroupGloo& pg) {
   }
 }
 
-void runMismatch(ProcessGroupGloo& pg) {
-  Tensor x = weft::ones({pg.rank() == 1 ? 5 : 4});
+// One mismatched allReduce (rank 1 reduces `odd`, the others `even`), then a matching one.
+void mismatchCase(ProcessGroupGloo& pg, const std::string& name, const Tensor& even, const Tensor& odd) {
   try {
-    pg.allReduce(x).wait(30s);
-    say("unexpected success");
+    pg.allReduce(pg.rank() == 1 ? odd : even).wait(30s);
+    say(name + " unexpected success");
   } catch (const std::exception& e) {
-    say("mismatch " + errorLine(e));
+    say(name + " " + errorLine(e));
   }
   Tensor y = weft::ones({4});
   pg.allReduce(y).wait(30s);
-  expectEq(y, [&](int64_t) { return static_cast<double>(pg.size()); }, "allReduce after a mismatch");
-  say("after mismatch ok");
+  expectEq(y, [&](int64_t) { return static_cast<double>(pg.size()); }, "allReduce after " + name);
+  say("after " + name + " ok");
 }
 
-void runKill(ProcessGroupGloo& pg) {
+void runMismatch(ProcessGroupGloo& pg) {
+  mismatchCase(pg, "mismatch", weft::ones({4}), weft::ones({5}));
+  // Across the fused limit: the others' data comes with their headers, rank 1's does not.
+  const int64_t atLimit = static_cast<int64_t>(pg.fusedLimit()) / 4;
+  mismatchCase(pg, "mismatch_limit", weft::ones({atLimit}), weft::ones({atLimit + 1}));
+  // The same bytes, another dtype.
+  mismatchCase(pg, "mismatch_dtype", weft::ones({8}), weft::ones({4}, {.dtype = DType::Float64}));
+}
+
+void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   Tensor x = weft::ones({1024});
   pg.allReduce(x).wait(30s);
   if (pg.rank() == pg.size() - 1) {
@@ -337,6 +432,9 @@ void runKill(ProcessGroupGloo& pg) {
     long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
     say("failed in_ms " + std::to_string(ms) + " " + errorLine(e));
   }
+  // The survivors keep their connections until each has failed: a survivor that destroyed its
+  // group first would be a lost connection for the others too.
+  store.barrier("collectives_worker/kill/failed", pg.size() - 1, 30s);
 }
 
 // The scheduling policy of thread `tid` of this process (field 41 of /proc/self/task/<tid>/stat),
@@ -386,7 +484,7 @@ void runBackToBack(ProcessGroupGloo& pg) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collectives_worker all|timeout|mismatch|kill|b2b\n");
+    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -404,7 +502,8 @@ int main(int argc, char** argv) {
       if (scenario == "all") runAll(pg);
       else if (scenario == "timeout") runTimeout(pg);
       else if (scenario == "mismatch") runMismatch(pg);
-      else if (scenario == "kill") runKill(pg);
+      else if (scenario == "fused") runFused(pg);
+      else if (scenario == "kill") runKill(pg, store);
       else if (scenario == "b2b") runBackToBack(pg);
       else fail("unknown scenario " + scenario);
     }

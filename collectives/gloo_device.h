@@ -1,0 +1,63 @@
+// The Gloo TCP device the gloo backend runs on, and the SIGPIPE guard every
+// thread that writes to Gloo's sockets needs: internal to the gloo backend
+// (process_group_gloo.cpp) and to bench/collectives_bench, whose direct Gloo
+// baseline runs on a device made the same way.
+//
+//   auto device = gloo_detail::createTcpDevice("127.0.0.1");   // loop thread: SCHED_BATCH, SIGPIPE blocked
+//   gloo_detail::blockSigpipeOnThisThread();                   // a thread that posts Gloo ops
+//   { gloo_detail::SigpipeBlock block; buffer->send(peer, slot); }  // or for one call on a user's thread
+//
+// Signals. Gloo writes to its sockets from the calling thread and its own loop
+// thread; a peer that died turns such a write into SIGPIPE, which would kill
+// the process. Blocked, the write fails with EPIPE and Gloo reports the error.
+//
+// Scheduling. Gloo's TCP loop thread handles a connection's events only when
+// it gets the connection's lock with try_lock; otherwise it returns to epoll,
+// which (level-triggered) reports the same event at once: it busy-polls until
+// the thread holding the lock lets go. A thread that posts an operation holds
+// that lock across its socket write, and the write wakes the peer, whose
+// answer wakes this loop thread; a woken thread normally preempts the running
+// one, so on a busy CPU the poster is preempted with the lock held and the
+// loop thread spins until the next scheduler tick (4 ms at HZ=250) hands the
+// CPU back. Back-to-back collectives (a training step's gradients) hit this on
+// nearly every op when the machine's CPUs are busy. Under SCHED_BATCH the
+// loop thread never preempts on wakeup: it runs once the poster releases the
+// lock and blocks. SCHED_BATCH needs no privilege and keeps the nice value;
+// the loop thread inherits the policy (and the signal mask) of the thread that
+// creates the device, so the device is created under both.
+#pragma once
+
+#include <signal.h>
+
+#include <memory>
+#include <string>
+
+#include <gloo/transport/device.h>
+
+namespace weft::collectives::gloo_detail {
+
+// Blocks SIGPIPE on the calling thread for good (a thread of the backend's own).
+void blockSigpipeOnThisThread();
+
+// Blocks SIGPIPE on the calling thread for a scope (threads created inside
+// inherit the blocked mask); a SIGPIPE raised meanwhile is consumed before the
+// previous mask is restored.
+class SigpipeBlock {
+ public:
+  SigpipeBlock();
+  ~SigpipeBlock();
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  sigset_t previous_;
+  bool wasPending_ = false;
+};
+
+// A Gloo TCP device on `hostname` whose loop thread runs SCHED_BATCH (unless
+// the calling thread has a real-time or other explicit policy, which it then
+// inherits) with SIGPIPE blocked; the calling thread's own policy is left as
+// it was. Error naming the host when Gloo cannot create it.
+std::shared_ptr<gloo::transport::Device> createTcpDevice(const std::string& hostname);
+
+}  // namespace weft::collectives::gloo_detail
