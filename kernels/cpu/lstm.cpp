@@ -310,15 +310,29 @@ void lstmLayerBackward(DType type, const LstmLayerGeometry& g, const LstmLayerSa
       std::memcpy(gh0 + rb * H, dh, sizeof(T) * len);
       std::memcpy(gc0 + rb * H, dc, sizeof(T) * len);
     });
-    // The weights see every step at once.
+    // The weights see every step at once: dx = dGates · wIh, and one product
+    // dGates^T · [x | h_{s-1} | 1] gives the wIh, wHh and bias gradients
+    // together (a column of ones sums dGates over the steps and rows).
     const int64_t M = T_ * N;
-    if (out.x) gemm(type, {dg, false, G}, {saved.wIh, false, I}, M, I, G, 1.0, 0.0, out.x, I);  // dGates · wIh
-    if (out.wIh) gemm(type, {dg, true, G}, {saved.x, false, I}, G, I, M, 1.0, 0.0, out.wIh, I);  // dGates^T · x
-    if (out.wHh) {  // dGates_0^T · h0 + sum over s >= 1 of dGates_s^T · h_{s-1}
-      gemm(type, {dg, true, G}, {saved.h0, false, H}, G, H, N, 1.0, 0.0, out.wHh, H);
-      if (T_ > 1) gemm(type, {dg + N * G, true, G}, {phs, false, H}, G, H, (T_ - 1) * N, 1.0, 1.0, out.wHh, H);
+    if (out.x) gemm(type, {dg, false, G}, {saved.wIh, false, I}, M, I, G, 1.0, 0.0, out.x, I);
+    const int64_t xCols = out.wIh ? I : 0, hCols = out.wHh ? H : 0, W = xCols + hCols + (out.bias ? 1 : 0);
+    if (W == 0) return;
+    std::unique_ptr<T[]> inputs(new T[static_cast<size_t>(M * W)]), dW(new T[static_cast<size_t>(G * W)]);
+    const T* px = static_cast<const T*>(saved.x);
+    const T* ph0 = static_cast<const T*>(saved.h0);
+    for (int64_t m = 0; m < M; ++m) {
+      T* row = inputs.get() + m * W;
+      if (xCols) std::memcpy(row, px + m * I, sizeof(T) * I);
+      if (hCols) std::memcpy(row + xCols, m < N ? ph0 + m * H : phs + (m - N) * H, sizeof(T) * H);  // h_{s-1}
+      if (out.bias) row[W - 1] = T(1);
     }
-    if (out.bias) sumCols(type, dg, M, G, out.bias);
+    gemm(type, {dg, true, G}, {inputs.get(), false, W}, G, W, M, 1.0, 0.0, dW.get(), W);
+    for (int64_t r = 0; r < G; ++r) {
+      const T* row = dW.get() + r * W;
+      if (xCols) std::memcpy(static_cast<T*>(out.wIh) + r * I, row, sizeof(T) * I);
+      if (hCols) std::memcpy(static_cast<T*>(out.wHh) + r * H, row + xCols, sizeof(T) * H);
+      if (out.bias) static_cast<T*>(out.bias)[r] = row[W - 1];
+    }
   });
 }
 
