@@ -9,7 +9,6 @@
 //
 // Usage: tensor_bench [--quick]
 #include <cblas.h>
-#include <omp.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +16,7 @@
 #include <string>
 
 #include "bench/bench_util.h"
+#include "kernels/cpu/parallel.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
 
@@ -95,7 +95,7 @@ double torchMlp(int64_t batch, int steps) {
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  std::printf("threads: OpenMP %d, OpenBLAS %d\n", omp_get_max_threads(), openblas_get_num_threads());
+  std::printf("threads: weft kernels %d, OpenBLAS %d per call\n", kernels::cpu::numThreads(), openblas_get_num_threads());
   benchGemm(quick);
   std::printf("\n== MLP 784-256-128-10 training step (forward, cross-entropy, backward, SGD), median samples/s\n");
   std::printf("%6s %14s %14s %12s\n", "batch", "weft", "pytorch", "weft/pytorch");

@@ -22,7 +22,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config  # toolchain
   libcapnp-dev capnproto                         # wire format
   libuv1-dev                                     # event loop, TCP, timers
-  libopenblas-openmp-dev                         # CPU GEMM on the OpenMP thread pool
+  libopenblas-openmp-dev                         # CPU GEMM (one thread per call; weft splits large ones)
   libgloo-dev                                    # CPU collectives
   doctest-dev                                    # tests
   dataset-fashion-mnist                          # /usr/share/datasets/fashion-mnist

@@ -15,7 +15,6 @@
 // without any process group (a world of one only). Rank 0 prints the progress and the summary
 // and writes the metrics CSV; every rank ends with "rank R: shut down cleanly". README.md
 // describes the output, the measured speed-up and the equivalence with one process.
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +33,7 @@
 #include "common/error.h"
 #include "data/data.h"
 #include "examples/fashion_mnist_mlp/mlp.h"
+#include "kernels/cpu/parallel.h"
 #include "nn/nn.h"
 #include "rpc/options.h"
 #include "rpc/store.h"
@@ -76,7 +76,7 @@ struct Flags {
   int64_t logInterval = 100;
   std::string metrics = "fashion_mnist_metrics.csv";
   std::string save;
-  int64_t threads = 0;  // OpenMP threads per process; 0 = the machine's share of this process
+  int64_t threads = 0;  // kernel threads per process; 0 = the machine's share of this process
   double bucketCapMb = 25;
   double timeoutSeconds = 120;
   bool checkCalls = true;  // the process group's call-header check before each collective
@@ -254,9 +254,9 @@ int main(int argc, char** argv) {
       int local = 1;
       if (const char* s = std::getenv("WEFT_LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(s));
       else if (const char* t = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(t));
-      threads = std::max(1, omp_get_max_threads() / local);
+      threads = std::max(1, weft::kernels::cpu::numThreads() / local);
     }
-    omp_set_num_threads(threads);
+    weft::kernels::cpu::setNumThreads(threads);
 
     std::ofstream csv;
     if (rank == 0) {

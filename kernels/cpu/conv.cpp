@@ -1,7 +1,5 @@
 #include "kernels/cpu/conv.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -11,6 +9,7 @@
 #include "common/error.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/parallel.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -107,28 +106,17 @@ struct ImageChunks {
 };
 
 // Runs body(chunk, firstImage, endImage, thread) for each chunk, spread over
-// the OpenMP threads one chunk at a time (dynamic schedule: a thread the OS
-// has descheduled holds up only the chunk it is on, not a fixed share of the
-// batch). `thread` is in [0, threadsFor(chunks)) and fixed for one thread, so
-// it can index scratch memory. What a chunk computes must not depend on the
-// thread that runs it: results are then the same for any thread count.
-int threadsFor(int64_t chunks) {
-  return chunks > 1 && !omp_in_parallel() ? static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks)) : 1;
-}
+// the kernel threads one chunk at a time (a thread the OS has descheduled
+// holds up only the chunk it is on, not a fixed share of the batch). `thread`
+// is below threadsFor(chunks) and fixed for one thread, so it can index
+// scratch memory. What a chunk computes must not depend on the thread that
+// runs it: results are then the same for any thread count.
+int threadsFor(int64_t chunks) { return cpu::threadsFor(chunks, numThreads()); }
 
 template <class F>
 void forEachChunk(const ImageChunks& ch, F&& body) {
-  const int threads = threadsFor(ch.chunks);
-  if (threads <= 1) {
-    for (int64_t c = 0; c < ch.chunks; ++c) body(c, ch.begin(c), ch.begin(c + 1), 0);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t c = 0; c < ch.chunks; ++c) body(c, ch.begin(c), ch.begin(c + 1), t);
-  }
+  parallelRun(ch.chunks, numThreads(),
+              [&](int64_t c, int thread) { body(c, ch.begin(c), ch.begin(c + 1), thread); });
 }
 
 // Forward and gradX treat images independently: one chunk per image.

@@ -10,7 +10,7 @@
 // kernel with unit stride and no padding skips the unfolding (cols is the
 // image itself). All buffers are contiguous NCHW / OCHW.
 //
-// Threading: images are spread over the OpenMP threads (dynamically, one
+// Threading: images are spread over the kernel threads (dynamically, one
 // image or chunk of images at a time, so a thread the OS has descheduled
 // delays only its own share); each image's unfolding and GEMM run on its
 // thread, so its cols stay in that core's cache. The weight gradient is summed

@@ -108,7 +108,7 @@ void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aSt
       case BinaryOp::Mul: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x * y; }); break;
       case BinaryOp::Div:
         if constexpr (std::is_integral_v<T>) {
-          // An exception cannot leave an OpenMP region: flag, then throw after.
+          // Flag, then throw once every chunk is done (a throw would stop the others midway).
           std::atomic<bool> zero{false};
           binaryTyped(pa, aStrides, pb, bStrides, po, shape, [&zero](T x, T y) {
             if (y == 0) {

@@ -1,6 +1,7 @@
 #include "kernels/cpu/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <climits>
@@ -8,6 +9,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/parallel.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -19,19 +21,18 @@ constexpr double kParallelGemmWork = 1 << 19;
 // (a cache line of float32).
 constexpr int64_t kBlockAlign = 16;
 
-// weft's kernels and BLAS must share one thread pool: two pools spinning
-// against each other stall each other by whole scheduler slices on a small
-// machine. Large products are split across weft's OpenMP threads here, and
-// each BLAS call runs on the thread that makes it. OpenBLAS's OpenMP build
-// does so by itself inside a parallel region (and must not be told to use one
-// thread: that would set OpenMP's thread count for the whole process); its
-// pthread build is set to one thread once.
-void useSingleThreadedBlas() {
-  static const bool once = [] {
-    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+// BLAS runs each call on its calling thread; a large product is split into
+// blocks across weft's kernel threads here (kernels/cpu/parallel.h), so that
+// BLAS and the other kernels share one pool. OpenBLAS's OpenMP build sizes
+// each call by the calling thread's OpenMP thread count (and opens a team
+// of that many threads for it): every thread that calls BLAS sets its own
+// count to 1 first. weft itself does not use OpenMP.
+void keepBlasOnThisThread() {
+  thread_local const bool done = [] {
+    omp_set_num_threads(1);
     return true;
   }();
-  (void)once;
+  (void)done;
 }
 
 // BLAS takes 32-bit sizes. Checked before any parallel region, which an
@@ -68,6 +69,7 @@ void scaleMatrix(T* c, int64_t m, int64_t n, int64_t ldc, T beta) {
 template <class T>
 void blasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
               int64_t ldb, T beta, T* c, int64_t ldc) {
+  keepBlasOnThisThread();
   CBLAS_TRANSPOSE cta = ta ? CblasTrans : CblasNoTrans, ctb = tb ? CblasTrans : CblasNoTrans;
   auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n), bk = static_cast<blasint>(k);
   auto blda = static_cast<blasint>(lda), bldb = static_cast<blasint>(ldb), bldc = static_cast<blasint>(ldc);
@@ -79,7 +81,7 @@ void blasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
 }
 
 // One product; `threads` > 1 splits the longer of C's two dimensions into
-// that many blocks, one BLAS call per OpenMP thread.
+// that many blocks, one BLAS call per block, spread over the pool.
 template <class T>
 void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, const T* pb, int64_t m, int64_t n,
                int64_t k, T alpha, T beta, T* c, int64_t ldc, int threads) {
@@ -99,25 +101,22 @@ void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, cons
     blasGemm<T>(a.trans, b.trans, m, n, k, alpha, pa, lda, pb, ldb, beta, c, ldc);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    int64_t lo = omp_get_thread_num() * chunk, hi = std::min(total, lo + chunk);
-    if (lo < hi) {
-      if (splitRows) {  // rows [lo, hi) of op(A) and of C
-        const T* sa = a.trans ? pa + lo : pa + lo * lda;
-        blasGemm<T>(a.trans, b.trans, hi - lo, n, k, alpha, sa, lda, pb, ldb, beta, c + lo * ldc, ldc);
-      } else {  // columns [lo, hi) of op(B) and of C
-        const T* sb = b.trans ? pb + lo * ldb : pb + lo;
-        blasGemm<T>(a.trans, b.trans, m, hi - lo, k, alpha, pa, lda, sb, ldb, beta, c + lo, ldc);
-      }
+  parallelRun((total + chunk - 1) / chunk, threads, [&](int64_t block, int) {
+    int64_t lo = block * chunk, hi = std::min(total, lo + chunk);
+    if (splitRows) {  // rows [lo, hi) of op(A) and of C
+      const T* sa = a.trans ? pa + lo : pa + lo * lda;
+      blasGemm<T>(a.trans, b.trans, hi - lo, n, k, alpha, sa, lda, pb, ldb, beta, c + lo * ldc, ldc);
+    } else {  // columns [lo, hi) of op(B) and of C
+      const T* sb = b.trans ? pb + lo * ldb : pb + lo;
+      blasGemm<T>(a.trans, b.trans, m, hi - lo, k, alpha, pa, lda, sb, ldb, beta, c + lo, ldc);
     }
-  }
+  });
 }
 
 // Threads worth using for `work` multiply-adds.
 int gemmThreads(double work) {
-  if (work < kParallelGemmWork || omp_in_parallel()) return 1;
-  return omp_get_max_threads();
+  if (work < kParallelGemmWork) return 1;
+  return threadsFor(numThreads(), numThreads());
 }
 
 }  // namespace
@@ -125,7 +124,6 @@ int gemmThreads(double work) {
 void gemm(DType type, MatrixOperand a, MatrixOperand b, int64_t m, int64_t n, int64_t k, double alpha, double beta,
           void* c, int64_t ldc) {
   checkBlasRange(m, n, k, a, b, ldc);
-  useSingleThreadedBlas();
   int threads = gemmThreads(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   WEFT_DISPATCH_FLOATING(type, "gemm", [&]<class T>() {
     gemmTyped<T>(a, static_cast<const T*>(a.data), b, static_cast<const T*>(b.data), m, n, k, static_cast<T>(alpha),
@@ -138,7 +136,6 @@ void gemmBatched(DType type, std::span<const int64_t> batchShape, MatrixOperand 
                  int64_t m, int64_t n, int64_t k, double alpha, double beta, void* c,
                  std::span<const int64_t> cBatchStrides, int64_t ldc) {
   checkBlasRange(m, n, k, a, b, ldc);
-  useSingleThreadedBlas();
   const int nd = static_cast<int>(batchShape.size());
   int64_t count = 1;
   bool cAliases = false;  // some C matrix is written by several batch elements

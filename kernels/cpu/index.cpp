@@ -49,7 +49,7 @@ void indexSelectBackward(DType type, const void* g, int64_t outer, int64_t size,
     // A task is one outer slab restricted to a block of columns: tasks own
     // disjoint outputs, so repeated indices never race. Columns are split
     // only when there are too few slabs to keep every thread busy.
-    int64_t nt = omp_get_max_threads();
+    int64_t nt = numThreads();
     int64_t colBlock = outer >= nt ? inner : std::max<int64_t>(64, (inner + nt - 1) / nt);
     if (colBlock <= 0) colBlock = 1;
     int64_t blocks = (inner + colBlock - 1) / colBlock;

@@ -1,36 +1,47 @@
 // Loop helpers shared by the CPU kernels: parallel flat loops and row-wise
 // iteration over strided (possibly broadcast) operands.
 //
-// Threading: loops go parallel (OpenMP, both cores here) only above
+// Threading: loops go parallel (kernels/cpu/parallel.h's pool) only above
 // kParallelGrain elements, so small tensors never pay a fork/join.
 #pragma once
 
-#include <omp.h>
-
+#include <algorithm>
 #include <cstdint>
 #include <span>
+
+#include "kernels/cpu/parallel.h"
 
 namespace weft::kernels::cpu {
 
 inline constexpr int64_t kParallelGrain = 32768;
 
+// How many contiguous chunks parallelFor splits [0, n) into: 1 below `grain`
+// or with one thread, else about four per thread (so that a descheduled
+// thread holds up a small share), each at least `grain` long.
+inline int64_t parallelChunkCount(int64_t n, int64_t grain) {
+  const int threads = threadsFor(n / std::max<int64_t>(grain, 1), numThreads());
+  if (n < grain || threads <= 1) return 1;
+  return std::clamp<int64_t>(n / std::max<int64_t>(grain, 1), 1, 4 * static_cast<int64_t>(threads));
+}
+
+// Calls fn(chunk, begin, end) for `chunks` chunks of [0, n) (chunk c covers
+// [c * n / chunks, (c + 1) * n / chunks); pass parallelChunkCount(n, grain),
+// computed once, so that per-chunk partial results sized by it match),
+// spread over threads. Partial results indexed by `chunk` combine in order.
+template <class F>
+void parallelForChunks(int64_t n, int64_t chunks, F&& fn) {
+  if (n <= 0) return;
+  if (chunks <= 1) {
+    fn(int64_t{0}, int64_t{0}, n);
+    return;
+  }
+  parallelRun(chunks, numThreads(), [&](int64_t c, int) { fn(c, c * n / chunks, (c + 1) * n / chunks); });
+}
+
 // Calls fn(begin, end) over [0, n), split across threads when n is large.
 template <class F>
 void parallelFor(int64_t n, int64_t grain, F&& fn) {
-  if (n <= 0) return;
-  if (n < grain || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    fn(int64_t{0}, n);
-    return;
-  }
-#pragma omp parallel
-  {
-    int64_t nt = omp_get_num_threads();
-    int64_t t = omp_get_thread_num();
-    int64_t chunk = (n + nt - 1) / nt;
-    int64_t b = t * chunk;
-    int64_t e = b + chunk < n ? b + chunk : n;
-    if (b < e) fn(b, e);
-  }
+  parallelForChunks(n, parallelChunkCount(n, grain), [&](int64_t, int64_t b, int64_t e) { fn(b, e); });
 }
 
 // Splits a reduction over the middle axis of a contiguous [outer, R, inner]

@@ -112,25 +112,16 @@ double mseLossForward(DType type, const void* input, const void* target, int64_t
       });
       return;
     }
-    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-    if (n < kParallelGrain || nt == 1) {
-      Acc<T> s = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        Acc<T> diff = static_cast<Acc<T>>(x[i]) - t[i];
-        s += diff * diff;
-      }
-      total = static_cast<double>(s);
-      return;
-    }
-    // Per-thread partial sums; parallelFor gives thread t the t-th chunk.
-    std::vector<Acc<T>> partial(static_cast<size_t>(nt), Acc<T>(0));
-    parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
+    // Per-chunk partial sums, combined in chunk order.
+    const int64_t chunks = parallelChunkCount(n, kParallelGrain);
+    std::vector<Acc<T>> partial(static_cast<size_t>(chunks), Acc<T>(0));
+    parallelForChunks(n, chunks, [&](int64_t c, int64_t b, int64_t e) {
       Acc<T> s = 0;
       for (int64_t i = b; i < e; ++i) {
         Acc<T> diff = static_cast<Acc<T>>(x[i]) - t[i];
         s += diff * diff;
       }
-      partial[static_cast<size_t>(omp_get_thread_num())] = s;
+      partial[static_cast<size_t>(c)] = s;
     });
     for (auto v : partial) total += static_cast<double>(v);
   });

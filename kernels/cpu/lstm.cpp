@@ -1,7 +1,5 @@
 #include "kernels/cpu/lstm.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,6 +9,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -181,27 +180,14 @@ void cellBackwardRows(int64_t rows, int64_t H, const T* gates, const T* c, const
 // The batch rows of a layer in chunks whose number depends only on the batch
 // size (about 16 rows each, at most 8 chunks), so that results do not depend
 // on the thread count. Runs body(firstRow, endRow, thread) for each chunk,
-// spread over the OpenMP threads (dynamic schedule); `thread` < threads.
+// spread over the kernel threads one chunk at a time.
 struct RowChunks {
   int64_t rows, chunks;
   explicit RowChunks(int64_t n) : rows(n), chunks(std::clamp<int64_t>(n / 16, 1, 8)) {}
   int64_t begin(int64_t c) const { return c * rows / chunks; }
-  int threads() const {
-    return chunks > 1 && !omp_in_parallel() ? static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks)) : 1;
-  }
   template <class F>
   void run(F&& body) const {
-    const int nt = threads();
-    if (nt <= 1) {
-      for (int64_t c = 0; c < chunks; ++c) body(begin(c), begin(c + 1), 0);
-      return;
-    }
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t c = 0; c < chunks; ++c) body(begin(c), begin(c + 1), t);
-    }
+    parallelRun(chunks, numThreads(), [&](int64_t c, int thread) { body(begin(c), begin(c + 1), thread); });
   }
 };
 

@@ -13,14 +13,14 @@
 // one GEMM, the recurrence runs step by step, and in backward the weight
 // gradients are one GEMM each over all steps. Each chunk of batch rows runs
 // the recurrence on its own (chunks of about 16 rows, their number fixed by N
-// alone), spread over OpenMP threads: the results do not depend on the thread
+// alone), spread over the kernel threads: the results do not depend on the thread
 // count.
 //
 // float32 gates use vectorised sigmoid and tanh (kernels/cpu/vec_math.h, a few
 // ulp); float64 uses libm.
 //
 // All buffers are contiguous and row-major. Threading (cell kernels): rows
-// split across OpenMP threads above kParallelGrain elements.
+// split across the kernel threads above kParallelGrain elements.
 #pragma once
 
 #include <cstdint>

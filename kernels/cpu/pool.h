@@ -11,7 +11,7 @@
 // The common 2x2 / stride 2 window without padding has a branch-free path
 // (SSE2, four outputs at a time in float32).
 //
-// Threading: planes are split across OpenMP threads; planes never share
+// Threading: planes are split across the kernel threads; planes never share
 // output or gradient elements, so the backward scatter has no races.
 #pragma once
 

@@ -31,14 +31,13 @@ constexpr int64_t kInnerBlock = 256;
 
 template <class T, bool IsMax>
 void extremumTyped(const T* p, int64_t outer, int64_t R, int64_t inner, T* values, int64_t* indices) {
-  if (outer * inner == 1 && R >= kParallelGrain && omp_get_max_threads() > 1 && !omp_in_parallel()) {
-    // One long reduction: a partial result per thread. parallelFor hands
-    // thread t the t-th chunk, so combining in thread order keeps the first
-    // position on ties.
-    int nt = omp_get_max_threads();
+  if (outer * inner == 1 && parallelChunkCount(R, kParallelGrain) > 1) {
+    // One long reduction: a partial result per chunk, combined in chunk
+    // order, which keeps the first position on ties.
+    const int nt = static_cast<int>(parallelChunkCount(R, kParallelGrain));
     std::vector<T> partialValue(nt);
     std::vector<int64_t> partialIndex(nt, -1);
-    parallelFor(R, kParallelGrain, [&](int64_t b, int64_t e) {
+    parallelForChunks(R, nt, [&](int64_t c, int64_t b, int64_t e) {
       T bv = p[b];
       int64_t bi = b;
       for (int64_t i = b + 1; i < e; ++i) {
@@ -47,8 +46,8 @@ void extremumTyped(const T* p, int64_t outer, int64_t R, int64_t inner, T* value
           bi = i;
         }
       }
-      partialValue[omp_get_thread_num()] = bv;
-      partialIndex[omp_get_thread_num()] = bi;
+      partialValue[c] = bv;
+      partialIndex[c] = bi;
     });
     T bv{};
     int64_t bi = -1;
@@ -106,13 +105,13 @@ void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out) {
     const T* p = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     if (K == 1 && R >= kParallelGrain) {
-      // One long row: per-thread partial sums.
-      int nt = omp_get_max_threads();
-      std::vector<Acc<T>> partial(nt, Acc<T>(0));
-      parallelFor(R, kParallelGrain, [&](int64_t b, int64_t e) {
+      // One long row: per-chunk partial sums, combined in chunk order.
+      const int64_t chunks = parallelChunkCount(R, kParallelGrain);
+      std::vector<Acc<T>> partial(static_cast<size_t>(chunks), Acc<T>(0));
+      parallelForChunks(R, chunks, [&](int64_t c, int64_t b, int64_t e) {
         Acc<T> s = 0;
         for (int64_t i = b; i < e; ++i) s += p[i];
-        partial[omp_get_thread_num()] = s;
+        partial[static_cast<size_t>(c)] = s;
       });
       Acc<T> s = 0;
       for (auto v : partial) s += v;

@@ -1,10 +1,9 @@
-#include <omp.h>
-
 #include <cmath>
 #include <tuple>
 #include <vector>
 
 #include "gradcheck.h"
+#include "kernels/cpu/parallel.h"
 #include "weft_test.h"
 
 using namespace weft;
@@ -325,12 +324,12 @@ TEST_CASE("conv2d gives the same bits with one thread or several, for batches of
   // Images are spread over threads in the forward pass and gradX, and the
   // weight gradient is summed in a fixed number of chunks: the result must
   // not depend on the thread count.
-  const int saved = omp_get_max_threads();
+  const int saved = kernels::cpu::numThreads();
   for (int64_t batch : {1, 3, 8, 11}) {
     for (auto [s, p] : {std::pair<int64_t, int64_t>{1, 0}, {2, 1}}) {
       Tensor x = wave({batch, 3, 9, 8}, 0.3), w = wave({4, 3, 3, 3}, 0.9, 0.4), b = wave({4}, 0.1);
       auto run = [&](int threads) {
-        omp_set_num_threads(threads);
+        kernels::cpu::setNumThreads(threads);
         Tensor xs = x.to(DType::Float32).requiresGrad_(), ws = w.to(DType::Float32).requiresGrad_();
         Tensor bs = b.to(DType::Float32).requiresGrad_();
         Tensor out = conv2d(xs, ws, bs, s, p);
@@ -339,7 +338,7 @@ TEST_CASE("conv2d gives the same bits with one thread or several, for batches of
                                                ws.grad().toVector<float>(), bs.grad().toVector<float>()};
       };
       auto one = run(1), two = run(2);
-      omp_set_num_threads(saved);
+      kernels::cpu::setNumThreads(saved);
       CHECK(one == two);
       // And the float32 weight gradient agrees with float64.
       Tensor wd = w.clone().requiresGrad_();
@@ -428,9 +427,9 @@ TEST_CASE("lstmLayer passes gradcheck for every input, through its output and it
 }
 
 TEST_CASE("lstmLayer gives the same bits with one thread or several") {
-  const int saved = omp_get_max_threads();
+  const int saved = kernels::cpu::numThreads();
   auto run = [](int threads) {
-    omp_set_num_threads(threads);
+    kernels::cpu::setNumThreads(threads);
     Generator g(3);
     std::vector<Tensor> in{randn({20, 48, 32}, {}, &g), randn({48, 64}, {}, &g), randn({48, 64}, {}, &g),
                            randn({256, 32}, {}, &g),    randn({256, 64}, {}, &g), randn({256}, {}, &g),
@@ -443,7 +442,7 @@ TEST_CASE("lstmLayer gives the same bits with one thread or several") {
     return got;
   };
   auto one = run(1), two = run(2);
-  omp_set_num_threads(saved);
+  kernels::cpu::setNumThreads(saved);
   CHECK(one == two);
 }
 
