@@ -25,14 +25,11 @@ constexpr int64_t kBlockAlign = 16;
 // blocks across weft's kernel threads here (kernels/cpu/parallel.h), so that
 // BLAS and the other kernels share one pool. OpenBLAS's OpenMP build sizes
 // each call by the calling thread's OpenMP thread count (and opens a team
-// of that many threads for it): every thread that calls BLAS sets its own
-// count to 1 first. weft itself does not use OpenMP.
+// of that many threads for it): the calling thread's count is set to 1
+// before every call (a cheap check; a caller may have raised it since).
+// weft itself does not use OpenMP.
 void keepBlasOnThisThread() {
-  thread_local const bool done = [] {
-    omp_set_num_threads(1);
-    return true;
-  }();
-  (void)done;
+  if (omp_get_max_threads() != 1) omp_set_num_threads(1);
 }
 
 // BLAS takes 32-bit sizes. Checked before any parallel region, which an

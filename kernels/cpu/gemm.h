@@ -11,8 +11,8 @@
 // no copy is made. Only Float32 and Float64 are supported (others throw
 // InvalidArgumentError naming the dtype).
 //
-// Threading: OpenBLAS runs each call on the calling thread (its OpenMP
-// thread count is set to 1 on that thread's first product); a large product is split into row or column blocks across
+// Threading: OpenBLAS runs each call on the calling thread (that thread's
+// OpenMP thread count is set to 1 before each BLAS call); a large product is split into row or column blocks across
 // weft's kernel threads (kernels/cpu/parallel.h) instead, so that BLAS and the
 // other kernels share one pool rather than two pools spinning against each
 // other. Called from inside a task, a product runs on the calling thread.
