@@ -123,10 +123,11 @@ class Pool {
   }
 
   static void runInline(int64_t tasks, detail::TaskFn fn, void* context) {
-    const bool outer = !tInTask;
-    tInTask = true;
+    struct InTask {  // restores the flag however the tasks end
+      bool saved = std::exchange(tInTask, true);
+      ~InTask() { tInTask = saved; }
+    } inTask;
     for (int64_t t = 0; t < tasks; ++t) fn(context, t, 0);
-    if (outer) tInTask = false;
   }
 
   // Runs tasks until none is left. The first exception stops the handing out

@@ -102,6 +102,10 @@ TEST_CASE("an exception from a task reaches the caller after every thread stoppe
                        "task 3 failed", std::runtime_error);
   parallelRun(10, 2, [&](int64_t, int) { after.fetch_add(1); });
   CHECK(after.load() == 10);
+  // Also when the job ran inline: the thread is out of the task afterwards.
+  ThreadsScope one(1);
+  CHECK_THROWS_AS(parallelRun(3, 2, [](int64_t, int) { throw std::runtime_error("inline"); }), std::runtime_error);
+  CHECK_FALSE(inParallelTask());
 }
 
 TEST_CASE("the kernel thread count is at least one and can be set") {
