@@ -5,12 +5,10 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/cpu/reduce.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace weft::kernels::cpu {
