@@ -1,5 +1,5 @@
 // Neural-network ops (embedding, embeddingBag, conv2d, maxPool2d, dropout,
-// lstmCell) and their backward rules. Losses are in ops_loss.cpp.
+// lstmCell, lstmLayer) and their backward rules. Losses are in ops_loss.cpp.
 #include <algorithm>
 #include <bit>
 #include <cmath>
