@@ -99,29 +99,11 @@ void checkConvRange(const Conv2dGeometry& g) {
   }
 }
 
-// The images of a batch in `chunks` contiguous runs of nearly equal length.
-struct ImageChunks {
-  int64_t batch, chunks;
-  int64_t begin(int64_t c) const { return c * batch / chunks; }
-};
-
-// Runs body(chunk, firstImage, endImage, thread) for each chunk, spread over
-// the kernel threads one chunk at a time (a thread the OS has descheduled
-// holds up only the chunk it is on, not a fixed share of the batch). `thread`
-// is below threadsFor(chunks) and fixed for one thread, so it can index
-// scratch memory. What a chunk computes must not depend on the thread that
-// runs it: results are then the same for any thread count.
-int threadsFor(int64_t chunks) { return cpu::threadsFor(chunks, numThreads()); }
-
-template <class F>
-void forEachChunk(const ImageChunks& ch, F&& body) {
-  parallelRun(ch.chunks, numThreads(),
-              [&](int64_t c, int thread) { body(c, ch.begin(c), ch.begin(c + 1), thread); });
-}
-
-// Forward and gradX treat images independently: one chunk per image.
-// gradWeight sums over images: a fixed number of chunks, each with its own
-// partial sum, added in chunk order, so the result does not depend on how
+// Images are spread over the kernel threads in chunks (parallelForChunks):
+// one chunk per image for the forward pass and gradX, which treat images
+// independently. gradWeight sums over images: a fixed number of chunks, each
+// with its own partial sum, added in chunk order. What a chunk computes does
+// not depend on the thread that runs it, so the result does not depend on how
 // many threads ran or which ran what.
 constexpr int64_t kWeightChunks = 8;
 
@@ -137,12 +119,11 @@ void conv2dForward(DType type, const Conv2dGeometry& g, const void* x, const voi
     const int64_t CKK = g.inChannels * g.kernelH * g.kernelW, L = g.outH * g.outW;
     const int64_t inImage = g.inChannels * g.height * g.width, outImage = g.outChannels * L;
     const bool direct = isPointwise(g);
-    const ImageChunks chunks{g.batch, g.batch};
-    std::vector<std::unique_ptr<T[]>> cols(static_cast<size_t>(threadsFor(chunks.chunks)));
+    std::vector<std::unique_ptr<T[]>> cols(static_cast<size_t>(threadsFor(g.batch, numThreads())));
     if (!direct) {
       for (auto& c : cols) c.reset(new T[static_cast<size_t>(CKK * L)]);
     }
-    forEachChunk(chunks, [&](int64_t, int64_t n, int64_t, int t) {
+    parallelForChunks(g.batch, g.batch, [&](int64_t n, int64_t, int64_t, int t) {
       const T* xn = px + n * inImage;
       T* on = po + n * outImage;
       if (!direct) im2col(xn, g, cols[static_cast<size_t>(t)].get());
@@ -171,8 +152,8 @@ void conv2dBackward(DType type, const Conv2dGeometry& g, const void* x, const vo
     const int64_t weightSize = g.outChannels * CKK;
     const bool direct = isPointwise(g);
     // gradX needs one chunk per image; gradWeight a fixed number of chunks.
-    const ImageChunks chunks{g.batch, gw ? std::min(g.batch, kWeightChunks) : g.batch};
-    const int threads = threadsFor(chunks.chunks);
+    const int64_t chunks = gw ? std::min(g.batch, kWeightChunks) : g.batch;
+    const int threads = threadsFor(chunks, numThreads());
     // Per thread: an unfolded image (for gradWeight) and an unfolded gradient
     // (for gradX). Per chunk: a partial gradWeight.
     std::vector<std::unique_ptr<T[]>> cols(static_cast<size_t>(threads)), gcols(static_cast<size_t>(threads));
@@ -180,8 +161,8 @@ void conv2dBackward(DType type, const Conv2dGeometry& g, const void* x, const vo
       if (gw && !direct) cols[static_cast<size_t>(t)].reset(new T[static_cast<size_t>(CKK * L)]);
       if (gx && !direct) gcols[static_cast<size_t>(t)].reset(new T[static_cast<size_t>(CKK * L)]);
     }
-    std::unique_ptr<T[]> partials(gw ? new T[static_cast<size_t>(weightSize * chunks.chunks)] : nullptr);
-    forEachChunk(chunks, [&](int64_t c, int64_t first, int64_t end, int t) {
+    std::unique_ptr<T[]> partials(gw ? new T[static_cast<size_t>(weightSize * chunks)] : nullptr);
+    parallelForChunks(g.batch, chunks, [&](int64_t c, int64_t first, int64_t end, int t) {
       T* tcols = cols[static_cast<size_t>(t)].get();
       T* tgcols = gcols[static_cast<size_t>(t)].get();
       for (int64_t n = first; n < end; ++n) {
@@ -200,9 +181,9 @@ void conv2dBackward(DType type, const Conv2dGeometry& g, const void* x, const vo
       }
     });
     if (gw) {
-      if (chunks.chunks == 0) std::memset(gw, 0, sizeof(T) * weightSize);
-      if (chunks.chunks > 0) std::memcpy(gw, partials.get(), sizeof(T) * weightSize);
-      for (int64_t c = 1; c < chunks.chunks; ++c) {
+      if (chunks == 0) std::memset(gw, 0, sizeof(T) * weightSize);
+      if (chunks > 0) std::memcpy(gw, partials.get(), sizeof(T) * weightSize);
+      for (int64_t c = 1; c < chunks; ++c) {
         const T* part = partials.get() + c * weightSize;
         for (int64_t i = 0; i < weightSize; ++i) gw[i] += part[i];
       }

@@ -24,24 +24,27 @@ inline int64_t parallelChunkCount(int64_t n, int64_t grain) {
   return std::clamp<int64_t>(n / std::max<int64_t>(grain, 1), 1, 4 * static_cast<int64_t>(threads));
 }
 
-// Calls fn(chunk, begin, end) for `chunks` chunks of [0, n) (chunk c covers
-// [c * n / chunks, (c + 1) * n / chunks); pass parallelChunkCount(n, grain),
-// computed once, so that per-chunk partial results sized by it match),
-// spread over threads. Partial results indexed by `chunk` combine in order.
+// Calls fn(chunk, begin, end, thread) for `chunks` chunks of [0, n) (chunk c
+// covers [c * n / chunks, (c + 1) * n / chunks)), spread over the kernel
+// threads one chunk at a time. Partial results indexed by `chunk` combine in
+// order; compute the count once (e.g. parallelChunkCount(n, grain)) so that
+// what is sized by it matches. `thread` is below threadsFor(chunks,
+// numThreads()) and fixed for one thread, so it can index scratch memory.
 template <class F>
 void parallelForChunks(int64_t n, int64_t chunks, F&& fn) {
   if (n <= 0) return;
   if (chunks <= 1) {
-    fn(int64_t{0}, int64_t{0}, n);
+    fn(int64_t{0}, int64_t{0}, n, 0);
     return;
   }
-  parallelRun(chunks, numThreads(), [&](int64_t c, int) { fn(c, c * n / chunks, (c + 1) * n / chunks); });
+  parallelRun(chunks, numThreads(),
+              [&](int64_t c, int thread) { fn(c, c * n / chunks, (c + 1) * n / chunks, thread); });
 }
 
 // Calls fn(begin, end) over [0, n), split across threads when n is large.
 template <class F>
 void parallelFor(int64_t n, int64_t grain, F&& fn) {
-  parallelForChunks(n, parallelChunkCount(n, grain), [&](int64_t, int64_t b, int64_t e) { fn(b, e); });
+  parallelForChunks(n, parallelChunkCount(n, grain), [&](int64_t, int64_t b, int64_t e, int) { fn(b, e); });
 }
 
 // Splits a reduction over the middle axis of a contiguous [outer, R, inner]

@@ -115,7 +115,7 @@ double mseLossForward(DType type, const void* input, const void* target, int64_t
     // Per-chunk partial sums, combined in chunk order.
     const int64_t chunks = parallelChunkCount(n, kParallelGrain);
     std::vector<Acc<T>> partial(static_cast<size_t>(chunks), Acc<T>(0));
-    parallelForChunks(n, chunks, [&](int64_t c, int64_t b, int64_t e) {
+    parallelForChunks(n, chunks, [&](int64_t c, int64_t b, int64_t e, int) {
       Acc<T> s = 0;
       for (int64_t i = b; i < e; ++i) {
         Acc<T> diff = static_cast<Acc<T>>(x[i]) - t[i];

@@ -175,19 +175,10 @@ void cellBackwardRows(int64_t rows, int64_t H, const T* gates, const T* c, const
   }
 }
 
-// The batch rows of a layer in chunks whose number depends only on the batch
-// size (about 16 rows each, at most 8 chunks), so that results do not depend
-// on the thread count. Runs body(firstRow, endRow, thread) for each chunk,
-// spread over the kernel threads one chunk at a time.
-struct RowChunks {
-  int64_t rows, chunks;
-  explicit RowChunks(int64_t n) : rows(n), chunks(std::clamp<int64_t>(n / 16, 1, 8)) {}
-  int64_t begin(int64_t c) const { return c * rows / chunks; }
-  template <class F>
-  void run(F&& body) const {
-    parallelRun(chunks, numThreads(), [&](int64_t c, int thread) { body(begin(c), begin(c + 1), thread); });
-  }
-};
+// The batch rows of a layer run the recurrence in chunks (parallelForChunks)
+// whose number depends only on the batch size (about 16 rows each, at most
+// 8), so that results do not depend on the thread count.
+int64_t rowChunks(int64_t rows) { return std::clamp<int64_t>(rows / 16, 1, 8); }
 
 }  // namespace
 
@@ -236,8 +227,7 @@ void lstmLayerForward(DType type, const LstmLayerGeometry& g, const void* x, con
     for (int64_t r = 0; r < G; ++r) {
       for (int64_t k = 0; k < H; ++k) wHhT[static_cast<size_t>(k * G + r)] = pw[r * H + k];
     }
-    const RowChunks chunks(N);
-    chunks.run([&](int64_t rb, int64_t re, int) {
+    parallelForChunks(N, rowChunks(N), [&](int64_t, int64_t rb, int64_t re, int) {
       const int64_t rows = re - rb;
       for (int64_t s = 0; s < T_; ++s) {
         T* gs = pg + (s * N + rb) * G;
@@ -266,8 +256,7 @@ void lstmLayerBackward(DType type, const LstmLayerGeometry& g, const LstmLayerSa
     // Back through time, each chunk of batch rows on its own: dh and dc are
     // the gradients reaching h_s and c_s from step s + 1 (and from hLast,
     // cLast at the end); they end as the gradients of h0 and c0.
-    const RowChunks chunks(N);
-    chunks.run([&](int64_t rb, int64_t re, int) {
+    parallelForChunks(N, rowChunks(N), [&](int64_t, int64_t rb, int64_t re, int) {
       const int64_t rows = re - rb, len = rows * H;
       std::unique_ptr<T[]> buf(new T[static_cast<size_t>(4 * len)]);
       T* dh = buf.get();

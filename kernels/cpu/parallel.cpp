@@ -69,9 +69,9 @@ class Pool {
   void setThreads(int n) { threads_.store(n, std::memory_order_relaxed); }
 
   void run(int64_t tasks, int maxThreads, detail::TaskFn fn, void* context) {
-    const int want = static_cast<int>(std::min<int64_t>({static_cast<int64_t>(maxThreads), threads(), tasks}));
+    const int want = threadsFor(tasks, maxThreads);  // 1 inside a task
     std::unique_lock<std::mutex> busy(submit_, std::defer_lock);
-    if (want <= 1 || tInTask || !busy.try_lock()) {
+    if (want <= 1 || !busy.try_lock()) {
       runInline(tasks, fn, context);
       return;
     }

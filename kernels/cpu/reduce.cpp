@@ -37,7 +37,7 @@ void extremumTyped(const T* p, int64_t outer, int64_t R, int64_t inner, T* value
     const int nt = static_cast<int>(parallelChunkCount(R, kParallelGrain));
     std::vector<T> partialValue(nt);
     std::vector<int64_t> partialIndex(nt, -1);
-    parallelForChunks(R, nt, [&](int64_t c, int64_t b, int64_t e) {
+    parallelForChunks(R, nt, [&](int64_t c, int64_t b, int64_t e, int) {
       T bv = p[b];
       int64_t bi = b;
       for (int64_t i = b + 1; i < e; ++i) {
@@ -108,7 +108,7 @@ void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out) {
       // One long row: per-chunk partial sums, combined in chunk order.
       const int64_t chunks = parallelChunkCount(R, kParallelGrain);
       std::vector<Acc<T>> partial(static_cast<size_t>(chunks), Acc<T>(0));
-      parallelForChunks(R, chunks, [&](int64_t c, int64_t b, int64_t e) {
+      parallelForChunks(R, chunks, [&](int64_t c, int64_t b, int64_t e, int) {
         Acc<T> s = 0;
         for (int64_t i = b; i < e; ++i) s += p[i];
         partial[static_cast<size_t>(c)] = s;
