@@ -1,5 +1,9 @@
 # Shared build settings for every weft target.
 
+# Where weft/<folder> names each library's source folder when weft is added to
+# another project (cmake/WeftPackage.cmake).
+set(WEFT_PREFIXED_INCLUDE_DIR ${PROJECT_BINARY_DIR}/include)
+
 set(WEFT_WARNINGS -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor -Wno-unused-parameter)
 
 if(WEFT_SANITIZE)
@@ -34,6 +38,34 @@ macro(weft_configure_cuda)
   message(STATUS "weft: CUDA kernels ${WEFT_HAVE_CUDA}")
 endmacro()
 
+# weft_public_target(target name): makes `target` one of weft's public
+# libraries: the alias weft::<name>, the same name in the installed package
+# (weftTargets.cmake), and the include directories a user of it needs. In the
+# build tree that is the source root, so that headers read "rpc/agent.h"; when
+# weft is added to another project with add_subdirectory, also a folder in
+# which weft/ names the source root, so that <weft/rpc/agent.h> works as it
+# does against the installed tree (include/weft/<folder>/, with both include/
+# and include/weft searched: weft's headers include each other as
+# "rpc/agent.h"). cmake/WeftInstall.cmake installs every target named here.
+function(weft_public_target target name)
+  add_library(weft::${name} ALIAS ${target})
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${name})
+  get_target_property(type ${target} TYPE)
+  if(type STREQUAL "INTERFACE_LIBRARY")
+    set(scope INTERFACE)
+  else()
+    set(scope PUBLIC)
+  endif()
+  target_include_directories(${target} ${scope}
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/weft>)
+  if(NOT PROJECT_IS_TOP_LEVEL)
+    target_include_directories(${target} INTERFACE $<BUILD_INTERFACE:${WEFT_PREFIXED_INCLUDE_DIR}>)
+  endif()
+  set_property(GLOBAL APPEND PROPERTY WEFT_PUBLIC_TARGETS ${target})
+endfunction()
+
 # weft_library(name [DEPS ...]): one static library per source directory, built
 # from every .cpp in it (new files are picked up at the next build).
 function(weft_library name)
@@ -42,14 +74,12 @@ function(weft_library name)
   if(NOT sources)
     # Header-only so far: an interface target keeps dependents linking.
     add_library(weft_${name} INTERFACE)
-    add_library(weft::${name} ALIAS weft_${name})
-    target_include_directories(weft_${name} INTERFACE ${PROJECT_SOURCE_DIR})
+    weft_public_target(weft_${name} ${name})
     target_link_libraries(weft_${name} INTERFACE ${ARG_DEPS})
     return()
   endif()
   add_library(weft_${name} STATIC ${sources})
-  add_library(weft::${name} ALIAS weft_${name})
-  target_include_directories(weft_${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  weft_public_target(weft_${name} ${name})
   target_compile_options(weft_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${WEFT_WARNINGS}>)
   target_link_libraries(weft_${name} PUBLIC ${ARG_DEPS})
 endfunction()
