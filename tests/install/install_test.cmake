@@ -6,7 +6,7 @@
 #      rpc/protocol.capnp.h among them), lib/cmake/weft/weftConfig*.cmake;
 #   2. configures tests/install/consumer with find_package(weft REQUIRED) and
 #      CMAKE_PREFIX_PATH=<work>/prefix (and checks that weft_DIR is that prefix's),
-#      builds it;
+#      builds it, and checks that its weft::weftrun names the installed bin/weftrun;
 #   3. runs the consumer alone (a world of one: its agent calls itself), then
 #      two copies of it under the installed bin/weftrun; each must print
 #      "consumer rank R of W: ok".
@@ -91,6 +91,10 @@ if(NOT weft_dir STREQUAL "weft_DIR:PATH=${config_dir}")
   fail("the consumer found another weft: ${weft_dir} (expected ${config_dir})")
 endif()
 run("building the consumer" 600 ${CMAKE_COMMAND} --build ${consumer_build})
+file(READ ${consumer_build}/weftrun_path.txt weftrun_path)
+if(NOT weftrun_path STREQUAL "${prefix}/bin/weftrun")
+  fail("weft::weftrun names ${weftrun_path}, not the installed ${prefix}/bin/weftrun")
+endif()
 
 # ---- 3. run it --------------------------------------------------------------------------
 # Nothing of the environment CTest runs in may place the lone process in a job.
