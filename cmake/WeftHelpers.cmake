@@ -40,13 +40,14 @@ endmacro()
 
 # weft_public_target(target name): makes `target` one of weft's public
 # libraries: the alias weft::<name>, the same name in the installed package
-# (weftTargets.cmake), and the include directories a user of it needs. In the
-# build tree that is the source root, so that headers read "rpc/agent.h"; when
-# weft is added to another project with add_subdirectory, also a folder in
-# which weft/ names the source root, so that <weft/rpc/agent.h> works as it
-# does against the installed tree (include/weft/<folder>/, with both include/
-# and include/weft searched: weft's headers include each other as
-# "rpc/agent.h"). cmake/WeftInstall.cmake installs every target named here.
+# (weftTargets.cmake), and the include directories a user of it needs.
+# Installed, headers live in include/weft/<folder>/ and both include/ and
+# include/weft are searched: users write <weft/rpc/agent.h>, while weft's
+# headers include each other as "rpc/agent.h". In the build tree the source
+# root is searched; when weft is added to another project with
+# add_subdirectory, also WEFT_PREFIXED_INCLUDE_DIR, in which weft/<folder>
+# points at each library's folder, so that <weft/rpc/agent.h> works there too.
+# cmake/WeftPackage.cmake installs every target named here.
 function(weft_public_target target name)
   add_library(weft::${name} ALIAS ${target})
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${name})
@@ -86,7 +87,8 @@ endfunction()
 
 # weft_test(name LABELS l1 [l2] SOURCES ... DEPS ...): a doctest executable whose
 # test cases are registered one by one with CTest under the given labels.
-# Labels in use: unit (fast, single process), multiprocess, gpu, slow.
+# Labels in use: unit (fast, single process), multiprocess, gpu, slow, and
+# install (tests/install, a CMake script rather than a doctest executable).
 function(weft_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS;SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
