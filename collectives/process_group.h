@@ -52,6 +52,13 @@
 //    it from the call headers the ranks exchange before each collective (gloo:
 //    Options::checkCalls, on by default) and fails that op alike; the group
 //    stays usable.
+//  - ProtocolError: a point-to-point transfer whose two sides disagree on its
+//    size (the receiver's tensor holds more or fewer bytes than the sender's):
+//    both the send and the receive fail, each naming both sizes ("rank 0 sent
+//    12 elements of float32 (48 bytes), but this receive's tensor holds 4
+//    elements of float32 (16 bytes)"); nothing is written into the receiver's
+//    tensor and the group stays usable. Also bytes from a peer that are no
+//    weft message at all; the group is then unusable.
 //  - StateError: the group is unusable: an earlier op failed with a timeout or
 //    a lost connection (the transport state is then unknown), or the group was
 //    destroyed while the op was queued. The message repeats the first failure.
@@ -123,6 +130,8 @@ class ProcessGroup {
   // ---- point to point -----------------------------------------------------------
   // Tags are in [0, 2^32): a send matches the receive with the same tag; two
   // transfers with the same tag between the same ranks match in issue order.
+  // The receiver's tensor must hold exactly the bytes sent (dtypes may differ):
+  // otherwise both sides fail with ProtocolError (see "Errors").
   virtual Work isend(const Tensor& tensor, int dst, uint32_t tag = 0) = 0;
   virtual Work irecv(const Tensor& tensor, int src, uint32_t tag = 0) = 0;
   // Receives from whichever of `srcs` sends first with this tag

@@ -34,6 +34,19 @@
 // around the calls that write on the caller's thread, so a dead peer is an
 // error, never a killed process.
 //
+// Point to point. Gloo's TCP transport aborts the process when a message is
+// longer than the receive it lands in, and silently fills part of a longer
+// receive with a shorter one; so each transfer first agrees on its size. The
+// sender sends a small header (its byte count, dtype and element count) on a
+// slot of the tag, and the data on a slot of its own; the receiver, once the
+// header is in, posts the data's receive with the size announced (into its
+// tensor when the sizes are equal, else into a scratch buffer that discards
+// the data) and answers with a verdict (its own size), which the send waits
+// for. Sizes that differ thus fail both sides with ProtocolError naming both
+// sizes, and leave the group usable. A receive completes one message crossing
+// later than a bare Gloo transfer (the data's receive is posted only once the
+// header is in), a send once the verdict is back.
+//
 // Timeouts. Options::timeout bounds each op from the moment it starts running
 // (a collective waiting behind others in the queue is not yet timed). A
 // collective that times out asks the store which ranks have not started it:
@@ -48,7 +61,12 @@
 // every rank learns what each rank called. A mismatch fails that collective on
 // every rank with InvalidArgumentError listing what each rank called, and the
 // group stays usable. Without the check, a mismatch is undefined behaviour of
-// Gloo (a timeout, a wrong result, or an abort inside Gloo).
+// Gloo (a timeout, a wrong result, or an abort inside Gloo): checkCalls =
+// false gives up the guarantee that no call of a peer can abort this process.
+// Errors Gloo raises on the group's thread are typed: a failed check of
+// Gloo's (gloo::EnforceNotMet) is a ProtocolError, a lost connection a
+// DisconnectedError, a timeout a TimeoutError; each leaves the group unusable
+// (the transport's state is unknown after it).
 //
 // Small collectives travel whole in the exchange (fusedLimit(), about
 // kFusedSendBytes / (size() - 1) bytes: 256 KiB for 2 ranks, 128 KiB for 3):

@@ -30,6 +30,13 @@
 //             in 5 rounds; prints "rank R b2b_best_us U" (the fastest round) and "rank R b2b_rounds_us
 //             ...", and the scheduling policies of this process's threads: "rank R batch_threads N"
 //             (Gloo's loop thread runs SCHED_BATCH) and "rank R main_policy P" (unchanged: 0).
+//   p2p_size  [3 ranks] point-to-point transfers whose sizes differ: rank 0 sends 12 float32 to a
+//             receive of 4 at rank 1 ("longer"), then 4 to a receive of 12 ("shorter"), then a
+//             matching transfer on the same tag ("matching", values checked); ranks 1 and 2 send
+//             empty tensors to any-source receives of empty tensors at rank 0 ("empty_any"); rank
+//             2 sends 3 float32 to an any-source receive of 2 at rank 0 ("any_longer"). Prints
+//             "rank R <case> ok" or "rank R <case> <ErrorType>: <message>" for each, then checks
+//             an allReduce and prints "rank R after p2p ok".
 // Every rank first prints "rank R pid P started". A wrong result throws: one line on stderr,
 // exit status 1.
 #include <sched.h>
@@ -41,6 +48,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <cstdio>
 #include <cstring>
@@ -81,6 +89,7 @@ std::string errorLine(const std::exception& e) {
   else if (dynamic_cast<const weft::DisconnectedError*>(&e)) type = "DisconnectedError";
   else if (dynamic_cast<const weft::InvalidArgumentError*>(&e)) type = "InvalidArgumentError";
   else if (dynamic_cast<const weft::StateError*>(&e)) type = "StateError";
+  else if (dynamic_cast<const weft::ProtocolError*>(&e)) type = "ProtocolError";
   std::string msg = e.what();
   for (char& c : msg) {
     if (c == '\n') c = '|';
@@ -415,6 +424,64 @@ void runMismatch(ProcessGroupGloo& pg) {
   mismatchCase(pg, "mismatch_dtype", weft::ones({8}), weft::ones({4}, {.dtype = DType::Float64}));
 }
 
+// One point-to-point case: `body` runs on every rank; its error, if any, is printed as
+// "rank R <name> <ErrorType>: <message>", else "rank R <name> ok"; then a barrier.
+void p2pCase(ProcessGroupGloo& pg, const std::string& name, const std::function<void()>& body) {
+  try {
+    body();
+    say(name + " ok");
+  } catch (const std::exception& e) {
+    say(name + " " + errorLine(e));
+  }
+  pg.barrier().wait(30s);
+}
+
+void runP2pSize(ProcessGroupGloo& pg) {
+  const int me = pg.rank();
+  // Rank 0 sends 12 float32 to rank 1, which posts a receive of 4; then 4 into a receive of 12.
+  p2pCase(pg, "longer", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 12, 0), 1, 3);
+    if (me == 1) pg.recv(weft::zeros({4}), 0, 3);
+  });
+  p2pCase(pg, "shorter", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 4, 0), 1, 3);
+    if (me == 1) pg.recv(weft::zeros({12}), 0, 3);
+  });
+  // The same tag again, matching: the values arrive.
+  p2pCase(pg, "matching", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 4, 0, 5), 1, 3);
+    if (me == 1) {
+      Tensor x = weft::zeros({4});
+      pg.recv(x, 0, 3);
+      expectEq(x, [](int64_t i) { return value(0, i + 5); }, "matching recv after mismatches");
+    }
+  });
+  // Empty tensors received from any of two ranks.
+  p2pCase(pg, "empty_any", [&] {
+    if (me == 0) {
+      std::vector<bool> seen(3, false);
+      for (int k = 0; k < 2; ++k) {
+        int from = pg.recvAny(weft::zeros({0}), 8);
+        if (from < 1 || from > 2 || seen[static_cast<size_t>(from)]) fail("empty recvAny reported rank " + std::to_string(from));
+        seen[static_cast<size_t>(from)] = true;
+      }
+    } else {
+      pg.send(weft::zeros({0}), 0, 8);
+    }
+  });
+  // Rank 2 sends 3 float32 to an any-source receive of 2 at rank 0.
+  p2pCase(pg, "any_longer", [&] {
+    if (me == 0) pg.recvAny(weft::zeros({2}), 9);
+    if (me == 2) pg.send(filled(DType::Float32, 3, 2), 0, 9);
+  });
+  // The group is still usable for collectives.
+  Tensor y = filled(DType::Float32, 5, me);
+  pg.allReduce(y).wait(30s);
+  expectEq(y, [&](int64_t i) { double s = 0; for (int r = 0; r < pg.size(); ++r) s += value(r, i); return s; },
+           "allReduce after the point-to-point mismatches");
+  say("after p2p ok");
+}
+
 void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   Tensor x = weft::ones({1024});
   pg.allReduce(x).wait(30s);
@@ -484,7 +551,7 @@ void runBackToBack(ProcessGroupGloo& pg) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b\n");
+    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b|p2p_size\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -505,6 +572,7 @@ int main(int argc, char** argv) {
       else if (scenario == "fused") runFused(pg);
       else if (scenario == "kill") runKill(pg, store);
       else if (scenario == "b2b") runBackToBack(pg);
+      else if (scenario == "p2p_size") runP2pSize(pg);
       else fail("unknown scenario " + scenario);
     }
     // Ranks that took part to the end meet before leaving (the last rank of timeout and kill does not).
