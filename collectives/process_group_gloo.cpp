@@ -999,6 +999,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::unique_ptr<Impl> impl, int rank, int siz
 
 ProcessGroupGloo::~ProcessGroupGloo() = default;
 
+void ProcessGroupGloo::keepAlive(std::shared_ptr<void> owned) { owned_.push_back(std::move(owned)); }
+
 const std::string& ProcessGroupGloo::name() const { return impl_->name_; }
 const ProcessGroupGloo::Options& ProcessGroupGloo::options() const { return impl_->options_; }
 int64_t ProcessGroupGloo::collectivesStarted() const { return impl_->started_.load(std::memory_order_relaxed); }
@@ -1242,7 +1244,9 @@ std::unique_ptr<ProcessGroup> ProcessGroupGloo::newGroup(const std::vector<int>&
   const int subSize = static_cast<int>(ranks.size());
   auto impl = std::make_unique<Impl>(impl_->store_, newRank, subSize, impl_->options_, std::move(subName),
                                      impl_->device_);
-  return std::unique_ptr<ProcessGroup>(new ProcessGroupGloo(std::move(impl), newRank, subSize));
+  auto sub = std::unique_ptr<ProcessGroupGloo>(new ProcessGroupGloo(std::move(impl), newRank, subSize));
+  sub->owned_ = owned_;
+  return sub;
 }
 
 }  // namespace weft::collectives

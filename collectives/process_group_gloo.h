@@ -173,10 +173,16 @@ class ProcessGroupGloo final : public ProcessGroup {
   // to a multiple of 64 (kFusedSendBytes in a group of one).
   size_t fusedLimit() const;
 
+  // Keeps `owned` alive as long as this group or a sub-group made from it
+  // after this call lives, and destroys it after their connections are
+  // closed (collectives::init gives the group the store it owns).
+  void keepAlive(std::shared_ptr<void> owned);
+
   class Impl;
 
  private:
   ProcessGroupGloo(std::unique_ptr<Impl> impl, int rank, int size);
+  std::vector<std::shared_ptr<void>> owned_;  // before impl_: destroyed after it
   std::unique_ptr<Impl> impl_;
 };
 
