@@ -2,10 +2,9 @@
 // ranks 0..size-1 of a group), the data-parallel side of weft next to RPC.
 // Backends: gloo (CPU tensors over TCP, collectives/process_group_gloo.h).
 //
-//   #include "collectives/process_group_gloo.h"
-//   rpc::Options opt = rpc::Options::fromEnv();
-//   ... rank 0 serves an rpc::StoreServer; every rank has an rpc::StoreClient (or uses agent.store()) ...
-//   auto pg = collectives::ProcessGroupGloo::create(store, opt.rank, opt.worldSize, {.timeout = 60s});
+//   #include "collectives/init.h"
+//   auto pg = collectives::init();                        // the job from the environment (collectives/init.h)
+//   // or: collectives::init(rpc::Options::fromEnv(), {.timeout = 60s}); collectives::init(agent);
 //   Tensor g = ...;                                       // contiguous CPU tensor
 //   collectives::Work w = pg->allReduce(g, ReduceOp::Avg);// async: returns at once
 //   w.wait();                                             // g now holds the average over the ranks
@@ -14,6 +13,12 @@
 //   pg->send(t, /*dst=*/1, /*tag=*/7);                    // blocking point to point
 //   Work r = pg->irecvAny(buf, 7); r.wait(); int from = r.sourceRank();
 //   auto evens = pg->newGroup({0, 2});                    // every rank calls; null where not a member
+//
+// Set-up by hand (a store of one's own) is in process_group_gloo.h; objects
+// rather than tensors move with collectives/object_collectives.h.
+//
+// Reduce ops: Sum, Avg (the sum divided by size(); floating dtypes only),
+// Product, Min and Max, each element-wise over the ranks' tensors.
 //
 // Semantics, like torch.distributed:
 //  - In place. allReduce, broadcast and reduce write their result into the
