@@ -491,6 +491,8 @@ void ProcessGroupGloo::Impl::rendezvous() {
     if (!storeTrouble.empty()) msg += "the ranks that joined are unknown (" + storeTrouble + "); ";
     msg += e.what();
     if (dynamic_cast<const DisconnectedError*>(&e) != nullptr) throw DisconnectedError(msg);
+    // A peer's address in the store that Gloo cannot take.
+    if (dynamic_cast<const gloo::EnforceNotMet*>(&e) != nullptr) throw ProtocolError(msg);
     if (dynamic_cast<const TimeoutError*>(&e) != nullptr || !missing.empty()) throw TimeoutError(msg);
     throw Error(msg);
   }
@@ -557,8 +559,15 @@ void ProcessGroupGloo::Impl::runTask(Task& task) {
         return;
       }
       if (task.carried.finish) {
-        // The headers match, so every rank's data (or all the op needs) came along.
-        task.carried.finish(*exchange_);
+        // The headers match, so every rank's data (or all the op needs) came
+        // along; a peer whose data does not fit its header broke the protocol
+        // (the exchange is over: the group stays usable).
+        try {
+          task.carried.finish(*exchange_);
+        } catch (const ProtocolError& e) {
+          task.work.fail(std::make_exception_ptr(ProtocolError(what + ": " + e.what())));
+          return;
+        }
         fused_.fetch_add(1, std::memory_order_relaxed);
         task.work.complete();
         return;
@@ -1021,8 +1030,8 @@ Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
     ex.send(out, tensor.rawData(), isRoot ? tensor.nbytes() : 0);
   };
   carried.finish = [tensor, root, isRoot](const CallExchange& ex) {
-    WEFT_CHECK(ex.dataBytesOf(root) == tensor.nbytes()) << "the root sent " << ex.dataBytesOf(root) << " bytes of "
-                                                        << tensor.nbytes();
+    WEFT_ENFORCE(ex.dataBytesOf(root) == tensor.nbytes(), ProtocolError, "rank ", root, " (the root) sent ",
+                 ex.dataBytesOf(root), " bytes of data with a header for ", sizeText(tensor));
     if (!isRoot && tensor.nbytes() > 0) std::memcpy(tensor.rawData(), ex.dataOf(root), tensor.nbytes());
   };
   return impl->enqueue(h, {tensor}, std::move(tree), std::move(carried));
@@ -1047,8 +1056,8 @@ Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
   carried.finish = [tensor, op, n](const CallExchange& ex) {
     const size_t count = static_cast<size_t>(tensor.numel());
     for (int r = 0; r < n; ++r) {
-      WEFT_CHECK(ex.dataBytesOf(r) == tensor.nbytes())
-          << "rank " << r << " sent " << ex.dataBytesOf(r) << " bytes of " << tensor.nbytes();
+      WEFT_ENFORCE(ex.dataBytesOf(r) == tensor.nbytes(), ProtocolError, "rank ", r, " sent ", ex.dataBytesOf(r),
+                   " bytes of data with a header for ", sizeText(tensor));
     }
     if (count == 0) return;
     void* out = tensor.rawData();

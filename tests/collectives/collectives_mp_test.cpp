@@ -5,7 +5,8 @@
 // never calls (the others time out naming it), mismatched shapes, sizes and dtypes, a rank killed
 // with SIGKILL (the others name it), and back-to-back
 // small allReduces (no scheduler-tick stall per op; Gloo's loop thread under SCHED_BATCH), point-to-point
-// transfers whose sizes differ (a typed error on both sides, the group usable after). Every wait is
+// transfers whose sizes differ (a typed error on both sides, the group usable after), a peer that breaks
+// the protocol (ProtocolError, no abort). Every wait is
 // bounded and every process is checked to be gone at the end.
 #include <doctest/doctest.h>
 
@@ -234,4 +235,20 @@ TEST_CASE("point-to-point transfers of different sizes fail on both sides with P
   CHECK(contains(line, "ProtocolError: send to rank 0 (tag 9)"));
   CHECK(contains(line, "2 elements of float32 (8 bytes)"));
   CHECK(contains(results[1].out, p1 + "any_longer ok\n"));
+}
+
+TEST_CASE("a peer whose data does not fit its call header, or that sends no weft size header, makes the op fail "
+          "with ProtocolError, never an abort") {
+  MpJob job = workerJob("hostile", 2);
+  auto results = finish(job, 60s);
+  checkClean(results[0], 0);
+  checkClean(results[1], 1);
+  CHECK(contains(results[1].out, "rank 1 sent\n"));
+  const std::string& out = results[0].out;
+  std::string line = restOfLine(out, "rank 0 short_data ");
+  CHECK(contains(line, "ProtocolError: allReduce #0 on group 'default': rank 1 sent 8 bytes of data with a header "
+                       "for 4 elements of float32 (16 bytes)"));
+  line = restOfLine(out, "rank 0 garbage_header ");
+  CHECK(contains(line, "ProtocolError: recv from rank 1 (tag 5) on group 'default': rank 1 sent bytes that are no "
+                       "weft size header"));
 }
