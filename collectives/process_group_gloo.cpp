@@ -203,11 +203,13 @@ class ProgressPoster {
 
 // ---- the size protocol of point-to-point transfers ---------------------------------------
 
-// A sender's header: magic, seq, bytes, dtype, elements, 0. A receiver's
-// verdict: magic, the bytes, dtype and elements of its tensor, 0, 0. The
-// transfer succeeds when the byte counts are equal.
+// A sender's header: magic, seq, bytes, dtype, elements, and 1 when the data
+// follows the header in the same message (at most kP2pInlineBytes of it),
+// else 0. A receiver's verdict: magic, the bytes, dtype and elements of its
+// tensor, 0, 0. The transfer succeeds when the byte counts are equal.
 constexpr size_t kP2pWords = 6;
 constexpr size_t kP2pBytes = kP2pWords * sizeof(int64_t);
+constexpr size_t kP2pInlineBytes = size_t{64} << 10;
 constexpr int64_t kP2pHeaderMagic = 0x7765667470320001;   // "weftp2" + 1
 constexpr int64_t kP2pVerdictMagic = 0x7765667470320002;  // "weftp2" + 2
 
@@ -320,7 +322,9 @@ class ProcessGroupGloo::Impl {
     uint64_t seq = 0;        // send: this transfer's number to its destination
     Tensor tensor;
     Deadline deadline;
-    std::array<int64_t, kP2pWords> header{};   // send: what leaves; recv: what came
+    // send: the header (and inline data) that leaves; recv: room for the
+    // largest header message a sender sends.
+    std::unique_ptr<uint8_t[]> message;
     std::array<int64_t, kP2pWords> verdict{};  // recv: what leaves; send: what came
     std::vector<uint8_t> scratch;              // recv of another size: drains the sender's bytes
     std::unique_ptr<gloo::transport::UnboundBuffer> headerBuffer;
@@ -826,20 +830,28 @@ Work ProcessGroupGloo::Impl::startTransfer(const Tensor& tensor, bool isRecv, co
   t->tag = tag;
   t->tensor = tensor;
   t->deadline = Clock::now() + options_.timeout;
-  t->headerBuffer = context_->createUnboundBuffer(t->header.data(), kP2pBytes);
+  const bool inlined = !isRecv && tensor.nbytes() <= kP2pInlineBytes;
+  const size_t messageBytes = kP2pBytes + (isRecv ? kP2pInlineBytes : inlined ? tensor.nbytes() : 0);
+  t->message.reset(new uint8_t[messageBytes]);
+  t->headerBuffer = context_->createUnboundBuffer(t->message.get(), messageBytes);
   t->verdictBuffer = context_->createUnboundBuffer(t->verdict.data(), kP2pBytes);
   try {
     SigpipeBlock block;
     if (!isRecv) {
-      // The header, the data (it leaves once the receiver, having read the
-      // header, posts a receive of that size) and the receive of the verdict.
+      // The receive of the verdict, the header with small data after it, or
+      // the header and the data on its own slot (it leaves once the receiver,
+      // having read the header, posts a receive of that size).
       const int dst = peers[0];
       t->seq = sendsTo_[static_cast<size_t>(dst)].fetch_add(1, std::memory_order_relaxed) & gloo_detail::kP2pSeqMask;
-      t->header = {kP2pHeaderMagic, static_cast<int64_t>(t->seq), static_cast<int64_t>(tensor.nbytes()),
-                   static_cast<int64_t>(tensor.dtype()), tensor.numel(), 0};
+      const std::array<int64_t, kP2pWords> header = {kP2pHeaderMagic, static_cast<int64_t>(t->seq),
+                                                     static_cast<int64_t>(tensor.nbytes()),
+                                                     static_cast<int64_t>(tensor.dtype()), tensor.numel(),
+                                                     inlined ? 1 : 0};
+      std::memcpy(t->message.get(), header.data(), kP2pBytes);
+      if (inlined && tensor.nbytes() > 0) std::memcpy(t->message.get() + kP2pBytes, tensor.rawData(), tensor.nbytes());
       t->verdictBuffer->recv(dst, p2pSlot(gloo_detail::kP2pVerdictBase, t->seq, tag));
       t->headerBuffer->send(dst, gloo_detail::kP2pHeaderBase | tag);
-      if (tensor.nbytes() > 0) {
+      if (!inlined) {
         t->dataBuffer = context_->createUnboundBuffer(tensor.rawData(), tensor.nbytes());
         t->dataBuffer->send(dst, p2pSlot(gloo_detail::kP2pDataBase, t->seq, tag));
       }
@@ -914,8 +926,11 @@ bool ProcessGroupGloo::Impl::finishSend(Transfer& t) {
 bool ProcessGroupGloo::Impl::finishRecv(Transfer& t) {
   int peer = -1;
   if (!waitOn(t.headerBuffer.get(), true, &peer, t.deadline)) return false;
-  const auto& h = t.header;
-  if (h[0] != kP2pHeaderMagic || h[2] < 0 || h[4] < 0) {
+  std::array<int64_t, kP2pWords> h;
+  std::memcpy(h.data(), t.message.get(), kP2pBytes);
+  const bool inlined = h[5] == 1;
+  if (h[0] != kP2pHeaderMagic || h[2] < 0 || h[4] < 0 || (h[5] != 0 && h[5] != 1) ||
+      (inlined && static_cast<uint64_t>(h[2]) > kP2pInlineBytes)) {
     throw ProtocolError(t.work.description() + ": rank " + std::to_string(peer) +
                         " sent bytes that are no weft size header");
   }
@@ -923,25 +938,27 @@ bool ProcessGroupGloo::Impl::finishRecv(Transfer& t) {
   const uint64_t seq = static_cast<uint64_t>(h[1]);
   const uint64_t theirs = static_cast<uint64_t>(h[2]);
   const bool same = theirs == t.tensor.nbytes();
-  void* into = t.tensor.rawData();
-  if (!same) {
-    try {
-      t.scratch.resize(theirs);
-    } catch (const std::exception&) {
-      throw ProtocolError(t.work.description() + ": rank " + std::to_string(peer) + " announced " +
-                          sizeText(h[2], h[3], h[4]) + ", more than this process can hold to discard");
-    }
-    into = t.scratch.data();
-  }
   {
     SigpipeBlock block;
-    if (theirs > 0) {
-      t.dataBuffer = context_->createUnboundBuffer(into, theirs);
-      t.dataBuffer->recv(peer, p2pSlot(gloo_detail::kP2pDataBase, seq, t.tag));
-    }
     t.verdict = {kP2pVerdictMagic, static_cast<int64_t>(t.tensor.nbytes()), static_cast<int64_t>(t.tensor.dtype()),
                  t.tensor.numel(), 0, 0};
     t.verdictBuffer->send(peer, p2pSlot(gloo_detail::kP2pVerdictBase, seq, t.tag));
+    if (inlined) {
+      if (same && theirs > 0) std::memcpy(t.tensor.rawData(), t.message.get() + kP2pBytes, theirs);
+    } else if (theirs > 0) {
+      void* into = t.tensor.rawData();
+      if (!same) {
+        try {
+          t.scratch.resize(theirs);
+        } catch (const std::exception&) {
+          throw ProtocolError(t.work.description() + ": rank " + std::to_string(peer) + " announced " +
+                              sizeText(h[2], h[3], h[4]) + ", more than this process can hold to discard");
+        }
+        into = t.scratch.data();
+      }
+      t.dataBuffer = context_->createUnboundBuffer(into, theirs);
+      t.dataBuffer->recv(peer, p2pSlot(gloo_detail::kP2pDataBase, seq, t.tag));
+    }
   }
   if (t.dataBuffer && !waitOn(t.dataBuffer.get(), true, nullptr, t.deadline)) return false;
   if (!waitOn(t.verdictBuffer.get(), false, nullptr, t.deadline)) return false;

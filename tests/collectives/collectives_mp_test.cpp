@@ -228,6 +228,13 @@ TEST_CASE("point-to-point transfers of different sizes fail on both sides with P
   line = restOfLine(out1, p1 + "shorter ");
   CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 3)"));
   CHECK(contains(line, "4 elements of float32 (16 bytes)"));
+  line = restOfLine(out0, p0 + "big_shorter ");
+  CHECK(contains(line, "ProtocolError: send to rank 1 (tag 4)"));
+  CHECK(contains(line, "30000 elements of float32 (120000 bytes)"));
+  line = restOfLine(out1, p1 + "big_shorter ");
+  CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 4)"));
+  CHECK(contains(line, "rank 0 sent 20000 elements of float32 (80000 bytes)"));
+  for (int r = 0; r < 3; ++r) CHECK(contains(results[static_cast<size_t>(r)].out, rankPrefix(r) + "big_matching ok\n"));
   line = restOfLine(out0, p0 + "any_longer ");
   CHECK(contains(line, "ProtocolError: recv from any of ranks [1, 2] (tag 9)"));
   CHECK(contains(line, "rank 2 sent 3 elements of float32 (12 bytes)"));
