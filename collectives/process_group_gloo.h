@@ -38,15 +38,15 @@
 // longer than the receive it lands in, and silently fills part of a longer
 // receive with a shorter one; so each transfer first agrees on its size. The
 // sender sends a small header (its byte count, dtype and element count) on a
-// slot of the tag, with the data right after it up to 64 KiB; larger data
+// slot of the tag, with the data right after it up to 16 KiB; larger data
 // goes on a slot of its own, and the receiver, once the header is in, posts
 // that data's receive with the size announced (into its tensor when the sizes
 // are equal, else into a scratch buffer that discards the data). The receiver
 // answers each header with a verdict (its own size), which the send waits
 // for. Sizes that differ thus fail both sides with ProtocolError naming both
-// sizes, and leave the group usable. Costs: every receive posts 64 KiB of
+// sizes, and leave the group usable. Costs: every receive posts 16 KiB of
 // staging; a send completes once the verdict is back (one more crossing); a
-// receive of more than 64 KiB takes one more crossing than a bare Gloo
+// receive of more than 16 KiB takes one more crossing than a bare Gloo
 // transfer, a smaller one a copy. Measured (2 processes on the shared 2-core
 // host, load 12-16, ping-pong medians): 0.3-0.5 ms per round trip of 1 to
 // 1024 float32 against 0.1-0.6 ms before, comparable from 1 MiB up.

@@ -234,6 +234,10 @@ TEST_CASE("point-to-point transfers of different sizes fail on both sides with P
   line = restOfLine(out1, p1 + "big_shorter ");
   CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 4)"));
   CHECK(contains(line, "rank 0 sent 20000 elements of float32 (80000 bytes)"));
+  line = restOfLine(out1, p1 + "big_longer ");
+  CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 4)"));
+  CHECK(contains(line, "this receive's tensor holds 4096 elements of float32 (16384 bytes)"));
+  CHECK(contains(restOfLine(out0, p0 + "big_longer "), "ProtocolError: send to rank 1 (tag 4)"));
   for (int r = 0; r < 3; ++r) CHECK(contains(results[static_cast<size_t>(r)].out, rankPrefix(r) + "big_matching ok\n"));
   line = restOfLine(out0, p0 + "any_longer ");
   CHECK(contains(line, "ProtocolError: recv from any of ranks [1, 2] (tag 9)"));
