@@ -1,6 +1,9 @@
 // ProcessGroupGloo: the ProcessGroup of CPU tensors, over Gloo's TCP transport
 // (Debian's libgloo), with rendezvous through weft's store.
 //
+// collectives::init() (collectives/init.h) builds the store and the group in
+// one call; by hand, with a store of one's own:
+//
 //   rpc::Options opt = rpc::Options::fromEnv();
 //   std::unique_ptr<rpc::StoreServer> server;              // or use agent.store() when an Agent runs
 //   if (opt.rank == 0) server = std::make_unique<rpc::StoreServer>(rpc::StoreServer::configFor(opt));
