@@ -51,8 +51,9 @@
 // staging; a send completes once the verdict is back (one more crossing); a
 // receive of more than 16 KiB takes one more crossing than a bare Gloo
 // transfer, a smaller one a copy. Measured (2 processes on the shared 2-core
-// host, load 12-16, ping-pong medians): 0.3-0.5 ms per round trip of 1 to
-// 1024 float32 against 0.1-0.6 ms before, comparable from 1 MiB up.
+// host at load 12-16, so within wide noise; ping-pong medians): 0.18-0.5 ms
+// per round trip of 1 to 1024 float32 against 0.26-0.43 ms for bare Gloo
+// transfers, alike within the noise at 1 MiB and 16 MiB.
 //
 // Timeouts. Options::timeout bounds each op from the moment it starts running
 // (a collective waiting behind others in the queue is not yet timed). A
