@@ -304,3 +304,22 @@ TEST_CASE("GlooStore puts every key under its prefix") {
   gs.wait({"0"}, std::chrono::milliseconds(100));
   CHECK_THROWS_AS(gs.wait({"1"}, std::chrono::milliseconds(100)), TimeoutError);
 }
+
+TEST_CASE("a peer's address in the store that Gloo cannot take fails the rendezvous with ProtocolError, no abort") {
+  rpc::StoreServer server(rpc::StoreServer::Config{});
+  rpc::StoreClient::Config cc;
+  cc.port = server.port();
+  cc.timeout = 10s;
+  rpc::StoreClient store(cc);
+  rpc::StoreClient peer(cc);
+  // Rank 1 "joins" with 3 bytes where Gloo expects its pair addresses.
+  peer.set("weft/pg/default/joined/1", "1");
+  peer.set("weft/pg/default/gloo/1", "abc");
+  std::string error;
+  try {
+    ProcessGroupGloo pg(store, 0, 2, {.timeout = 5s});
+  } catch (const ProtocolError& e) {
+    error = e.what();
+  }
+  CHECK(contains(error, "ProcessGroupGloo: rendezvous of group 'default' (rank 0 of 2) failed"));
+}
