@@ -17,7 +17,8 @@
 //   - every process ends within the bound of the fault's kind (no hang);
 //   - a process that goes on after the fault either finished the job (its "shut down cleanly"
 //     line) or exits non-zero with an error naming a peer it lost (for kill and stop, the
-//     faulted rank; for cut, any other rank);
+//     faulted rank, or a peer that had ended before it, as when the loss spreads through a job
+//     whose ranks depend on each other in a chain; for cut, any other rank);
 //   - every process, and every process it started, is gone afterwards; the run's scratch folder
 //     holds nothing but what the programs were asked to write, and it is removed.
 // A failing run prints the seed, the run's index, the fault and every process's output, so
@@ -258,14 +259,16 @@ inline std::string runOnce(const Scenario& s, const Fault& fault) {
       }
       continue;
     }
-    // A typed error naming the peer it lost. The stopped process itself came back to a job that
-    // went on without it: an error of its own is enough (it exited, it did not crash).
+    // A typed error naming the peer it lost: the faulted rank, or (a cascade) a peer that had
+    // itself ended before this one. For a cut, any other rank. The stopped process itself came
+    // back to a job that went on without it: an error of its own is enough (it exited, it did not
+    // crash).
     auto mentions = [&](int p) { return s.names ? s.names(text, p) : text.find(s.nameOf(p)) != std::string::npos; };
-    bool named = false;
-    if (fault.kind == FaultKind::Cut) {
-      for (int p = 0; p < s.world; ++p) named = named || (p != r && mentions(p));
-    } else {
-      named = isTarget || mentions(fault.rank);
+    bool named = isTarget && fault.kind == FaultKind::Stop;
+    for (int p = 0; p < s.world; ++p) {
+      if (p == r || !mentions(p)) continue;
+      const bool lost = fault.kind == FaultKind::Cut || p == fault.rank || endedAt[static_cast<size_t>(p)] < endedAt[i];
+      named = named || lost;
     }
     if (!named) problems << "rank " << r << " exited " << res.exitCode << " without naming the peer it lost\n";
   }
