@@ -5,6 +5,12 @@
 // pool, remote errors, timeouts and what they leave behind, a peer that goes
 // away, graceful and abrupt shutdown, and start errors. Every wait is bounded.
 #include <doctest/doctest.h>
+#include <dirent.h>
+#include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,11 +18,14 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -1007,6 +1016,61 @@ TEST_CASE("a peer shut down abruptly mid-call fails that call with DisconnectedE
     CHECK(r.graceful);
     CHECK(r.missing == std::vector<std::string>{"worker2"});
   }
+}
+
+namespace {
+
+// Shuts down the sending side of this process's established TCP connections whose local port is
+// `port`, as a cable pulled under a writer would: the next write to one fails with EPIPE.
+int shutDownWritesOnPort(uint16_t port) {
+  int cut = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  REQUIRE(d != nullptr);
+  while (dirent* e = ::readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    sockaddr_storage local{};
+    sockaddr_storage peer{};
+    socklen_t len = sizeof local;
+    socklen_t peerLen = sizeof peer;
+    if (e->d_name[0] == '.' || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0 ||
+        local.ss_family != AF_INET || ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peerLen) != 0) {
+      continue;  // not a connected IPv4 socket
+    }
+    if (ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port) == port && ::shutdown(fd, SHUT_WR) == 0) ++cut;
+  }
+  ::closedir(d);
+  return cut;
+}
+
+}  // namespace
+
+TEST_CASE("a write to a connection cut under the caller fails the call with DisconnectedError, not SIGPIPE") {
+  // SIGPIPE's default action ends the process: a caller's thread writing to a connection whose
+  // sending side is gone must get EPIPE instead, whatever the program's signal settings.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  struct sigaction previous {};
+  REQUIRE(::sigaction(SIGPIPE, &dfl, &previous) == 0);
+  // The write races the loop thread noticing the cut from the other side; a few rounds make sure
+  // that the caller's write meets it.
+  for (int round = 0; round < 5; ++round) {
+    const uint16_t port0 = weft::testing::freePort();
+    AgentGroup g(2, [port0](int r, Options& o) {
+      o.shutdownTimeout = 1s;
+      if (r == 0) o.listenPort = port0;
+    });
+    for (int r = 0; r < 2; ++r) bindEcho(g.agent(r).registry(), echoI32);
+    g.start();
+    REQUIRE(g.agent(0).sync(1, echoI32, 7) == 7);
+    // worker0's end of its connection with worker1 (accepted on worker0's listening port).
+    REQUIRE(shutDownWritesOnPort(port0) == 1);
+    // The frame is written by this thread (nothing is queued on the connection).
+    Future<int32_t> call = g.agent(0).async(1, echoI32, 8);
+    REQUIRE(call.waitFor(5s));
+    CHECK_THROWS_AS(call.get(), DisconnectedError);
+    for (int r = 0; r < 2; ++r) g.agent(r).shutdown({.graceful = false});
+  }
+  ::sigaction(SIGPIPE, &previous, nullptr);
 }
 
 TEST_CASE("a graceful shutdown begun with calls in flight lets them all complete") {
