@@ -30,10 +30,10 @@
 //    reduceScatter fill `output` from size() inputs, allToAll splits input and
 //    output into size() equal chunks along dim 0 (chunk i goes to rank i).
 //  - Tensors must be contiguous CPU tensors; any dtype moves (broadcast,
-//    gather, ...), reductions take float32, float64, int64 and float16. Avg
-//    divides the sum by size() and needs a floating dtype. A call that breaks
-//    these rules throws InvalidArgumentError at once, naming the op, the
-//    argument and its shape; nothing is queued and no Work is returned.
+//    gather, send, ...; bool included), reductions take the dtypes listed at
+//    ReduceOp below. A call that breaks these rules throws
+//    InvalidArgumentError at once, naming the op, the argument and its shape
+//    or dtype; nothing is queued and no Work is returned.
 //  - Every rank of the group calls the same collectives in the same order,
 //    with the same shapes, dtypes, roots and ops (a mismatch is an error, see
 //    below). A root or peer rank is a rank of this group.
@@ -89,6 +89,28 @@ class StoreClient;
 
 namespace weft::collectives {
 
+// How allReduce, reduce and reduceScatter combine the ranks' tensors,
+// element by element (x_r is element i of rank r's tensor):
+//   Sum      x_0 + x_1 + ... + x_{size-1}
+//   Avg      Sum / size(), computed as Sum then one division per element
+//   Product  x_0 * x_1 * ... * x_{size-1}
+//   Min      the smallest x_r
+//   Max      the largest x_r
+// Per dtype (gloo backend):
+//   float32, float64  every op, in that precision. The order in which ranks'
+//                     values are added is fixed by the ring, not by rank, so
+//                     Sum/Avg/Product may differ from a rank-ordered sum in
+//                     the last bits; the result is the same on every rank.
+//                     A NaN on any rank makes Sum/Avg/Product NaN; Min/Max of
+//                     values with a NaN are unspecified.
+//   float16           every op; each partial result is rounded to float16.
+//   int64, int32,     Sum, Product, Min, Max, exact; Sum and Product wrap
+//   uint8             around on overflow (modulo 2^64, 2^32, 2^8) as in
+//                     PyTorch. Avg is refused (it needs a floating dtype:
+//                     convert first, or Sum and divide).
+//   bool, bfloat16    not reduced (InvalidArgumentError naming the op and the
+//                     dtype); for a mask, convert to uint8 and use Max (any)
+//                     or Min (all).
 enum class ReduceOp : uint8_t { Sum = 0, Avg = 1, Product = 2, Min = 3, Max = 4 };
 const char* reduceOpName(ReduceOp op);  // "sum", "avg", ...
 

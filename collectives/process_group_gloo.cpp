@@ -70,9 +70,11 @@ void checkLike(const Tensor& t, const Tensor& ref, const char* op, const std::st
 }
 
 void checkReducible(DType t, ReduceOp op, const char* name) {
-  bool ok = t == DType::Float32 || t == DType::Float64 || t == DType::Int64 || t == DType::Float16;
-  WEFT_ENFORCE(ok, InvalidArgumentError, name, ": the gloo backend reduces float32, float64, int64 and float16, not ",
-               dtypeName(t));
+  bool ok = t == DType::Float32 || t == DType::Float64 || t == DType::Int64 || t == DType::Int32 ||
+            t == DType::UInt8 || t == DType::Float16;
+  WEFT_ENFORCE(ok, InvalidArgumentError, name,
+               ": the gloo backend reduces float32, float64, int64, int32, uint8 and float16, not ", dtypeName(t),
+               t == DType::Bool ? " (convert a mask to uint8: Max is any, Min is all)" : "");
   WEFT_ENFORCE(op != ReduceOp::Avg || isFloating(t), InvalidArgumentError, name,
                ": ReduceOp avg needs a floating dtype, got ", dtypeName(t));
 }
@@ -99,6 +101,8 @@ void dispatchReducible(DType t, F&& fn) {
     case DType::Float32: fn.template operator()<float>(); break;
     case DType::Float64: fn.template operator()<double>(); break;
     case DType::Int64: fn.template operator()<int64_t>(); break;
+    case DType::Int32: fn.template operator()<int32_t>(); break;
+    case DType::UInt8: fn.template operator()<uint8_t>(); break;
     case DType::Float16: fn.template operator()<gloo::float16>(); break;
     default: WEFT_CHECK(false) << "unchecked dtype " << dtypeName(t);
   }

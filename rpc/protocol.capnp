@@ -368,6 +368,9 @@ enum DType {
   int64 @2;
   bfloat16 @3;
   float16 @4;
+  int32 @5;
+  uint8 @6;
+  boolean @7;  # one byte per element, 0 or 1
 }
 
 struct TensorDesc {

@@ -323,3 +323,109 @@ TEST_CASE("a peer's address in the store that Gloo cannot take fails the rendezv
   }
   CHECK(contains(error, "ProcessGroupGloo: rendezvous of group 'default' (rank 0 of 2) failed"));
 }
+
+TEST_CASE("int32 and uint8 reduce with sum, max, min and product; bool, int32 and uint8 move by broadcast and "
+          "allGather") {
+  Ranks ranks(3);
+  // Small tensors go through the fused exchange, the large ones through Gloo's ring: test both.
+  const int64_t large = static_cast<int64_t>(ranks[0].fusedLimit()) + 1000;
+  for (int64_t n : {int64_t{5}, large}) {
+    CAPTURE(n);
+    // Rank r holds (r + 1) * (i % 7) - 3 as int32 and (r + 1) * (i % 100) mod 256 as uint8, so
+    // that Sum and Product wrap past 255.
+    auto int32Of = [n](int r) {
+      std::vector<int32_t> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<int32_t>((r + 1) * (i % 7) - 3);
+      return fromVector(v);
+    };
+    auto uint8Of = [n](int r) {
+      std::vector<uint8_t> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<uint8_t>((r + 1) * (i % 100) % 256);
+      return fromVector(v);
+    };
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product}) {
+      CAPTURE(reduceOpName(op));
+      std::vector<Tensor> ints, bytes;
+      std::vector<Work> works;
+      for (int r = 0; r < 3; ++r) {
+        ints.push_back(int32Of(r));
+        bytes.push_back(uint8Of(r));
+      }
+      for (int r = 0; r < 3; ++r) {
+        works.push_back(ranks[r].allReduce(ints[static_cast<size_t>(r)], op));
+        works.push_back(ranks[r].allReduce(bytes[static_cast<size_t>(r)], op));
+      }
+      for (Work& w : works) w.wait(20s);
+      // The reference: the same reduction element by element over the three ranks' inputs.
+      std::vector<std::vector<int32_t>> inI;
+      std::vector<std::vector<uint8_t>> inU;
+      for (int r = 0; r < 3; ++r) {
+        inI.push_back(int32Of(r).toVector<int32_t>());
+        inU.push_back(uint8Of(r).toVector<uint8_t>());
+      }
+      auto combine = [op](auto a, auto b) -> decltype(a) {
+        switch (op) {
+          case ReduceOp::Sum: return static_cast<decltype(a)>(a + b);
+          case ReduceOp::Max: return a > b ? a : b;
+          case ReduceOp::Min: return a < b ? a : b;
+          default: return static_cast<decltype(a)>(a * b);
+        }
+      };
+      std::vector<int32_t> wantI(static_cast<size_t>(n));
+      std::vector<uint8_t> wantU(static_cast<size_t>(n));
+      for (size_t i = 0; i < wantI.size(); ++i) {
+        wantI[i] = combine(combine(inI[0][i], inI[1][i]), inI[2][i]);
+        wantU[i] = combine(combine(inU[0][i], inU[1][i]), inU[2][i]);
+      }
+      for (int r = 0; r < 3; ++r) {
+        CHECK(ints[static_cast<size_t>(r)].dtype() == DType::Int32);
+        CHECK(ints[static_cast<size_t>(r)].toVector<int32_t>() == wantI);
+        CHECK(bytes[static_cast<size_t>(r)].toVector<uint8_t>() == wantU);
+      }
+      if (op == ReduceOp::Sum && n == 5) CHECK(wantU[4] == static_cast<uint8_t>(4 + 8 + 12));
+    }
+    // Broadcast and allGather of every new dtype, bool included.
+    std::vector<Tensor> masks, gathered(3);
+    std::vector<std::vector<Tensor>> outs(3);
+    std::vector<Work> works;
+    for (int r = 0; r < 3; ++r) {
+      std::vector<bool> bits(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) bits[static_cast<size_t>(i)] = (i + r) % 3 == 0;
+      masks.push_back(fromVector(bits));
+    }
+    std::vector<Tensor> fromRoot = {int32Of(0), int32Of(1), int32Of(2)};
+    for (int r = 0; r < 3; ++r) {
+      works.push_back(ranks[r].broadcast(fromRoot[static_cast<size_t>(r)], 2));
+      works.push_back(ranks[r].allGather(outs[static_cast<size_t>(r)], masks[static_cast<size_t>(r)]));
+    }
+    for (Work& w : works) w.wait(20s);
+    for (int r = 0; r < 3; ++r) {
+      CHECK(fromRoot[static_cast<size_t>(r)].toVector<int32_t>() == int32Of(2).toVector<int32_t>());
+      REQUIRE(outs[static_cast<size_t>(r)].size() == 3);
+      for (int k = 0; k < 3; ++k) {
+        CHECK(outs[static_cast<size_t>(r)][static_cast<size_t>(k)].dtype() == DType::Bool);
+        CHECK(outs[static_cast<size_t>(r)][static_cast<size_t>(k)].toVector<bool>() ==
+              masks[static_cast<size_t>(k)].toVector<bool>());
+      }
+    }
+  }
+  // uint8 by broadcast, on the fused path.
+  std::vector<Tensor> px = {fromVector<uint8_t>({1, 2}), fromVector<uint8_t>({250, 251}),
+                            zeros({2}, {.dtype = DType::UInt8})};
+  std::vector<Work> works;
+  for (int r = 0; r < 3; ++r) works.push_back(ranks[r].broadcast(px[static_cast<size_t>(r)], 1));
+  for (Work& w : works) w.wait(20s);
+  for (const Tensor& t : px) CHECK(t.toVector<uint8_t>() == std::vector<uint8_t>{250, 251});
+}
+
+TEST_CASE("reducing a bool mask or averaging integers is refused with the dtype named") {
+  Ranks ranks(1);
+  Tensor mask = fromVector(std::vector<bool>{true, false});
+  CHECK(contains(errorOf([&] { ranks[0].allReduce(mask, ReduceOp::Max); }),
+                 "allReduce: the gloo backend reduces float32, float64, int64, int32, uint8 and float16, not bool "
+                 "(convert a mask to uint8: Max is any, Min is all)"));
+  CHECK(contains(errorOf([&] { ranks[0].allReduce(zeros({2}, {.dtype = DType::Int32}), ReduceOp::Avg); }),
+                 "allReduce: ReduceOp avg needs a floating dtype, got int32"));
+  CHECK(contains(errorOf([&] { ranks[0].reduce(zeros({2}, {.dtype = DType::UInt8}), 0, ReduceOp::Avg); }),
+                 "reduce: ReduceOp avg needs a floating dtype, got uint8"));
+}
