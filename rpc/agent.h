@@ -73,12 +73,13 @@
 //   1. The job runs. Until every worker has called shutdown(), a worker waiting in it stays a full
 //      member of the job: incoming calls are served, its handlers (and other threads) may call
 //      out, remote references and distributed autograd contexts work as before. There is no
-//      deadline, however long the job takes. It fails at once when a worker is gone, as the
-//      failure detection judges it (a closed socket at once, heartbeatMisses x heartbeatInterval
-//      of silence): every worker in the barrier then leaves it within that time, and a worker still
-//      working learns of it from those leaving and leaves at its own shutdown() at once. Each
-//      report names the lost worker in ShutdownReport::missing (not the workers that left because
-//      of it). Survivors that still need each other should meet before shutdown().
+//      deadline, however long the job takes. It fails when a worker is gone (already, or while
+//      the others wait), as the failure detection judges it (a closed socket at once,
+//      heartbeatMisses x heartbeatInterval of silence): every worker in the barrier leaves it as
+//      soon as it knows, and tells the others; a worker still working then sees its calls to
+//      those fail (DisconnectedError), and its own shutdown() returns at once. Each report names
+//      the lost worker in ShutdownReport::missing (not the workers that left because of it).
+//      Survivors that still need each other should meet before shutdown().
 //   2. The job has ended (every worker joined). From here on calls fail with StateError (except
 //      the layers' bookkeeping, CallOptions::duringShutdown); the layers drop what this worker
 //      holds (AgentExtension::onShutdownBegin), and the barrier waits until no worker has a call

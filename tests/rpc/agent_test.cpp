@@ -1110,7 +1110,7 @@ TEST_CASE("a graceful shutdown waits, past its timeout, for a live worker that i
   reports[2] = g.agent(2).shutdown();
   s0.join();
   s1.join();
-  CHECK(secondsSince(t1) < 2.0);
+  CHECK(secondsSince(t1) < 5.0);  // once the last worker joined, nothing is waited for
   for (auto& r : reports) {
     INFO("missing: " << joined(r.missing));
     CHECK(r.graceful);
