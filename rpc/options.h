@@ -36,7 +36,9 @@
 //   WEFT_NUM_WORKER_THREADS   threads running user handlers (default 4)
 //   WEFT_RPC_TIMEOUT          default RPC timeout in seconds, fractional allowed, 0 = none (default 60)
 //   WEFT_STORE_TIMEOUT        rendezvous and store timeout in seconds, 0 = none (default 300)
-//   WEFT_SHUTDOWN_TIMEOUT     how long a graceful shutdown waits for the job, seconds (default 60)
+//   WEFT_SHUTDOWN_TIMEOUT     how long a graceful shutdown drains the calls still in flight once
+//                             every worker has called it, seconds (default 60); the wait for
+//                             the others to call it has no deadline
 //   WEFT_HEARTBEAT_INTERVAL   seconds of silence before a ping (default 2); a peer silent
 //                             for WEFT_HEARTBEAT_MISSES intervals (default 5) is declared dead
 //   WEFT_RPC_TOKEN            shared secret checked at every handshake (default none)
@@ -77,7 +79,9 @@ struct Options {
   // Zero means no timeout.
   std::chrono::milliseconds rpcTimeout{std::chrono::seconds(60)};
   std::chrono::milliseconds storeTimeout{std::chrono::seconds(300)};
-  // How long a graceful Agent::shutdown() waits for every worker; must be > 0.
+  // How long a graceful Agent::shutdown() waits, once every worker has joined its barrier, for
+  // the calls still in flight to finish; must be > 0. The wait for the workers to join has no
+  // deadline: it ends when the last one joins, or at once when one is lost (rpc/agent.h).
   std::chrono::milliseconds shutdownTimeout{std::chrono::seconds(60)};
   // Failure detection: a connection silent for heartbeatInterval gets a ping; one
   // silent for heartbeatMisses intervals is declared dead. A closed socket is
