@@ -175,7 +175,15 @@ bool isLoopbackAddress(const SocketAddress& address) {
 
 std::string localAddressFor(const std::string& setting, const std::string& masterHost) {
   if (!setting.empty()) return addressNamedBy(setting);
-  SocketAddress master = *SocketAddress::resolve(masterHost, 1);
+  std::optional<SocketAddress> resolved;
+  try {
+    resolved = SocketAddress::resolve(masterHost, 1);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(std::string("cannot pick this machine's address from the route to the master address: ") +
+                               e.what() + "; set " + kSettingName +
+                               " to the interface or address the other machines reach this one at");
+  }
+  const SocketAddress& master = *resolved;
   if (isLoopbackAddress(master)) return "127.0.0.1";
   int fd = ::socket(master.sockaddr()->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   WEFT_ENFORCE(fd >= 0, Error, "cannot create a socket to find this machine's address: ", std::strerror(errno));

@@ -314,14 +314,14 @@ TEST_CASE("a peer's address in the store that Gloo cannot take fails the rendezv
   rpc::StoreClient peer(cc);
   // Rank 1 "joins" with 3 bytes where Gloo expects its pair addresses.
   peer.set("weft/pg/default/joined/1", "1");
-  peer.set("weft/pg/default/gloo/1", "abc");
+  peer.set("weft/pg/default/mesh/1", "abc");
   std::string error;
   try {
     ProcessGroupGloo pg(store, 0, 2, {.timeout = 5s});
   } catch (const ProtocolError& e) {
     error = e.what();
   }
-  CHECK(contains(error, "ProcessGroupGloo: rendezvous of group 'default' (rank 0 of 2) failed"));
+  CHECK(contains(error, "ProcessGroupGloo: group 'default' (rank 0 of 2): rank 1 posted 3 bytes of addresses"));
 }
 
 TEST_CASE("int32 and uint8 reduce with sum, max, min and product; bool, int32 and uint8 move by broadcast and "
