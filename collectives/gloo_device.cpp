@@ -90,13 +90,22 @@ std::shared_ptr<gloo::transport::Device> createTcpDevice(const std::string& host
   }
 }
 
-std::string defaultDeviceAddress(const std::string& storeEndpoint) {
-  std::string host = storeEndpoint;
+namespace {
+
+// "host" of "host:port" or "[v6]:port".
+std::string storeHost(const std::string& endpoint) {
+  std::string host = endpoint;
   size_t colon = host.rfind(':');
   if (colon != std::string::npos) host = host.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+}  // namespace
+
+std::string defaultDeviceAddress(const std::string& storeEndpoint) {
   const char* setting = std::getenv("WEFT_SOCKET_IFNAME");
-  return rpc::localAddressFor(setting ? setting : "", host);
+  return rpc::localAddressFor(setting ? setting : "", storeHost(storeEndpoint));
 }
 
 namespace {
@@ -130,11 +139,20 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
   const auto deadline = began + timeout;
   const std::string failedKey = prefix + "mesh/failed";
   auto elapsed = [&] { return std::to_string(since(began).count()) + " ms"; };
+  // A store call; losing the store names what was going on.
+  auto viaStore = [&](auto&& call) {
+    try {
+      return call();
+    } catch (const DisconnectedError& e) {
+      throw DisconnectedError("ProcessGroupGloo: " + label + ": lost the store after " + elapsed() +
+                              " while connecting the group (the rank serving it may have ended): " + e.what());
+    }
+  };
   // Another rank's failure, posted for the group: this rank fails with it.
   auto checkFailed = [&] {
-    if (!store.check({failedKey})) return;
+    if (!viaStore([&] { return store.check({failedKey}); })) return;
     throw DisconnectedError("ProcessGroupGloo: " + label + ": the connect failed on another rank after " + elapsed() +
-                            ": " + store.get(failedKey));
+                            ": " + viaStore([&] { return store.get(failedKey); }));
   };
 
   std::shared_ptr<gloo::transport::Context> transport = device->createContext(rank, size);
@@ -148,7 +166,7 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     if (mine.empty()) self = gloo::transport::tcp::Address(bytes);
     mine.append(bytes.begin(), bytes.end());
   }
-  store.set(prefix + "mesh/" + std::to_string(rank), mine);
+  viaStore([&] { store.set(prefix + "mesh/" + std::to_string(rank), mine); });
 
   // Every peer's addresses, under the deadline.
   std::vector<std::string> keys;
@@ -157,14 +175,17 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
   }
   for (;;) {
     try {
-      store.wait(keys, std::max(Millis(1), std::min(kMeshSlice, std::chrono::duration_cast<Millis>(deadline - Clock::now()))));
+      const Millis slice = std::max(Millis(1), std::min(kMeshSlice, std::chrono::duration_cast<Millis>(deadline - Clock::now())));
+      viaStore([&] { store.wait(keys, slice); });
       break;
     } catch (const TimeoutError&) {
       checkFailed();
       if (Clock::now() < deadline) continue;
       std::vector<int> missing;
       for (int i = 0; i < size; ++i) {
-        if (i != rank && !store.check({prefix + "mesh/" + std::to_string(i)})) missing.push_back(i);
+        if (i != rank && !viaStore([&] { return store.check({prefix + "mesh/" + std::to_string(i)}); })) {
+          missing.push_back(i);
+        }
       }
       throw TimeoutError("ProcessGroupGloo: " + label + ": rendezvous timed out after " + elapsed() + ": rank" +
                          (missing.size() == 1 ? " " : "s ") + rankList(missing) +
@@ -184,7 +205,7 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
   std::condition_variable changed;
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
-    std::string all = store.get(prefix + "mesh/" + std::to_string(i));
+    std::string all = viaStore([&] { return store.get(prefix + "mesh/" + std::to_string(i)); });
     WEFT_ENFORCE(size > 1 && all.size() % static_cast<size_t>(size - 1) == 0, ProtocolError, "ProcessGroupGloo: ",
                  label, ": rank ", i, " posted ", all.size(), " bytes of addresses, not one per peer");
     const size_t each = all.size() / static_cast<size_t>(size - 1);
@@ -268,7 +289,7 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     std::string msg = "rank " + std::to_string(rank) + " (at " + self.str() + ") could not connect to rank " +
                       std::to_string(failedPeer) + " at " + link.address.str() + ", the address it gave, after " +
                       elapsed() + ": " + why;
-    if (isLoopback(link.address) && !isLoopback(self)) {
+    if (isLoopback(link.address) && !rpc::isLoopbackHost(storeHost(store.endpoint()))) {
       msg += " (a loopback address, which only its own machine reaches)";
     }
     msg += "; " + std::string(kSettingHint) + ": set it on rank " + std::to_string(failedPeer) +

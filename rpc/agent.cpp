@@ -362,7 +362,7 @@ class Agent::Impl {
         // address, so the address it gave cannot be reached from here.
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began).count();
         std::string why = std::string(e.what()) + " after " + std::to_string(ms) + " ms";
-        if (isLoopbackAddress(sa) && !isLoopbackHost(advertisedHost_)) {
+        if (isLoopbackAddress(sa) && !isLoopbackHost(options_.masterAddr)) {
           why += " (a loopback address, which only its own machine reaches)";
         }
         throw DisconnectedError("Agent::start: worker '" + name_ + "' (rank " + std::to_string(options_.rank) +
