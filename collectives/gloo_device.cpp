@@ -126,6 +126,28 @@ bool isLoopback(const gloo::transport::tcp::Address& a) {
   return ss.ss_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr);
 }
 
+// "10.0.0.1:29500" or "[fd00::1]:29500" (Gloo's own str() prints the port in
+// network byte order).
+std::string endpointOf(const gloo::transport::tcp::Address& a) {
+  return rpc::SocketAddress::fromSockaddr(reinterpret_cast<const sockaddr*>(&a.getSockaddr()), sizeof(sockaddr_storage))
+      .toString();
+}
+
+// What a Gloo connect error says happened, without Gloo's source location and
+// its own (byte-swapped) rendering of the address: "Connection refused".
+std::string connectFailure(const std::string& what) {
+  std::string text = what;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find("] ");
+    if (close != std::string::npos) text = text.substr(close + 2);
+  }
+  if (text.rfind("connect", 0) == 0) {
+    size_t colon = text.rfind(": ");
+    if (colon != std::string::npos) text = text.substr(colon + 2);
+  }
+  return text;
+}
+
 constexpr const char* kSettingHint =
     "each rank binds and gives its peers the address WEFT_SOCKET_IFNAME names (weftrun --socket-ifname; default: "
     "the local address of the route to the master address)";
@@ -268,7 +290,7 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
       if (i == rank || links[static_cast<size_t>(i)].done) continue;
       unreached.push_back(i);
       unreachedAt += (unreachedAt.empty() ? "" : ", ") + std::to_string(i) + " at " +
-                     links[static_cast<size_t>(i)].address.str();
+                     endpointOf(links[static_cast<size_t>(i)].address);
     }
   }
   for (int i : unreached) transport->getPair(i)->close();
@@ -282,12 +304,12 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     try {
       std::rethrow_exception(link.error);
     } catch (const std::exception& e) {
-      why = e.what();
+      why = connectFailure(e.what());
     } catch (...) {
       why = "unknown error";
     }
-    std::string msg = "rank " + std::to_string(rank) + " (at " + self.str() + ") could not connect to rank " +
-                      std::to_string(failedPeer) + " at " + link.address.str() + ", the address it gave, after " +
+    std::string msg = "rank " + std::to_string(rank) + " (at " + endpointOf(self) + ") could not connect to rank " +
+                      std::to_string(failedPeer) + " at " + endpointOf(link.address) + ", the address it gave, after " +
                       elapsed() + ": " + why;
     if (isLoopback(link.address) && !rpc::isLoopbackHost(storeHost(store.endpoint()))) {
       msg += " (a loopback address, which only its own machine reaches)";
@@ -302,7 +324,7 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     throw DisconnectedError("ProcessGroupGloo: " + label + ": " + msg);
   }
   if (!unreached.empty()) {
-    std::string msg = "rank " + std::to_string(rank) + " (at " + self.str() + ") timed out after " + elapsed() +
+    std::string msg = "rank " + std::to_string(rank) + " (at " + endpointOf(self) + ") timed out after " + elapsed() +
                       " connecting to rank" + (unreached.size() == 1 ? " " : "s ") + unreachedAt +
                       " (the group's timeout is " + std::to_string(timeout.count()) + " ms); " + kSettingHint +
                       ": check that every machine reaches the addresses given";

@@ -456,6 +456,7 @@ std::string ProcessGroupGloo::Impl::brokenReason() {
 // ---- rendezvous --------------------------------------------------------------------------
 
 void ProcessGroupGloo::Impl::rendezvous() {
+  store_.set(prefix_ + "joined/" + std::to_string(rank_), "1");
   auto context = std::make_shared<gloo_detail::MeshContext>(rank_, size_);
   context->setTimeout(options_.timeout);
   SigpipeBlock block;

@@ -267,20 +267,20 @@ TEST_CASE("--socket-ifname lo on both machines fails the job fast, naming the ad
 TEST_CASE("an address the other machine cannot reach fails the job fast, naming it and the setting") {
   TwoMachines net;
   Outcome o = runJob(net, "job", {"--socket-ifname", "mnlocal"}, {});
-  checkFailedFast(o, {"cannot connect to", std::string("at ") + kUnreachableOnNode0 + ":", "unreachable",
+  checkFailedFast(o, {"cannot connect to", std::string("at ") + kUnreachableOnNode0 + ":", "Network is unreachable",
                       "WEFT_SOCKET_IFNAME"});
 }
 
 TEST_CASE("the process group with a loopback address on both machines fails fast on every rank") {
   TwoMachines net;
   Outcome o = runJob(net, "pg", {"--socket-ifname", "127.0.0.1"}, {"--socket-ifname", "127.0.0.1"});
-  checkFailedFast(o, {"could not connect to rank", "[127.0.0.1]:", "Connection refused",
+  checkFailedFast(o, {"could not connect to rank", "at 127.0.0.1:", "Connection refused",
                       "a loopback address, which only its own machine reaches", "WEFT_SOCKET_IFNAME"});
 }
 
 TEST_CASE("the process group with an address the other machine cannot reach fails fast") {
   TwoMachines net;
   Outcome o = runJob(net, "pg", {}, {"--socket-ifname", kUnreachableOnNode1});
-  checkFailedFast(o, {"could not connect to rank", std::string("[") + kUnreachableOnNode1 + "]:", "unreachable",
+  checkFailedFast(o, {"could not connect to rank", std::string("at ") + kUnreachableOnNode1 + ":", "Network is unreachable",
                       "WEFT_SOCKET_IFNAME"});
 }
