@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -197,7 +198,8 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
   }
   for (;;) {
     try {
-      const Millis slice = std::max(Millis(1), std::min(kMeshSlice, std::chrono::duration_cast<Millis>(deadline - Clock::now())));
+      const Millis left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+      const Millis slice = std::max(Millis(1), std::min(kMeshSlice, left));
       viaStore([&] { store.wait(keys, slice); });
       break;
     } catch (const TimeoutError&) {
@@ -228,9 +230,9 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
     std::string all = viaStore([&] { return store.get(prefix + "mesh/" + std::to_string(i)); });
-    WEFT_ENFORCE(size > 1 && all.size() % static_cast<size_t>(size - 1) == 0, ProtocolError, "ProcessGroupGloo: ",
-                 label, ": rank ", i, " posted ", all.size(), " bytes of addresses, not one per peer");
-    const size_t each = all.size() / static_cast<size_t>(size - 1);
+    const size_t each = mine.size() / static_cast<size_t>(size - 1);
+    WEFT_ENFORCE(all.size() == mine.size(), ProtocolError, "ProcessGroupGloo: ", label, ": rank ", i, " posted ",
+                 all.size(), " bytes of addresses, not ", size - 1, " of ", each, " bytes");
     const size_t slot = static_cast<size_t>(rank > i ? rank - 1 : rank);
     std::vector<char> bytes(all.begin() + static_cast<std::ptrdiff_t>(slot * each),
                             all.begin() + static_cast<std::ptrdiff_t>((slot + 1) * each));
@@ -240,18 +242,29 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     if (i == rank) continue;
     Link& link = links[static_cast<size_t>(i)];
     std::vector<char> bytes = link.address.bytes();
-    link.thread = std::thread([&, i, bytes = std::move(bytes)] {
-      std::exception_ptr error;
-      try {
-        transport->getPair(i)->connect(bytes);
-      } catch (...) {
-        error = std::current_exception();
+    try {
+      link.thread = std::thread([&, i, bytes = std::move(bytes)] {
+        std::exception_ptr error;
+        try {
+          transport->getPair(i)->connect(bytes);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        links[static_cast<size_t>(i)].done = true;
+        links[static_cast<size_t>(i)].error = error;
+        changed.notify_all();
+      });
+    } catch (const std::system_error& e) {
+      for (int j = 0; j < size; ++j) {
+        if (j != rank) transport->getPair(j)->close();
       }
-      std::lock_guard<std::mutex> lock(mutex);
-      links[static_cast<size_t>(i)].done = true;
-      links[static_cast<size_t>(i)].error = error;
-      changed.notify_all();
-    });
+      for (Link& started : links) {
+        if (started.thread.joinable()) started.thread.join();
+      }
+      throw Error("ProcessGroupGloo: " + label + ": cannot start a thread to connect to rank " + std::to_string(i) +
+                  ": " + e.what());
+    }
   }
 
   // Waits until every link is up, one failed, another rank failed, or the

@@ -179,8 +179,8 @@ std::string localAddressFor(const std::string& setting, const std::string& maste
   try {
     resolved = SocketAddress::resolve(masterHost, 1);
   } catch (const InvalidArgumentError& e) {
-    throw InvalidArgumentError(std::string("cannot pick this machine's address from the route to the master address: ") +
-                               e.what() + "; set " + kSettingName +
+    throw InvalidArgumentError(std::string("cannot pick this machine's address from the route to the master ") +
+                               "address: " + e.what() + "; set " + kSettingName +
                                " to the interface or address the other machines reach this one at");
   }
   const SocketAddress& master = *resolved;

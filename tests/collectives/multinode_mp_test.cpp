@@ -281,6 +281,6 @@ TEST_CASE("the process group with a loopback address on both machines fails fast
 TEST_CASE("the process group with an address the other machine cannot reach fails fast") {
   TwoMachines net;
   Outcome o = runJob(net, "pg", {}, {"--socket-ifname", kUnreachableOnNode1});
-  checkFailedFast(o, {"could not connect to rank", std::string("at ") + kUnreachableOnNode1 + ":", "Network is unreachable",
-                      "WEFT_SOCKET_IFNAME"});
+  checkFailedFast(o, {"could not connect to rank", std::string("at ") + kUnreachableOnNode1 + ":",
+                      "Network is unreachable", "WEFT_SOCKET_IFNAME"});
 }
