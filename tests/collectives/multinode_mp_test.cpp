@@ -199,7 +199,10 @@ Outcome runJob(const TwoMachines& net, const std::string& scenario, const std::v
 }
 
 std::string line(int rank, const std::string& rest) {
-  return "[" + std::to_string(rank) + "] rank " + std::to_string(rank) + " " + rest;
+  const std::string r = std::to_string(rank);
+  std::string out = "[";
+  out.append(r).append("] rank ").append(r).append(" ").append(rest);
+  return out;
 }
 
 // Every rank failed fast, and the job's output says what happened and what to change.
