@@ -118,15 +118,14 @@ std::vector<InterfaceAddress> interfaceAddresses() {
 
 // "lo 127.0.0.1 ::1, eth0 10.0.0.5"
 std::string describe(const std::vector<InterfaceAddress>& addrs) {
-  std::string out;
-  std::string current;
+  std::vector<std::pair<std::string, std::string>> byInterface;  // in the order first seen
   for (const InterfaceAddress& a : addrs) {
-    if (a.interface != current) {
-      out += (out.empty() ? "" : ", ") + a.interface;
-      current = a.interface;
-    }
-    out += " " + a.address;
+    auto it = std::find_if(byInterface.begin(), byInterface.end(), [&](const auto& e) { return e.first == a.interface; });
+    if (it == byInterface.end()) it = byInterface.insert(byInterface.end(), {a.interface, a.interface});
+    it->second += " " + a.address;
   }
+  std::string out;
+  for (const auto& e : byInterface) out += (out.empty() ? "" : ", ") + e.second;
   return out.empty() ? "none" : out;
 }
 
