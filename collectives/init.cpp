@@ -60,6 +60,7 @@ std::unique_ptr<ProcessGroupGloo> init() { return init(rpc::Options::fromEnv());
 
 std::unique_ptr<ProcessGroupGloo> init(const rpc::Options& opt, ProcessGroupGloo::Options options) {
   opt.validate();
+  if (options.hostname.empty()) options.hostname = opt.localAddress();
   auto store = std::make_shared<OwnedStore>(opt);
   auto group = ProcessGroupGloo::create(store->client(), opt.rank, opt.worldSize, std::move(options));
   group->keepAlive(std::move(store));
@@ -69,6 +70,7 @@ std::unique_ptr<ProcessGroupGloo> init(const rpc::Options& opt, ProcessGroupGloo
 std::unique_ptr<ProcessGroupGloo> init(rpc::Agent& agent, ProcessGroupGloo::Options options) {
   WEFT_ENFORCE(agent.started(), StateError, "collectives::init: the agent of worker '", agent.name(),
                "' is not started; call agent.start() first (the group joins through the agent's store)");
+  if (options.hostname.empty()) options.hostname = agent.options().localAddress();
   return ProcessGroupGloo::create(agent.store(), agent.rank(), agent.worldSize(), std::move(options));
 }
 

@@ -28,7 +28,10 @@
 // mesh is connected), or throws as the ProcessGroupGloo constructor does
 // (TimeoutError naming the ranks that never joined, after the group's
 // timeout). The group is ProcessGroupGloo "default" unless
-// ProcessGroupGloo::Options::name says otherwise.
+// ProcessGroupGloo::Options::name says otherwise. Its connections bind the
+// address rpc::Options::localAddress() gives (WEFT_SOCKET_IFNAME or
+// Options::socketIfname, else the local address of the route to the master
+// address) unless ProcessGroupGloo::Options::hostname names one.
 //
 // The store. init(opt) builds the rendezvous store itself: rank 0 serves it
 // (on opt.masterAddr:opt.masterPort; a lone process on any free port of

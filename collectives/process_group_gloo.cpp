@@ -30,7 +30,6 @@
 
 #include "collectives/gloo_call_check.h"
 #include "collectives/gloo_device.h"
-#include "collectives/gloo_store.h"
 #include "common/error.h"
 #include "rpc/options.h"
 
@@ -135,18 +134,6 @@ void divideInPlace(void* data, DType t, size_t n, int by) {
 uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.rawData()); }
 
 // The address peers reach this rank at (see Options::hostname).
-std::string defaultHostname(const rpc::StoreClient& store) {
-  std::string host = store.endpoint();
-  size_t colon = host.rfind(':');
-  if (colon != std::string::npos) host = host.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (rpc::isLoopbackHost(host)) return "127.0.0.1";
-  char name[256] = {};
-  WEFT_ENFORCE(::gethostname(name, sizeof(name) - 1) == 0, Error,
-               "ProcessGroupGloo: gethostname failed; set Options::hostname");
-  return name;
-}
-
 // ---- progress posting -------------------------------------------------------------
 
 // Posts the number of the last collective this rank started to the store, so
@@ -400,7 +387,14 @@ ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
   WEFT_ENFORCE(options_.timeout.count() > 0, InvalidArgumentError, "ProcessGroupGloo: timeout must be > 0, got ",
                options_.timeout.count(), " ms");
   if (!device_) {
-    const std::string host = options_.hostname.empty() ? defaultHostname(store_) : options_.hostname;
+    std::string host = options_.hostname;
+    if (host.empty()) {
+      try {
+        host = gloo_detail::defaultDeviceAddress(store_.endpoint());
+      } catch (const InvalidArgumentError& e) {
+        throw InvalidArgumentError(std::string("ProcessGroupGloo: ") + e.what());
+      }
+    }
     try {
       device_ = createTcpDevice(host);
     } catch (const Error& e) {
@@ -462,48 +456,13 @@ std::string ProcessGroupGloo::Impl::brokenReason() {
 // ---- rendezvous --------------------------------------------------------------------------
 
 void ProcessGroupGloo::Impl::rendezvous() {
-  const std::string joined = prefix_ + "joined/";
-  store_.set(joined + std::to_string(rank_), "1");
-  context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-  context_->setTimeout(options_.timeout);
-  GlooStore glooStore(store_, prefix_ + "gloo/", options_.timeout);
-  try {
-    SigpipeBlock block;
-    context_->connectFullMesh(glooStore, device_);
-    return;
-  } catch (const std::exception& e) {
-    // Which ranks never set their key (bounded: the store may be gone too).
-    std::vector<Future<bool>> checks;
-    std::vector<int> missing;
-    std::string storeTrouble;
-    for (int r = 0; r < size_; ++r) {
-      try {
-        checks.push_back(store_.checkAsync({joined + std::to_string(r)}));
-      } catch (const std::exception& ce) {
-        storeTrouble = ce.what();
-        break;
-      }
-    }
-    auto until = Clock::now() + Millis(2000);
-    for (size_t r = 0; r < checks.size(); ++r) {
-      if (!checks[r].waitUntil(until) || checks[r].hasError()) {
-        storeTrouble = "the store did not answer";
-        break;
-      }
-      if (!checks[r].get()) missing.push_back(static_cast<int>(r));
-    }
-    std::string msg = "ProcessGroupGloo: rendezvous of group '" + name_ + "' (rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size_) + ") failed after at most " + std::to_string(options_.timeout.count()) +
-                      " ms: ";
-    if (!missing.empty()) msg += "ranks " + rankList(missing) + " never joined; ";
-    if (!storeTrouble.empty()) msg += "the ranks that joined are unknown (" + storeTrouble + "); ";
-    msg += e.what();
-    if (dynamic_cast<const DisconnectedError*>(&e) != nullptr) throw DisconnectedError(msg);
-    // A peer's address in the store that Gloo cannot take.
-    if (dynamic_cast<const gloo::EnforceNotMet*>(&e) != nullptr) throw ProtocolError(msg);
-    if (dynamic_cast<const TimeoutError*>(&e) != nullptr || !missing.empty()) throw TimeoutError(msg);
-    throw Error(msg);
-  }
+  store_.set(prefix_ + "joined/" + std::to_string(rank_), "1");
+  auto context = std::make_shared<gloo_detail::MeshContext>(rank_, size_);
+  context->setTimeout(options_.timeout);
+  SigpipeBlock block;
+  context->connectMesh(store_, prefix_, device_, options_.timeout,
+                       "group '" + name_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+  context_ = std::move(context);
 }
 
 // ---- the collective thread ----------------------------------------------------------------

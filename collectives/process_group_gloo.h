@@ -15,12 +15,20 @@
 //   auto pair = pg->newGroup({0, 1});                       // every rank calls it
 //
 // Rendezvous. The constructor is collective: every rank of the group builds
-// its ProcessGroupGloo with the same name, size and options. Each rank puts
-// its Gloo address under "weft/pg/<name>/" in the store (GlooStore) and
-// connects to every other rank (one TCP connection per pair, Gloo's full
-// mesh). It returns once connected to all, or throws TimeoutError after
-// Options::timeout naming the ranks that never joined. Sub-groups live under
-// "weft/pg/<name>/sub<k>[r0,r1,...]/" and reuse the parent's Gloo device.
+// its ProcessGroupGloo with the same name, size and options. Each rank binds
+// its Gloo connections to Options::hostname (by default the address
+// WEFT_SOCKET_IFNAME names, else the local address of the route to the
+// store's host; see Options::hostname), puts their addresses under
+// "weft/pg/<name>/" in the store and connects to every other rank (one TCP
+// connection per pair, Gloo's full mesh), all under one deadline,
+// Options::timeout from the start of the rendezvous. It returns once
+// connected to all. A rank that cannot reach an address a peer gave (refused,
+// no route) fails at once, and so does every other rank of the group:
+// DisconnectedError naming the ranks, the address, the time taken and
+// WEFT_SOCKET_IFNAME. Ranks that have not joined or connected by the
+// deadline give TimeoutError naming them (gloo_detail::MeshContext).
+// Sub-groups live under "weft/pg/<name>/sub<k>[r0,r1,...]/" and reuse the
+// parent's Gloo device.
 //
 // Threads. Each group runs its collectives on a thread of its own (and posts
 // its progress from another, see Timeouts), one at a
@@ -125,9 +133,12 @@ class ProcessGroupGloo final : public ProcessGroup {
     // Exchange and compare call headers before each collective (see "Call
     // checking"); every rank of the group passes the same value.
     bool checkCalls = true;
-    // The address peers reach this rank at. Empty: 127.0.0.1 when the store is
-    // on a loopback address (the whole job is on this machine), else this
-    // machine's host name.
+    // The address (or a name resolving to it) this rank's connections bind and
+    // peers reach it at. Empty: the address the WEFT_SOCKET_IFNAME variable
+    // names (an interface or an address of this machine), else 127.0.0.1 when
+    // the store is on a loopback address (the whole job is on this machine),
+    // else the local address of this machine's route to the store's host
+    // (rpc::localAddressFor, rpc/socket_address.h).
     std::string hostname{};
     // Names the group in the store and in messages; unique among the groups
     // built on one store ([A-Za-z0-9_.-], 1 to 64 characters).

@@ -210,9 +210,11 @@ class Agent::Impl {
     const int world = options_.worldSize;
     auto deadline = options_.storeTimeout.count() == 0 ? Clock::time_point::max() : Clock::now() + options_.storeTimeout;
 
-    loop_.call([this] {
+    const std::string listenHost = options_.listenHost();
+    advertisedHost_ = options_.advertisedHost();
+    loop_.call([this, &listenHost] {
       listener_ = std::make_unique<transport::Listener>(
-          loop_, options_.listenHost(), options_.listenPort,
+          loop_, listenHost, options_.listenPort,
           [this](int fd, std::string who) { onAccepted(fd, std::move(who)); });
       startTicking();
       // The loopback connection to this worker itself.
@@ -221,15 +223,11 @@ class Agent::Impl {
       self.conn->start();
       self.alive = true;
     });
-    listenAddress_ = options_.listenHost() + ":" + std::to_string(listener_->port());
-    if (isLoopbackHost(options_.listenHost()) || options_.listenHost() == "0.0.0.0" || options_.listenHost() == "::") {
-      // Advertise an address peers can dial.
-      advertised_ = (options_.listenHost() == "0.0.0.0" || options_.listenHost() == "::")
-                        ? hostForPeers() + ":" + std::to_string(listener_->port())
-                        : listenAddress_;
-    } else {
-      advertised_ = listenAddress_;
-    }
+    auto endpoint = [](const std::string& host, uint16_t port) {
+      return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+    };
+    listenAddress_ = endpoint(listenHost, listener_->port());
+    advertised_ = endpoint(advertisedHost_, listener_->port());
 
     if (rank == 0) {
       StoreServer::Config sc = StoreServer::configFor(options_);
@@ -326,12 +324,6 @@ class Agent::Impl {
                    << listenAddress_;
   }
 
-  std::string hostForPeers() const {
-    char host[256] = {0};
-    if (::gethostname(host, sizeof(host) - 1) != 0) return "127.0.0.1";
-    return host;
-  }
-
   static std::chrono::milliseconds remaining(Clock::time_point deadline) {
     if (deadline == Clock::time_point::max()) return std::chrono::milliseconds(0);
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -357,6 +349,7 @@ class Agent::Impl {
     int port = std::stoi(address.substr(colon + 1));
     SocketAddress sa = *SocketAddress::resolve(host, static_cast<uint16_t>(port));
     int fd = -1;
+    const auto began = Clock::now();
     for (;;) {
       try {
         fd = transport::connectTcp(sa, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
@@ -364,6 +357,21 @@ class Agent::Impl {
       } catch (const TimeoutError&) {
         checkStartAborted();
         if (Clock::now() >= deadline) throw;
+      } catch (const DisconnectedError& e) {
+        // Refused or unreachable: the peer listens before it registers its
+        // address, so the address it gave cannot be reached from here.
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began).count();
+        std::string why = std::string(e.what()) + " after " + std::to_string(ms) + " ms";
+        if (isLoopbackAddress(sa) && !isLoopbackHost(options_.masterAddr)) {
+          why += " (a loopback address, which only its own machine reaches)";
+        }
+        throw DisconnectedError("Agent::start: worker '" + name_ + "' (rank " + std::to_string(options_.rank) +
+                                ", at " + advertised_ + ") cannot connect to " + peerLabel(r) + " at " + address +
+                                ", the address it gave: " + why +
+                                "; each worker binds and gives its peers the address WEFT_SOCKET_IFNAME names "
+                                "(weftrun --socket-ifname; default: the local address of the route to the master "
+                                "address " + options_.masterAddr + "): set it on rank " + std::to_string(r) +
+                                "'s machine to an interface or address the other machines reach");
       }
     }
     loop_.call([&] {
@@ -1405,6 +1413,7 @@ class Agent::Impl {
   std::vector<std::unique_ptr<Peer>> peers_;
   std::map<int, std::string> helloNames_;  // under infoMutex_
   std::string listenAddress_;
+  std::string advertisedHost_;
   std::string advertised_;
 
   std::unique_ptr<transport::Listener> listener_;

@@ -49,16 +49,22 @@
 // thread: keep them short and never block in them (call sync() there and the
 // loop waits for itself). Chaining a nested async() in a continuation is fine.
 //
-// Start. start() registers this worker in the store (served by rank 0 on this
-// agent's loop), checks that the name and rank are unique and that every
-// worker agrees on the world size (each a clear error), then connects to every
-// peer: a worker initiates the connection to each lower rank and accepts one
-// from each higher rank. Each connection begins with a Hello/Welcome handshake
-// (protocol version, name, rank, world size, token: rpc/protocol.capnp). It
-// returns once every worker is connected to every other (a last barrier in the
-// store, so that a handler serving an early caller can itself call out), or
-// throws TimeoutError naming the workers still missing after
-// Options::storeTimeout.
+// Start. start() binds its listener to Options::listenHost() (by default the
+// address WEFT_SOCKET_IFNAME names, else the local address of the route to
+// the master address: Options::localAddress()), registers this worker and
+// that address in the store (served by rank 0 on this agent's loop), checks
+// that the name and rank are unique and that every worker agrees on the world
+// size (each a clear error), then connects to every peer: a worker initiates
+// the connection to each lower rank and accepts one from each higher rank.
+// Each connection begins with a Hello/Welcome handshake (protocol version,
+// name, rank, world size, token: rpc/protocol.capnp). It returns once every
+// worker is connected to every other (a last barrier in the store, so that a
+// handler serving an early caller can itself call out), or throws TimeoutError
+// naming the workers still missing after Options::storeTimeout. An address a
+// peer gave that refuses the connection or cannot be routed to (it listens
+// before it registers, so nothing else can be meant) fails start() at once
+// with DisconnectedError naming the peer, the address and WEFT_SOCKET_IFNAME;
+// every other worker's start() then fails at once with the same reason.
 //
 // Failures. A peer silent for heartbeatMisses heartbeat intervals is declared
 // dead; a closed or reset socket is noticed at once. Bytes that break the

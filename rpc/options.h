@@ -31,7 +31,16 @@
 // alone, a process defaults to 127.0.0.1 and port 0 (any free port).
 // The rest, all optional:
 //   WEFT_WORKER_NAME          name (default "worker<rank>")
-//   WEFT_LISTEN_ADDR          address the agent's RPC listener binds (default below)
+//   WEFT_SOCKET_IFNAME        the interface name ("eth0") or IP address of this machine
+//                             that the agent's listener and every Gloo process group bind
+//                             and give their peers (weftrun --socket-ifname). Default: the
+//                             local address of this machine's route to the master address,
+//                             127.0.0.1 when the master address is a loopback one. See
+//                             localAddress().
+//   WEFT_LISTEN_ADDR          the address the agent's RPC listener binds, overriding
+//                             WEFT_SOCKET_IFNAME for the agent alone (0.0.0.0 or :: binds
+//                             every interface and still gives peers the WEFT_SOCKET_IFNAME
+//                             address); see listenHost()
 //   WEFT_LISTEN_PORT          its port (default 0: any free port)
 //   WEFT_NUM_WORKER_THREADS   threads running user handlers (default 4)
 //   WEFT_RPC_TIMEOUT          default RPC timeout in seconds, fractional allowed, 0 = none (default 60)
@@ -69,9 +78,15 @@ struct Options {
   std::string masterAddr = "127.0.0.1";
   uint16_t masterPort = 0;
 
-  // Where this process's RPC listener binds. Empty picks the default: the
-  // loopback address when masterAddr is a loopback address (the whole job is on
-  // this machine), else every interface (0.0.0.0). See listenHost().
+  // The interface name or IP address of this machine that its weft sockets
+  // bind and give their peers (WEFT_SOCKET_IFNAME); empty picks the default,
+  // the local address of the route to masterAddr. See localAddress().
+  std::string socketIfname;
+
+  // Where this process's RPC listener binds, overriding socketIfname for the
+  // agent alone; empty (the default) binds localAddress(). "0.0.0.0" or "::"
+  // binds every interface; peers are then given localAddress(). See
+  // listenHost() and advertisedHost().
   std::string listenAddr;
   uint16_t listenPort = 0;
 
@@ -105,8 +120,18 @@ struct Options {
   std::string workerName() const;
   // localRank, or rank when localRank is -1.
   int effectiveLocalRank() const { return localRank >= 0 ? localRank : rank; }
-  // listenAddr, or the default described there.
+  // This machine's address for the job: rpc::localAddressFor(socketIfname,
+  // masterAddr) (socket_address.h). With socketIfname empty: 127.0.0.1 when
+  // masterAddr is a loopback address, else the local address of the route to
+  // masterAddr. InvalidArgumentError naming WEFT_SOCKET_IFNAME when the
+  // setting names no interface or address of this machine, or no route leads
+  // to masterAddr.
+  std::string localAddress() const;
+  // The address the agent's listener binds: listenAddr, or localAddress().
   std::string listenHost() const;
+  // The address the agent gives its peers: listenHost(), or localAddress()
+  // when that is a wildcard (0.0.0.0, ::).
+  std::string advertisedHost() const;
   // "host:port" of the store (IPv6 literals in brackets).
   std::string masterEndpoint() const;
 };

@@ -11,6 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <gloo/transport/tcp/address.h>
 #include <gloo/types.h>
 
 #include "collectives/gloo_store.h"
@@ -292,6 +296,57 @@ TEST_CASE("a rank that never calls newGroup makes the others fail after the grou
   CHECK_THROWS_AS(ranks[0].newGroup({0, 1}), TimeoutError);
 }
 
+TEST_CASE("a rank that never joins the rendezvous fails the others within the group's timeout, naming it") {
+  rpc::StoreServer server(rpc::StoreServer::Config{});
+  rpc::StoreClient::Config cc;
+  cc.port = server.port();
+  rpc::StoreClient store(cc);
+  auto began = std::chrono::steady_clock::now();
+  std::string e;
+  try {
+    ProcessGroupGloo::create(store, 0, 3, {.timeout = 800ms, .name = "lonely"});
+  } catch (const TimeoutError& x) {
+    e = x.what();
+  }
+  auto took = std::chrono::steady_clock::now() - began;
+  CHECK(contains(e, "group 'lonely' (rank 0 of 3): rendezvous timed out after "));
+  INFO(e);
+  CHECK(contains(e, "ranks [1, 2] have not joined (the group's timeout is 800 ms)"));
+  CHECK(took >= 700ms);
+  CHECK(took < 5s);
+}
+
+TEST_CASE("a peer that gives its address but never connects fails the connect at the group's timeout, naming it") {
+  rpc::StoreServer server(rpc::StoreServer::Config{});
+  rpc::StoreClient::Config cc;
+  cc.port = server.port();
+  rpc::StoreClient store(cc);
+  // Rank 1's address, 127.0.0.2, sorts above rank 0's 127.0.0.1: rank 0 waits for rank 1 to dial
+  // in (Gloo's rule), which it never does.
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(9);
+  ::inet_pton(AF_INET, "127.0.0.2", &peer.sin_addr);
+  std::vector<char> bytes =
+      gloo::transport::tcp::Address(reinterpret_cast<const sockaddr*>(&peer), sizeof peer).bytes();
+  store.set("weft/pg/silent/mesh/1", std::string(bytes.begin(), bytes.end()));
+  auto began = std::chrono::steady_clock::now();
+  std::string e;
+  try {
+    ProcessGroupGloo::create(store, 0, 2, {.timeout = 800ms, .hostname = "127.0.0.1", .name = "silent"});
+  } catch (const TimeoutError& x) {
+    e = x.what();
+  }
+  auto took = std::chrono::steady_clock::now() - began;
+  INFO(e);
+  CHECK(contains(e, "group 'silent' (rank 0 of 2): rank 0 (at 127.0.0.1:"));
+  CHECK(contains(e, "connecting to rank 1 at 127.0.0.2:9 (the group's timeout is 800 ms)"));
+  CHECK(contains(e, "WEFT_SOCKET_IFNAME"));
+  // One deadline for the whole rendezvous; Gloo's own connect would wait 5 times the timeout.
+  CHECK(took >= 700ms);
+  CHECK(took < 3s);
+}
+
 TEST_CASE("GlooStore puts every key under its prefix") {
   rpc::StoreServer server(rpc::StoreServer::Config{});
   rpc::StoreClient::Config cc;
@@ -314,14 +369,14 @@ TEST_CASE("a peer's address in the store that Gloo cannot take fails the rendezv
   rpc::StoreClient peer(cc);
   // Rank 1 "joins" with 3 bytes where Gloo expects its pair addresses.
   peer.set("weft/pg/default/joined/1", "1");
-  peer.set("weft/pg/default/gloo/1", "abc");
+  peer.set("weft/pg/default/mesh/1", "abc");
   std::string error;
   try {
     ProcessGroupGloo pg(store, 0, 2, {.timeout = 5s});
   } catch (const ProtocolError& e) {
     error = e.what();
   }
-  CHECK(contains(error, "ProcessGroupGloo: rendezvous of group 'default' (rank 0 of 2) failed"));
+  CHECK(contains(error, "ProcessGroupGloo: group 'default' (rank 0 of 2): rank 1 posted 3 bytes of addresses"));
 }
 
 TEST_CASE("int32 and uint8 reduce with sum, max, min and product; bool, int32 and uint8 move by broadcast and "

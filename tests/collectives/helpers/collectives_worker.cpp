@@ -69,7 +69,6 @@
 
 #include "collectives/gloo_call_check.h"
 #include "collectives/gloo_device.h"
-#include "collectives/gloo_store.h"
 #include "collectives/process_group_gloo.h"
 #include "common/error.h"
 #include "rpc/options.h"
@@ -536,11 +535,10 @@ void runHostile(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
 void runHostilePeer(weft::rpc::StoreClient& store) {
   namespace gd = weft::collectives::gloo_detail;
   store.set("weft/pg/default/joined/1", "1");
-  auto context = std::make_shared<gloo::rendezvous::Context>(1, 2);
+  auto context = std::make_shared<gd::MeshContext>(1, 2);
   context->setTimeout(30s);
-  weft::collectives::GlooStore glooStore(store, "weft/pg/default/gloo/", 30s);
   std::shared_ptr<gloo::transport::Device> device = gd::createTcpDevice("127.0.0.1");
-  context->connectFullMesh(glooStore, device);
+  context->connectMesh(store, "weft/pg/default/", device, 30s, "the hostile peer");
   // Rank 0's message of run 0 (its header and 16 bytes of data) lands here.
   std::vector<uint8_t> incoming(gd::kHeaderBytes + ProcessGroupGloo::kFusedSendBytes);
   auto in = context->createUnboundBuffer(incoming.data(), incoming.size());
