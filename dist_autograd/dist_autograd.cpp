@@ -780,10 +780,29 @@ bool installLayer() {
 
 }  // namespace
 
+namespace {
+std::mutex gHookMutex;
+std::function<void(int64_t)> gSettledHook;
+
+void settledHook(int64_t contextId) {
+  std::function<void(int64_t)> hook;
+  {
+    std::lock_guard<std::mutex> lock(gHookMutex);
+    hook = gSettledHook;
+  }
+  if (hook) hook(contextId);
+}
+}  // namespace
+
 namespace detail {
 bool installed() {
   static const bool done = installLayer();
   return done;
+}
+
+void setBackwardSettledHook(std::function<void(int64_t contextId)> hook) {
+  std::lock_guard<std::mutex> lock(gHookMutex);
+  gSettledHook = std::move(hook);
 }
 }  // namespace detail
 
@@ -850,6 +869,7 @@ void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& 
   }
   Future<void> done = settleAll(std::move(pending), failure);
   done.wait();
+  settledHook(id_);
   // Every request this pass sent has been answered, so nothing more can arrive here: a node
   // still waiting waits for a send node the pass never reached (FAST mode's assumption broken
   // here, e.g. a tensor sent in a call whose result the loss does not use). Run it anyway, so
@@ -869,6 +889,7 @@ void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& 
     }
     done = settleAll(std::move(pending), failure);
     done.wait();
+    settledHook(id_);
   }
   {
     std::lock_guard<std::mutex> lock(state_->mutex_);

@@ -61,6 +61,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -169,6 +170,10 @@ namespace detail {
 // Installs the layer on every Agent a program that includes this header builds.
 bool installed();
 inline const bool kLayerInstalled = installed();
+// For tests: called on the thread running Context::backward each time every request the pass
+// sent so far has been answered, before that thread looks at the context again (the moment a
+// worker's death can be noticed between two steps of the pass). An empty function removes it.
+void setBackwardSettledHook(std::function<void(int64_t contextId)> hook);
 }  // namespace detail
 
 }  // namespace weft::dist_autograd
