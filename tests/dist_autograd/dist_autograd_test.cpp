@@ -475,3 +475,14 @@ TEST_CASE("dist_autograd: a second backward on a context whose pass is running i
   CHECK(weft::testing::contains(second, "already running"));
   CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach(), 1e-12, 0));
 }
+
+TEST_CASE("dist_autograd: a local backward reaching a received tensor's recv node is a StateError") {
+  Job job(2);
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(1, scaleByW, x);
+  CHECK_THROWS_WITH_AS(y.sum().backward(), doctest::Contains("a local backward"), weft::StateError);
+  // The context is untouched: its own backward still gives x its gradient.
+  ctx.backward({y.sum()});
+  CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach(), 1e-12, 0));
+}
