@@ -1,7 +1,8 @@
 // Distributed autograd between agents of one process (each with its own loop, pool and TCP
 // connections on 127.0.0.1): recording on calls and replies, backward through one and two hops,
-// parameters passed as arguments, RRefs, retainGraph, errors and release everywhere. Gradients
-// are compared with the same computation done locally.
+// parameters passed as arguments, RRefs, retainGraph, errors and release everywhere, a peer dying
+// between two steps of a pass, and the threads backward() may and may not run on. Gradients are
+// compared with the same computation done locally.
 #include <atomic>
 #include <chrono>
 #include <functional>
