@@ -59,10 +59,10 @@
 // is a StateError. backward() blocks its thread until the pass is done on every worker. While it
 // waits, that thread itself runs the backward requests that reach this worker (for its own pass
 // or any other), so backward() may be called on a handler thread, even when the agent has one
-// handler thread and the pass needs this worker again. Requests of other workers' passes are
-// otherwise served by the handler threads, like any call: handlers blocked in sync() delay them.
+// handler thread and the pass needs this worker again. Otherwise backward requests are served by
+// the handler threads like any call, so handlers blocked in sync() delay them.
 // backward() raises StateError, before starting anything, when called
-//   - on the agent's loop thread (a continuation of a call's future, a task posted to the loop):
+//   - on the agent's loop thread (where a continuation attached to a pending call's future runs):
 //     the loop delivers the answers the pass waits for, so it would wait for itself forever;
 //   - inside a backward pass on the same thread (a node's rule, a hook or a queued callback):
 //     that pass holds its context until it returns;
