@@ -96,6 +96,8 @@ class StoreServer {
     size_t waiters = 0;            // Get/Wait requests waiting
     uint64_t storedBytes = 0;      // keys plus values
     uint64_t droppedConnections = 0;  // closed for a protocol violation, timeout, backlog or over the limit
+    size_t knownClients = 0;          // clients remembered for their reconnection, connected or not
+    uint64_t keptReplies = 0;         // replies to updates kept for their retry
   };
   // A snapshot, taken on the loop thread (the caller blocks for it).
   Stats stats() const;

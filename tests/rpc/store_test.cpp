@@ -103,8 +103,13 @@ uint32_t loadU32(const char* p) {
 }
 
 std::string helloFrame(const std::string& token = "", uint16_t version = store::kVersion,
-                       uint32_t magic = store::kMagic) {
-  return store::FrameWriter(0, static_cast<uint8_t>(store::Op::Hello)).u32(magic).u16(version).str(token).finish();
+                       uint32_t magic = store::kMagic, uint64_t clientId = 1) {
+  return store::FrameWriter(0, static_cast<uint8_t>(store::Op::Hello))
+      .u32(magic)
+      .u16(version)
+      .str(token)
+      .u64(clientId)
+      .finish();
 }
 
 struct Reply {
@@ -191,9 +196,11 @@ class RawSocket {
     }
   }
 
-  // Sends a Hello and checks that it is accepted.
-  void handshake(const std::string& token = "") {
-    send(helloFrame(token));
+  // Sends a Hello and checks that it is accepted. Each socket is a client of
+  // its own unless told which.
+  void handshake(const std::string& token = "", std::optional<uint64_t> clientId = std::nullopt) {
+    static std::atomic<uint64_t> nextClientId{1000};
+    send(helloFrame(token, store::kVersion, store::kMagic, clientId ? *clientId : nextClientId++));
     std::optional<std::string> reply = readFrame(5s);
     REQUIRE(reply.has_value());
     REQUIRE(parseReply(*reply).status == 0);
@@ -779,7 +786,8 @@ TEST_CASE("a client that does not read its replies is disconnected once its back
 
 TEST_CASE("closing the server fails pending client calls with DisconnectedError promptly, and later calls at once") {
   auto server = std::make_unique<StoreServer>(serverConfig());
-  StoreClient client(clientConfig(server->port()));
+  const uint16_t port = server->port();
+  StoreClient client(clientConfig(port));
   auto pending = std::async(std::launch::async, [&] {
     return errorOf<DisconnectedError>([&] { client.get("never", 60s); });
   });
@@ -790,7 +798,10 @@ TEST_CASE("closing the server fails pending client calls with DisconnectedError 
   REQUIRE(pending.wait_for(5s) == std::future_status::ready);
   CHECK(secondsSince(closedAt) < 2.0);
   std::string e = pending.get();
-  CHECK(contains(e, "the server closed the connection while waiting for get('never')"));
+  // The client tries to reconnect once; the refusal tells it the server is gone.
+  CHECK(contains(e, "lost the connection to the server at 127.0.0.1:" + std::to_string(port) +
+                        " while waiting for get('never')"));
+  CHECK(contains(e, "(the server closed the connection), and reconnecting was refused"));
   CHECK_THROWS_AS(waiting.get(), DisconnectedError);
   CHECK(eventually([&] { return !client.connected(); }));
   auto start = Clock::now();
@@ -857,7 +868,7 @@ class MuteServer {
       in.append(buf, static_cast<size_t>(n));
       if (!answered && in.size() >= 4 && in.size() >= 4 + loadU32(in.data())) {
         answered = true;
-        std::string reply = store::FrameWriter(0, 0).u32(4096).u32(1024).u32(16).finish();
+        std::string reply = store::FrameWriter(0, 0).u32(4096).u32(1024).u32(16).u64(1).finish();
         ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
       }
     }
