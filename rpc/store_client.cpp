@@ -495,7 +495,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     lostAt_ = Clock::now();
     lostReason_ = reason;
     attempts_ = 0;
-    lastError_ = reason;
+    lastError_.clear();
     retryDelay_ = kFirstRetryDelay;
     attemptTimeout_ = kFirstAttemptTimeout;
     connected_.store(false, std::memory_order_release);
@@ -511,8 +511,9 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   std::string lostDetail() const {
     return "the connection was lost " + secondsSince(lostAt_) + " ago (" + lostReason_ + ")";
   }
+  // "3 attempt(s); last error: ...)" (the caller opened the parenthesis).
   std::string attemptsSoFar() const {
-    return std::to_string(attempts_) + " attempt(s); last error: " + (lastError_.empty() ? "none" : lastError_) + ")";
+    return std::to_string(attempts_) + " attempt(s)" + (lastError_.empty() ? "" : "; last error: " + lastError_) + ")";
   }
 
   // ---- requests -----------------------------------------------------------------------
