@@ -489,7 +489,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // request (each still bounded by its own deadline), for at most
   // connectTimeout.
   void beginReconnect(const std::string& reason) {
-    WEFT_LOG(Warn) << "store: lost the connection to the server at " << endpoint_ << " (" << reason
+    WEFT_LOG(Info) << "store: lost the connection to the server at " << endpoint_ << " (" << reason
                    << "); reconnecting";
     reconnecting_ = true;
     lostAt_ = Clock::now();
@@ -652,7 +652,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // <what>: <detail>".
   void connectionLost(StatusCode code, const std::string& detail) {
     if (state_ == State::Closed) return;
-    WEFT_LOG(Warn) << "store: giving up on the server at " << endpoint_ << ": " << detail;
+    WEFT_LOG(Info) << "store: giving up on the server at " << endpoint_ << ": " << detail;
     setClosed("lost: " + detail);
     closeSocket(false);
     stopConnectTimers();
