@@ -1081,7 +1081,8 @@ TEST_CASE("a client that reconnects to a restarted server fails its calls: what 
   client.set("k", "v");
   StoreServer second(serverConfig());
   relay.setUpstream(second.port());
-  Future<std::string> get = client.getAsync("k", 10s);
+  Future<std::string> get = client.getAsync("never", 10s);
+  CHECK(eventually([&] { return first->stats().waiters == 1; }));
   relay.cutClients();
   std::string e = errorOf<DisconnectedError>([&] { get.get(); });
   CHECK(contains(e, "the server that answered the reconnection is another one (the store was restarted"));
