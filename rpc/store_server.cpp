@@ -845,7 +845,8 @@ StoreServer::Config StoreServer::configFor(const Options& opt) {
 StoreServer::StoreServer(Config config, UvLoop* loop) : config_(std::move(config)) {
   const store::Limits& l = config_.limits;
   WEFT_ENFORCE(l.maxKeyBytes > 0 && l.maxValueBytes > 0 && l.maxKeysPerRequest > 0 && l.maxConnections > 0 &&
-                   l.maxWaitersPerConnection > 0,
+                   l.maxWaitersPerConnection > 0 && l.maxKeptRepliesPerClient > 0 &&
+                   l.maxKeptReplyBytesPerClient > 0 && l.maxKnownClients > 0,
                InvalidArgumentError, "StoreServer: every store limit must be positive");
   WEFT_ENFORCE(l.maxRequestBody() <= UINT32_MAX && l.maxReplyBody() <= UINT32_MAX, InvalidArgumentError,
                "StoreServer: the limits allow requests of ", l.maxRequestBody(),
