@@ -275,7 +275,8 @@ RankProgress parseProgress(int rank, const std::string& value) {
 // A rank heard from recently (kProgressFresh) is reported as not having
 // started it as of then; an older post is only reported with its age, since
 // the rank may have started it after (its posts may not reach the store);
-// ranks that posted nothing are named as such.
+// ranks that posted nothing are named as such. Empty when every rank has
+// started it.
 std::string describeProgress(int64_t seq, const std::vector<RankProgress>& ranks, int64_t nowMs) {
   auto position = [](const RankProgress& p) {
     return p.seq < 0 ? std::string("before any collective") : "at #" + std::to_string(p.seq);
@@ -310,7 +311,6 @@ std::string describeProgress(int64_t seq, const std::vector<RankProgress>& ranks
   if (!silent.empty()) {
     parts.push_back("ranks " + rankList(silent) + " have posted no progress to the store");
   }
-  if (parts.empty()) return "every rank has started it";
   std::string msg;
   for (const std::string& part : parts) msg += (msg.empty() ? "" : "; ") + part;
   return msg;
@@ -679,16 +679,26 @@ std::string ProcessGroupGloo::Impl::progressReport(int64_t seq) {
     return std::string("which ranks started it is unknown (store: ") + e.what() + ")";
   }
   std::vector<RankProgress> ranks;
+  std::vector<int> unread;  // ranks whose progress the store did not give
+  std::string why;          // the first reason
   auto until = Clock::now() + Millis(2000);
   for (auto& [r, f] : gets) {
-    if (!f.waitUntil(until)) return "which ranks started it is unknown (the store did not answer)";
-    if (f.hasError() && f.status().code() != StatusCode::Timeout) {
-      return "which ranks started it is unknown (" + f.status().message() + ")";
+    if (!f.waitUntil(until)) {
+      unread.push_back(r);
+      if (why.empty()) why = "the store did not answer within 2.0 s";
+    } else if (f.hasError() && f.status().code() != StatusCode::Timeout) {
+      unread.push_back(r);
+      if (why.empty()) why = f.status().message();
+    } else {
+      // A rank that never posted has no key: the get times out.
+      ranks.push_back(parseProgress(r, f.hasError() ? std::string() : f.get()));
     }
-    // A rank that never posted has no key: the get times out.
-    ranks.push_back(parseProgress(r, f.hasError() ? std::string() : f.get()));
   }
-  return describeProgress(seq, ranks, wallClockMs());
+  std::string known = describeProgress(seq, ranks, wallClockMs());
+  if (unread.empty()) return known.empty() ? "every rank has started it" : known;
+  std::string msg = "whether ranks " + rankList(unread) + " started it is unknown: their progress could not be read (" +
+                    why + ")";
+  return known.empty() ? msg : known + "; " + msg;
 }
 
 std::exception_ptr ProcessGroupGloo::Impl::fatal(const std::string& what, const std::exception& e,
