@@ -275,8 +275,9 @@ RankProgress parseProgress(int rank, const std::string& value) {
 // A rank heard from recently (kProgressFresh) is reported as not having
 // started it as of then; an older post is only reported with its age, since
 // the rank may have started it after (its posts may not reach the store);
-// ranks that posted nothing are named as such. Empty when every rank has
-// started it.
+// ranks that posted nothing are named as such. When every rank has started
+// it, names the rank heard from longest ago (a rank stalled inside the
+// collective stops posting); empty when nothing was read.
 std::string describeProgress(int64_t seq, const std::vector<RankProgress>& ranks, int64_t nowMs) {
   auto position = [](const RankProgress& p) {
     return p.seq < 0 ? std::string("before any collective") : "at #" + std::to_string(p.seq);
@@ -288,10 +289,12 @@ std::string describeProgress(int64_t seq, const std::vector<RankProgress>& ranks
   std::string behindDetail;
   std::vector<std::string> stale;
   std::vector<int> silent;
+  const RankProgress* quietest = nullptr;  // of those that started it
   for (const RankProgress& p : ranks) {
     if (!p.heard) {
       silent.push_back(p.rank);
     } else if (p.seq >= seq) {
+      if (p.postedAtMs && (quietest == nullptr || *p.postedAtMs < *quietest->postedAtMs)) quietest = &p;
       continue;
     } else if (p.postedAtMs && nowMs - *p.postedAtMs <= kProgressFresh.count()) {
       behind.push_back(p.rank);
@@ -313,6 +316,10 @@ std::string describeProgress(int64_t seq, const std::vector<RankProgress>& ranks
   }
   std::string msg;
   for (const std::string& part : parts) msg += (msg.empty() ? "" : "; ") + part;
+  if (msg.empty() && quietest != nullptr) {
+    msg = "every rank has started it; the one heard from longest ago is rank " + std::to_string(quietest->rank) +
+          ", " + age(*quietest);
+  }
   return msg;
 }
 
@@ -696,6 +703,8 @@ std::string ProcessGroupGloo::Impl::progressReport(int64_t seq) {
   }
   std::string known = describeProgress(seq, ranks, wallClockMs());
   if (unread.empty()) return known.empty() ? "every rank has started it" : known;
+  const std::string all = "every rank has started it";
+  if (known.rfind(all, 0) == 0) known = "the others have started it" + known.substr(all.size());
   std::string msg = "whether ranks " + rankList(unread) + " started it is unknown: their progress could not be read (" +
                     why + ")";
   return known.empty() ? msg : known + "; " + msg;

@@ -75,8 +75,10 @@
 // #4, 0.3 s ago)"); an older post is reported only as what it is ("rank 2
 // was last heard at #4, 18.0 s ago"): the rank may have started it since
 // without reaching the store (a partition); ranks whose progress the store
-// cannot give (it is unreachable) are named as unknown. Ages across hosts
-// assume their clocks agree.
+// cannot give (it is unreachable) are named as unknown. When every rank has
+// started it, the rank heard from longest ago is named with the age of its
+// last post (a rank stalled inside the collective stops posting). Ages across
+// hosts assume their clocks agree.
 //
 // Call checking (Options::checkCalls, on by default). Each collective starts
 // with one call exchange: every rank sends every other rank a message with its
