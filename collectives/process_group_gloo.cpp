@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -137,12 +138,22 @@ uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.rawData()); }
 // ---- progress posting -------------------------------------------------------------
 
 // Posts the number of the last collective this rank started to the store, so
-// that a rank whose collective times out can tell which ranks never started
-// it. Starting a collective only records the number (an atomic store, nothing
-// on the hot path); a thread of its own posts the latest number every
-// kProgressPeriod when it changed, so the store sees it within about that
-// long.
+// that a rank whose collective times out can tell what the others were doing.
+// Starting a collective only records the number (an atomic store, nothing on
+// the hot path); a thread of its own posts "<number> <wall-clock ms>" every
+// kProgressPeriod when the number changed, and every kProgressRefresh anyway,
+// so a reader knows how long ago a rank was last heard from. A post the store
+// does not take (a partition, a store reconnecting) is retried once it
+// completes or fails; the number is never lost, only late, and its age says so.
 constexpr Millis kProgressPeriod{50};
+constexpr Millis kProgressRefresh{1000};
+// A rank heard from within this long is known to be alive and posting: its
+// number is its progress as of then.
+constexpr Millis kProgressFresh{3000};
+
+int64_t wallClockMs() {
+  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 class ProgressPoster {
  public:
@@ -163,23 +174,34 @@ class ProgressPoster {
 
  private:
   void run() {
-    int64_t posted = -1;
+    int64_t posted = -2;  // -1 is "none started yet", which is posted too
+    int64_t sending = 0;
+    Clock::time_point lastTry{};
+    std::optional<Future<void>> inFlight;
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopped_) {
       wake_.wait_for(lock, kProgressPeriod, [&] { return stopped_; });
+      if (stopped_) break;
+      if (inFlight) {
+        // Never waited on: a store that does not answer holds up no one.
+        if (!inFlight->isReady()) continue;
+        if (!inFlight->hasError()) posted = sending;
+        inFlight.reset();
+      }
       const int64_t latest = latest_.load(std::memory_order_relaxed);
-      if (stopped_ || latest == posted) continue;
+      const Clock::time_point now = Clock::now();
+      const bool due = now - lastTry >= kProgressRefresh;
+      // After a failed post (posted != sending), wait for the refresh period.
+      if (!due && (latest == posted || posted != sending)) continue;
+      lastTry = now;
+      sending = latest;
       lock.unlock();
-      bool ok = false;
       try {
-        Future<void> done = store_.setAsync(key_, std::to_string(latest));
-        ok = done.waitFor(Millis(1000)) && !done.hasError();
+        inFlight = store_.setAsync(key_, std::to_string(latest) + " " + std::to_string(wallClockMs()));
       } catch (const std::exception&) {
-        ok = false;
+        inFlight.reset();
       }
       lock.lock();
-      if (!ok) return;  // the store is gone or stuck: a diagnosis will say so
-      posted = latest;
     }
   }
 
@@ -225,6 +247,80 @@ class SizeMismatch : public ProtocolError {
 
 std::string sizeText(const Tensor& t) {
   return sizeText(static_cast<int64_t>(t.nbytes()), static_cast<int64_t>(t.dtype()), t.numel());
+}
+
+// What a rank's progress key says: the last collective it started (-1: none)
+// and when it posted that, by its wall clock (absent from a bare number).
+struct RankProgress {
+  int rank = 0;
+  bool heard = false;
+  int64_t seq = -1;
+  std::optional<int64_t> postedAtMs;
+};
+
+RankProgress parseProgress(int rank, const std::string& value) {
+  RankProgress p;
+  p.rank = rank;
+  std::istringstream in(value);
+  int64_t seq = 0;
+  if (!(in >> seq)) return p;
+  p.heard = true;
+  p.seq = seq;
+  int64_t at = 0;
+  if (in >> at) p.postedAtMs = at;
+  return p;
+}
+
+// For a collective that timed out: what the other ranks' posts say about it.
+// A rank heard from recently (kProgressFresh) is reported as not having
+// started it as of then; an older post is only reported with its age, since
+// the rank may have started it after (its posts may not reach the store);
+// ranks that posted nothing are named as such. When every rank has started
+// it, names the rank heard from longest ago (a rank stalled inside the
+// collective stops posting); empty when nothing was read.
+std::string describeProgress(int64_t seq, const std::vector<RankProgress>& ranks, int64_t nowMs) {
+  auto position = [](const RankProgress& p) {
+    return p.seq < 0 ? std::string("before any collective") : "at #" + std::to_string(p.seq);
+  };
+  auto age = [&](const RankProgress& p) {
+    return rpc::store::describeDuration(Millis(std::max<int64_t>(0, nowMs - *p.postedAtMs))) + " ago";
+  };
+  std::vector<int> behind;
+  std::string behindDetail;
+  std::vector<std::string> stale;
+  std::vector<int> silent;
+  const RankProgress* quietest = nullptr;  // of those that started it
+  for (const RankProgress& p : ranks) {
+    if (!p.heard) {
+      silent.push_back(p.rank);
+    } else if (p.seq >= seq) {
+      if (p.postedAtMs && (quietest == nullptr || *p.postedAtMs < *quietest->postedAtMs)) quietest = &p;
+      continue;
+    } else if (p.postedAtMs && nowMs - *p.postedAtMs <= kProgressFresh.count()) {
+      behind.push_back(p.rank);
+      behindDetail += (behindDetail.empty() ? "" : "; ") + ("rank " + std::to_string(p.rank)) + " " + position(p) +
+                      ", " + age(p);
+    } else {
+      stale.push_back("rank " + std::to_string(p.rank) + " was last heard " + position(p) + ", " +
+                      (p.postedAtMs ? age(p) : std::string("at an unknown time")) +
+                      " (whether it has started it since is unknown)");
+    }
+  }
+  std::vector<std::string> parts;
+  if (!behind.empty()) {
+    parts.push_back("ranks " + rankList(behind) + " had not started it when last heard (" + behindDetail + ")");
+  }
+  parts.insert(parts.end(), stale.begin(), stale.end());
+  if (!silent.empty()) {
+    parts.push_back("ranks " + rankList(silent) + " have posted no progress to the store");
+  }
+  std::string msg;
+  for (const std::string& part : parts) msg += (msg.empty() ? "" : "; ") + part;
+  if (msg.empty() && quietest != nullptr) {
+    msg = "every rank has started it; the one heard from longest ago is rank " + std::to_string(quietest->rank) +
+          ", " + age(*quietest);
+  }
+  return msg;
 }
 
 // See ProcessGroupGloo::fusedLimit(): a rank sends each peer at most this
@@ -331,7 +427,8 @@ class ProcessGroupGloo::Impl {
   std::string exchangeCalls(Task& task, Deadline d);
   // The peers whose connection Gloo knows to be lost.
   std::vector<int> lostPeers();
-  // "ranks [2] have not started allReduce #5 ..." from the progress keys.
+  // What the progress keys tell of the ranks that may not have started
+  // collective `seq` (see describeProgress).
   std::string progressReport(int64_t seq);
   void waitTransfers();
   // Runs the rest of a transfer's size protocol on a waiter thread: false when
@@ -588,28 +685,29 @@ std::string ProcessGroupGloo::Impl::progressReport(int64_t seq) {
   } catch (const std::exception& e) {
     return std::string("which ranks started it is unknown (store: ") + e.what() + ")";
   }
-  std::vector<int> missing;
-  std::vector<std::string> lasts;
+  std::vector<RankProgress> ranks;
+  std::vector<int> unread;  // ranks whose progress the store did not give
+  std::string why;          // the first reason
   auto until = Clock::now() + Millis(2000);
   for (auto& [r, f] : gets) {
-    if (!f.waitUntil(until)) return "which ranks started it is unknown (the store did not answer)";
-    int64_t last = -1;  // a rank that never started a collective has no key: the get times out
-    if (!f.hasError()) {
-      try {
-        last = std::stoll(f.get());
-      } catch (const std::exception&) {
-        last = -1;
-      }
-    }
-    if (last < seq) {
-      missing.push_back(r);
-      lasts.push_back(last < 0 ? "none" : "#" + std::to_string(last));
+    if (!f.waitUntil(until)) {
+      unread.push_back(r);
+      if (why.empty()) why = "the store did not answer within 2.0 s";
+    } else if (f.hasError() && f.status().code() != StatusCode::Timeout) {
+      unread.push_back(r);
+      if (why.empty()) why = f.status().message();
+    } else {
+      // A rank that never posted has no key: the get times out.
+      ranks.push_back(parseProgress(r, f.hasError() ? std::string() : f.get()));
     }
   }
-  if (missing.empty()) return "every rank has started it";
-  std::string msg = "ranks " + rankList(missing) + " have not started it (last collective started: ";
-  for (size_t i = 0; i < lasts.size(); ++i) msg += (i ? ", " : "") + lasts[i];
-  return msg + ")";
+  std::string known = describeProgress(seq, ranks, wallClockMs());
+  if (unread.empty()) return known.empty() ? "every rank has started it" : known;
+  const std::string all = "every rank has started it";
+  if (known.rfind(all, 0) == 0) known = "the others have started it" + known.substr(all.size());
+  std::string msg = "whether ranks " + rankList(unread) + " started it is unknown: their progress could not be read (" +
+                    why + ")";
+  return known.empty() ? msg : known + "; " + msg;
 }
 
 std::exception_ptr ProcessGroupGloo::Impl::fatal(const std::string& what, const std::exception& e,

@@ -65,11 +65,20 @@
 //
 // Timeouts. Options::timeout bounds each op from the moment it starts running
 // (a collective waiting behind others in the queue is not yet timed). A
-// collective that times out asks the store which ranks have not started it:
+// collective that times out asks the store what the other ranks were doing:
 // every rank records the number of the last collective it started, and a
-// thread of the group posts it to "weft/pg/<name>/progress/<rank>" within
-// 50 ms when it changed (nothing on the hot path). With timeouts much longer
-// than that, the ranks named are exact.
+// thread of the group posts it with the rank's wall-clock time to
+// "weft/pg/<name>/progress/<rank>" within 50 ms when it changed and every
+// second anyway (nothing on the hot path). A rank heard from in the last 3 s
+// whose number is lower is reported as not having started the collective
+// when last heard ("ranks [2] had not started it when last heard (rank 2 at
+// #4, 0.3 s ago)"); an older post is reported only as what it is ("rank 2
+// was last heard at #4, 18.0 s ago"): the rank may have started it since
+// without reaching the store (a partition); ranks whose progress the store
+// cannot give (it is unreachable) are named as unknown. When every rank has
+// started it, the rank heard from longest ago is named with the age of its
+// last post (a rank stalled inside the collective stops posting). Ages across
+// hosts assume their clocks agree.
 //
 // Call checking (Options::checkCalls, on by default). Each collective starts
 // with one call exchange: every rank sends every other rank a message with its

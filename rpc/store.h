@@ -25,14 +25,33 @@
 // submitted. Each operation exists in two forms: `xAsync(...)` returns a Future
 // completed on the loop thread (continuations attached before completion run
 // there and must not block), and the blocking `x(...)` waits for it, which is
-// a bug (WEFT_CHECK) on the loop thread itself. Failures, from get() or the
-// blocking form:
+// a bug (WEFT_CHECK) on the loop thread itself.
+//
+// Reconnection. A lost connection (the server closed it, or the network
+// failed it: a vanished or partitioned machine is noticed within about 30 s,
+// see detectDeadPeers in rpc/socket_address.h) does not fail the calls
+// pending on it: the client reconnects, retrying for up to
+// Config::connectTimeout, and sends every unanswered call again, so a
+// partition shorter than the timeouts in force fails nothing. Calls made
+// meanwhile wait for the connection; each call stays bounded by its own
+// deadline. Updates (set, add, compareSet, deleteKey) take effect exactly
+// once even when their reply was lost and they are sent again (the server
+// keeps its replies per client, see store_protocol.h); reads are simply run
+// again (a get/wait with the time left of its timeout). Reconnecting stops
+// for good, failing every pending call and every later one, when the server
+// refuses the connection (it no longer listens: its process ended), when the
+// server that answers is another one (restarted: its keys are gone), or when
+// connectTimeout passes.
+//
+// Failures, from get() or the blocking form:
 //  - TimeoutError: a get/wait/barrier deadline passed (names the keys still
-//    missing), or the server did not answer within the client's timeout;
-//  - DisconnectedError: the connection was lost (the server closed it or its
-//    process died; a vanished machine is noticed within about 30 s, see
-//    detectDeadPeers in rpc/socket_address.h); every pending call fails at
-//    once, and every later call fails immediately: a client does not reconnect;
+//    missing), or the connected server did not answer within the client's
+//    timeout;
+//  - DisconnectedError: the connection is lost and could not be made again in
+//    time: a call whose deadline passes while the client reconnects, or every
+//    call once reconnecting has stopped (see above); the message names the
+//    server's address, how long ago the connection was lost and why, and the
+//    reconnection attempts;
 //  - CancelledError: the client was closed while the call was pending;
 //  - InvalidArgumentError: thrown at once by the call itself for an empty key
 //    or a key/value/key count above the server's limits (learnt at connect);
@@ -96,6 +115,8 @@ class StoreServer {
     size_t waiters = 0;            // Get/Wait requests waiting
     uint64_t storedBytes = 0;      // keys plus values
     uint64_t droppedConnections = 0;  // closed for a protocol violation, timeout, backlog or over the limit
+    size_t knownClients = 0;          // clients remembered for their reconnection, connected or not
+    uint64_t keptReplies = 0;         // replies to updates kept for their retry
   };
   // A snapshot, taken on the loop thread (the caller blocks for it).
   Stats stats() const;
@@ -123,7 +144,8 @@ class StoreClient {
     uint16_t port = 0;
     std::string token;
     // The constructor retries refused or failed connections (the server may
-    // start later) until this has passed; zero retries forever.
+    // start later) until this has passed; zero retries forever. After a lost
+    // connection, the client tries to reconnect for this long too.
     std::chrono::milliseconds connectTimeout{std::chrono::seconds(60)};
     // Default timeout of get/wait/barrier, and how long any other call waits
     // for its reply; zero means none.
@@ -191,7 +213,7 @@ class StoreClient {
   void barrier(const std::string& name, int worldSize, std::chrono::milliseconds timeout);
   Future<void> barrierAsync(const std::string& name, int worldSize, std::chrono::milliseconds timeout);
 
-  // False once the connection is lost or the client closed.
+  // False while the client reconnects, and once it has stopped or is closed.
   bool connected() const;
   // Limits the server announced at connect.
   uint32_t maxKeyBytes() const noexcept { return serverLimits_.maxKeyBytes; }

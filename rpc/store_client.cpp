@@ -3,13 +3,19 @@
 //
 // States (loop thread):  Connecting -> Handshaking -> Ready -> Closed
 //   Connecting/Handshaking may fall back to Connecting (after a retry delay)
-//   until the connect deadline; Closed is final (lost connection, rejected
-//   handshake, connect timeout or close()).
+//   until the connect deadline. A Ready connection that is lost goes back to
+//   Connecting (reconnecting_): requests stay pending and are sent again once
+//   Ready. Closed is final (rejected handshake, connect or reconnect timeout,
+//   a server that refuses connections or was restarted, close()).
 // Tables (loop thread):
-//   pending_     request id -> what was asked and how to complete its future
+//   pending_     request id -> what was asked, its frame (kept to send it
+//                again) and how to complete its future
+//   unsettled_   ids of the pending updates; the smallest is sent as every
+//                update's `settled` field (store_protocol.h)
 //   deadlines_   (reply deadline, request id); one timer serves them all
 // Request ids come from an atomic counter so that frames are encoded on the
 // calling thread; id 0 is the Hello.
+#include <unistd.h>
 #include <uv.h>
 
 #include <algorithm>
@@ -17,6 +23,7 @@
 #include <climits>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -37,11 +44,27 @@ namespace {
 constexpr uint64_t kHelloId = 0;
 constexpr milliseconds kFirstRetryDelay{10};
 constexpr milliseconds kMaxRetryDelay{250};
+// How long one connection attempt (connect and hello) may take before it is
+// abandoned and retried (a partitioned network drops it silently); doubled
+// after each attempt that runs out, up to the maximum.
+constexpr milliseconds kFirstAttemptTimeout{2000};
+constexpr milliseconds kMaxAttemptTimeout{16000};
 // How much longer than a get/wait's own timeout the client waits for the
 // server to report it, before giving up on the server itself.
 constexpr milliseconds kReplyGrace{2000};
 
 std::string barrierPrefix(const std::string& name) { return "weft/barrier/" + name + "/"; }
+
+uint64_t randomClientId() {
+  std::random_device rd;
+  uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return id ^ (static_cast<uint64_t>(::getpid()) << 16) ^
+         static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+}
+
+std::string secondsSince(Clock::time_point t) {
+  return store::describeDuration(std::chrono::duration_cast<milliseconds>(Clock::now() - t));
+}
 
 }  // namespace
 
@@ -50,8 +73,19 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // Completes a request: with the reply's payload when s is ok, else with s.
   using Completion = std::function<void(const Status& s, BodyReader* payload)>;
 
+  // How a request is sent again after a reconnection.
+  enum class Kind {
+    Read,     // run again as it is
+    Waiting,  // Get, Wait: its trailing timeout becomes the time left
+    Update,   // Set, Add, CompareSet, Delete: its trailing `settled` is refreshed; the server dedups it
+  };
+
   Impl(UvLoop& loop, Config config, SocketAddress address, std::string endpoint)
-      : loop_(loop), config_(std::move(config)), address_(address), endpoint_(std::move(endpoint)) {}
+      : loop_(loop),
+        config_(std::move(config)),
+        address_(address),
+        endpoint_(std::move(endpoint)),
+        clientId_(randomClientId()) {}
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
@@ -63,12 +97,14 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // future of its reply, decoded by decode(BodyReader&) -> T.
   template <class T, class Decode>
   Future<T> request(uint64_t id, std::string what, std::string frame, std::optional<milliseconds> replyTimeout,
-                    Decode decode) {
+                    Kind kind, Decode decode) {
     Promise<T> promise;
     Future<T> result = promise.getFuture();
     Pending p;
     p.what = std::move(what);
     p.replyTimeout = replyTimeout;
+    p.kind = kind;
+    p.frame = std::make_shared<std::string>(std::move(frame));
     p.complete = [promise, decode](const Status& s, BodyReader* payload) mutable {
       if (!s.ok()) {
         promise.setError(s);
@@ -79,8 +115,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
         promise.setValue(decode(*payload));
       }
     };
-    bool posted = loop_.post([self = shared_from_this(), id, frame = std::move(frame), p = std::move(p)]() mutable {
-      self->start(id, std::move(frame), std::move(p));
+    bool posted = loop_.post([self = shared_from_this(), id, p = std::move(p)]() mutable {
+      self->start(id, std::move(p));
     });
     if (!posted) {
       promise.setError(Status::disconnected("store: cannot send a request to the server at " + endpoint_ +
@@ -94,7 +130,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   void startConnect(Promise<store::Limits> connected) {
     connectPromise_ = std::move(connected);
     uv_loop_t* loop = loop_.raw();
-    for (uv_timer_t* t : {&connectTimer_, &retryTimer_, &replyTimer_}) {
+    for (uv_timer_t* t : {&connectTimer_, &retryTimer_, &replyTimer_, &attemptTimer_}) {
       uv_timer_init(loop, t);
       t->data = this;
       ++openHandles_;
@@ -112,13 +148,15 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     if (!closing_) {
       closing_ = true;
       setClosed("the client was closed");
-      failAll(StatusCode::Cancelled, "the client was closed");
+      failAll(StatusCode::Cancelled, [this](const Pending& p) {
+        return "store: the client was closed while waiting for " + p.what + " (server " + endpoint_ + ")";
+      });
       if (connectPromise_.has_value()) {
         connectPromise_->setError(Status::cancelled("store: the client was closed while connecting to " + endpoint_));
         connectPromise_.reset();
       }
       closeSocket(false);
-      for (uv_timer_t* t : {&connectTimer_, &retryTimer_, &replyTimer_}) {
+      for (uv_timer_t* t : {&connectTimer_, &retryTimer_, &replyTimer_, &attemptTimer_}) {
         uv_close(reinterpret_cast<uv_handle_t*>(t), &Impl::onHandleClosed);
       }
     }
@@ -130,8 +168,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   Future<void> setAsync(const std::string& key, std::string value) {
     uint64_t id = nextRequestId();
-    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Set)).str(key).str(value).finish();
-    return request<void>(id, "set(" + store::describeKey(key) + ")", std::move(frame), replyTimeout(),
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Set)).str(key).str(value).u64(0).finish();
+    return request<void>(id, "set(" + store::describeKey(key) + ")", std::move(frame), replyTimeout(), Kind::Update,
                          [](BodyReader& r) { r.expectEnd("set reply"); });
   }
 
@@ -142,7 +180,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
                             .u64(static_cast<uint64_t>(timeout.count()))
                             .finish();
     return request<std::string>(id, "get(" + store::describeKey(key) + ")", std::move(frame),
-                                waitingReplyTimeout(timeout), [](BodyReader& r) {
+                                waitingReplyTimeout(timeout), Kind::Waiting, [](BodyReader& r) {
                                   std::string value(r.str("value", UINT32_MAX));
                                   r.expectEnd("get reply");
                                   return value;
@@ -156,14 +194,15 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
                             .u64(static_cast<uint64_t>(timeout.count()))
                             .finish();
     return request<void>(id, "wait(" + store::describeKeys(keys) + ")", std::move(frame),
-                         waitingReplyTimeout(timeout), [](BodyReader& r) { r.expectEnd("wait reply"); });
+                         waitingReplyTimeout(timeout), Kind::Waiting,
+                         [](BodyReader& r) { r.expectEnd("wait reply"); });
   }
 
   Future<bool> checkAsync(const std::vector<std::string>& keys) {
     uint64_t id = nextRequestId();
     std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Check)).keys(keys).finish();
     return request<bool>(id, "check(" + store::describeKeys(keys) + ")", std::move(frame), replyTimeout(),
-                         [](BodyReader& r) {
+                         Kind::Read, [](BodyReader& r) {
                            bool all = r.u8("allExist") != 0;
                            r.expectEnd("check reply");
                            return all;
@@ -172,9 +211,9 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   Future<int64_t> addAsync(const std::string& key, int64_t delta) {
     uint64_t id = nextRequestId();
-    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Add)).str(key).i64(delta).finish();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Add)).str(key).i64(delta).u64(0).finish();
     return request<int64_t>(id, "add(" + store::describeKey(key) + ", " + std::to_string(delta) + ")",
-                            std::move(frame), replyTimeout(), [](BodyReader& r) {
+                            std::move(frame), replyTimeout(), Kind::Update, [](BodyReader& r) {
                               int64_t value = r.i64("value");
                               r.expectEnd("add reply");
                               return value;
@@ -184,9 +223,9 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   Future<std::string> compareSetAsync(const std::string& key, std::string expected, std::string desired) {
     uint64_t id = nextRequestId();
     std::string frame =
-        FrameWriter(id, static_cast<uint8_t>(Op::CompareSet)).str(key).str(expected).str(desired).finish();
+        FrameWriter(id, static_cast<uint8_t>(Op::CompareSet)).str(key).str(expected).str(desired).u64(0).finish();
     return request<std::string>(id, "compareSet(" + store::describeKey(key) + ")", std::move(frame),
-                                replyTimeout(), [](BodyReader& r) {
+                                replyTimeout(), Kind::Update, [](BodyReader& r) {
                                   std::string value(r.str("value", UINT32_MAX));
                                   r.expectEnd("compareSet reply");
                                   return value;
@@ -195,9 +234,9 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   Future<bool> deleteKeyAsync(const std::string& key) {
     uint64_t id = nextRequestId();
-    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Delete)).str(key).finish();
+    std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::Delete)).str(key).u64(0).finish();
     return request<bool>(id, "deleteKey(" + store::describeKey(key) + ")", std::move(frame), replyTimeout(),
-                         [](BodyReader& r) {
+                         Kind::Update, [](BodyReader& r) {
                            bool existed = r.u8("existed") != 0;
                            r.expectEnd("deleteKey reply");
                            return existed;
@@ -207,7 +246,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   Future<int64_t> numKeysAsync() {
     uint64_t id = nextRequestId();
     std::string frame = FrameWriter(id, static_cast<uint8_t>(Op::NumKeys)).finish();
-    return request<int64_t>(id, "numKeys()", std::move(frame), replyTimeout(), [](BodyReader& r) {
+    return request<int64_t>(id, "numKeys()", std::move(frame), replyTimeout(), Kind::Read, [](BodyReader& r) {
       int64_t n = r.i64("count");
       r.expectEnd("numKeys reply");
       return n;
@@ -276,12 +315,16 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     std::string what;  // "get('key')": names the request in errors
     std::optional<milliseconds> replyTimeout;
     Completion complete;
+    Kind kind = Kind::Read;
+    std::shared_ptr<std::string> frame;  // kept until answered, to be sent again after a reconnection
+    Clock::time_point started{};
   };
 
   struct WriteRequest {
     uv_write_t req{};
     Impl* client = nullptr;
-    std::string bytes;
+    uint64_t generation = 0;  // of the socket it was written to
+    std::shared_ptr<std::string> bytes;
   };
 
   static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }
@@ -302,6 +345,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   void attempt() {
     ++attempts_;
+    ++generation_;
     state_ = State::Connecting;
     uv_tcp_init(loop_.raw(), &tcp_);
     tcp_.data = this;
@@ -309,30 +353,40 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     ++openHandles_;
     in_ = store::FrameBuffer(store::Limits().maxReplyBody());
     connectRequest_.data = this;
+    uv_timer_start(&attemptTimer_, &Impl::onAttemptTimeout, static_cast<uint64_t>(attemptTimeout_.count()), 0);
     int rc = uv_tcp_connect(&connectRequest_, &tcp_, address_.sockaddr(), &Impl::onConnected);
-    if (rc < 0) attemptFailed(uv_strerror(rc));
+    if (rc < 0) attemptFailed(uv_strerror(rc), rc == UV_ECONNREFUSED);
   }
 
   static void onConnected(uv_connect_t* req, int status) {
     Impl* s = static_cast<Impl*>(req->data);
     if (status == UV_ECANCELED || s->state_ != State::Connecting) return;  // we closed the socket
-    if (status < 0) return s->attemptFailed(uv_strerror(status));
+    if (status < 0) return s->attemptFailed(uv_strerror(status), status == UV_ECONNREFUSED);
     uv_tcp_nodelay(&s->tcp_, 1);
     uv_os_fd_t fd;
     if (uv_fileno(reinterpret_cast<uv_handle_t*>(&s->tcp_), &fd) == 0) detectDeadPeers(fd);
     uv_read_start(reinterpret_cast<uv_stream_t*>(&s->tcp_), &Impl::onAlloc, &Impl::onRead);
     s->state_ = State::Handshaking;
-    s->write(FrameWriter(kHelloId, static_cast<uint8_t>(Op::Hello))
-                 .u32(store::kMagic)
-                 .u16(store::kVersion)
-                 .str(s->config_.token)
-                 .finish());
+    s->write(std::make_shared<std::string>(FrameWriter(kHelloId, static_cast<uint8_t>(Op::Hello))
+                                               .u32(store::kMagic)
+                                               .u16(store::kVersion)
+                                               .str(s->config_.token)
+                                               .u64(s->clientId_)
+                                               .finish()));
   }
 
   // This attempt failed in a way worth retrying: close the socket, retry after
-  // a delay (unless the connect deadline fires first).
-  void attemptFailed(const std::string& error) {
+  // a delay (unless the connect deadline fires first). While reconnecting, a
+  // refused connection is final: the host answered and nothing listens, so
+  // the server (which is never restarted in place) is gone.
+  void attemptFailed(const std::string& error, bool refused = false) {
     lastError_ = error;
+    uv_timer_stop(&attemptTimer_);
+    if (reconnecting_ && refused) {
+      return connectionLost(StatusCode::Disconnected,
+                            lostDetail() + ", and reconnecting was refused (" + error +
+                                "): the server no longer listens");
+    }
     retryDelay_ = retryDelay_.count() == 0 ? kFirstRetryDelay : std::min(retryDelay_ * 2, kMaxRetryDelay);
     state_ = State::Connecting;
     closeSocket(true);
@@ -343,9 +397,23 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     if (s->state_ == State::Connecting && !s->socketOpen_) s->attempt();
   }
 
+  static void onAttemptTimeout(uv_timer_t* t) {
+    Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
+    if (s->state_ != State::Connecting && s->state_ != State::Handshaking) return;
+    milliseconds spent = s->attemptTimeout_;
+    s->attemptTimeout_ = std::min(s->attemptTimeout_ * 2, kMaxAttemptTimeout);
+    s->attemptFailed(std::string(s->state_ == State::Connecting ? "no connection" : "no answer to the hello") +
+                     " within " + store::describeDuration(spent));
+  }
+
   static void onConnectDeadline(uv_timer_t* t) {
     Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
     if (s->state_ != State::Connecting && s->state_ != State::Handshaking) return;
+    if (s->reconnecting_) {
+      return s->connectionLost(StatusCode::Disconnected,
+                               s->lostDetail() + ", and reconnecting did not succeed within " +
+                                   store::describeDuration(s->config_.connectTimeout) + " (" + s->attemptsSoFar());
+    }
     std::string message = "store: could not connect to the server at " + s->endpoint_ + " within " +
                           store::describeDuration(s->config_.connectTimeout) + " (" + std::to_string(s->attempts_) +
                           " attempt(s); last error: " + (s->lastError_.empty() ? "none" : s->lastError_) + ")";
@@ -355,12 +423,18 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   void failConnect(const Status& status) {
     setClosed(status.message());
     closeSocket(false);
-    uv_timer_stop(&retryTimer_);
-    uv_timer_stop(&connectTimer_);
+    stopConnectTimers();
     if (connectPromise_.has_value()) {
       connectPromise_->setError(status);
       connectPromise_.reset();
     }
+  }
+
+  void stopConnectTimers() {
+    if (closing_) return;
+    uv_timer_stop(&retryTimer_);
+    uv_timer_stop(&connectTimer_);
+    uv_timer_stop(&attemptTimer_);
   }
 
   void handleHelloReply(BodyReader& r) {
@@ -370,6 +444,9 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     WEFT_ENFORCE(code.has_value(), ProtocolError, "store: the hello reply carries an unknown status");
     if (*code != StatusCode::Ok) {
       std::string message(r.str("message", store::kMaxMessageBytes));
+      if (reconnecting_) {
+        return connectionLost(*code, lostDetail() + ", and the server refused the reconnection: " + message);
+      }
       failConnect(Status(*code, "store: the server at " + endpoint_ + " refused the connection: " + message));
       return;
     }
@@ -377,42 +454,112 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     limits.maxKeyBytes = r.u32("maxKeyBytes");
     limits.maxValueBytes = r.u32("maxValueBytes");
     limits.maxKeysPerRequest = r.u32("maxKeysPerRequest");
+    uint64_t serverId = r.u64("serverId");
     r.expectEnd("hello reply");
+    if (reconnecting_ && serverId != serverId_) {
+      return connectionLost(StatusCode::Disconnected,
+                            lostDetail() + ", and the server that answered the reconnection is another one (the "
+                                           "store was restarted: what it held is gone)");
+    }
+    serverId_ = serverId;
     in_.setMaxBody(std::min<uint64_t>(limits.maxReplyBody(), UINT32_MAX));
     state_ = State::Ready;
     connected_.store(true, std::memory_order_release);
-    uv_timer_stop(&connectTimer_);
-    uv_timer_stop(&retryTimer_);
+    attemptTimeout_ = kFirstAttemptTimeout;
+    stopConnectTimers();
+    if (reconnecting_) {
+      reconnecting_ = false;
+      WEFT_LOG(Info) << "store: reconnected to the server at " << endpoint_ << " " << secondsSince(lostAt_)
+                     << " after losing the connection (" << lostReason_ << "; " << attempts_
+                     << " attempt(s)); sending its " << pending_.size() << " unanswered request(s) again";
+      for (auto& entry : pending_) {
+        if (state_ != State::Ready) break;  // lost again while sending
+        send(entry.second, false);
+      }
+      return;
+    }
     WEFT_LOG(Debug) << "store: connected to " << endpoint_ << " after " << attempts_ << " attempt(s)";
     connectPromise_->setValue(limits);
     connectPromise_.reset();
   }
 
+  // ---- losing and regaining the connection -----------------------------------------------
+
+  // The connection that was Ready is gone: reconnect, keeping every pending
+  // request (each still bounded by its own deadline), for at most
+  // connectTimeout.
+  void beginReconnect(const std::string& reason) {
+    WEFT_LOG(Info) << "store: lost the connection to the server at " << endpoint_ << " (" << reason
+                   << "); reconnecting";
+    reconnecting_ = true;
+    lostAt_ = Clock::now();
+    lostReason_ = reason;
+    attempts_ = 0;
+    lastError_.clear();
+    retryDelay_ = kFirstRetryDelay;
+    attemptTimeout_ = kFirstAttemptTimeout;
+    connected_.store(false, std::memory_order_release);
+    state_ = State::Connecting;
+    if (config_.connectTimeout.count() > 0) {
+      uv_timer_start(&connectTimer_, &Impl::onConnectDeadline, static_cast<uint64_t>(config_.connectTimeout.count()),
+                     0);
+    }
+    closeSocket(true);
+  }
+
+  // "the connection was lost 1.2 s ago (the server closed the connection)"
+  std::string lostDetail() const {
+    return "the connection was lost " + secondsSince(lostAt_) + " ago (" + lostReason_ + ")";
+  }
+  // "3 attempt(s); last error: ...)" (the caller opened the parenthesis).
+  std::string attemptsSoFar() const {
+    return std::to_string(attempts_) + " attempt(s)" + (lastError_.empty() ? "" : "; last error: " + lastError_) + ")";
+  }
+
   // ---- requests -----------------------------------------------------------------------
 
-  void start(uint64_t id, std::string frame, Pending p) {
-    if (state_ != State::Ready) {
+  void start(uint64_t id, Pending p) {
+    if (state_ == State::Closed) {
       p.complete(Status::disconnected("store: cannot " + p.what + ": not connected to the server at " + endpoint_ +
                                       " (" + closeReason_ + ")"),
                  nullptr);
       return;
     }
+    p.started = Clock::now();
     if (p.replyTimeout) {
-      Clock::time_point deadline = Clock::now() + *p.replyTimeout;
+      Clock::time_point deadline = p.started + *p.replyTimeout;
       deadlines_.emplace(deadline, id);
       deadlineOf_[id] = deadline;
       armReplyTimer();
     }
-    pending_.emplace(id, std::move(p));
-    write(std::move(frame));
+    if (p.kind == Kind::Update) unsettled_.insert(id);
+    Pending& stored = pending_.emplace(id, std::move(p)).first->second;
+    // While reconnecting it waits in pending_ and goes out once Ready.
+    if (state_ == State::Ready) send(stored, true);
   }
 
-  void write(std::string bytes) {
+  // Writes a pending request on the current connection, refreshing the
+  // fields that change between sends (store_protocol.h). `fresh`: sent as
+  // soon as it was submitted.
+  void send(Pending& p, bool fresh) {
+    if (p.kind == Kind::Update) {
+      store::patchTrailingU64(*p.frame, *unsettled_.begin());
+    } else if (p.kind == Kind::Waiting && !fresh && p.replyTimeout) {
+      // The server times the wait from when it receives it: give it only the time left.
+      auto waitTimeout = *p.replyTimeout - kReplyGrace;
+      auto left = waitTimeout - std::chrono::duration_cast<milliseconds>(Clock::now() - p.started);
+      store::patchTrailingU64(*p.frame, static_cast<uint64_t>(std::max<int64_t>(1, left.count())));
+    }
+    write(p.frame);
+  }
+
+  void write(std::shared_ptr<std::string> bytes) {
     auto* w = new WriteRequest;
     w->client = this;
+    w->generation = generation_;
     w->bytes = std::move(bytes);
     w->req.data = w;
-    uv_buf_t buf = uv_buf_init(w->bytes.data(), static_cast<unsigned>(w->bytes.size()));
+    uv_buf_t buf = uv_buf_init(w->bytes->data(), static_cast<unsigned>(w->bytes->size()));
     int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1, &Impl::onWritten);
     if (rc < 0) {
       delete w;
@@ -422,7 +569,10 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   static void onWritten(uv_write_t* req, int status) {
     std::unique_ptr<WriteRequest> w(static_cast<WriteRequest*>(req->data));
-    if (status < 0 && status != UV_ECANCELED) w->client->connectionFailed(std::string("writing failed: ") + uv_strerror(status));
+    // A write to a socket given up already says nothing about the current one.
+    if (status < 0 && status != UV_ECANCELED && w->generation == w->client->generation_) {
+      w->client->connectionFailed(std::string("writing failed: ") + uv_strerror(status));
+    }
   }
 
   static void onAlloc(uv_handle_t* h, size_t, uv_buf_t* buf) {
@@ -453,7 +603,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       s->in_.compact();
     } catch (const ProtocolError& e) {
       // Not a weft store, or a broken one: retrying will not help.
-      if (s->state_ == State::Handshaking) {
+      if (s->state_ == State::Handshaking && !s->reconnecting_) {
         s->failConnect(Status::protocol("store: the server at " + s->endpoint_ +
                                         " does not speak the store protocol: " + e.what()));
       } else {
@@ -474,6 +624,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     }
     Pending p = std::move(it->second);
     pending_.erase(it);
+    unsettled_.erase(id);
     forgetDeadline(id);
     if (*code != StatusCode::Ok) {
       std::string message(r.str("message", store::kMaxMessageBytes));
@@ -489,18 +640,27 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     }
   }
 
-  // A connection failure: retried while connecting, final once Ready.
+  // A connection failure: retried while connecting, a reconnection once Ready.
   void connectionFailed(const std::string& reason) {
-    if (state_ == State::Connecting || state_ == State::Handshaking) return attemptFailed(reason);
-    connectionLost(StatusCode::Disconnected, reason);
+    if (state_ == State::Closed) return;
+    if (state_ == State::Ready) return beginReconnect(reason);
+    attemptFailed(reason);
   }
 
-  void connectionLost(StatusCode code, const std::string& reason) {
+  // Final: the client is Closed and every pending call fails with
+  // "lost the connection to the server at <endpoint> while waiting for
+  // <what>: <detail>".
+  void connectionLost(StatusCode code, const std::string& detail) {
     if (state_ == State::Closed) return;
-    WEFT_LOG(Info) << "store: lost the connection to the server at " << endpoint_ << ": " << reason;
-    setClosed("connection lost: " + reason);
+    WEFT_LOG(Info) << "store: giving up on the server at " << endpoint_ << ": " << detail;
+    setClosed("lost: " + detail);
     closeSocket(false);
-    failAll(code, reason);
+    stopConnectTimers();
+    reconnecting_ = false;
+    failAll(code, [&](const Pending& p) {
+      return "store: lost the connection to the server at " + endpoint_ + " while waiting for " + p.what + ": " +
+             detail;
+    });
   }
 
   void setClosed(const std::string& reason) {
@@ -512,15 +672,14 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   // Fails every pending request; their continuations may submit new requests,
   // which fail too (state_ is Closed by now).
-  void failAll(StatusCode code, const std::string& reason) {
+  template <class Message>
+  void failAll(StatusCode code, Message message) {
     std::map<uint64_t, Pending> failing;
     failing.swap(pending_);
+    unsettled_.clear();
     deadlines_.clear();
     deadlineOf_.clear();
-    for (auto& [id, p] : failing) {
-      p.complete(Status(code, "store: " + reason + " while waiting for " + p.what + " (server " + endpoint_ + ")"),
-                 nullptr);
-    }
+    for (auto& [id, p] : failing) p.complete(Status(code, message(p)), nullptr);
   }
 
   // ---- reply deadlines -----------------------------------------------------------------
@@ -552,6 +711,15 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       if (it == s->pending_.end()) continue;
       Pending p = std::move(it->second);
       s->pending_.erase(it);
+      s->unsettled_.erase(id);
+      if (s->reconnecting_) {
+        p.complete(Status::disconnected("store: lost the connection to the server at " + s->endpoint_ +
+                                        " while waiting for " + p.what + ": " + s->lostDetail() +
+                                        ", and reconnecting has not succeeded within the call's " +
+                                        store::describeDuration(*p.replyTimeout) + " (" + s->attemptsSoFar()),
+                   nullptr);
+        continue;
+      }
       p.complete(Status::timeout("store: the server at " + s->endpoint_ + " did not answer " + p.what + " within " +
                                  store::describeDuration(*p.replyTimeout)),
                  nullptr);
@@ -598,21 +766,29 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   const Config config_;  // a copy: tasks may run this after the StoreClient is gone
   const SocketAddress address_;
   const std::string endpoint_;
+  const uint64_t clientId_;  // the same on every connection: the server dedups retried updates by it
   std::atomic<uint64_t> nextId_{kHelloId + 1};
   std::atomic<bool> connected_{false};
 
   State state_ = State::Connecting;
   std::string closeReason_;
   std::optional<Promise<store::Limits>> connectPromise_;
-  int attempts_ = 0;
+  int attempts_ = 0;  // of this connection or reconnection
   std::string lastError_;
   milliseconds retryDelay_{0};
+  milliseconds attemptTimeout_{kFirstAttemptTimeout};
+  uint64_t generation_ = 0;  // of tcp_: one per attempt
+  uint64_t serverId_ = 0;    // learnt at the first hello
+  bool reconnecting_ = false;
+  Clock::time_point lostAt_{};
+  std::string lostReason_;
 
   uv_tcp_t tcp_{};
   uv_connect_t connectRequest_{};
-  uv_timer_t connectTimer_{};
+  uv_timer_t connectTimer_{};  // the connect deadline, then each reconnection's
   uv_timer_t retryTimer_{};
   uv_timer_t replyTimer_{};
+  uv_timer_t attemptTimer_{};
   bool socketOpen_ = false;
   bool socketClosing_ = false;
   bool retryAfterClose_ = false;
@@ -621,7 +797,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   std::vector<Promise<void>> closeWaiters_;
 
   store::FrameBuffer in_{0};
-  std::map<uint64_t, Pending> pending_;  // ordered: failAll fails them in submission order
+  std::map<uint64_t, Pending> pending_;  // ordered: sent again and failed in id order
+  std::set<uint64_t> unsettled_;
   std::set<std::pair<Clock::time_point, uint64_t>> deadlines_;
   std::map<uint64_t, Clock::time_point> deadlineOf_;
 };

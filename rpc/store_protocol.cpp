@@ -43,8 +43,8 @@ uint64_t Limits::maxRequestBody() const {
   uint64_t str = 4;
   uint64_t key = str + maxKeyBytes;
   uint64_t value = str + maxValueBytes;
-  uint64_t hello = 4 + 2 + str + maxTokenBytes;
-  uint64_t compareSet = key + 2 * value;
+  uint64_t hello = 4 + 2 + str + maxTokenBytes + 8;
+  uint64_t compareSet = key + 2 * value + 8;
   uint64_t wait = 4 + static_cast<uint64_t>(maxKeysPerRequest) * key + 8;
   return kBodyHeaderBytes + std::max({hello, compareSet, wait});
 }
@@ -96,6 +96,12 @@ std::string FrameWriter::finish() {
   appendLittleEndian(prefix, static_cast<uint32_t>(body));
   std::memcpy(buf_.data(), prefix.data(), kLengthBytes);
   return std::move(buf_);
+}
+
+void patchTrailingU64(std::string& frame, uint64_t v) {
+  WEFT_CHECK(frame.size() >= kLengthBytes + kBodyHeaderBytes + 8) << "store frame of " << frame.size()
+                                                                  << " bytes has no trailing u64";
+  for (size_t i = 0; i < 8; ++i) frame[frame.size() - 8 + i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
 
 // ---- BodyReader --------------------------------------------------------------------

@@ -11,12 +11,13 @@
 //   str      = u32 n | n bytes                    (binary-safe; keys and values)
 //   keys     = u32 count | count x str
 //
-// A client chooses request ids (unique among its requests in flight; the
-// server only echoes them). The server answers every request exactly once,
-// except when it closes the connection. Replies to requests that wait (Get,
-// Wait) may overtake replies to later requests; all others are answered in
-// the order received, and requests of one connection take effect in the order
-// received.
+// A client chooses request ids: unique among all the requests it ever sends
+// (a retried request keeps its id), increasing in the order one thread
+// submits them. The server answers every request exactly once per
+// connection, except when it closes the connection. Replies to requests that
+// wait (Get, Wait) may overtake replies to later requests; all others are
+// answered in the order received, and requests of one connection take effect
+// in the order received.
 //
 // status is a weft::StatusCode wire value. A reply with status != Ok carries
 // `str message` as its payload (what the error says, e.g. the missing keys of
@@ -24,20 +25,44 @@
 //
 //   op  name        request payload                     Ok reply payload
 //   1   Hello       u32 magic "WFST" | u16 version |    u32 maxKeyBytes | u32 maxValueBytes |
-//                   str token                           u32 maxKeysPerRequest
-//   2   Set         str key | str value                 -
+//                   str token | u64 clientId            u32 maxKeysPerRequest | u64 serverId
+//   2   Set         str key | str value | u64 settled   -
 //   3   Get         str key | u64 timeoutMs             str value
 //   4   Wait        keys | u64 timeoutMs                -
 //   5   Check       keys                                u8 allExist
-//   6   Add         str key | i64 delta                 i64 newValue
-//   7   CompareSet  str key | str expected | str desired  str current
-//   8   Delete      str key                             u8 existed
+//   6   Add         str key | i64 delta | u64 settled   i64 newValue
+//   7   CompareSet  str key | str expected |            str current
+//                   str desired | u64 settled
+//   8   Delete      str key | u64 settled               u8 existed
 //   9   NumKeys     -                                   i64 count
 //
 // The first request on a connection must be Hello; until the server accepts
 // it, any other request closes the connection. A wrong magic is a protocol
 // error (connection closed); a wrong version or token is answered with a
-// Protocol status naming the problem, then the connection is closed.
+// Protocol status naming the problem, then the connection is closed. The
+// version is checked before the rest of the Hello is read, so a client of
+// another version always gets that answer.
+//
+// Reconnection and exactly-once updates. A client picks a random clientId
+// once and presents it in the Hello of every connection it opens; serverId
+// is random per server, so a client that reconnects can tell a restarted
+// server (whose keys are gone) from the one it knew. After a lost connection
+// a client reconnects and sends again, with their ids, every request not yet
+// answered. The updates (Set, Add, CompareSet, Delete) are applied at most
+// once per (clientId, request id): the server keeps its reply to each update
+// of a client and answers a repeated id with the kept reply, applying
+// nothing. `settled` is the client's promise that it has received (or given
+// up on) the reply to every update with a smaller id: the server forgets those
+// replies. A server keeps at most Limits::maxKeptRepliesPerClient replies
+// (and maxKeptReplyBytesPerClient bytes of them) per client, forgetting the
+// oldest first (an update retried after its reply was forgotten this way is
+// applied again; the server logs it), and the records of at most
+// maxKnownClients clients, forgetting those disconnected longest first. A
+// Hello with the clientId of a client still connected closes that client's
+// older connection (what is left of a connection cut by a partition) and
+// drops its waiting Gets and Waits: the client sends them again. Reads (Get,
+// Wait, Check, NumKeys) are simply run again; a repeated Get or Wait carries
+// the time left of its timeout.
 //
 // Semantics (as torch's TCPStore):
 //  - Get waits until the key exists; Wait until all keys exist at the same
@@ -71,7 +96,7 @@
 namespace weft::rpc::store {
 
 constexpr uint32_t kMagic = 0x54534657;  // the bytes "WFST"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr size_t kLengthBytes = 4;
 constexpr size_t kBodyHeaderBytes = 9;  // requestId + op/status
 // An error message longer than this is cut (replies) or refused (client reads).
@@ -112,6 +137,10 @@ struct Limits {
   std::chrono::milliseconds helloTimeout{std::chrono::seconds(10)};
   // ... and finish a frame it has started within this time.
   std::chrono::milliseconds frameTimeout{std::chrono::seconds(30)};
+  // Replies to updates kept for clients that may retry them (see above).
+  uint32_t maxKeptRepliesPerClient = 4096;
+  uint64_t maxKeptReplyBytesPerClient = 64ull << 20;
+  uint32_t maxKnownClients = 4096;
 
   // The largest body a valid request can have under these limits.
   uint64_t maxRequestBody() const;
@@ -136,6 +165,11 @@ class FrameWriter {
  private:
   std::string buf_;
 };
+
+// Overwrites the last 8 bytes of a finished frame with v (little-endian): the
+// `settled` field of an update, or the timeout of a Get or Wait, when a
+// request is sent again.
+void patchTrailingU64(std::string& frame, uint64_t v);
 
 // Reads one body. Every read checks the bytes left and the given bound first,
 // and throws ProtocolError naming the field when either is broken.

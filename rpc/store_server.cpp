@@ -7,6 +7,9 @@
 //   waiters_      id -> Waiter (a Get or Wait not answered yet)
 //   watchers_     key -> ids of the waiters that wait for that key, in arrival order
 //   deadlines_    (deadline, waiter id), earliest first; one timer serves them all
+//   clients_      client id -> its current connection (if any) and the replies
+//                 kept to its updates, so that a retried update is answered
+//                 from here instead of being applied twice
 // A waiter is in watchers_ under exactly the keys in its `watching` list, in
 // deadlines_ iff it has a deadline, and in its connection's `waiters` set;
 // removeWaiter() takes it out of all four at once.
@@ -14,6 +17,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
+#include <random>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -64,7 +69,8 @@ std::optional<int64_t> parseCounter(const std::string& s) {
 
 class StoreServer::Impl {
  public:
-  Impl(UvLoop& loop, const Config& config) : loop_(loop), config_(config), limits_(config.limits) {}
+  Impl(UvLoop& loop, const Config& config)
+      : loop_(loop), config_(config), limits_(config.limits), serverId_(randomId()) {}
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
@@ -129,6 +135,8 @@ class StoreServer::Impl {
     s.waiters = waiters_.size();
     s.storedBytes = storedBytes_;
     s.droppedConnections = droppedConnections_;
+    s.knownClients = clients_.size();
+    s.keptReplies = keptReplies_;
     return s;
   }
 
@@ -141,6 +149,7 @@ class StoreServer::Impl {
     std::string peer = "?";
     store::FrameBuffer in{0};
     bool authenticated = false;
+    uint64_t clientId = 0;  // valid once authenticated
     bool closing = false;
     bool closeAfterWrites = false;
     int pendingWrites = 0;
@@ -163,6 +172,21 @@ class StoreServer::Impl {
     Connection* conn = nullptr;
     std::string bytes;
   };
+
+  // What the server remembers of a client between its connections.
+  struct Client {
+    Connection* conn = nullptr;                // the current one, if any
+    std::map<uint64_t, std::string> replies;  // request id -> reply frame, of updates
+    uint64_t replyBytes = 0;
+    Clock::time_point disconnectedAt{};
+    bool warnedForgetting = false;
+  };
+
+  static uint64_t randomId() {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+           static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  }
 
   static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }
   static Connection* connection(uv_handle_t* h) { return static_cast<Connection*>(h->data); }
@@ -258,6 +282,13 @@ class StoreServer::Impl {
   void closeConnection(Connection& c) {
     if (c.closing) return;
     c.closing = true;
+    if (c.authenticated) {
+      auto it = clients_.find(c.clientId);
+      if (it != clients_.end() && it->second.conn == &c) {
+        it->second.conn = nullptr;
+        it->second.disconnectedAt = Clock::now();
+      }
+    }
     std::vector<uint64_t> ids(c.waiters.begin(), c.waiters.end());
     for (uint64_t id : ids) removeWaiter(id);
     uv_close(reinterpret_cast<uv_handle_t*>(&c.tcp), &Impl::onConnectionHandleClosed);
@@ -367,11 +398,13 @@ class StoreServer::Impl {
 
   void replyOk(Connection& c, uint64_t id) { send(c, FrameWriter(id, 0).finish()); }
 
-  void replyError(Connection& c, uint64_t id, const Status& s) {
+  static std::string errorFrame(uint64_t id, const Status& s) {
     std::string_view message = s.message();
     if (message.size() > store::kMaxMessageBytes) message = message.substr(0, store::kMaxMessageBytes);
-    send(c, FrameWriter(id, static_cast<uint8_t>(s.code())).str(message).finish());
+    return FrameWriter(id, static_cast<uint8_t>(s.code())).str(message).finish();
   }
+
+  void replyError(Connection& c, uint64_t id, const Status& s) { send(c, errorFrame(id, s)); }
 
   // ---- requests ---------------------------------------------------------------------
 
@@ -383,13 +416,13 @@ class StoreServer::Impl {
                  store::opName(rawOp), " request before the hello");
     switch (static_cast<Op>(rawOp)) {
       case Op::Hello: return handleHello(c, id, r);
-      case Op::Set: return handleSet(c, id, r);
+      case Op::Set: return handleUpdate(c, id, Op::Set, r);
       case Op::Get: return handleGet(c, id, r);
       case Op::Wait: return handleWait(c, id, r);
       case Op::Check: return handleCheck(c, id, r);
-      case Op::Add: return handleAdd(c, id, r);
-      case Op::CompareSet: return handleCompareSet(c, id, r);
-      case Op::Delete: return handleDelete(c, id, r);
+      case Op::Add: return handleUpdate(c, id, Op::Add, r);
+      case Op::CompareSet: return handleUpdate(c, id, Op::CompareSet, r);
+      case Op::Delete: return handleUpdate(c, id, Op::Delete, r);
       case Op::NumKeys: return handleNumKeys(c, id, r);
     }
     throw ProtocolError("store: unknown op " + std::to_string(rawOp));
@@ -402,9 +435,12 @@ class StoreServer::Impl {
     return std::chrono::milliseconds(ms > kMaxTimeoutMs ? 0 : static_cast<int64_t>(ms));
   }
   // An empty key is refused with an error reply (a client mistake, not hostile).
+  static Status emptyKey(Op op) {
+    return Status::invalidArgument("store: " + store::opName(static_cast<uint8_t>(op)) + " with an empty key");
+  }
   bool refuseEmptyKey(Connection& c, uint64_t id, std::string_view key, Op op) {
     if (!key.empty()) return false;
-    replyError(c, id, Status::invalidArgument("store: " + store::opName(static_cast<uint8_t>(op)) + " with an empty key"));
+    replyError(c, id, emptyKey(op));
     return true;
   }
 
@@ -413,16 +449,21 @@ class StoreServer::Impl {
     uint32_t magic = r.u32("magic");
     WEFT_ENFORCE(magic == store::kMagic, ProtocolError, "store: not a weft store client (hello magic ", magic, ")");
     uint16_t version = r.u16("version");
-    std::string_view token = r.str("token", limits_.maxTokenBytes);
-    r.expectEnd("hello");
     std::string refusal;
+    uint64_t clientId = 0;
     if (version != store::kVersion) {
+      // The rest of another version's hello may be laid out differently.
       refusal = "the client speaks store protocol version " + std::to_string(version) + ", this server version " +
                 std::to_string(store::kVersion);
-    } else if (!config_.token.empty() && !tokensEqual(token, config_.token)) {
-      refusal = token.empty() ? "authentication failed: the client sent no token and the server requires one "
-                                "(WEFT_RPC_TOKEN)"
-                              : "authentication failed: the client's token differs from the server's (WEFT_RPC_TOKEN)";
+    } else {
+      std::string_view token = r.str("token", limits_.maxTokenBytes);
+      clientId = r.u64("client id");
+      r.expectEnd("hello");
+      if (!config_.token.empty() && !tokensEqual(token, config_.token)) {
+        refusal = token.empty() ? "authentication failed: the client sent no token and the server requires one "
+                                  "(WEFT_RPC_TOKEN)"
+                                : "authentication failed: the client's token differs from the server's (WEFT_RPC_TOKEN)";
+      }
     }
     if (!refusal.empty()) {
       ++droppedConnections_;
@@ -434,22 +475,111 @@ class StoreServer::Impl {
       return;
     }
     c.authenticated = true;
+    c.clientId = clientId;
     uv_timer_stop(&c.timer);
+    auto known = clients_.find(clientId);
+    if (known == clients_.end()) {
+      forgetClientsBeyondLimit();
+      known = clients_.emplace(clientId, Client{}).first;
+    } else if (known->second.conn != nullptr) {
+      // The client reconnected while its old connection still looks open
+      // here (a partition hides a lost connection for a while): that one is
+      // dead to the client, which sends its waiting requests again.
+      Connection& old = *known->second.conn;
+      WEFT_LOG(Info) << "store: a client reconnected from " << c.peer << "; closing its previous connection from "
+                     << old.peer;
+      closeConnection(old);
+    }
+    known->second.conn = &c;
     send(c, FrameWriter(id, 0)
                 .u32(limits_.maxKeyBytes)
                 .u32(limits_.maxValueBytes)
                 .u32(limits_.maxKeysPerRequest)
+                .u64(serverId_)
                 .finish());
   }
 
-  void handleSet(Connection& c, uint64_t id, BodyReader& r) {
-    std::string_view key = readKey(r);
-    std::string_view value = readValue(r, "value");
-    r.expectEnd("set");
-    if (refuseEmptyKey(c, id, key, Op::Set)) return;
-    Status s = storeValue(std::string(key), value);
-    if (!s.ok()) return replyError(c, id, s);
-    replyOk(c, id);
+  // Makes room for one more client record by forgetting the clients
+  // disconnected longest (connected ones are bounded by maxConnections).
+  void forgetClientsBeyondLimit() {
+    while (clients_.size() >= limits_.maxKnownClients) {
+      auto oldest = clients_.end();
+      for (auto it = clients_.begin(); it != clients_.end(); ++it) {
+        if (it->second.conn != nullptr) continue;
+        if (oldest == clients_.end() || it->second.disconnectedAt < oldest->second.disconnectedAt) oldest = it;
+      }
+      if (oldest == clients_.end()) return;
+      keptReplies_ -= oldest->second.replies.size();
+      clients_.erase(oldest);
+    }
+  }
+
+  // ---- updates: applied at most once per (client, request id) ----------------------------
+
+  void handleUpdate(Connection& c, uint64_t id, Op op, BodyReader& r) {
+    // The whole request is read (and checked) before anything is applied.
+    std::string key(readKey(r));
+    std::string value;     // Set: the value; CompareSet: the desired value
+    std::string expected;  // CompareSet
+    int64_t delta = 0;     // Add
+    if (op == Op::Set) {
+      value = readValue(r, "value");
+    } else if (op == Op::Add) {
+      delta = r.i64("delta");
+    } else if (op == Op::CompareSet) {
+      expected = readValue(r, "expected value");
+      value = readValue(r, "desired value");
+    }
+    uint64_t settled = r.u64("settled");
+    r.expectEnd(store::opName(static_cast<uint8_t>(op)).c_str());
+
+    // The record of a connected client is never forgotten; emplace only
+    // guards the invariant.
+    Client& client = clients_.try_emplace(c.clientId).first->second;
+    forgetSettled(client, settled);
+    auto kept = client.replies.find(id);
+    if (kept != client.replies.end()) {
+      WEFT_LOG(Debug) << "store: answering a repeated " << store::opName(static_cast<uint8_t>(op)) << " (request "
+                      << id << ") from " << c.peer << " with the reply already made";
+      return send(c, kept->second);
+    }
+    std::string reply;
+    switch (op) {
+      case Op::Set: reply = applySet(id, key, value); break;
+      case Op::Add: reply = applyAdd(id, key, delta); break;
+      case Op::CompareSet: reply = applyCompareSet(id, key, expected, value); break;
+      default: reply = applyDelete(id, key); break;
+    }
+    keepReply(client, id, reply, c.peer);
+    send(c, std::move(reply));
+  }
+
+  void forgetSettled(Client& client, uint64_t settled) {
+    auto end = client.replies.lower_bound(settled);
+    for (auto it = client.replies.begin(); it != end; ++it) {
+      client.replyBytes -= it->second.size();
+      --keptReplies_;
+    }
+    client.replies.erase(client.replies.begin(), end);
+  }
+
+  void keepReply(Client& client, uint64_t id, const std::string& reply, const std::string& peer) {
+    client.replies.emplace(id, reply);
+    client.replyBytes += reply.size();
+    ++keptReplies_;
+    while (client.replies.size() > 1 && (client.replies.size() > limits_.maxKeptRepliesPerClient ||
+                                          client.replyBytes > limits_.maxKeptReplyBytesPerClient)) {
+      if (!client.warnedForgetting) {
+        client.warnedForgetting = true;
+        WEFT_LOG(Warn) << "store: the client at " << peer << " has more unsettled updates than the server keeps ("
+                       << limits_.maxKeptRepliesPerClient << " replies or " << limits_.maxKeptReplyBytesPerClient
+                       << " bytes); the oldest would be applied again if retried";
+      }
+      auto oldest = client.replies.begin();
+      client.replyBytes -= oldest->second.size();
+      --keptReplies_;
+      client.replies.erase(oldest);
+    }
   }
 
   void handleGet(Connection& c, uint64_t id, BodyReader& r) {
@@ -483,59 +613,59 @@ class StoreServer::Impl {
     send(c, FrameWriter(id, 0).u8(all ? 1 : 0).finish());
   }
 
-  void handleAdd(Connection& c, uint64_t id, BodyReader& r) {
-    std::string key(readKey(r));
-    int64_t delta = r.i64("delta");
-    r.expectEnd("add");
-    if (refuseEmptyKey(c, id, key, Op::Add)) return;
+  // The apply* functions change the store and return the reply frame.
+  std::string applySet(uint64_t id, const std::string& key, std::string_view value) {
+    if (key.empty()) return errorFrame(id, emptyKey(Op::Set));
+    Status s = storeValue(key, value);
+    if (!s.ok()) return errorFrame(id, s);
+    return FrameWriter(id, 0).finish();
+  }
+
+  std::string applyAdd(uint64_t id, const std::string& key, int64_t delta) {
+    if (key.empty()) return errorFrame(id, emptyKey(Op::Add));
     int64_t current = 0;
     auto it = data_.find(key);
     if (it != data_.end()) {
       std::optional<int64_t> parsed = parseCounter(it->second);
       if (!parsed) {
-        return replyError(c, id, Status::invalidArgument("store: add(" + store::describeKey(key) +
-                                                         "): the stored value is not a decimal integer"));
+        return errorFrame(id, Status::invalidArgument("store: add(" + store::describeKey(key) +
+                                                      "): the stored value is not a decimal integer"));
       }
       current = *parsed;
     }
     int64_t sum = 0;
     if (__builtin_add_overflow(current, delta, &sum)) {
-      return replyError(c, id, Status::invalidArgument("store: add(" + store::describeKey(key) + ", " +
-                                                       std::to_string(delta) + ") overflows " +
-                                                       std::to_string(current)));
+      return errorFrame(id, Status::invalidArgument("store: add(" + store::describeKey(key) + ", " +
+                                                    std::to_string(delta) + ") overflows " +
+                                                    std::to_string(current)));
     }
     Status s = storeValue(key, std::to_string(sum));
-    if (!s.ok()) return replyError(c, id, s);
-    send(c, FrameWriter(id, 0).i64(sum).finish());
+    if (!s.ok()) return errorFrame(id, s);
+    return FrameWriter(id, 0).i64(sum).finish();
   }
 
-  void handleCompareSet(Connection& c, uint64_t id, BodyReader& r) {
-    std::string key(readKey(r));
-    std::string_view expected = readValue(r, "expected value");
-    std::string_view desired = readValue(r, "desired value");
-    r.expectEnd("compareSet");
-    if (refuseEmptyKey(c, id, key, Op::CompareSet)) return;
+  std::string applyCompareSet(uint64_t id, const std::string& key, std::string_view expected,
+                              std::string_view desired) {
+    if (key.empty()) return errorFrame(id, emptyKey(Op::CompareSet));
     auto it = data_.find(key);
     bool swap = it == data_.end() ? expected.empty() : it->second == expected;
     if (!swap) {
       std::string_view current = it == data_.end() ? expected : std::string_view(it->second);
-      return send(c, FrameWriter(id, 0).str(current).finish());
+      return FrameWriter(id, 0).str(current).finish();
     }
     Status s = storeValue(key, desired);
-    if (!s.ok()) return replyError(c, id, s);
-    send(c, FrameWriter(id, 0).str(desired).finish());
+    if (!s.ok()) return errorFrame(id, s);
+    return FrameWriter(id, 0).str(desired).finish();
   }
 
-  void handleDelete(Connection& c, uint64_t id, BodyReader& r) {
-    std::string key(readKey(r));
-    r.expectEnd("deleteKey");
+  std::string applyDelete(uint64_t id, const std::string& key) {
     auto it = data_.find(key);
     bool existed = it != data_.end();
     if (existed) {
       storedBytes_ -= it->first.size() + it->second.size();
       data_.erase(it);
     }
-    send(c, FrameWriter(id, 0).u8(existed ? 1 : 0).finish());
+    return FrameWriter(id, 0).u8(existed ? 1 : 0).finish();
   }
 
   void handleNumKeys(Connection& c, uint64_t id, BodyReader& r) {
@@ -674,6 +804,7 @@ class StoreServer::Impl {
   UvLoop& loop_;
   const Config& config_;
   const store::Limits limits_;
+  const uint64_t serverId_;  // tells a client that reconnects whether this server is the one it knew
 
   uv_tcp_t listener_{};
   uv_timer_t deadlineTimer_{};  // waiter deadlines; while closing, the flush timeout
@@ -691,6 +822,9 @@ class StoreServer::Impl {
   bool overConnectionLimit_ = false;
   uint64_t refusedSinceLimit_ = 0;
   Clock::time_point lastAcceptErrorLog_{};
+
+  std::unordered_map<uint64_t, Client> clients_;
+  uint64_t keptReplies_ = 0;
 
   std::unordered_map<uint64_t, Waiter> waiters_;
   std::unordered_map<std::string, std::vector<uint64_t>> watchers_;
@@ -711,7 +845,8 @@ StoreServer::Config StoreServer::configFor(const Options& opt) {
 StoreServer::StoreServer(Config config, UvLoop* loop) : config_(std::move(config)) {
   const store::Limits& l = config_.limits;
   WEFT_ENFORCE(l.maxKeyBytes > 0 && l.maxValueBytes > 0 && l.maxKeysPerRequest > 0 && l.maxConnections > 0 &&
-                   l.maxWaitersPerConnection > 0,
+                   l.maxWaitersPerConnection > 0 && l.maxKeptRepliesPerClient > 0 &&
+                   l.maxKeptReplyBytesPerClient > 0 && l.maxKnownClients > 0,
                InvalidArgumentError, "StoreServer: every store limit must be positive");
   WEFT_ENFORCE(l.maxRequestBody() <= UINT32_MAX && l.maxReplyBody() <= UINT32_MAX, InvalidArgumentError,
                "StoreServer: the limits allow requests of ", l.maxRequestBody(),

@@ -119,7 +119,7 @@ TEST_CASE("when one rank never calls allReduce the others fail in bounded time n
     CHECK(ms < 1500 + 2500);  // plus at most the bounded diagnosis
     std::string line = restOfLine(res.out, p + "failed in_ms ");
     CHECK(contains(line, "TimeoutError: allReduce #0 on group 'default'"));
-    CHECK(contains(line, "ranks [2] have not started it"));
+    CHECK(contains(line, "ranks [2] had not started it when last heard"));
     // The group is unusable afterwards, and says why.
     std::string later = restOfLine(res.out, p + "later ");
     CHECK(contains(later, "StateError: barrier #1 on group 'default': the group is unusable"));

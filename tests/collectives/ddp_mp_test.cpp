@@ -129,7 +129,7 @@ TEST_CASE("ddp: a rank running one synced pass more than the other fails after t
   CHECK(contains(line, "every rank must run the same number of synced backward passes"));
   // #0 construction, #1 pass 1, #2 the bucket rebuild, #3 pass 2, #4 rank 0's pass 3.
   CHECK(contains(line, "allReduce #4 on group 'default'"));
-  CHECK(contains(line, "ranks [1] have not started it"));
+  CHECK(contains(line, "ranks [1] had not started it when last heard"));
   CHECK_FALSE(contains(results[1].out, "rank 1 failed"));
 }
 

@@ -27,6 +27,7 @@ using namespace weft;
 using namespace weft::collectives;
 using namespace std::chrono_literals;
 using weft::testing::contains;
+using weft::testing::numberAfter;
 
 namespace {
 
@@ -483,4 +484,45 @@ TEST_CASE("reducing a bool mask or averaging integers is refused with the dtype 
                  "allReduce: ReduceOp avg needs a floating dtype, got int32"));
   CHECK(contains(errorOf([&] { ranks[0].reduce(zeros({2}, {.dtype = DType::UInt8}), 0, ReduceOp::Avg); }),
                  "reduce: ReduceOp avg needs a floating dtype, got uint8"));
+}
+
+TEST_CASE("a timed-out collective reports stale progress as stale, not as a rank that has not started it") {
+  // Rank 1's progress stops reaching the store (its client is gone, as in a
+  // partition); it then starts allReduce #1 with rank 0, and rank 2 never
+  // calls it. Rank 0 may say rank 2 had not started it (rank 2 keeps posting),
+  // but of rank 1 only when it was last heard.
+  Ranks ranks(3, {.timeout = 4s});
+  std::vector<Work> first;
+  for (int r = 0; r < 3; ++r) first.push_back(ranks[r].barrier());
+  for (Work& w : first) w.wait(10s);
+  // The number of the last collective rank r posted (its key starts with it).
+  auto posted = [&](int r) {
+    return std::stoll(ranks.store(0).get("weft/pg/default/progress/" + std::to_string(r), 5s));
+  };
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while ((posted(1) != 0 || posted(2) != 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(posted(1) == 0);
+  ranks.store(1).close();
+
+  Tensor a = full({8}, 1.0);
+  Tensor b = full({8}, 2.0);
+  Work w0 = ranks[0].allReduce(a);
+  Work w1 = ranks[1].allReduce(b);
+  std::string err0 = errorOf([&] { w0.wait(30s); });
+  std::string err1 = errorOf([&] { w1.wait(30s); });
+  INFO(err0);
+  INFO(err1);
+  CHECK(contains(err0, "allReduce #1 on group 'default' failed on rank 0: timed out after 4000 ms"));
+  CHECK(contains(err0, "ranks [2] had not started it when last heard (rank 2 at #0, "));
+  CHECK(contains(err0, "rank 1 was last heard at #0, "));
+  CHECK(contains(err0, " s ago (whether it has started it since is unknown)"));
+  CHECK_FALSE(contains(err0, "ranks [1"));
+  // Rank 1 was last heard before the collective began, at least the timeout ago;
+  // rank 2 posts every second.
+  CHECK(numberAfter(err0, "rank 1 was last heard at #0, ") >= 3);
+  CHECK(numberAfter(err0, "(rank 2 at #0, ") < 3);
+  // Rank 1 cannot read the store, and says so instead of guessing.
+  CHECK(contains(err1, "whether ranks [0, 2] started it is unknown: their progress could not be read (store: cannot "));
 }

@@ -13,10 +13,13 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <latch>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -103,8 +106,13 @@ uint32_t loadU32(const char* p) {
 }
 
 std::string helloFrame(const std::string& token = "", uint16_t version = store::kVersion,
-                       uint32_t magic = store::kMagic) {
-  return store::FrameWriter(0, static_cast<uint8_t>(store::Op::Hello)).u32(magic).u16(version).str(token).finish();
+                       uint32_t magic = store::kMagic, uint64_t clientId = 1) {
+  return store::FrameWriter(0, static_cast<uint8_t>(store::Op::Hello))
+      .u32(magic)
+      .u16(version)
+      .str(token)
+      .u64(clientId)
+      .finish();
 }
 
 struct Reply {
@@ -191,9 +199,11 @@ class RawSocket {
     }
   }
 
-  // Sends a Hello and checks that it is accepted.
-  void handshake(const std::string& token = "") {
-    send(helloFrame(token));
+  // Sends a Hello and checks that it is accepted. Each socket is a client of
+  // its own unless told which.
+  void handshake(const std::string& token = "", std::optional<uint64_t> clientId = std::nullopt) {
+    static std::atomic<uint64_t> nextClientId{1000};
+    send(helloFrame(token, store::kVersion, store::kMagic, clientId ? *clientId : nextClientId++));
     std::optional<std::string> reply = readFrame(5s);
     REQUIRE(reply.has_value());
     REQUIRE(parseReply(*reply).status == 0);
@@ -775,11 +785,358 @@ TEST_CASE("a client that does not read its replies is disconnected once its back
   CHECK(client.get("big").size() == 256 * 1024);
 }
 
+// ---- reconnection ----------------------------------------------------------------------
+
+namespace {
+
+// A TCP relay between store clients and a server, which a test uses to break
+// the path the way a network partition does: black-hole it (nothing crosses,
+// new connections wait unanswered), drop what the server sends, or cut the
+// clients' connections (as their kernel does once its retransmission timeout
+// passes) while the server's side stays open and silent. Serves on a thread
+// of its own; every method returns once the relay thread has applied it.
+class TcpRelay {
+ public:
+  explicit TcpRelay(uint16_t upstream) : upstream_(upstream) {
+    listenFd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(listenFd_ >= 0);
+    sockaddr_in a = loopback(0);
+    REQUIRE(::bind(listenFd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listenFd_, 64) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listenFd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~TcpRelay() {
+    stop_ = true;
+    thread_.join();
+    for (Pair& p : pairs_) closePair(p);
+    for (int fd : silent_) ::close(fd);
+    ::close(listenFd_);
+  }
+  TcpRelay(const TcpRelay&) = delete;
+  TcpRelay& operator=(const TcpRelay&) = delete;
+
+  uint16_t port() const { return port_; }
+
+  void blackhole(bool on) {
+    apply([&] { blackhole_ = on; });
+  }
+  void dropReplies(bool on) {
+    apply([&] { dropReplies_ = on; });
+  }
+  // Where connections accepted from now on are relayed.
+  void setUpstream(uint16_t port) {
+    apply([&] { upstream_ = port; });
+  }
+  // Closes the client side of every relayed connection; the server side is
+  // kept open and never read or written again.
+  void cutClients() {
+    apply([&] {
+      for (Pair& p : pairs_) {
+        ::close(p.client);
+        silent_.push_back(p.server);
+      }
+      pairs_.clear();
+    });
+  }
+
+ private:
+  struct Pair {
+    int client = -1;
+    int server = -1;
+    std::string toServer;
+    std::string toClient;
+  };
+
+  static sockaddr_in loopback(uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return a;
+  }
+
+  // Runs change on the relay thread and waits for it.
+  template <class F>
+  void apply(F change) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    command_ = change;
+    done_.wait(lock, [&] { return !command_; });
+  }
+
+  static void closePair(Pair& p) {
+    ::close(p.client);
+    ::close(p.server);
+  }
+
+  // Sends what the socket takes now; false when the peer is gone.
+  static bool flush(int fd, std::string& out) {
+    while (!out.empty()) {
+      ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+      out.erase(0, static_cast<size_t>(n));
+    }
+    return true;
+  }
+
+  void run() {
+    while (!stop_) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (command_) {
+          command_();
+          command_ = nullptr;
+          done_.notify_all();
+        }
+      }
+      std::vector<pollfd> fds;
+      if (!blackhole_) {
+        fds.push_back({listenFd_, POLLIN, 0});
+        for (const Pair& p : pairs_) {
+          fds.push_back({p.client, static_cast<short>(POLLIN | (p.toClient.empty() ? 0 : POLLOUT)), 0});
+          fds.push_back({p.server, static_cast<short>(POLLIN | (p.toServer.empty() ? 0 : POLLOUT)), 0});
+        }
+      }
+      if (::poll(fds.data(), fds.size(), 5) <= 0) {
+        if (blackhole_) std::this_thread::sleep_for(5ms);
+        continue;
+      }
+      if (fds[0].revents & POLLIN) {
+        int client = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (client >= 0) {
+          int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          sockaddr_in a = loopback(upstream_);
+          if (::connect(server, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+            pairs_.push_back({client, server, "", ""});
+          } else {
+            ::close(server);
+            ::close(client);
+          }
+        }
+      }
+      std::vector<bool> broken(pairs_.size(), false);
+      char buf[65536];
+      for (size_t i = 0; i < pairs_.size() && 1 + 2 * i + 1 < fds.size(); ++i) {
+        Pair& p = pairs_[i];
+        const pollfd& c = fds[1 + 2 * i];
+        const pollfd& s = fds[2 + 2 * i];
+        if (c.revents & (POLLIN | POLLHUP | POLLERR)) {
+          ssize_t n = ::recv(p.client, buf, sizeof buf, MSG_DONTWAIT);
+          if (n > 0) p.toServer.append(buf, static_cast<size_t>(n));
+          if (n == 0 || (n < 0 && errno != EAGAIN)) broken[i] = true;
+        }
+        if (s.revents & (POLLIN | POLLHUP | POLLERR)) {
+          ssize_t n = ::recv(p.server, buf, sizeof buf, MSG_DONTWAIT);
+          if (n > 0 && !dropReplies_) p.toClient.append(buf, static_cast<size_t>(n));
+          if (n == 0 || (n < 0 && errno != EAGAIN)) broken[i] = true;
+        }
+        if (!flush(p.server, p.toServer) || !flush(p.client, p.toClient)) broken[i] = true;
+      }
+      for (size_t i = pairs_.size(); i-- > 0;) {
+        if (!broken[i]) continue;
+        closePair(pairs_[i]);
+        pairs_.erase(pairs_.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+  }
+
+  uint16_t upstream_;
+  int listenFd_ = -1;
+  uint16_t port_ = 0;
+  bool blackhole_ = false;    // relay thread only (set through apply)
+  bool dropReplies_ = false;  // relay thread only
+  std::vector<Pair> pairs_;   // relay thread only, until joined
+  std::vector<int> silent_;   // server sides of cut connections
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::function<void()> command_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+StoreClient::Config relayedConfig(const TcpRelay& relay, milliseconds timeout, milliseconds reconnectWithin) {
+  StoreClient::Config c = clientConfig(relay.port(), timeout);
+  c.connectTimeout = reconnectWithin;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("calls in flight when a partition cuts the connection complete once it heals") {
+  StoreServer server(serverConfig());
+  TcpRelay relay(server.port());
+  StoreClient client(relayedConfig(relay, 30s, 30s));
+  StoreClient direct(clientConfig(server.port()));
+  client.set("before", "1");
+
+  relay.blackhole(true);
+  Future<void> set = client.setAsync("k", "v");
+  Future<int64_t> add = client.addAsync("n", 5);
+  Future<std::string> cas = client.compareSetAsync("slot", "", "mine");
+  Future<std::string> get = client.getAsync("later", 20s);
+  Future<void> wait = client.waitAsync({"later", "k"}, 0ms);
+  std::this_thread::sleep_for(200ms);
+  relay.cutClients();  // the partition outlasts the kernel's patience: the connection is lost
+  // Reconnection attempts vanish into the partition meanwhile.
+  std::this_thread::sleep_for(1500ms);
+  CHECK_FALSE(client.connected());
+  for (bool ready : {set.isReady(), add.isReady(), cas.isReady(), get.isReady(), wait.isReady()}) CHECK_FALSE(ready);
+  CHECK(direct.check({"before"}));
+  CHECK_FALSE(direct.check({"k"}));
+
+  relay.blackhole(false);
+  direct.set("later", "L");
+  CHECK_NOTHROW(set.get());
+  CHECK(add.get() == 5);
+  CHECK(cas.get() == "mine");
+  CHECK(get.get() == "L");
+  CHECK_NOTHROW(wait.get());
+  CHECK(client.connected());
+  CHECK(direct.get("k") == "v");
+  CHECK(direct.get("n") == "5");
+  // The server closed the connection the partition had left open on its side
+  // when the client came back: only the direct client's and the new one remain.
+  CHECK(eventually([&] { return server.stats().connections == 2; }));
+  CHECK(client.add("n", 1) == 6);
+}
+
+TEST_CASE("updates whose replies were lost are applied exactly once when sent again") {
+  StoreServer server(serverConfig());
+  TcpRelay relay(server.port());
+  StoreClient client(relayedConfig(relay, 30s, 30s));
+  StoreClient direct(clientConfig(server.port()));
+  direct.set("gone", "x");
+
+  relay.dropReplies(true);
+  Future<int64_t> add = client.addAsync("n", 1);
+  Future<void> set = client.setAsync("k", "mine");
+  Future<std::string> cas = client.compareSetAsync("slot", "", "A");
+  Future<bool> del = client.deleteKeyAsync("gone");
+  // All four reached the server; their replies did not reach the client.
+  CHECK(eventually([&] {
+    return direct.check({"n", "k", "slot"}) && !direct.check({"gone"});
+  }));
+  // Others change the same keys before the client's retries arrive: a retry
+  // applied again would undo these.
+  direct.set("k", "theirs");
+  CHECK(direct.compareSet("slot", "A", "B") == "B");
+  direct.set("gone", "back");
+  for (bool ready : {add.isReady(), set.isReady(), cas.isReady(), del.isReady()}) CHECK_FALSE(ready);
+
+  relay.dropReplies(false);
+  relay.cutClients();
+  CHECK(add.get() == 1);
+  CHECK_NOTHROW(set.get());
+  CHECK(cas.get() == "A");  // the answer the server gave the first time
+  CHECK(del.get());
+  CHECK(direct.get("n") == "1");
+  CHECK(direct.get("k") == "theirs");
+  CHECK(direct.get("slot") == "B");
+  CHECK(direct.get("gone") == "back");
+  CHECK(client.add("n", 1) == 2);
+  // Once settled, the server forgets the replies it kept for retries.
+  CHECK(client.add("n", 1) == 3);
+  CHECK(server.stats().keptReplies <= 2);
+}
+
+TEST_CASE("a partition longer than a call's deadline fails it with DisconnectedError naming the server and the time") {
+  StoreServer server(serverConfig());
+  TcpRelay relay(server.port());
+  StoreClient client(relayedConfig(relay, 1500ms, 4s));
+  const std::string where = "lost the connection to the server at 127.0.0.1:" + std::to_string(relay.port());
+  relay.blackhole(true);
+  auto start = Clock::now();
+  Future<void> set = client.setAsync("k", "v");
+  Future<std::string> forever = client.getAsync("never", 0ms);  // no deadline of its own
+  relay.cutClients();
+
+  std::string e = errorOf<DisconnectedError>([&] { set.get(); });
+  CHECK(secondsSince(start) >= 1.45);
+  CHECK(secondsSince(start) < 10.0);
+  CHECK(contains(e, where + " while waiting for set('k'): the connection was lost "));
+  CHECK(contains(e, "), and reconnecting has not succeeded within the call's 1.5 s (1 attempt(s))"));
+
+  // The reconnection itself gives up after connectTimeout: the call without
+  // a deadline fails then, and later calls fail at once.
+  e = errorOf<DisconnectedError>([&] { forever.get(); });
+  CHECK(secondsSince(start) >= 3.9);
+  CHECK(secondsSince(start) < 15.0);
+  CHECK(contains(e, where + " while waiting for get('never'): the connection was lost "));
+  CHECK(contains(e, "and reconnecting did not succeed within 4.0 s ("));
+  CHECK(contains(e, "attempt(s); last error: no answer to the hello within 2.0 s)"));
+  CHECK_FALSE(client.connected());
+  auto before = Clock::now();
+  e = errorOf<DisconnectedError>([&] { client.set("k", "v"); });
+  CHECK(secondsSince(before) < 1.0);
+  CHECK(contains(e, "not connected to the server at 127.0.0.1:" + std::to_string(relay.port())));
+  relay.blackhole(false);
+}
+
+TEST_CASE("a client that reconnects to a restarted server fails its calls: what the store held is gone") {
+  auto first = std::make_unique<StoreServer>(serverConfig());
+  TcpRelay relay(first->port());
+  StoreClient client(relayedConfig(relay, 30s, 30s));
+  client.set("k", "v");
+  StoreServer second(serverConfig());
+  relay.setUpstream(second.port());
+  Future<std::string> get = client.getAsync("never", 10s);
+  CHECK(eventually([&] { return first->stats().waiters == 1; }));
+  relay.cutClients();
+  std::string e = errorOf<DisconnectedError>([&] { get.get(); });
+  CHECK(contains(e, "the server that answered the reconnection is another one (the store was restarted"));
+  CHECK_FALSE(client.connected());
+}
+
+TEST_CASE("the server answers an update repeated by a reconnected client from the reply it kept") {
+  StoreServer server(serverConfig());
+  using store::FrameWriter;
+  using store::Op;
+  auto add = [](uint64_t id, int64_t delta, uint64_t settled) {
+    return FrameWriter(id, static_cast<uint8_t>(Op::Add)).str("n").i64(delta).u64(settled).finish();
+  };
+  auto value = [](const std::optional<std::string>& body) {
+    REQUIRE(body.has_value());
+    Reply r = parseReply(*body);
+    REQUIRE(r.status == 0);
+    store::BodyReader reader(r.payload.data(), r.payload.size());
+    return reader.i64("value");
+  };
+  constexpr uint64_t kClient = 77;
+  RawSocket first(server.port());
+  first.handshake("", kClient);
+  first.send(add(7, 1, 7));
+  CHECK(value(first.readFrame(5s)) == 1);
+
+  RawSocket again(server.port());
+  again.handshake("", kClient);
+  CHECK(first.closedWithin(5s));  // the older connection of the same client is closed
+  again.send(add(7, 1, 7));       // the same request again: answered, not applied
+  CHECK(value(again.readFrame(5s)) == 1);
+  again.send(add(8, 1, 8));
+  CHECK(value(again.readFrame(5s)) == 2);
+
+  RawSocket other(server.port());  // another client's ids are its own
+  other.handshake("", kClient + 1);
+  other.send(add(7, 10, 7));
+  CHECK(value(other.readFrame(5s)) == 12);
+  CHECK(server.stats().knownClients == 2);
+  CHECK(server.stats().keptReplies == 2);  // request 8 of one client, request 7 of the other
+
+  // settled = 9: the reply to 8 is forgotten, so a late copy of 8 is applied.
+  again.send(add(9, 1, 9));
+  CHECK(value(again.readFrame(5s)) == 13);
+  again.send(add(8, 1, 10));
+  CHECK(value(again.readFrame(5s)) == 14);
+}
+
 // ---- shutdown and failures -------------------------------------------------------------
 
 TEST_CASE("closing the server fails pending client calls with DisconnectedError promptly, and later calls at once") {
   auto server = std::make_unique<StoreServer>(serverConfig());
-  StoreClient client(clientConfig(server->port()));
+  const uint16_t port = server->port();
+  StoreClient client(clientConfig(port));
   auto pending = std::async(std::launch::async, [&] {
     return errorOf<DisconnectedError>([&] { client.get("never", 60s); });
   });
@@ -790,7 +1147,10 @@ TEST_CASE("closing the server fails pending client calls with DisconnectedError 
   REQUIRE(pending.wait_for(5s) == std::future_status::ready);
   CHECK(secondsSince(closedAt) < 2.0);
   std::string e = pending.get();
-  CHECK(contains(e, "the server closed the connection while waiting for get('never')"));
+  // The client tries to reconnect once; the refusal tells it the server is gone.
+  CHECK(contains(e, "lost the connection to the server at 127.0.0.1:" + std::to_string(port) +
+                        " while waiting for get('never')"));
+  CHECK(contains(e, "(the server closed the connection), and reconnecting was refused"));
   CHECK_THROWS_AS(waiting.get(), DisconnectedError);
   CHECK(eventually([&] { return !client.connected(); }));
   auto start = Clock::now();
@@ -857,7 +1217,7 @@ class MuteServer {
       in.append(buf, static_cast<size_t>(n));
       if (!answered && in.size() >= 4 && in.size() >= 4 + loadU32(in.data())) {
         answered = true;
-        std::string reply = store::FrameWriter(0, 0).u32(4096).u32(1024).u32(16).finish();
+        std::string reply = store::FrameWriter(0, 0).u32(4096).u32(1024).u32(16).u64(1).finish();
         ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
       }
     }
