@@ -48,13 +48,15 @@ LayerCounts layerCounts(const char* label, const Counts& counts) {
   return {label, counts.empty(), counts.toString()};
 }
 
-// After the graceful shutdown: throws Error "unclean shutdown: N workers missing; <label> <counts>; ..."
+// After the graceful shutdown: throws Error "unclean shutdown: N workers missing (a, b); <label> <counts>; ..."
 // unless every worker answered and every layer is empty; otherwise prints "<name>: shut down
 // cleanly".
 inline void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report,
                           std::initializer_list<LayerCounts> layers) {
   bool clean = report.clean();
   std::string message = "unclean shutdown: " + std::to_string(report.missing.size()) + " workers missing";
+  for (size_t k = 0; k < report.missing.size(); ++k) message += (k == 0 ? " (" : ", ") + report.missing[k];
+  if (!report.missing.empty()) message += ")";
   for (const LayerCounts& layer : layers) {
     clean = clean && layer.empty;
     message += std::string("; ") + layer.label + " " + layer.text;

@@ -17,8 +17,8 @@
 //   - every process ends within the bound of the fault's kind (no hang);
 //   - a process that goes on after the fault either finished the job (its "shut down cleanly"
 //     line) or exits non-zero with an error naming a peer it lost (for kill and stop, the
-//     faulted rank, or a peer that had ended before it, as when the loss spreads through a job
-//     whose ranks depend on each other in a chain; for cut, any other rank);
+//     faulted rank, or a peer whose own error leads back to it, as when the loss spreads through
+//     a job whose ranks depend on each other; for cut, any other rank);
 //   - every process, and every process it started, is gone afterwards; the run's scratch folder
 //     holds nothing but what the programs were asked to write, and it is removed.
 // A failing run prints the seed, the run's index, the fault and every process's output, so
@@ -231,6 +231,24 @@ inline std::string runOnce(const Scenario& s, const Fault& fault) {
       endedAt[i] = hardLimit;
     }
   }
+  auto mentions = [&](const std::string& text, int p) {
+    return s.names ? s.names(text, p) : text.find(s.nameOf(p)) != std::string::npos;
+  };
+  // The ranks a survivor may blame: the faulted one, and every rank whose own output names one
+  // already blamed (the loss spreading: a rank that left because of the fault, and the rank that
+  // lost it in turn).
+  std::vector<bool> blamed(static_cast<size_t>(s.world), false);
+  blamed[static_cast<size_t>(fault.rank)] = true;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (int p = 0; p < s.world; ++p) {
+      if (blamed[static_cast<size_t>(p)]) continue;
+      const std::string& text = results[static_cast<size_t>(p)].err;
+      for (int q = 0; q < s.world && !blamed[static_cast<size_t>(p)]; ++q) {
+        if (q != p && blamed[static_cast<size_t>(q)] && mentions(text, q)) blamed[static_cast<size_t>(p)] = grew = true;
+      }
+    }
+  }
   for (int r = 0; r < s.world; ++r) {
     const auto i = static_cast<size_t>(r);
     const Subprocess::Result& res = results[i];
@@ -259,16 +277,14 @@ inline std::string runOnce(const Scenario& s, const Fault& fault) {
       }
       continue;
     }
-    // A typed error naming the peer it lost: the faulted rank, or (a cascade) a peer that had
-    // itself ended before this one. For a cut, any other rank. The stopped process itself came
-    // back to a job that went on without it: an error of its own is enough (it exited, it did not
-    // crash).
-    auto mentions = [&](int p) { return s.names ? s.names(text, p) : text.find(s.nameOf(p)) != std::string::npos; };
+    // A typed error naming the peer it lost: the faulted rank, or (a cascade) a peer whose own
+    // output leads back to the fault (see `blamed` below). For a cut, any other rank. The stopped
+    // process itself came back to a job that went on without it: an error of its own is enough
+    // (it exited, it did not crash).
     bool named = isTarget && fault.kind == FaultKind::Stop;
     for (int p = 0; p < s.world; ++p) {
-      if (p == r || !mentions(p)) continue;
-      const bool lost = fault.kind == FaultKind::Cut || p == fault.rank || endedAt[static_cast<size_t>(p)] < endedAt[i];
-      named = named || lost;
+      if (p == r || !mentions(results[i].err, p)) continue;
+      named = named || fault.kind == FaultKind::Cut || blamed[static_cast<size_t>(p)];
     }
     if (!named) problems << "rank " << r << " exited " << res.exitCode << " without naming the peer it lost\n";
   }
