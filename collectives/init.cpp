@@ -94,10 +94,13 @@ class OwnedStore {
     const auto waited =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
     if (others > 0) {
+      const std::string who = notLeft.empty() ? std::string("every rank had left")
+                                              : "ranks " + rankList(notLeft) +
+                                                    " have not left the group (stalled, still working, or gone "
+                                                    "without leaving)";
       WEFT_LOG(Warn) << "collectives::init: rank 0 closes the store after waiting " << waited << " ms with " << others
                      << " other process(es) still connected (rpc::Options::shutdownTimeout, WEFT_SHUTDOWN_TIMEOUT); "
-                     << (notLeft.empty() ? std::string("every rank had left")
-                                         : "ranks " + rankList(notLeft) + " have not left the group (stalled, still working, or gone without leaving)");
+                     << who;
     } else if (!notLeft.empty()) {
       WEFT_LOG(Warn) << "collectives::init: ranks " << rankList(notLeft)
                      << " ended without leaving the group (the process died or lost its connection to the store); "

@@ -224,9 +224,8 @@ void runEnd(const std::string& kind) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   pg.reset();
-  say("end took " +
-      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()) +
-      " ms");
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  say("end took " + std::to_string(took.count()) + " ms");
 }
 
 const weft::Function<int64_t(int64_t)> twice{"init_worker.twice"};
