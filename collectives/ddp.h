@@ -5,7 +5,8 @@
 // replicas stay identical (after torch.nn.parallel.DistributedDataParallel).
 //
 //   #include "collectives/ddp.h"
-//   auto pg = collectives::ProcessGroupGloo::create(store, rank, world);
+//   #include "collectives/init.h"
+//   auto pg = collectives::init();                       // the job's group, from the launcher's variables
 //   auto net = std::make_shared<Net>();
 //   collectives::DistributedDataParallel ddp(net, *pg);   // rank 0's parameters and buffers everywhere
 //   nn::optim::SGD opt(net->parameters(), {.lr = 0.1});

@@ -36,10 +36,19 @@
 // The store. init(opt) builds the rendezvous store itself: rank 0 serves it
 // (on opt.masterAddr:opt.masterPort; a lone process on any free port of
 // 127.0.0.1) and every rank holds a client; the group and every sub-group of
-// it own them. When the group is destroyed, rank 0 keeps serving the store
-// until every other rank's client has gone (each rank's group destroyed, or
-// its process ended), at most opt.shutdownTimeout (a warning names how many
-// were left), so that no rank loses the store while it still uses it.
+// it own them. Destroying the group (and its sub-groups) is the job's end.
+// Every other rank then says in the store that it leaves (waiting at most
+// opt.shutdownTimeout for rank 0's answer) and closes its client; rank 0
+// keeps serving the store until no other rank's client is connected, so that
+// no rank loses the store while it still uses it. A rank whose process died
+// (or was cut off from the store) has no connection left, so it does not
+// hold rank 0 back: rank 0 closes the store as soon as the last connection
+// is gone, with a warning naming the ranks that ended without leaving
+// ("ranks [2] ended without leaving the group"). A rank still connected
+// (stalled, or still working) holds it for at most opt.shutdownTimeout
+// (WEFT_SHUTDOWN_TIMEOUT, 60 s by default); rank 0 then closes the store
+// with a warning naming the ranks that had not left. Warnings go to the log
+// (common/logging.h); the destructor throws nothing.
 // init(agent) uses the agent's store instead (the agent must be started: a
 // StateError says so otherwise) and owns nothing; destroy the group before
 // the agent shuts down.

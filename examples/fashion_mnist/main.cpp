@@ -29,14 +29,13 @@
 #include <vector>
 
 #include "collectives/ddp.h"
-#include "collectives/process_group_gloo.h"
+#include "collectives/init.h"
 #include "common/error.h"
 #include "data/data.h"
 #include "examples/fashion_mnist_mlp/mlp.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/nn.h"
 #include "rpc/options.h"
-#include "rpc/store.h"
 #include "examples/common/app.h"
 
 using namespace weft;
@@ -147,78 +146,15 @@ void checkDataFiles(const std::string& dir) {
 
 double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The job's communication: nothing in local mode, else rank 0's store server, every rank's store
-// client and the process group built on them. Destroyed in reverse order; rank 0 (which serves
-// the store) leaves last, after every other rank has said it is leaving.
-class Job {
- public:
-  Job(const rpc::Options& options, Mode mode, std::chrono::milliseconds timeout, bool checkCalls)
-      : rank_(options.rank), world_(options.worldSize), timeout_(timeout) {
-    if (mode == Mode::Local) return;
-    rpc::Options opt = options;
-    if (rank_ == 0) {
-      server_ = std::make_unique<rpc::StoreServer>(rpc::StoreServer::configFor(opt));
-      // Alone (no launcher), the store took any free port: the client must use that one.
-      if (opt.masterPort == 0) opt.masterPort = server_->port();
-    }
-    store_ = std::make_unique<rpc::StoreClient>(rpc::StoreClient::configFor(opt));
-    group_ = collectives::ProcessGroupGloo::create(
-        *store_, rank_, world_, {.timeout = timeout, .checkCalls = checkCalls, .name = "fashion_mnist"});
-  }
-
-  // Null in local mode.
-  ProcessGroup* group() const { return group_.get(); }
-  int rank() const { return rank_; }
-  int world() const { return world_; }
-
-  // Sum (or max) of `values` over the ranks, in place; `values` itself in local mode.
-  void allReduce(std::vector<double>& values, ReduceOp op) const {
-    if (!group_) return;
-    Tensor t = empty({static_cast<int64_t>(values.size())}, {.dtype = DType::Float64});
-    std::copy(values.begin(), values.end(), t.data<double>());
-    group_->allReduce(t, op).wait();
-    std::copy(t.data<double>(), t.data<double>() + t.numel(), values.begin());
-  }
-
-  // Ends the job on this rank: waits for every rank, closes the group, and (rank 0) keeps the
-  // store up until every other rank is done with it.
-  void shutdown() {
-    if (!group_) return;
-    group_->barrier().wait();
-    group_.reset();
-    // A store barrier alone would let rank 0 close the store while another rank still waits on
-    // it: every other rank says it is leaving, and rank 0 waits for all of them.
-    if (rank_ == 0) {
-      std::vector<std::string> left;
-      for (int r = 1; r < world_; ++r) left.push_back("fashion_mnist/left/" + std::to_string(r));
-      if (!left.empty()) {
-        try {
-          store_->wait(left, timeout_);
-        } catch (const TimeoutError&) {
-          // Name the ranks that never said they were leaving (dead, or stalled past the timeout).
-          std::string missing;
-          for (int r = 1; r < world_; ++r) {
-            if (!store_->check({left[static_cast<size_t>(r - 1)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-          }
-          throw TimeoutError("the job's end: ranks [" + missing + "] did not say they were leaving within " +
-                             std::to_string(timeout_.count()) + " ms (dead or stalled)");
-        }
-      }
-    } else {
-      store_->set("fashion_mnist/left/" + std::to_string(rank_), "1");
-    }
-    store_.reset();
-    server_.reset();
-  }
-
- private:
-  int rank_;
-  int world_;
-  std::chrono::milliseconds timeout_;
-  std::unique_ptr<rpc::StoreServer> server_;
-  std::unique_ptr<rpc::StoreClient> store_;
-  std::unique_ptr<collectives::ProcessGroupGloo> group_;
-};
+// The reduction of `values` over the group's ranks, in place; `values` itself without a group
+// (local mode).
+void reduceValues(ProcessGroup* group, std::vector<double>& values, ReduceOp op) {
+  if (group == nullptr) return;
+  Tensor t = empty({static_cast<int64_t>(values.size())}, {.dtype = DType::Float64});
+  std::copy(values.begin(), values.end(), t.data<double>());
+  group->allReduce(t, op).wait();
+  std::copy(t.data<double>(), t.data<double>() + t.numel(), values.begin());
+}
 
 // allreduce mode: the gradient of every parameter replaced by its average over the ranks, one
 // allReduce per parameter, all issued before the first is awaited.
@@ -278,7 +214,11 @@ int main(int argc, char** argv) {
     }
 
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeoutSeconds * 1000));
-    Job job(options, flags.mode, timeout, flags.checkCalls);
+    // The process group, with the rendezvous store rank 0 serves, in one call; none in local mode.
+    std::unique_ptr<collectives::ProcessGroupGloo> pg;
+    if (flags.mode != Mode::Local) {
+      pg = collectives::init(options, {.timeout = timeout, .checkCalls = flags.checkCalls, .name = "fashion_mnist"});
+    }
 
     auto train = std::make_shared<data::TensorDataset>(mlp::loadSplit(flags.dataDir, data::Split::Train));
     const data::TensorDataset test = mlp::loadSplit(flags.dataDir, data::Split::Test);
@@ -287,13 +227,13 @@ int main(int argc, char** argv) {
     auto model = mlp::makeModel();
     std::optional<collectives::DistributedDataParallel> ddp;
     if (flags.mode == Mode::Ddp) {
-      ddp.emplace(model, *job.group(),
+      ddp.emplace(model, *pg,
                   collectives::DistributedDataParallel::Options{
                       .bucketCapBytes = static_cast<int64_t>(flags.bucketCapMb * 1024 * 1024)});
     } else if (flags.mode == Mode::AllReduce) {
       // As DDP does: every replica starts from rank 0's parameters.
       std::vector<Work> works;
-      for (const Tensor& p : model->parameters()) works.push_back(job.group()->broadcast(p.detach(), 0));
+      for (const Tensor& p : model->parameters()) works.push_back(pg->broadcast(p.detach(), 0));
       for (Work& w : works) w.wait();
     }
     const std::vector<Tensor> params = model->parameters();
@@ -332,7 +272,7 @@ int main(int argc, char** argv) {
         Tensor loss = crossEntropy(logits, example.target);
         opt.zeroGrad();
         loss.backward();
-        if (flags.mode == Mode::AllReduce) averageGradients(params, *job.group());
+        if (flags.mode == Mode::AllReduce) averageGradients(params, *pg);
         opt.step();
         const double lossValue = loss.item<float>();
         int64_t correct = 0;
@@ -354,7 +294,7 @@ int main(int argc, char** argv) {
         if (windowBatches == flags.logInterval || batch == perEpoch) {
           // Every rank reaches the same batch numbers (the sampler pads the shards to equal length).
           const double elapsed = secondsSince(windowStart);
-          job.allReduce(window, ReduceOp::Sum);
+          reduceValues(pg.get(), window, ReduceOp::Sum);
           epochLoss += window[0];
           epochCorrect += window[1];
           epochSeen += window[2];
@@ -369,7 +309,7 @@ int main(int argc, char** argv) {
       }
       // The epoch's training time is the slowest rank's; the samples are everyone's.
       std::vector<double> slowest{secondsSince(epochStart)};
-      job.allReduce(slowest, ReduceOp::Max);
+      reduceValues(pg.get(), slowest, ReduceOp::Max);
       trainSeconds += slowest[0];
       trainSamples += epochSeen;
 
@@ -377,7 +317,7 @@ int main(int argc, char** argv) {
       const int64_t n = test.size();
       const int64_t begin = n * rank / world, end = n * (rank + 1) / world;
       std::vector<double> counts{static_cast<double>(mlp::countCorrect(*model, test, begin, end - begin))};
-      job.allReduce(counts, ReduceOp::Sum);
+      reduceValues(pg.get(), counts, ReduceOp::Sum);
       testAccuracy = counts[0] / static_cast<double>(n);
       if (rank == 0) {
         say("epoch %" PRId64 ": loss %.4f  train accuracy %.4f  test accuracy %.4f  time %.2f s (%.0f samples/s)\n",
@@ -394,12 +334,12 @@ int main(int argc, char** argv) {
       checksum += v;
       norm2 += v * v;
     }
-    if (job.group() != nullptr) {
+    if (pg != nullptr) {
       Tensor first = mine.clone();
-      job.group()->broadcast(first, 0).wait();
+      pg->broadcast(first, 0).wait();
       std::vector<double> differing{0};
       for (int64_t i = 0; i < mine.numel(); ++i) differing[0] += mine.data<float>()[i] != first.data<float>()[i];
-      job.allReduce(differing, ReduceOp::Sum);
+      reduceValues(pg.get(), differing, ReduceOp::Sum);
       if (differing[0] != 0) {
         throw Error("the replicas differ after training: " + std::to_string(static_cast<int64_t>(differing[0])) +
                     " parameter values differ from rank 0's (summed over the ranks)");
@@ -426,7 +366,8 @@ int main(int argc, char** argv) {
       say("final test accuracy: %.4f\n", testAccuracy);
     }
     ddp.reset();
-    job.shutdown();
+    // The job's end: the group closes, and rank 0 serves the store until every other rank has left.
+    pg.reset();
     say("rank %d: shut down cleanly\n", rank);
     return 0;
   } catch (const std::exception& e) {

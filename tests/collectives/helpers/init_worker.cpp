@@ -22,7 +22,11 @@
 //          to the next rank (when there is one), allGatherObject of the agents' names checked
 //          against agent.workers(); prints "rank R store shared" when the group's keys are in the
 //          agent's store; destroys the group, then agent.shutdown().
+//   end K  collectives::init() and one allReduce; then the last rank, instead of destroying its
+//          group, dies (K = die: SIGKILL to itself) or stalls (K = stall: sleeps 8 s, then destroys
+//          it); every other rank destroys its group at once, timing it ("rank R end took N ms").
 // Every rank ends with "rank R done"; a wrong result throws: one line on stderr, exit status 1.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -31,6 +35,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/init.h"
@@ -202,6 +207,27 @@ void runJob() {
   say("after mismatch ok");
 }
 
+void runEnd(const std::string& kind) {
+  auto pg = weft::collectives::init();
+  gRank = pg->rank();
+  Tensor x = vec({1});
+  pg->allReduce(x).wait(30s);
+  expectValues(x, {static_cast<double>(pg->size())}, "allReduce");
+  if (pg->rank() == pg->size() - 1) {
+    if (kind == "die") {
+      ::kill(::getpid(), SIGKILL);
+    } else if (kind == "stall") {
+      std::this_thread::sleep_for(8s);
+    } else {
+      fail("unknown end kind " + kind);
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  pg.reset();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  say("end took " + std::to_string(took.count()) + " ms");
+}
+
 const weft::Function<int64_t(int64_t)> twice{"init_worker.twice"};
 
 void runAgent() {
@@ -244,7 +270,7 @@ void runAgent() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collectives_init_worker lone|job|agent\n");
+    std::fprintf(stderr, "usage: collectives_init_worker lone|job|agent|end die|stall\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -252,6 +278,7 @@ int main(int argc, char** argv) {
     if (scenario == "lone") runLone();
     else if (scenario == "job") runJob();
     else if (scenario == "agent") runAgent();
+    else if (scenario == "end" && argc > 2) runEnd(argv[2]);
     else fail("unknown scenario " + scenario);
     say("done");
     return 0;

@@ -6,11 +6,11 @@
 //   data                DistributedSampler without shuffling deals rank, rank + W, ...
 //   rpc                 a registered function called on the next rank (itself when alone)
 //   rref                the same function's result kept there and fetched with toHere()
-//   collectives         allReduce of [[1..4],[5..8],[9..12]] is W times it; DDP over an
-//                       nn::Linear averages the ranks' gradients
+//   collectives         collectives::init(agent): allReduce of [[1..4],[5..8],[9..12]] is W
+//                       times it; DDP over an nn::Linear averages the ranks' gradients
 // and prints "consumer rank R of W: ok", or the first mismatch and exits 1.
 #include <weft/collectives/ddp.h>
-#include <weft/collectives/process_group_gloo.h>
+#include <weft/collectives/init.h>
 #include <weft/data/sampler.h>
 #include <weft/nn/linear.h>
 #include <weft/rpc/agent.h>
@@ -86,8 +86,8 @@ int main() {
     RRef<Tensor> kept = agent.remote(next, addFn, a, b);
     expectClose("agent.remote(next, add).toHere()", kept.toHere().toVector<float>(), aPlusB);
 
-    // collectives: a process group over the agent's store
-    auto group = collectives::ProcessGroupGloo::create(agent.store(), rank, world, {.timeout = 30s});
+    // collectives: the job's process group, through the agent's store
+    auto group = collectives::init(agent, {.timeout = 30s});
     std::vector<float> grid(12);
     for (int i = 0; i < 12; ++i) grid[i] = static_cast<float>(i + 1);
     Tensor t = fromVector(grid, {3, 4});
