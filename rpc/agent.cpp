@@ -45,6 +45,9 @@ constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 constexpr size_t kMaxPendingHandshakes = 64;
 // The loop's housekeeping tick: deadlines, heartbeats, shutdown rounds.
 constexpr auto kTick = std::chrono::milliseconds(10);
+// A gap between ticks longer than this is a stall of this process (not
+// scheduled, stopped) or of its loop thread: heartbeat silence leaves it out.
+constexpr auto kStallThreshold = std::chrono::milliseconds(50);
 // How long a worker waits to become idle between shutdown rounds.
 constexpr auto kRoundPause = std::chrono::milliseconds(20);
 // How long closing connections may take to exchange their ends of stream.
@@ -121,6 +124,9 @@ class Agent::Impl {
     // Loop thread.
     uint64_t pingSequence = 0;
     Clock::time_point lastPing{};
+    // The latest Connection::lastHeard() the tick has seen, and Impl::stalled_ then.
+    Clock::time_point heardAt{};
+    Clock::duration stalledAtHeard{};
     Promise<void> connected;  // completed by the handshake
   };
 
@@ -942,6 +948,7 @@ class Agent::Impl {
   void onTick() {
     transport::WriteBatch batch;
     auto now = Clock::now();
+    trackStalls(now);
     expireCalls(now);
     if (now - lastHeartbeatCheck_ >= options_.heartbeatInterval / 4) {
       lastHeartbeatCheck_ = now;
@@ -985,12 +992,46 @@ class Agent::Impl {
     }
   }
 
+  // Silence is counted only while this loop runs. After a stall (this process
+  // was not scheduled or was stopped, or its loop thread was held up) the
+  // peers' bytes may be waiting unread, and libuv runs timers before it reads
+  // sockets: judged on the time it could not watch, every peer would look
+  // silent. So each peer's silence leaves out the stalls since it was last
+  // heard. Marks are taken before this tick's gap is added, so a stall right
+  // after a peer was heard is left out too.
+  void trackStalls(Clock::time_point now) {
+    for (auto& pp : peers_) {
+      Peer& peer = *pp;
+      if (!peer.conn || peer.conn->isLoopback()) continue;
+      auto heard = peer.conn->lastHeard();
+      if (heard > peer.heardAt) {
+        peer.heardAt = heard;
+        peer.stalledAtHeard = stalled_;
+      }
+    }
+    if (lastTickAt_ != Clock::time_point{}) {
+      auto gap = now - lastTickAt_;
+      if (gap > kStallThreshold) {
+        stalled_ += gap - kTick;
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(gap).count();
+        if (ms > longestStallMs_.load(std::memory_order_relaxed)) longestStallMs_.store(ms, std::memory_order_relaxed);
+      }
+    }
+    lastTickAt_ = now;
+  }
+
+  // How long `peer` has been silent while this loop was running.
+  Clock::duration silence(const Peer& peer, Clock::time_point now) const {
+    return (now - peer.heardAt) - (stalled_ - peer.stalledAtHeard);
+  }
+
   void checkHeartbeats(Clock::time_point now) {
     for (auto& pp : peers_) {
       Peer& peer = *pp;
       if (!peer.alive || !peer.conn || peer.conn->isLoopback()) continue;
-      auto silent = now - peer.conn->lastReceived();
-      if (silent > options_.heartbeatInterval * options_.heartbeatMisses) {
+      auto silent = silence(peer, now);
+      // Bytes waiting in the socket are word from the peer, read later in this turn of the loop.
+      if (silent > options_.heartbeatInterval * options_.heartbeatMisses && !peer.conn->hasUnreadBytes()) {
         peer.conn->fail(Status::disconnected("no message from '" + peer.name + "' for " + seconds(silent) +
                                              " (heartbeat)"));
         continue;
@@ -1258,6 +1299,7 @@ class Agent::Impl {
     s.connectionsRejected = connectionsRejected_.load();
     s.writeSyscalls = counters_.writeSyscalls.load();
     s.framesWritten = counters_.framesWritten.load();
+    s.longestStall = std::chrono::milliseconds(longestStallMs_.load());
     for (auto& p : peers_) {
       if (p->rank != options_.rank && p->alive) ++s.liveConnections;
     }
@@ -1286,6 +1328,9 @@ class Agent::Impl {
   std::set<std::shared_ptr<Handshake>> handshakes_;  // loop thread
   std::unique_ptr<uv_timer_t> tick_;
   Clock::time_point lastHeartbeatCheck_{};
+  Clock::time_point lastTickAt_{};               // loop thread
+  Clock::duration stalled_{};                    // loop thread: the stalls so far, summed
+  std::atomic<int64_t> longestStallMs_{0};
 
   std::mutex stateMutex_;
   std::condition_variable startEnded_;

@@ -59,8 +59,15 @@
 // throws TimeoutError naming the workers still missing after
 // Options::storeTimeout.
 //
-// Failures. A peer silent for heartbeatMisses heartbeat intervals is declared
-// dead; a closed or reset socket is noticed at once. Bytes that break the
+// Failures. A closed or reset socket is noticed at once (its pending calls
+// fail as soon as the loop sees the socket's end or error). A peer silent for
+// heartbeatMisses heartbeat intervals is declared dead: the loop pings a peer
+// it has not heard from for an interval, from its own timer, whatever else is
+// queued, and any sign of the peer counts as hearing from it (any byte
+// received, or its reading what this side had queued). Silence is counted
+// only while this process's loop runs: after a stall of this process (not
+// scheduled, stopped, its loop held up) peers are not blamed for time nobody
+// was watching; detection is then late by the stall (AgentStats::longestStall). Bytes that break the
 // protocol (garbage, a truncated or oversized frame, a wrong version or token,
 // a connection that never says Hello) cost only that connection: it is closed,
 // its pending calls fail, one line is logged, and the agent keeps serving.
@@ -167,6 +174,10 @@ struct AgentStats {
   uint64_t writeSyscalls = 0;   // writev calls (frames / writeSyscalls = coalescing)
   uint64_t framesWritten = 0;
   size_t liveConnections = 0;
+  // The longest stall of this agent's loop thread (housekeeping ran late: the process was not
+  // scheduled or was stopped, or the loop was held up), 0 when none passed 50 ms. Heartbeat
+  // silence leaves such time out, so failure detection can be late by as much.
+  std::chrono::milliseconds longestStall{0};
 };
 
 // Per-agent state of a layer above rpc (rref/, dist_autograd/). A layer installs a factory once

@@ -22,6 +22,17 @@
 //                     call each other 100 times ("peer sum <sum of the echoes>"),
 //                     shut down gracefully and print
 //                       "shutdown graceful <0|1> missing <names, comma-separated> seconds <s>"
+//                     After the failure it also prints "stall_ms <ms>", the longest stall of its
+//                     agent's loop (AgentStats::longestStall)
+//   reset             two ranks; rank 1 is the victim: it prints "rank 1 victim ready" and sleeps.
+//                     Rank 0 prints "rank 0 waiting for SIGUSR1", and on SIGUSR1 (the test
+//                     has stopped the victim meanwhile, so the call's bytes stay unread in its
+//                     socket) calls `hang` on it, prints "calling", and when the call fails
+//                     prints "disconnected at_ns ..." as in kill
+//   freeze            every rank calls the next, prints "rank R ready", waits for SIGUSR1 (the
+//                     test stops and resumes every rank meanwhile), calls the next rank 20
+//                     times, prints "rank R alive <0|1> calls ok stall_ms <ms>", shuts down
+//                     gracefully and prints "rank R shutdown clean <0|1>"; exits 0 when clean
 //   fail <rank> <code>  like ring; the others print "rank R waiting"; after a store
 //                     barrier of all ranks, rank <rank> prints "rank R failing with code C"
 //                     and returns C from main (the agent's destructor closes it) while
@@ -29,8 +40,10 @@
 // Every rank first prints "rank R pid P started". Every wait is bounded (60 s at
 // most), so a broken agent cannot leave a process running for long. Errors print
 // one line to stderr and exit non-zero.
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +66,28 @@ using Clock = std::chrono::steady_clock;
 const Function<int64_t(int64_t)> echo{"echo"};
 const Function<std::string()> whoami{"whoami"};
 const Function<int32_t(int32_t)> hang{"hang"};
+
+std::atomic<bool> gotUsr1{false};
+
+void onUsr1(int) { gotUsr1 = true; }
+
+void catchUsr1() {
+  struct sigaction sa {};
+  sa.sa_handler = onUsr1;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGUSR1, &sa, nullptr);
+}
+
+// Waits (60 s at most) for SIGUSR1; false when it never came.
+bool waitForUsr1() {
+  auto deadline = Clock::now() + 60s;
+  while (!gotUsr1 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  return gotUsr1;
+}
+
+long long steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 void say(const std::string& line) {
   std::string text = line + "\n";
@@ -124,6 +159,7 @@ int kill(Agent& agent) {
         " after_ms " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - calledAt).count()) +
         ": " + e.what());
   }
+  say("stall_ms " + std::to_string(agent.stats().longestStall.count()));
 
   auto laterAt = Clock::now();
   try {
@@ -153,6 +189,57 @@ int kill(Agent& agent) {
   return 0;
 }
 
+int reset(Agent& agent) {
+  catchUsr1();
+  startAgent(agent);
+  if (agent.rank() == 1) {
+    say(prefix(agent) + "victim ready");
+    std::this_thread::sleep_for(60s);
+    say(prefix(agent) + "victim was not killed");
+    return 6;
+  }
+  say(prefix(agent) + "waiting for SIGUSR1");
+  if (!waitForUsr1()) {
+    say(prefix(agent) + "no SIGUSR1");
+    return 3;
+  }
+  Future<int32_t> pending = agent.async(1, hang, {.timeout = 0ms}, 30000);
+  say(prefix(agent) + "calling");
+  if (!pending.waitFor(40s)) {
+    say(prefix(agent) + "the call to the victim never failed");
+    return 3;
+  }
+  try {
+    pending.get();
+    say(prefix(agent) + "the call to the victim succeeded");
+    return 3;
+  } catch (const DisconnectedError& e) {
+    say("disconnected at_ns " + std::to_string(steadyNs()) + ": " + e.what());
+  }
+  agent.shutdown({.graceful = false});
+  return 0;
+}
+
+int freeze(Agent& agent) {
+  catchUsr1();
+  startAgent(agent);
+  ringCall(agent);
+  say(prefix(agent) + "ready");
+  if (!waitForUsr1()) {
+    say(prefix(agent) + "no SIGUSR1");
+    return 3;
+  }
+  int next = (agent.rank() + 1) % agent.worldSize();
+  for (int64_t k = 0; k < 20; ++k) {
+    if (agent.sync(next, echo, k) != k) throw Error("a wrong echo");
+  }
+  say(prefix(agent) + "alive " + (agent.isAlive(next) ? "1" : "0") + " calls ok stall_ms " +
+      std::to_string(agent.stats().longestStall.count()));
+  ShutdownReport report = agent.shutdown();
+  say(prefix(agent) + "shutdown clean " + std::to_string(report.clean()));
+  return report.clean() ? 0 : 5;
+}
+
 int fail(Agent& agent, int failRank, int code) {
   startAgent(agent);
   say(prefix(agent) + "ring ok next " + ringCall(agent));
@@ -176,8 +263,10 @@ int main(int argc, char** argv) {
     Agent agent(Options::fromEnv());
     if (scenario == "ring") return ring(agent);
     if (scenario == "kill") return kill(agent);
+    if (scenario == "reset") return reset(agent);
+    if (scenario == "freeze") return freeze(agent);
     if (scenario == "fail" && argc >= 4) return fail(agent, std::atoi(argv[2]), std::atoi(argv[3]));
-    std::fprintf(stderr, "usage: agent_worker ring|kill|fail <rank> <code>\n");
+    std::fprintf(stderr, "usage: agent_worker ring|kill|reset|freeze|fail <rank> <code>\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "agent_worker %s: %s\n", scenario.c_str(), e.what());
