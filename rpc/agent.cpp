@@ -219,7 +219,7 @@ class Agent::Impl {
     loop_.call([this] {
       listener_ = std::make_unique<transport::Listener>(
           loop_, options_.listenHost(), options_.listenPort,
-          [this](int fd, std::string who) { onAccepted(fd, std::move(who)); });
+          [this](int fd, std::string who) { onAccepted(fd, std::move(who)); }, &log_);
       startTicking();
       // The loopback connection to this worker itself.
       Peer& self = *peers_[options_.rank];
@@ -418,9 +418,11 @@ class Agent::Impl {
         },
         .onClosed = [this, peer, weakHs](Connection& c, const Status& why) mutable {
           if (why.code() == StatusCode::Protocol || why.code() == StatusCode::InvalidArgument) {
-            // Hostile or broken input, a failed handshake: one count, one line.
+            // Hostile or broken input, a failed handshake: one count, one line (a few per
+            // address and window, then a summary: a flood of such connections costs no more).
             ++connectionsRejected_;
-            WEFT_LOG(Warn) << "rpc: " << c.description() << ": " << why.message() << "; closed it";
+            WEFT_LOG_LIMITED(log_, Warn, logging::RateLimiter::hostOf(c.remoteAddress()))
+                << "rpc: " << c.description() << ": " << why.message() << "; closed it";
           }
           if (auto h = weakHs.lock()) {
             handshakes_.erase(h);
@@ -446,8 +448,9 @@ class Agent::Impl {
 
   void onAccepted(int fd, std::string who) {
     if (handshakes_.size() >= kMaxPendingHandshakes || shutdownPhase_ != Phase::None) {
-      WEFT_LOG(Warn) << "rpc: refused a connection from " << who
-                     << (shutdownPhase_ != Phase::None ? ": shutting down" : ": too many connections in handshake");
+      WEFT_LOG_LIMITED(log_, Warn, logging::RateLimiter::hostOf(who))
+          << "rpc: refused a connection from " << who
+          << (shutdownPhase_ != Phase::None ? ": shutting down" : ": too many connections in handshake");
       ++connectionsRejected_;
       ::close(fd);
       return;
@@ -786,8 +789,9 @@ class Agent::Impl {
       auto it = peer.pending.find(callId);
       if (it == peer.pending.end()) {
         lateResponses_.fetch_add(1, std::memory_order_relaxed);
-        WEFT_LOG(Debug) << "rpc: dropped a response from '" << peer.name << "' for call " << callId
-                        << ", which is no longer pending";
+        WEFT_LOG_LIMITED(log_, Debug, logging::RateLimiter::hostOf(c.remoteAddress()))
+            << "rpc: dropped a response from '" << peer.name << "' for call " << callId
+            << ", which is no longer pending";
         return;
       }
       pending = std::move(it->second);
@@ -956,6 +960,7 @@ class Agent::Impl {
       expireHandshakes(now);
     }
     shutdownTick(now);
+    log_.flush();
     for (auto& [tag, ext] : extensions_) ext->onTick();
   }
 
@@ -1306,6 +1311,9 @@ class Agent::Impl {
     return s;
   }
 
+  // The lines a peer can repeat at will (connections rejected or refused, late responses), per
+  // address: flushed on the tick, declared first so that it outlives every user.
+  logging::RateLimiter log_{"rpc"};
   Agent* owner_ = nullptr;
   std::vector<std::pair<const void*, std::shared_ptr<AgentExtension>>> extensions_;  // fixed after construction
   Options options_;

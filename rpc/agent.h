@@ -71,6 +71,9 @@
 // protocol (garbage, a truncated or oversized frame, a wrong version or token,
 // a connection that never says Hello) cost only that connection: it is closed,
 // its pending calls fail, one line is logged, and the agent keeps serving.
+// Those lines are rate-limited per peer address (common/logging.h: three per
+// 10 s, then one summary, "rpc: ... and 2,997 more from 127.0.0.1 in the last
+// 10 s"), so a flood of hostile connections cannot flood the log.
 //
 // Shutdown. shutdown() is graceful by default: a barrier led by rank 0 (see
 // rpc/protocol.capnp, ShutdownJoin) waits until no worker has a call in flight,

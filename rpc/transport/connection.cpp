@@ -84,12 +84,21 @@ Connection::Connection(UvLoop& loop, int fd, FrameLimits limits, Handlers handle
     : loop_(loop),
       fd_(fd),
       description_(std::move(description)),
+      remote_("self"),
       counters_(counters),
       handlers_(std::move(handlers)),
       decoder_(limits),
       fdOwned_(fd >= 0),
       lastReceived_(std::chrono::steady_clock::now()),
-      lastHeard_(lastReceived_) {}
+      lastHeard_(lastReceived_) {
+  if (fd_ >= 0) {
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    remote_ = ::getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len) == 0
+                  ? SocketAddress::fromSockaddr(reinterpret_cast<sockaddr*>(&peer), len).toString()
+                  : std::string("an unknown address");
+  }
+}
 
 Connection::~Connection() {
   // Normally closed through closeNow on the loop (which closes the fd in the

@@ -134,6 +134,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed() const;
   bool isLoopback() const { return fd_ < 0; }
   const std::string& description() const { return description_; }
+  // The peer's "host:port" as the socket reports it ("self" for a loopback connection).
+  const std::string& remoteAddress() const { return remote_; }
   // Names the connection in later log lines and statuses (e.g. once the peer has
   // said who it is).
   void setDescription(std::string description);
@@ -171,6 +173,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   UvLoop& loop_;
   int fd_;
   std::string description_;
+  std::string remote_;
   TransportCounters* counters_;
   Handlers handlers_;
   FrameDecoder decoder_;
