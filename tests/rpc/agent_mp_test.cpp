@@ -64,10 +64,10 @@ long long steadyNowNs() {
 
 // Runs the `kill` scenario of agent_worker with 3 workers: once the victim
 // (rank 2) is serving both survivors' calls, sends it `sig`, and checks that
-// the survivors' pending calls failed with DisconnectedError within 2 s of it,
+// the survivors' pending calls failed with DisconnectedError within `bound` of it,
 // that later calls failed at once, that they served each other and shut down
 // gracefully, reporting the victim missing.
-void loseVictimMidCall(int sig, const std::string& heartbeatSeconds) {
+void loseVictimMidCall(int sig, const std::string& heartbeatSeconds, std::chrono::milliseconds bound) {
   constexpr int kWorld = 3;
   const uint16_t port = freePort();
   std::vector<std::unique_ptr<Subprocess>> procs;
@@ -106,7 +106,7 @@ void loseVictimMidCall(int sig, const std::string& heartbeatSeconds) {
     CHECK(contains(res.out, "rank " + std::to_string(r) + " pid "));
     CHECK(contains(res.out, "calling"));
 
-    // The pending call failed within 2 s (both clocks are CLOCK_MONOTONIC), plus the time the
+    // The pending call failed within the bound (both clocks are CLOCK_MONOTONIC), plus the time the
     // survivor itself could not run: its heartbeat silence leaves out its own stalls (a loaded
     // machine not scheduling it), and the bound is about the detector, not the scheduler.
     std::vector<long long> at = numbersAfter(res.out, "disconnected at_ns ");
@@ -117,7 +117,7 @@ void loseVictimMidCall(int sig, const std::string& heartbeatSeconds) {
     MESSAGE("rank " << r << ": pending call failed " << after * 1000 << " ms after the signal; longest stall "
                     << stallMs[0] << " ms");
     CHECK(after >= 0);
-    CHECK(after < 2.0 + static_cast<double>(stallMs[0]) / 1000);
+    CHECK(after * 1000 < static_cast<double>(bound.count() + stallMs[0]));
     CHECK(contains(restOfLine(res.out, "disconnected at_ns "), "worker2"));
 
     // Later calls fail at once, and the victim no longer counts as alive.
@@ -143,15 +143,16 @@ void loseVictimMidCall(int sig, const std::string& heartbeatSeconds) {
 
 }  // namespace
 
-TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedError within 2 s, keep serving each "
-          "other and shut down cleanly") {
-  loseVictimMidCall(SIGKILL, "0.5");
+TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedError within 100 ms, keep serving "
+          "each other and shut down cleanly") {
+  // Its sockets close with the process: noticed at once, whatever the heartbeat.
+  loseVictimMidCall(SIGKILL, "0.5", 100ms);
 }
 
 TEST_CASE("a worker that stops answering (SIGSTOP) is declared dead by heartbeat: the others get DisconnectedError "
           "within 2 s and shut down cleanly") {
   // Its sockets stay open, so only the heartbeat notices: 5 intervals of 0.2 s of silence.
-  loseVictimMidCall(SIGSTOP, "0.2");
+  loseVictimMidCall(SIGSTOP, "0.2", 2s);
 }
 
 TEST_CASE("a worker killed with bytes unread in its socket (a reset): the pending call fails within 100 ms") {
