@@ -254,6 +254,40 @@ TEST_CASE("workers stalled together for longer than the heartbeat window do not 
   for (auto& p : procs) CHECK(processGone(p->pid(), 5s));
 }
 
+TEST_CASE("a busy worker, every thread spinning and spinning processes alongside, is never declared dead") {
+  // Four spinning processes (each in its own process group, killed with it; `timeout` bounds
+  // them should this test die first), and both handler threads and the main thread of rank 1
+  // spinning too: its loop thread must still answer heartbeats, with a window of 5 x 0.2 s. (On
+  // two shared cores its loop thread has waited up to 0.2 s for the CPU here.)
+  std::vector<std::unique_ptr<Subprocess>> spinners;
+  for (int i = 0; i < 4; ++i) {
+    spinners.push_back(std::make_unique<Subprocess>(
+        std::vector<std::string>{"/usr/bin/timeout", "30", "/bin/sh", "-c", "while :; do :; done"}));
+  }
+  const uint16_t port = freePort();
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int r = 0; r < 2; ++r) {
+    procs.push_back(std::make_unique<Subprocess>(std::vector<std::string>{AGENT_WORKER_PATH, "busy"},
+                                                 rankEnv(r, 2, port, "0.2")));
+  }
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    auto res = procs[static_cast<size_t>(r)]->wait(60s);
+    INFO("stdout:\n" << res.out << "\nstderr:\n" << res.err);
+    CHECK_FALSE(res.timedOut);
+    CHECK(res.exitCode == 0);
+    std::string prefix = std::string("rank ").append(std::to_string(r)).append(" ");
+    CHECK(contains(res.out, prefix + "busy ok alive 1"));
+    std::vector<long long> stallMs = numbersAfter(res.out, "stall_ms ");
+    if (!stallMs.empty()) MESSAGE("rank " << r << ": longest stall " << stallMs[0] << " ms");
+    CHECK(contains(res.out, prefix + "shutdown clean 1\n"));
+    CHECK_FALSE(contains(res.err, "lost worker"));
+  }
+  for (auto& s : spinners) ::kill(-s->pid(), SIGKILL);
+  for (auto& s : spinners) CHECK(s->wait(5s).signal == SIGKILL);
+  for (auto& p : procs) CHECK(processGone(p->pid(), 5s));
+}
+
 TEST_CASE("a job of three agents started by weftrun calls around the ring and shuts down cleanly") {
   Subprocess run({WEFTRUN_PATH, "-n", "3", "--tag-output", AGENT_WORKER_PATH, "ring"}, commonEnv());
   auto r = run.wait(60s);

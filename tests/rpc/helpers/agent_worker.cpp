@@ -33,6 +33,11 @@
 //                     test stops and resumes every rank meanwhile), calls the next rank 20
 //                     times, prints "rank R alive <0|1> calls ok stall_ms <ms>", shuts down
 //                     gracefully and prints "rank R shutdown clean <0|1>"; exits 0 when clean
+//   busy              two ranks; every handler thread of rank 1 spins on the CPU: rank 0 keeps
+//                     2 x WEFT_NUM_WORKER_THREADS calls of `spin` (300 ms of busy loop each) in
+//                     flight for 3 s while rank 1's main thread spins too, then both print
+//                     "rank R busy ok alive <0|1> stall_ms <ms>", shut down gracefully and print
+//                     "rank R shutdown clean <0|1>"; exits 0 when clean
 //   fail <rank> <code>  like ring; the others print "rank R waiting"; after a store
 //                     barrier of all ranks, rank <rank> prints "rank R failing with code C"
 //                     and returns C from main (the agent's destructor closes it) while
@@ -49,6 +54,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "common/future.h"
@@ -66,6 +72,17 @@ using Clock = std::chrono::steady_clock;
 const Function<int64_t(int64_t)> echo{"echo"};
 const Function<std::string()> whoami{"whoami"};
 const Function<int32_t(int32_t)> hang{"hang"};
+const Function<int64_t(int32_t)> spin{"spin"};
+
+// Keeps this thread on the CPU for `ms` (no sleeping, no system calls); returns the rounds spun.
+int64_t spinFor(std::chrono::milliseconds ms) {
+  auto until = Clock::now() + ms;
+  volatile int64_t rounds = 0;
+  while (Clock::now() < until) {
+    for (int i = 0; i < 1000; ++i) rounds = rounds + 1;
+  }
+  return rounds;
+}
 
 std::atomic<bool> gotUsr1{false};
 
@@ -101,6 +118,7 @@ std::string prefix(const Agent& agent) { return "rank " + std::to_string(agent.r
 void bindAll(Agent& agent) {
   agent.registry().impl(echo, [](int64_t v) { return v; });
   agent.registry().impl(whoami, [&agent] { return agent.name(); });
+  agent.registry().impl(spin, [](int32_t ms) { return spinFor(std::chrono::milliseconds(ms)); });
   agent.registry().impl(hang, [](const CallContext& ctx, int32_t ms) {
     say("serving hang from " + ctx.callerName);
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -240,6 +258,34 @@ int freeze(Agent& agent) {
   return report.clean() ? 0 : 5;
 }
 
+int busy(Agent& agent) {
+  startAgent(agent);
+  const auto kFor = 3s;
+  if (agent.rank() == 1) {
+    spinFor(kFor);
+  } else {
+    const int inFlight = 2 * agent.options().numWorkerThreads;
+    auto until = Clock::now() + kFor;
+    std::vector<Future<int64_t>> calls;
+    for (int i = 0; i < inFlight; ++i) calls.push_back(agent.async(1, spin, 300));
+    while (Clock::now() < until) {
+      for (auto& c : calls) {
+        if (c.waitFor(1ms)) {
+          c.get();  // throws DisconnectedError if rank 1 was declared dead
+          c = agent.async(1, spin, 300);
+        }
+      }
+    }
+    for (auto& c : calls) c.get();
+  }
+  int other = 1 - agent.rank();
+  say(prefix(agent) + "busy ok alive " + (agent.isAlive(other) ? "1" : "0") + " stall_ms " +
+      std::to_string(agent.stats().longestStall.count()));
+  ShutdownReport report = agent.shutdown();
+  say(prefix(agent) + "shutdown clean " + std::to_string(report.clean()));
+  return report.clean() ? 0 : 5;
+}
+
 int fail(Agent& agent, int failRank, int code) {
   startAgent(agent);
   say(prefix(agent) + "ring ok next " + ringCall(agent));
@@ -265,8 +311,9 @@ int main(int argc, char** argv) {
     if (scenario == "kill") return kill(agent);
     if (scenario == "reset") return reset(agent);
     if (scenario == "freeze") return freeze(agent);
+    if (scenario == "busy") return busy(agent);
     if (scenario == "fail" && argc >= 4) return fail(agent, std::atoi(argv[2]), std::atoi(argv[3]));
-    std::fprintf(stderr, "usage: agent_worker ring|kill|reset|freeze|fail <rank> <code>\n");
+    std::fprintf(stderr, "usage: agent_worker ring|kill|reset|freeze|busy|fail <rank> <code>\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "agent_worker %s: %s\n", scenario.c_str(), e.what());
