@@ -1035,8 +1035,10 @@ class Agent::Impl {
       Peer& peer = *pp;
       if (!peer.alive || !peer.conn || peer.conn->isLoopback()) continue;
       auto silent = silence(peer, now);
-      // Bytes waiting in the socket are word from the peer, read later in this turn of the loop.
-      if (silent > options_.heartbeatInterval * options_.heartbeatMisses && !peer.conn->hasUnreadBytes()) {
+      auto window = options_.heartbeatInterval * options_.heartbeatMisses;
+      // Bytes waiting in the socket are word from the peer, read later in this turn of the loop
+      // (unless they stay unread: then the window's second round decides).
+      if (silent > window && (silent > 2 * window || !peer.conn->hasUnreadBytes())) {
         peer.conn->fail(Status::disconnected("no message from '" + peer.name + "' for " + seconds(silent) +
                                              " (heartbeat)"));
         continue;

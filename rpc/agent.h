@@ -64,16 +64,20 @@
 // heartbeatMisses heartbeat intervals is declared dead: the loop pings a peer
 // it has not heard from for an interval, from its own timer, whatever else is
 // queued, and any sign of the peer counts as hearing from it (any byte
-// received, or its reading what this side had queued). Silence is counted
-// only while this process's loop runs: after a stall of this process (not
-// scheduled, stopped, its loop held up) peers are not blamed for time nobody
-// was watching; detection is then late by the stall (AgentStats::longestStall). Bytes that break the
-// protocol (garbage, a truncated or oversized frame, a wrong version or token,
-// a connection that never says Hello) cost only that connection: it is closed,
-// its pending calls fail, one line is logged, and the agent keeps serving.
-// Those lines are rate-limited per peer address (common/logging.h: three per
-// 10 s, then one summary, "rpc: ... and 2,997 more from 127.0.0.1 in the last
-// 10 s"), so a flood of hostile connections cannot flood the log.
+// received or waiting in the socket, or its reading what this side had
+// queued). Silence is counted only while this process's loop runs: after a
+// stall of this process (not scheduled, stopped, its loop held up) peers are
+// not blamed for time nobody was watching, and detection is late by the stall
+// (AgentStats::longestStall). README.md, "Failures", gives the bounds the
+// tests hold.
+//
+// Bytes that break the protocol (garbage, a truncated or oversized frame, a
+// wrong version or token, a connection that never says Hello) cost only that
+// connection: it is closed, its pending calls fail, one line is logged, and
+// the agent keeps serving. Those lines are rate-limited per peer address
+// (common/logging.h: three per 10 s, then one summary, "rpc: ... and 2,997
+// more from 127.0.0.1 in the last 10 s"), so a flood of hostile connections
+// cannot flood the log.
 //
 // Shutdown. shutdown() is graceful by default: a barrier led by rank 0 (see
 // rpc/protocol.capnp, ShutdownJoin) waits until no worker has a call in flight,

@@ -40,7 +40,14 @@ Listener::Listener(UvLoop& loop, const std::string& host, uint16_t port, AcceptF
   ::getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &len);
   port_ = SocketAddress::fromSockaddr(reinterpret_cast<sockaddr*>(&bound), len).port();
   poll_ = new uv_poll_s;
-  uv_poll_init(loop_.raw(), poll_, fd_);
+  int rc = uv_poll_init(loop_.raw(), poll_, fd_);
+  if (rc != 0) {
+    delete poll_;
+    poll_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
+    throw Error("rpc: cannot watch the socket listening on " + address.toString() + ": " + uv_strerror(rc));
+  }
   poll_->data = this;
   uv_poll_start(poll_, UV_READABLE, &Listener::onPoll);
   pause_ = new uv_timer_s;
