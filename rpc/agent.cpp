@@ -938,6 +938,7 @@ class Agent::Impl {
     tick_ = std::make_unique<uv_timer_t>();
     uv_timer_init(loop_.raw(), tick_.get());
     tick_->data = this;
+    lastTickAt_ = Clock::now();  // a stall before the first tick is a stall too
     uv_timer_start(tick_.get(), [](uv_timer_t* t) { static_cast<Impl*>(t->data)->onTick(); },
                    kTick.count(), kTick.count());
   }
@@ -1014,13 +1015,11 @@ class Agent::Impl {
         peer.stalledAtHeard = stalled_;
       }
     }
-    if (lastTickAt_ != Clock::time_point{}) {
-      auto gap = now - lastTickAt_;
-      if (gap > kStallThreshold) {
-        stalled_ += gap - kTick;
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(gap).count();
-        if (ms > longestStallMs_.load(std::memory_order_relaxed)) longestStallMs_.store(ms, std::memory_order_relaxed);
-      }
+    auto gap = now - lastTickAt_;
+    if (gap > kStallThreshold) {
+      stalled_ += gap - kTick;
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(gap).count();
+      if (ms > longestStallMs_.load(std::memory_order_relaxed)) longestStallMs_.store(ms, std::memory_order_relaxed);
     }
     lastTickAt_ = now;
   }
