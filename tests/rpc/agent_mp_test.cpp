@@ -195,12 +195,16 @@ TEST_CASE("a worker killed with bytes unread in its socket (a reset): the pendin
   INFO("stdout:\n" << res.out << "\nstderr:\n" << res.err);
   CHECK_FALSE(res.timedOut);
   CHECK(res.exitCode == 0);
+  // Within 100 ms, plus the time the survivor's loop itself could not run (a loaded machine
+  // not scheduling it; see the SIGSTOP test).
   std::vector<long long> at = numbersAfter(res.out, "disconnected at_ns ");
   REQUIRE(at.size() == 1);
+  std::vector<long long> stallMs = numbersAfter(res.out, "stall_ms ");
+  REQUIRE(stallMs.size() == 1);
   double afterMs = static_cast<double>(at[0] - killedAtNs) / 1e6;
-  MESSAGE("the pending call failed " << afterMs << " ms after the kill");
+  MESSAGE("the pending call failed " << afterMs << " ms after the kill; longest stall " << stallMs[0] << " ms");
   CHECK(afterMs >= 0);
-  CHECK(afterMs < 100);
+  CHECK(afterMs < 100 + static_cast<double>(stallMs[0]));
   CHECK(contains(restOfLine(res.out, "disconnected at_ns "), "worker1"));
   CHECK(victim.wait(10s).signal == SIGKILL);
   for (auto& p : procs) CHECK(processGone(p->pid(), 5s));

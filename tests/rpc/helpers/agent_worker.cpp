@@ -28,7 +28,7 @@
 //                     Rank 0 prints "rank 0 waiting for SIGUSR1", and on SIGUSR1 (the test
 //                     has stopped the victim meanwhile, so the call's bytes stay unread in its
 //                     socket) calls `hang` on it, prints "calling", and when the call fails
-//                     prints "disconnected at_ns ..." as in kill
+//                     prints "disconnected at_ns ..." as in kill, and "stall_ms <ms>"
 //   freeze            every rank calls the next, prints "rank R ready", waits for SIGUSR1 (the
 //                     test stops and resumes every rank meanwhile), calls the next rank 20
 //                     times, prints "rank R alive <0|1> calls ok stall_ms <ms>", shuts down
@@ -52,6 +52,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +105,23 @@ bool waitForUsr1() {
 
 long long steadyNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// The steady clock when `f` completes, taken by the completing thread (the agent's loop thread
+// when it fails a call): what the test measures is the agent, not this process's main thread
+// waking up later.
+// Read it with whenCompleted: the continuation runs just after waiters wake.
+template <class T>
+std::shared_ptr<std::atomic<long long>> completionTime(const Future<T>& f) {
+  auto at = std::make_shared<std::atomic<long long>>(0);
+  f.onComplete([at](const Future<T>&) noexcept { *at = steadyNs(); });
+  return at;
+}
+
+long long whenCompleted(const std::atomic<long long>& at) {
+  auto deadline = Clock::now() + 5s;
+  while (at.load() == 0 && Clock::now() < deadline) std::this_thread::sleep_for(100us);
+  return at.load();
 }
 
 void say(const std::string& line) {
@@ -161,6 +179,7 @@ int kill(Agent& agent) {
 
   auto calledAt = Clock::now();
   Future<int32_t> pending = agent.async(victim, hang, {.timeout = 0ms}, 30000);
+  auto failedAt = completionTime(pending);
   say(prefix(agent) + "calling");
   if (!pending.waitFor(40s)) {
     say(prefix(agent) + "the call to the victim never failed");
@@ -171,10 +190,10 @@ int kill(Agent& agent) {
     say(prefix(agent) + "the call to the victim succeeded");
     return 3;
   } catch (const DisconnectedError& e) {
-    auto now = Clock::now();
-    say("disconnected at_ns " +
-        std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()) +
-        " after_ms " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - calledAt).count()) +
+    long long at = whenCompleted(*failedAt);
+    say("disconnected at_ns " + std::to_string(at) + " after_ms " +
+        std::to_string((at - std::chrono::duration_cast<std::chrono::nanoseconds>(calledAt.time_since_epoch()).count()) /
+                       1000000) +
         ": " + e.what());
   }
   say("stall_ms " + std::to_string(agent.stats().longestStall.count()));
@@ -222,6 +241,7 @@ int reset(Agent& agent) {
     return 3;
   }
   Future<int32_t> pending = agent.async(1, hang, {.timeout = 0ms}, 30000);
+  auto failedAt = completionTime(pending);
   say(prefix(agent) + "calling");
   if (!pending.waitFor(40s)) {
     say(prefix(agent) + "the call to the victim never failed");
@@ -232,8 +252,9 @@ int reset(Agent& agent) {
     say(prefix(agent) + "the call to the victim succeeded");
     return 3;
   } catch (const DisconnectedError& e) {
-    say("disconnected at_ns " + std::to_string(steadyNs()) + ": " + e.what());
+    say("disconnected at_ns " + std::to_string(whenCompleted(*failedAt)) + ": " + e.what());
   }
+  say("stall_ms " + std::to_string(agent.stats().longestStall.count()));
   agent.shutdown({.graceful = false});
   return 0;
 }
