@@ -184,9 +184,10 @@ options:
                           every rank (WEFT_HEARTBEAT_INTERVAL; weft's default 2)
   --heartbeat-misses K    intervals of silence after which a peer is declared
                           dead, 2..1000 (WEFT_HEARTBEAT_MISSES; default 5).
-                          S x K is the time a stalled rank (a long checkpoint
-                          write, a pause) may stay silent before the others
-                          fail their calls to it: 10 s by default
+                          S x K is how long a rank's whole process may pause
+                          (stopped, frozen for a checkpoint, swapped out)
+                          before the others fail their calls to it: 10 s by
+                          default
   -h, --help              show this help
 
 The processes read /dev/null as stdin and each runs in its own process group.
