@@ -1,7 +1,10 @@
 // The Agent across real processes on 127.0.0.1 (tests/rpc/helpers/agent_worker.cpp):
 // a worker killed with SIGKILL, or stopped with SIGSTOP, in the middle of calls
-// made to it, and jobs started through the built weftrun, one of whose ranks
-// fails. Every wait is bounded and every process is checked to be gone at the end.
+// made to it, or killed with bytes unread in its socket (a reset); a whole job
+// stopped for longer than its heartbeat window, and a busy worker among spinning
+// processes, neither of which may be declared dead; and jobs started through the
+// built weftrun, one of whose ranks fails. Every wait is bounded and every
+// process is checked to be gone at the end.
 #include <doctest/doctest.h>
 #include <signal.h>
 
