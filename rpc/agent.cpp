@@ -46,7 +46,7 @@ constexpr size_t kMaxPendingHandshakes = 64;
 // The loop's housekeeping tick: deadlines, heartbeats, shutdown rounds.
 constexpr auto kTick = std::chrono::milliseconds(10);
 // A gap between ticks longer than this is a stall of this process (not
-// scheduled, stopped) or of its loop thread: heartbeat silence leaves it out.
+// scheduled, stopped) or of its loop thread (AgentStats::longestStall).
 constexpr auto kStallThreshold = std::chrono::milliseconds(50);
 // How long a worker waits to become idle between shutdown rounds.
 constexpr auto kRoundPause = std::chrono::milliseconds(20);
@@ -1003,8 +1003,11 @@ class Agent::Impl {
   // peers' bytes may be waiting unread, and libuv runs timers before it reads
   // sockets: judged on the time it could not watch, every peer would look
   // silent. So each peer's silence leaves out the stalls since it was last
-  // heard. Marks are taken before this tick's gap is added, so a stall right
-  // after a peer was heard is left out too.
+  // heard: the part of each gap between ticks beyond half a heartbeat interval
+  // (a loop that merely runs late on a loaded machine still reads its sockets
+  // often enough to judge, and must not slow detection down). Marks are taken
+  // before this tick's gap is added, so a stall right after a peer was heard
+  // is left out too.
   void trackStalls(Clock::time_point now) {
     for (auto& pp : peers_) {
       Peer& peer = *pp;
@@ -1016,8 +1019,9 @@ class Agent::Impl {
       }
     }
     auto gap = now - lastTickAt_;
+    auto tolerated = std::max<Clock::duration>(kStallThreshold, options_.heartbeatInterval / 2);
+    if (gap > tolerated) stalled_ += gap - tolerated;
     if (gap > kStallThreshold) {
-      stalled_ += gap - kTick;
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(gap).count();
       if (ms > longestStallMs_.load(std::memory_order_relaxed)) longestStallMs_.store(ms, std::memory_order_relaxed);
     }

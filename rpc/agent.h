@@ -67,7 +67,7 @@
 // received or waiting in the socket, or its reading what this side had
 // queued). Silence is counted only while this process's loop runs: after a
 // stall of this process (not scheduled, stopped, its loop held up) peers are
-// not blamed for time nobody was watching, and detection is late by the stall
+// not blamed for time nobody was watching, and detection is late by up to the stall
 // (AgentStats::longestStall). README.md, "Failures", gives the bounds the
 // tests hold.
 //
@@ -183,7 +183,8 @@ struct AgentStats {
   size_t liveConnections = 0;
   // The longest stall of this agent's loop thread (housekeeping ran late: the process was not
   // scheduled or was stopped, or the loop was held up), 0 when none passed 50 ms. Heartbeat
-  // silence leaves such time out, so failure detection can be late by as much.
+  // silence leaves out the part of each stall beyond half a heartbeat interval, so failure
+  // detection can be late by up to as much.
   std::chrono::milliseconds longestStall{0};
 };
 
