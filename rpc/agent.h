@@ -67,9 +67,9 @@
 // received or waiting in the socket, or its reading what this side had
 // queued). Silence is counted only while this process's loop runs: after a
 // stall of this process (not scheduled, stopped, its loop held up) peers are
-// not blamed for time nobody was watching, and detection is late by up to the stall
-// (AgentStats::longestStall). README.md, "Failures", gives the bounds the
-// tests hold.
+// not blamed for time nobody was watching, and detection is late by up to
+// the stall (AgentStats::longestStall). README.md, "Failures", gives the
+// bounds the tests hold.
 //
 // Bytes that break the protocol (garbage, a truncated or oversized frame, a
 // wrong version or token, a connection that never says Hello) cost only that
