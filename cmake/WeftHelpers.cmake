@@ -1,5 +1,9 @@
 # Shared build settings for every weft target.
 
+# Where weft/<folder> names each library's source folder when weft is added to
+# another project (cmake/WeftPackage.cmake).
+set(WEFT_PREFIXED_INCLUDE_DIR ${PROJECT_BINARY_DIR}/include)
+
 set(WEFT_WARNINGS -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor -Wno-unused-parameter)
 
 if(WEFT_SANITIZE)
@@ -34,6 +38,35 @@ macro(weft_configure_cuda)
   message(STATUS "weft: CUDA kernels ${WEFT_HAVE_CUDA}")
 endmacro()
 
+# weft_public_target(target name): makes `target` one of weft's public
+# libraries: the alias weft::<name>, the same name in the installed package
+# (weftTargets.cmake), and the include directories a user of it needs.
+# Installed, headers live in include/weft/<folder>/ and both include/ and
+# include/weft are searched: users write <weft/rpc/agent.h>, while weft's
+# headers include each other as "rpc/agent.h". In the build tree the source
+# root is searched; when weft is added to another project with
+# add_subdirectory, also WEFT_PREFIXED_INCLUDE_DIR, in which weft/<folder>
+# points at each library's folder, so that <weft/rpc/agent.h> works there too.
+# cmake/WeftPackage.cmake installs every target named here.
+function(weft_public_target target name)
+  add_library(weft::${name} ALIAS ${target})
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${name})
+  get_target_property(type ${target} TYPE)
+  if(type STREQUAL "INTERFACE_LIBRARY")
+    set(scope INTERFACE)
+  else()
+    set(scope PUBLIC)
+  endif()
+  target_include_directories(${target} ${scope}
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/weft>)
+  if(NOT PROJECT_IS_TOP_LEVEL)
+    target_include_directories(${target} INTERFACE $<BUILD_INTERFACE:${WEFT_PREFIXED_INCLUDE_DIR}>)
+  endif()
+  set_property(GLOBAL APPEND PROPERTY WEFT_PUBLIC_TARGETS ${target})
+endfunction()
+
 # weft_library(name [DEPS ...]): one static library per source directory, built
 # from every .cpp in it (new files are picked up at the next build).
 function(weft_library name)
@@ -42,21 +75,20 @@ function(weft_library name)
   if(NOT sources)
     # Header-only so far: an interface target keeps dependents linking.
     add_library(weft_${name} INTERFACE)
-    add_library(weft::${name} ALIAS weft_${name})
-    target_include_directories(weft_${name} INTERFACE ${PROJECT_SOURCE_DIR})
+    weft_public_target(weft_${name} ${name})
     target_link_libraries(weft_${name} INTERFACE ${ARG_DEPS})
     return()
   endif()
   add_library(weft_${name} STATIC ${sources})
-  add_library(weft::${name} ALIAS weft_${name})
-  target_include_directories(weft_${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  weft_public_target(weft_${name} ${name})
   target_compile_options(weft_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${WEFT_WARNINGS}>)
   target_link_libraries(weft_${name} PUBLIC ${ARG_DEPS})
 endfunction()
 
 # weft_test(name LABELS l1 [l2] SOURCES ... DEPS ...): a doctest executable whose
 # test cases are registered one by one with CTest under the given labels.
-# Labels in use: unit (fast, single process), multiprocess, gpu, slow.
+# Labels in use: unit (fast, single process), multiprocess, gpu, slow, and
+# install (tests/install, a CMake script rather than a doctest executable).
 function(weft_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS;SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})

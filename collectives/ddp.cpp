@@ -227,6 +227,13 @@ void DistributedDataParallel::rebuildBuckets(const std::vector<size_t>& arrived,
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
+  broadcastBuffersForForward();
+  Tensor out = module_->forward(input);
+  if (options_.findUnusedParameters) prepareForBackward({out});
+  return out;
+}
+
+void DistributedDataParallel::broadcastBuffersForForward() {
   if (options_.broadcastBuffers && group_.size() > 1 && GradMode::enabled() && syncEnabled()) {
     std::vector<Tensor> buffers = module_->buffers();
     if (!buffers.empty()) {
@@ -235,9 +242,6 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
                          "rank runs the same number of synced forwards): ");
     }
   }
-  Tensor out = module_->forward(input);
-  if (options_.findUnusedParameters) prepareForBackward({out});
-  return out;
 }
 
 void DistributedDataParallel::prepareForBackward(const std::vector<Tensor>& outputs) {

@@ -113,6 +113,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "collectives/process_group.h"
@@ -170,6 +172,30 @@ class DistributedDataParallel {
   // broadcast's error, prefixed, when it fails.
   Tensor forward(const Tensor& input);
   Tensor operator()(const Tensor& input) { return forward(input); }
+  // The module's own forward with several inputs (PyTorch's ddp(a, b)): for a
+  // module M whose forward takes more than one tensor, or other arguments,
+  // calls M::forward(inputs...) on the module, with the same buffer broadcast
+  // as forward(input) and, with findUnusedParameters, prepareForBackward over
+  // the tensors of the result (a Tensor, a vector of them, or a pair or tuple
+  // of those). M is the module's own type, named because Module's one virtual
+  // forward takes one tensor (see nn/module.h); InvalidArgumentError naming
+  // the module's typeName() when module() is not an M.
+  //   DistributedDataParallel ddp(std::make_shared<TwoTower>(), pg);
+  //   Tensor score = ddp.forward<TwoTower>(query, document);
+  template <class M, class... Inputs>
+  auto forward(const Inputs&... inputs) {
+    M* typed = dynamic_cast<M*>(module_.get());
+    WEFT_ENFORCE(typed != nullptr, InvalidArgumentError, "DistributedDataParallel::forward<M>: the module (",
+                 module_->typeName(), ") is not of the type named by M");
+    broadcastBuffersForForward();
+    auto out = typed->forward(inputs...);
+    if (options_.findUnusedParameters) {
+      std::vector<Tensor> tensors;
+      collectTensors(out, tensors);
+      prepareForBackward(tensors);
+    }
+    return out;
+  }
   // For modules called through another forward: marks, for the next synced
   // pass, the parameters that `outputs`' local graph does not reach as unused.
   // Only with findUnusedParameters (otherwise a no-op).
@@ -210,6 +236,25 @@ class DistributedDataParallel {
   Stats stats() const;
 
  private:
+  // forward's first step (see "Buffers").
+  void broadcastBuffersForForward();
+  static void collectTensors(const Tensor& t, std::vector<Tensor>& out) { out.push_back(t); }
+  static void collectTensors(const std::vector<Tensor>& ts, std::vector<Tensor>& out) {
+    out.insert(out.end(), ts.begin(), ts.end());
+  }
+  template <class A, class B>
+  static void collectTensors(const std::pair<A, B>& p, std::vector<Tensor>& out) {
+    collectTensors(p.first, out);
+    collectTensors(p.second, out);
+  }
+  template <class... Ts>
+  static void collectTensors(const std::tuple<Ts...>& t, std::vector<Tensor>& out) {
+    std::apply([&out](const Ts&... e) { (collectTensors(e, out), ...); }, t);
+  }
+  // Anything else in a result (a count, a name) holds no tensor.
+  template <class T>
+  static void collectTensors(const T&, std::vector<Tensor>&) {}
+
   struct Param {
     Tensor tensor;
     std::string name;

@@ -85,6 +85,16 @@ constexpr uint64_t kExchangeSlotBase = uint64_t{0x77} << 56;
 // The slot of the receives that find which peers' connections failed
 // (ProcessGroupGloo's lostPeers); nothing is ever sent to it.
 constexpr uint64_t kProbeSlot = uint64_t{0x78} << 56;
+// Point-to-point transfers (ProcessGroupGloo::isend/irecv with user tag t,
+// below 2^32): the sender's size header travels on kP2pHeaderBase | t, so
+// headers of one tag match in issue order; the data and the receiver's verdict
+// on slots of their own, numbered by the sender's count s of transfers to that
+// receiver (24 bits, unique among the transfers in flight):
+// base | s << 32 | t.
+constexpr uint64_t kP2pHeaderBase = uint64_t{0x79} << 56;
+constexpr uint64_t kP2pDataBase = uint64_t{0x7A} << 56;
+constexpr uint64_t kP2pVerdictBase = uint64_t{0x7B} << 56;
+constexpr uint64_t kP2pSeqMask = (uint64_t{1} << 24) - 1;
 
 enum class OpCode : int64_t {
   Broadcast = 1,

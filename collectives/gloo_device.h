@@ -11,6 +11,10 @@
 // thread; a peer that died turns such a write into SIGPIPE, which would kill
 // the process. Blocked, the write fails with EPIPE and Gloo reports the error.
 //
+// Connecting. MeshContext replaces Gloo's own full-mesh connect so that the
+// whole rendezvous keeps to one deadline and a peer's unreachable address
+// fails every rank at once.
+//
 // Scheduling. Gloo's TCP loop thread handles a connection's events only when
 // it gets the connection's lock with try_lock; otherwise it returns to epoll,
 // which (level-triggered) reports the same event at once: it busy-polls until
@@ -29,10 +33,14 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
+#include <gloo/rendezvous/context.h>
 #include <gloo/transport/device.h>
+
+#include "rpc/store.h"
 
 namespace weft::collectives::gloo_detail {
 
@@ -57,7 +65,41 @@ class SigpipeBlock {
 // A Gloo TCP device on `hostname` whose loop thread runs SCHED_BATCH (unless
 // the calling thread has a real-time or other explicit policy, which it then
 // inherits) with SIGPIPE blocked; the calling thread's own policy is left as
-// it was. Error naming the host when Gloo cannot create it.
+// it was. Error naming the host when Gloo cannot create it. Every connection
+// of the device listens on, and is given to peers as, that address.
 std::shared_ptr<gloo::transport::Device> createTcpDevice(const std::string& hostname);
+
+// The address a Gloo device of this process binds when none is given: the
+// address rpc::localAddressFor (rpc/socket_address.h) picks from
+// WEFT_SOCKET_IFNAME and the store's host (`storeEndpoint`, "host:port").
+// InvalidArgumentError naming the setting when it cannot be found.
+std::string defaultDeviceAddress(const std::string& storeEndpoint);
+
+// A Gloo context whose full-mesh connect runs under one deadline, unlike
+// gloo::rendezvous::Context::connectFullMesh (which waits for each peer's
+// address and each connection in turn, each for up to 5 times the timeout).
+//
+//   auto ctx = std::make_shared<gloo_detail::MeshContext>(rank, size);
+//   ctx->setTimeout(timeout);
+//   ctx->connectMesh(store, "weft/pg/default/", device, timeout, "group 'default' (rank 1 of 4)");
+//
+// Each rank creates one Gloo pair per peer (each listening on the device's
+// address), puts their addresses under "<prefix>mesh/<rank>", waits for every
+// peer's, then connects every pair at once (one short-lived thread per peer).
+// A connection that fails (refused, unreachable: the address a peer gave
+// cannot be reached from here) fails this rank at once and is posted under
+// "<prefix>mesh/failed", which fails every other rank of the group at once
+// too (DisconnectedError naming the rank, the address, the time taken and
+// WEFT_SOCKET_IFNAME). A peer that has not given its address or connected by
+// the deadline gives TimeoutError naming those ranks and their addresses.
+// Store errors pass through (DisconnectedError when the store is gone).
+class MeshContext final : public gloo::rendezvous::Context {
+ public:
+  MeshContext(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
+
+  void connectMesh(rpc::StoreClient& store, const std::string& prefix,
+                   const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
+                   const std::string& label);
+};
 
 }  // namespace weft::collectives::gloo_detail

@@ -2,10 +2,9 @@
 // ranks 0..size-1 of a group), the data-parallel side of weft next to RPC.
 // Backends: gloo (CPU tensors over TCP, collectives/process_group_gloo.h).
 //
-//   #include "collectives/process_group_gloo.h"
-//   rpc::Options opt = rpc::Options::fromEnv();
-//   ... rank 0 serves an rpc::StoreServer; every rank has an rpc::StoreClient (or uses agent.store()) ...
-//   auto pg = collectives::ProcessGroupGloo::create(store, opt.rank, opt.worldSize, {.timeout = 60s});
+//   #include "collectives/init.h"
+//   auto pg = collectives::init();                        // the job from the environment (collectives/init.h)
+//   // or: collectives::init(rpc::Options::fromEnv(), {.timeout = 60s}); collectives::init(agent);
 //   Tensor g = ...;                                       // contiguous CPU tensor
 //   collectives::Work w = pg->allReduce(g, ReduceOp::Avg);// async: returns at once
 //   w.wait();                                             // g now holds the average over the ranks
@@ -14,6 +13,12 @@
 //   pg->send(t, /*dst=*/1, /*tag=*/7);                    // blocking point to point
 //   Work r = pg->irecvAny(buf, 7); r.wait(); int from = r.sourceRank();
 //   auto evens = pg->newGroup({0, 2});                    // every rank calls; null where not a member
+//
+// Set-up by hand (a store of one's own) is in process_group_gloo.h; objects
+// rather than tensors move with collectives/object_collectives.h.
+//
+// Reduce ops: Sum, Avg (the sum divided by size(); floating dtypes only),
+// Product, Min and Max, each element-wise over the ranks' tensors.
 //
 // Semantics, like torch.distributed:
 //  - In place. allReduce, broadcast and reduce write their result into the
@@ -25,10 +30,10 @@
 //    reduceScatter fill `output` from size() inputs, allToAll splits input and
 //    output into size() equal chunks along dim 0 (chunk i goes to rank i).
 //  - Tensors must be contiguous CPU tensors; any dtype moves (broadcast,
-//    gather, ...), reductions take float32, float64, int64 and float16. Avg
-//    divides the sum by size() and needs a floating dtype. A call that breaks
-//    these rules throws InvalidArgumentError at once, naming the op, the
-//    argument and its shape; nothing is queued and no Work is returned.
+//    gather, send, ...; bool included), reductions take the dtypes listed at
+//    ReduceOp below. A call that breaks these rules throws
+//    InvalidArgumentError at once, naming the op, the argument and its shape
+//    or dtype; nothing is queued and no Work is returned.
 //  - Every rank of the group calls the same collectives in the same order,
 //    with the same shapes, dtypes, roots and ops (a mismatch is an error, see
 //    below). A root or peer rank is a rank of this group.
@@ -52,6 +57,13 @@
 //    it from the call headers the ranks exchange before each collective (gloo:
 //    Options::checkCalls, on by default) and fails that op alike; the group
 //    stays usable.
+//  - ProtocolError: a point-to-point transfer whose two sides disagree on its
+//    size (the receiver's tensor holds more or fewer bytes than the sender's):
+//    both the send and the receive fail, each naming both sizes ("rank 0 sent
+//    12 elements of float32 (48 bytes), but this receive's tensor holds 4
+//    elements of float32 (16 bytes)"); nothing is written into the receiver's
+//    tensor and the group stays usable. Also bytes from a peer that are no
+//    weft message at all; the group is then unusable.
 //  - StateError: the group is unusable: an earlier op failed with a timeout or
 //    a lost connection (the transport state is then unknown), or the group was
 //    destroyed while the op was queued. The message repeats the first failure.
@@ -77,6 +89,28 @@ class StoreClient;
 
 namespace weft::collectives {
 
+// How allReduce, reduce and reduceScatter combine the ranks' tensors,
+// element by element (x_r is element i of rank r's tensor):
+//   Sum      x_0 + x_1 + ... + x_{size-1}
+//   Avg      Sum / size(), computed as Sum then one division per element
+//   Product  x_0 * x_1 * ... * x_{size-1}
+//   Min      the smallest x_r
+//   Max      the largest x_r
+// Per dtype (gloo backend):
+//   float32, float64  every op, in that precision. The order in which ranks'
+//                     values are added is fixed by the ring, not by rank, so
+//                     Sum/Avg/Product may differ from a rank-ordered sum in
+//                     the last bits; the result is the same on every rank.
+//                     A NaN on any rank makes Sum/Avg/Product NaN; Min/Max of
+//                     values with a NaN are unspecified.
+//   float16           every op; each partial result is rounded to float16.
+//   int64, int32,     Sum, Product, Min, Max, exact; Sum and Product wrap
+//   uint8             around on overflow (modulo 2^64, 2^32, 2^8) as in
+//                     PyTorch. Avg is refused (it needs a floating dtype:
+//                     convert first, or Sum and divide).
+//   bool, bfloat16    not reduced (InvalidArgumentError naming the op and the
+//                     dtype); for a mask, convert to uint8 and use Max (any)
+//                     or Min (all).
 enum class ReduceOp : uint8_t { Sum = 0, Avg = 1, Product = 2, Min = 3, Max = 4 };
 const char* reduceOpName(ReduceOp op);  // "sum", "avg", ...
 
@@ -123,6 +157,8 @@ class ProcessGroup {
   // ---- point to point -----------------------------------------------------------
   // Tags are in [0, 2^32): a send matches the receive with the same tag; two
   // transfers with the same tag between the same ranks match in issue order.
+  // The receiver's tensor must hold exactly the bytes sent (dtypes may differ):
+  // otherwise both sides fail with ProtocolError (see "Errors").
   virtual Work isend(const Tensor& tensor, int dst, uint32_t tag = 0) = 0;
   virtual Work irecv(const Tensor& tensor, int src, uint32_t tag = 0) = 0;
   // Receives from whichever of `srcs` sends first with this tag

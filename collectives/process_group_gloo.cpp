@@ -19,6 +19,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/gather.h>
 #include <gloo/math.h>
 #include <gloo/reduce.h>
@@ -29,7 +30,6 @@
 
 #include "collectives/gloo_call_check.h"
 #include "collectives/gloo_device.h"
-#include "collectives/gloo_store.h"
 #include "common/error.h"
 #include "rpc/options.h"
 
@@ -69,9 +69,11 @@ void checkLike(const Tensor& t, const Tensor& ref, const char* op, const std::st
 }
 
 void checkReducible(DType t, ReduceOp op, const char* name) {
-  bool ok = t == DType::Float32 || t == DType::Float64 || t == DType::Int64 || t == DType::Float16;
-  WEFT_ENFORCE(ok, InvalidArgumentError, name, ": the gloo backend reduces float32, float64, int64 and float16, not ",
-               dtypeName(t));
+  bool ok = t == DType::Float32 || t == DType::Float64 || t == DType::Int64 || t == DType::Int32 ||
+            t == DType::UInt8 || t == DType::Float16;
+  WEFT_ENFORCE(ok, InvalidArgumentError, name,
+               ": the gloo backend reduces float32, float64, int64, int32, uint8 and float16, not ", dtypeName(t),
+               t == DType::Bool ? " (convert a mask to uint8: Max is any, Min is all)" : "");
   WEFT_ENFORCE(op != ReduceOp::Avg || isFloating(t), InvalidArgumentError, name,
                ": ReduceOp avg needs a floating dtype, got ", dtypeName(t));
 }
@@ -98,6 +100,8 @@ void dispatchReducible(DType t, F&& fn) {
     case DType::Float32: fn.template operator()<float>(); break;
     case DType::Float64: fn.template operator()<double>(); break;
     case DType::Int64: fn.template operator()<int64_t>(); break;
+    case DType::Int32: fn.template operator()<int32_t>(); break;
+    case DType::UInt8: fn.template operator()<uint8_t>(); break;
     case DType::Float16: fn.template operator()<gloo::float16>(); break;
     default: WEFT_CHECK(false) << "unchecked dtype " << dtypeName(t);
   }
@@ -130,18 +134,6 @@ void divideInPlace(void* data, DType t, size_t n, int by) {
 uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.rawData()); }
 
 // The address peers reach this rank at (see Options::hostname).
-std::string defaultHostname(const rpc::StoreClient& store) {
-  std::string host = store.endpoint();
-  size_t colon = host.rfind(':');
-  if (colon != std::string::npos) host = host.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (rpc::isLoopbackHost(host)) return "127.0.0.1";
-  char name[256] = {};
-  WEFT_ENFORCE(::gethostname(name, sizeof(name) - 1) == 0, Error,
-               "ProcessGroupGloo: gethostname failed; set Options::hostname");
-  return name;
-}
-
 // ---- progress posting -------------------------------------------------------------
 
 // Posts the number of the last collective this rank started to the store, so
@@ -199,6 +191,41 @@ class ProgressPoster {
   bool stopped_ = false;
   std::thread thread_;  // last: starts once the rest is built
 };
+
+// ---- the size protocol of point-to-point transfers ---------------------------------------
+
+// A sender's header: magic, seq, bytes, dtype, elements, and 1 when the data
+// follows the header in the same message (at most kP2pInlineBytes of it),
+// else 0. A receiver's verdict: magic, the bytes, dtype and elements of its
+// tensor, 0, 0. The transfer succeeds when the byte counts are equal.
+constexpr size_t kP2pWords = 6;
+constexpr size_t kP2pBytes = kP2pWords * sizeof(int64_t);
+constexpr size_t kP2pInlineBytes = size_t{16} << 10;
+constexpr int64_t kP2pHeaderMagic = 0x7765667470320001;   // "weftp2" + 1
+constexpr int64_t kP2pVerdictMagic = 0x7765667470320002;  // "weftp2" + 2
+
+uint64_t p2pSlot(uint64_t base, uint64_t seq, uint32_t tag) {
+  return base | ((seq & gloo_detail::kP2pSeqMask) << 32) | tag;
+}
+
+// "12 elements of float32 (48 bytes)", from a peer's words (checked to be non-negative).
+std::string sizeText(int64_t bytes, int64_t dtype, int64_t numel) {
+  std::string name = dtype >= 0 && dtype <= 255 ? dtypeName(static_cast<DType>(dtype)) : "unknown";
+  if (name == "unknown") name = "dtype code " + std::to_string(dtype);
+  return std::to_string(numel) + " elements of " + name + " (" + std::to_string(bytes) + " bytes)";
+}
+
+// The two sides of a transfer disagree on its size: the data was discarded,
+// both sides stay in step and the group usable (unlike any other failure of a
+// transfer).
+class SizeMismatch : public ProtocolError {
+ public:
+  using ProtocolError::ProtocolError;
+};
+
+std::string sizeText(const Tensor& t) {
+  return sizeText(static_cast<int64_t>(t.nbytes()), static_cast<int64_t>(t.dtype()), t.numel());
+}
 
 // See ProcessGroupGloo::fusedLimit(): a rank sends each peer at most this
 // much, kFusedSendBytes in all.
@@ -275,11 +302,25 @@ class ProcessGroupGloo::Impl {
     Carried carried;
     std::unique_ptr<CallExchange::Outgoing> outgoing;  // this rank's message of the call exchange, if any
   };
+  // One point-to-point transfer (see "Point to point" in the header): the
+  // messages of its size protocol and the buffers they live in, on the heap so
+  // that Gloo's pointers into them stay valid while the Transfer moves.
   struct Transfer {
     Work work;
-    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
     bool isRecv = false;
+    std::vector<int> peers;  // send: the destination; recv: who may send
+    uint32_t tag = 0;
+    uint64_t seq = 0;        // send: this transfer's number to its destination
+    Tensor tensor;
     Deadline deadline;
+    // send: the header (and inline data) that leaves; recv: room for the
+    // largest header message a sender sends.
+    std::unique_ptr<uint8_t[]> message;
+    std::array<int64_t, kP2pWords> verdict{};  // recv: what leaves; send: what came
+    std::vector<uint8_t> scratch;              // recv of another size: drains the sender's bytes
+    std::unique_ptr<gloo::transport::UnboundBuffer> headerBuffer;
+    std::unique_ptr<gloo::transport::UnboundBuffer> dataBuffer;
+    std::unique_ptr<gloo::transport::UnboundBuffer> verdictBuffer;
   };
 
   void rendezvous();
@@ -293,6 +334,14 @@ class ProcessGroupGloo::Impl {
   // "ranks [2] have not started allReduce #5 ..." from the progress keys.
   std::string progressReport(int64_t seq);
   void waitTransfers();
+  // Runs the rest of a transfer's size protocol on a waiter thread: false when
+  // the group's destruction aborted it; throws ProtocolError for sizes that
+  // differ (the group stays usable), else what Gloo throws.
+  bool finishSend(Transfer& t);
+  bool finishRecv(Transfer& t);
+  // Waits for one send or receive of `buffer` (registered so that the
+  // destructor can abort it): false when aborted.
+  bool waitOn(gloo::transport::UnboundBuffer* buffer, bool isRecv, int* peer, Deadline d);
   // Records the first fatal failure; returns the exception to fail the op with.
   std::exception_ptr fatal(const std::string& what, const std::exception& e, const std::string& detail);
 
@@ -312,11 +361,13 @@ class ProcessGroupGloo::Impl {
   // peer's program issues only after one of ours completed).
   std::mutex transferMutex_;  // guards everything down to transferWaiters_
   std::condition_variable transferQueued_;
-  std::deque<Transfer> transfers_;
+  std::deque<std::unique_ptr<Transfer>> transfers_;
   std::vector<std::pair<gloo::transport::UnboundBuffer*, bool>> waitingOn_;  // buffer, isRecv
   size_t freeWaiters_ = 0;  // waiter threads not handling a transfer; >= transfers_.size()
   bool transfersStopping_ = false;
   std::vector<std::thread> transferWaiters_;
+  // Transfers started to each rank so far (a send's number, see kP2pSeqMask).
+  std::unique_ptr<std::atomic<uint64_t>[]> sendsTo_;
 
   std::mutex brokenMutex_;
   std::string broken_;
@@ -331,11 +382,19 @@ ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
       name_(std::move(name)),
       prefix_("weft/pg/" + name_ + "/"),
       device_(std::move(device)),
-      fusedLimit_(fusedLimitFor(size)) {
+      fusedLimit_(fusedLimitFor(size)),
+      sendsTo_(std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(size))) {
   WEFT_ENFORCE(options_.timeout.count() > 0, InvalidArgumentError, "ProcessGroupGloo: timeout must be > 0, got ",
                options_.timeout.count(), " ms");
   if (!device_) {
-    const std::string host = options_.hostname.empty() ? defaultHostname(store_) : options_.hostname;
+    std::string host = options_.hostname;
+    if (host.empty()) {
+      try {
+        host = gloo_detail::defaultDeviceAddress(store_.endpoint());
+      } catch (const InvalidArgumentError& e) {
+        throw InvalidArgumentError(std::string("ProcessGroupGloo: ") + e.what());
+      }
+    }
     try {
       device_ = createTcpDevice(host);
     } catch (const Error& e) {
@@ -362,7 +421,7 @@ ProcessGroupGloo::Impl::~Impl() {
   }
   if (collectiveThread_.joinable()) collectiveThread_.join();
 
-  std::deque<Transfer> dropped;
+  std::deque<std::unique_ptr<Transfer>> dropped;
   {
     std::lock_guard<std::mutex> lock(transferMutex_);
     transfersStopping_ = true;
@@ -376,9 +435,9 @@ ProcessGroupGloo::Impl::~Impl() {
     }
   }
   transferQueued_.notify_all();
-  for (Transfer& t : dropped) {
-    t.work.fail(std::make_exception_ptr(
-        StateError(t.work.description() + ": the process group was destroyed before the transfer completed")));
+  for (auto& t : dropped) {
+    t->work.fail(std::make_exception_ptr(
+        StateError(t->work.description() + ": the process group was destroyed before the transfer completed")));
   }
   for (std::thread& t : transferWaiters_) t.join();
   progress_.reset();
@@ -397,46 +456,13 @@ std::string ProcessGroupGloo::Impl::brokenReason() {
 // ---- rendezvous --------------------------------------------------------------------------
 
 void ProcessGroupGloo::Impl::rendezvous() {
-  const std::string joined = prefix_ + "joined/";
-  store_.set(joined + std::to_string(rank_), "1");
-  context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-  context_->setTimeout(options_.timeout);
-  GlooStore glooStore(store_, prefix_ + "gloo/", options_.timeout);
-  try {
-    SigpipeBlock block;
-    context_->connectFullMesh(glooStore, device_);
-    return;
-  } catch (const std::exception& e) {
-    // Which ranks never set their key (bounded: the store may be gone too).
-    std::vector<Future<bool>> checks;
-    std::vector<int> missing;
-    std::string storeTrouble;
-    for (int r = 0; r < size_; ++r) {
-      try {
-        checks.push_back(store_.checkAsync({joined + std::to_string(r)}));
-      } catch (const std::exception& ce) {
-        storeTrouble = ce.what();
-        break;
-      }
-    }
-    auto until = Clock::now() + Millis(2000);
-    for (size_t r = 0; r < checks.size(); ++r) {
-      if (!checks[r].waitUntil(until) || checks[r].hasError()) {
-        storeTrouble = "the store did not answer";
-        break;
-      }
-      if (!checks[r].get()) missing.push_back(static_cast<int>(r));
-    }
-    std::string msg = "ProcessGroupGloo: rendezvous of group '" + name_ + "' (rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size_) + ") failed after at most " + std::to_string(options_.timeout.count()) +
-                      " ms: ";
-    if (!missing.empty()) msg += "ranks " + rankList(missing) + " never joined; ";
-    if (!storeTrouble.empty()) msg += "the ranks that joined are unknown (" + storeTrouble + "); ";
-    msg += e.what();
-    if (dynamic_cast<const DisconnectedError*>(&e) != nullptr) throw DisconnectedError(msg);
-    if (dynamic_cast<const TimeoutError*>(&e) != nullptr || !missing.empty()) throw TimeoutError(msg);
-    throw Error(msg);
-  }
+  store_.set(prefix_ + "joined/" + std::to_string(rank_), "1");
+  auto context = std::make_shared<gloo_detail::MeshContext>(rank_, size_);
+  context->setTimeout(options_.timeout);
+  SigpipeBlock block;
+  context->connectMesh(store_, prefix_, device_, options_.timeout,
+                       "group '" + name_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+  context_ = std::move(context);
 }
 
 // ---- the collective thread ----------------------------------------------------------------
@@ -500,8 +526,15 @@ void ProcessGroupGloo::Impl::runTask(Task& task) {
         return;
       }
       if (task.carried.finish) {
-        // The headers match, so every rank's data (or all the op needs) came along.
-        task.carried.finish(*exchange_);
+        // The headers match, so every rank's data (or all the op needs) came
+        // along; a peer whose data does not fit its header broke the protocol
+        // (the exchange is over: the group stays usable).
+        try {
+          task.carried.finish(*exchange_);
+        } catch (const ProtocolError& e) {
+          task.work.fail(std::make_exception_ptr(ProtocolError(what + ": " + e.what())));
+          return;
+        }
         fused_.fetch_add(1, std::memory_order_relaxed);
         task.work.complete();
         return;
@@ -584,6 +617,18 @@ std::exception_ptr ProcessGroupGloo::Impl::fatal(const std::string& what, const 
   const std::string glooMessage = e.what();
   const bool timedOut = glooMessage.find("Timed out") != std::string::npos;
   const bool io = dynamic_cast<const gloo::IoException*>(&e) != nullptr;
+  // A peer's bytes that broke weft's protocol, or a check of Gloo's that
+  // failed on this thread (what a peer sent did not fit what this rank posted).
+  const bool protocol = dynamic_cast<const ProtocolError*>(&e) != nullptr ||
+                        dynamic_cast<const gloo::EnforceNotMet*>(&e) != nullptr;
+  if (dynamic_cast<const ProtocolError*>(&e) != nullptr) {
+    std::string msg = glooMessage + " (on rank " + std::to_string(rank_) + "; the group is unusable now)";
+    {
+      std::lock_guard<std::mutex> lock(brokenMutex_);
+      if (broken_.empty()) broken_ = msg;
+    }
+    return std::make_exception_ptr(ProtocolError(msg));
+  }
   std::string msg = what + " failed on rank " + std::to_string(rank_) + ": ";
   if (timedOut) {
     msg += "timed out after " + std::to_string(options_.timeout.count()) + " ms; " + detail;
@@ -606,6 +651,7 @@ std::exception_ptr ProcessGroupGloo::Impl::fatal(const std::string& what, const 
   }
   if (timedOut) return std::make_exception_ptr(TimeoutError(msg));
   if (io) return std::make_exception_ptr(DisconnectedError(msg));
+  if (protocol) return std::make_exception_ptr(ProtocolError(msg));
   return std::make_exception_ptr(Error(msg));
 }
 
@@ -740,17 +786,43 @@ Work ProcessGroupGloo::Impl::startTransfer(const Tensor& tensor, bool isRecv, co
                                   StateError(what + ": the group is unusable after an earlier failure: " + broken)));
   }
   Work work = Work::start(what, {tensor});
-  Transfer transfer{work, context_->createUnboundBuffer(tensor.rawData(), tensor.nbytes()), isRecv,
-                    Clock::now() + options_.timeout};
+  auto t = std::make_unique<Transfer>();
+  t->work = work;
+  t->isRecv = isRecv;
+  t->peers = peers;
+  t->tag = tag;
+  t->tensor = tensor;
+  t->deadline = Clock::now() + options_.timeout;
+  const bool inlined = !isRecv && tensor.nbytes() <= kP2pInlineBytes;
+  const size_t messageBytes = kP2pBytes + (isRecv ? kP2pInlineBytes : inlined ? tensor.nbytes() : 0);
+  t->message.reset(new uint8_t[messageBytes]);
+  t->headerBuffer = context_->createUnboundBuffer(t->message.get(), messageBytes);
+  t->verdictBuffer = context_->createUnboundBuffer(t->verdict.data(), kP2pBytes);
   try {
     SigpipeBlock block;
     if (!isRecv) {
-      transfer.buffer->send(peers[0], tag);
+      // The receive of the verdict, the header with small data after it, or
+      // the header and the data on its own slot (it leaves once the receiver,
+      // having read the header, posts a receive of that size).
+      const int dst = peers[0];
+      t->seq = sendsTo_[static_cast<size_t>(dst)].fetch_add(1, std::memory_order_relaxed) & gloo_detail::kP2pSeqMask;
+      const std::array<int64_t, kP2pWords> header = {kP2pHeaderMagic, static_cast<int64_t>(t->seq),
+                                                     static_cast<int64_t>(tensor.nbytes()),
+                                                     static_cast<int64_t>(tensor.dtype()), tensor.numel(),
+                                                     inlined ? 1 : 0};
+      std::memcpy(t->message.get(), header.data(), kP2pBytes);
+      if (inlined && tensor.nbytes() > 0) std::memcpy(t->message.get() + kP2pBytes, tensor.rawData(), tensor.nbytes());
+      t->verdictBuffer->recv(dst, p2pSlot(gloo_detail::kP2pVerdictBase, t->seq, tag));
+      t->headerBuffer->send(dst, gloo_detail::kP2pHeaderBase | tag);
+      if (!inlined) {
+        t->dataBuffer = context_->createUnboundBuffer(tensor.rawData(), tensor.nbytes());
+        t->dataBuffer->send(dst, p2pSlot(gloo_detail::kP2pDataBase, t->seq, tag));
+      }
     } else if (peers.size() == 1) {
       work.setSourceRank(peers[0]);
-      transfer.buffer->recv(peers[0], tag);
+      t->headerBuffer->recv(peers[0], gloo_detail::kP2pHeaderBase | tag);
     } else {
-      transfer.buffer->recv(peers, tag);
+      t->headerBuffer->recv(peers, gloo_detail::kP2pHeaderBase | tag);
     }
   } catch (const std::exception& e) {
     work.fail(fatal(what, e, "the transfer could not start"));
@@ -759,7 +831,7 @@ Work ProcessGroupGloo::Impl::startTransfer(const Tensor& tensor, bool isRecv, co
   {
     std::lock_guard<std::mutex> lock(transferMutex_);
     if (!transfersStopping_) {
-      transfers_.push_back(std::move(transfer));
+      transfers_.push_back(std::move(t));
       if (transfers_.size() > freeWaiters_) {
         ++freeWaiters_;
         transferWaiters_.emplace_back([this] { waitTransfers(); });
@@ -772,10 +844,99 @@ Work ProcessGroupGloo::Impl::startTransfer(const Tensor& tensor, bool isRecv, co
   return work;
 }
 
+bool ProcessGroupGloo::Impl::waitOn(gloo::transport::UnboundBuffer* buffer, bool isRecv, int* peer, Deadline d) {
+  {
+    std::lock_guard<std::mutex> lock(transferMutex_);
+    if (transfersStopping_) return false;
+    waitingOn_.emplace_back(buffer, isRecv);
+  }
+  bool done = false;
+  std::exception_ptr error;
+  try {
+    done = isRecv ? buffer->waitRecv(peer, timeoutUntil(d)) : buffer->waitSend(peer, timeoutUntil(d));
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(transferMutex_);
+    auto it = std::find(waitingOn_.begin(), waitingOn_.end(), std::make_pair(buffer, isRecv));
+    waitingOn_.erase(it);
+  }
+  if (error) std::rethrow_exception(error);
+  return done;
+}
+
+bool ProcessGroupGloo::Impl::finishSend(Transfer& t) {
+  const int dst = t.peers[0];
+  if (!waitOn(t.headerBuffer.get(), false, nullptr, t.deadline)) return false;
+  if (!waitOn(t.verdictBuffer.get(), true, nullptr, t.deadline)) return false;
+  const auto& v = t.verdict;
+  if (v[0] != kP2pVerdictMagic || v[1] < 0 || v[3] < 0) {
+    throw ProtocolError(t.work.description() + ": rank " + std::to_string(dst) +
+                        " answered the size header with bytes that are no weft verdict");
+  }
+  // The receiver takes the data whatever its size (into a scratch buffer when
+  // the sizes differ), so both sides stay in step.
+  if (t.dataBuffer && !waitOn(t.dataBuffer.get(), false, nullptr, t.deadline)) return false;
+  if (static_cast<uint64_t>(v[1]) != t.tensor.nbytes()) {
+    throw SizeMismatch(weft::detail::concat(t.work.description(), ": rank ", dst, " received it into a tensor of ",
+                                            sizeText(v[1], v[2], v[3]), ", but this send has ", sizeText(t.tensor),
+                                            "; the data was discarded and the group stays usable"));
+  }
+  return true;
+}
+
+bool ProcessGroupGloo::Impl::finishRecv(Transfer& t) {
+  int peer = -1;
+  if (!waitOn(t.headerBuffer.get(), true, &peer, t.deadline)) return false;
+  std::array<int64_t, kP2pWords> h;
+  std::memcpy(h.data(), t.message.get(), kP2pBytes);
+  const bool inlined = h[5] == 1;
+  if (h[0] != kP2pHeaderMagic || h[2] < 0 || h[4] < 0 || (h[5] != 0 && h[5] != 1) ||
+      (inlined && static_cast<uint64_t>(h[2]) > kP2pInlineBytes)) {
+    throw ProtocolError(t.work.description() + ": rank " + std::to_string(peer) +
+                        " sent bytes that are no weft size header");
+  }
+  t.work.setSourceRank(peer);
+  const uint64_t seq = static_cast<uint64_t>(h[1]);
+  const uint64_t theirs = static_cast<uint64_t>(h[2]);
+  const bool same = theirs == t.tensor.nbytes();
+  {
+    SigpipeBlock block;
+    t.verdict = {kP2pVerdictMagic, static_cast<int64_t>(t.tensor.nbytes()), static_cast<int64_t>(t.tensor.dtype()),
+                 t.tensor.numel(), 0, 0};
+    t.verdictBuffer->send(peer, p2pSlot(gloo_detail::kP2pVerdictBase, seq, t.tag));
+    if (inlined) {
+      if (same && theirs > 0) std::memcpy(t.tensor.rawData(), t.message.get() + kP2pBytes, theirs);
+    } else if (theirs > 0) {
+      void* into = t.tensor.rawData();
+      if (!same) {
+        try {
+          t.scratch.resize(theirs);
+        } catch (const std::exception&) {
+          throw ProtocolError(t.work.description() + ": rank " + std::to_string(peer) + " announced " +
+                              sizeText(h[2], h[3], h[4]) + ", more than this process can hold to discard");
+        }
+        into = t.scratch.data();
+      }
+      t.dataBuffer = context_->createUnboundBuffer(into, theirs);
+      t.dataBuffer->recv(peer, p2pSlot(gloo_detail::kP2pDataBase, seq, t.tag));
+    }
+  }
+  if (t.dataBuffer && !waitOn(t.dataBuffer.get(), true, nullptr, t.deadline)) return false;
+  if (!waitOn(t.verdictBuffer.get(), false, nullptr, t.deadline)) return false;
+  if (!same) {
+    throw SizeMismatch(weft::detail::concat(t.work.description(), ": rank ", peer, " sent ",
+                                            sizeText(h[2], h[3], h[4]), ", but this receive's tensor holds ",
+                                            sizeText(t.tensor), "; the data was discarded and the group stays usable"));
+  }
+  return true;
+}
+
 void ProcessGroupGloo::Impl::waitTransfers() {
   blockSigpipeOnThisThread();
   for (;;) {
-    Transfer t;
+    std::unique_ptr<Transfer> t;
     {
       std::unique_lock<std::mutex> lock(transferMutex_);
       transferQueued_.wait(lock, [&] { return transfersStopping_ || !transfers_.empty(); });
@@ -783,30 +944,27 @@ void ProcessGroupGloo::Impl::waitTransfers() {
       t = std::move(transfers_.front());
       transfers_.pop_front();
       --freeWaiters_;
-      waitingOn_.emplace_back(t.buffer.get(), t.isRecv);
     }
-    const std::string what = t.work.description();
+    const std::string what = t->work.description();
     bool done = false;
     std::exception_ptr error;
     try {
-      int peer = -1;
-      done = t.isRecv ? t.buffer->waitRecv(&peer, timeoutUntil(t.deadline)) : t.buffer->waitSend(&peer, timeoutUntil(t.deadline));
-      if (done && t.isRecv) t.work.setSourceRank(peer);
+      done = t->isRecv ? finishRecv(*t) : finishSend(*t);
+    } catch (const SizeMismatch&) {
+      error = std::current_exception();
     } catch (const std::exception& e) {
-      error = fatal(what, e, t.isRecv ? "no matching send arrived" : "the receiver did not take it");
+      error = fatal(what, e, t->isRecv ? "no matching send arrived" : "the receiver did not take it");
     }
     {
       std::lock_guard<std::mutex> lock(transferMutex_);
-      auto it = std::find(waitingOn_.begin(), waitingOn_.end(), std::make_pair(t.buffer.get(), t.isRecv));
-      waitingOn_.erase(it);
       ++freeWaiters_;
     }
     if (error) {
-      t.work.fail(error);
+      t->work.fail(error);
     } else if (!done) {
-      t.work.fail(std::make_exception_ptr(StateError(what + ": aborted: the process group was destroyed")));
+      t->work.fail(std::make_exception_ptr(StateError(what + ": aborted: the process group was destroyed")));
     } else {
-      t.work.complete();
+      t->work.complete();
     }
   }
 }
@@ -830,6 +988,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::unique_ptr<Impl> impl, int rank, int siz
 
 ProcessGroupGloo::~ProcessGroupGloo() = default;
 
+void ProcessGroupGloo::keepAlive(std::shared_ptr<void> owned) { owned_.push_back(std::move(owned)); }
+
 const std::string& ProcessGroupGloo::name() const { return impl_->name_; }
 const ProcessGroupGloo::Options& ProcessGroupGloo::options() const { return impl_->options_; }
 int64_t ProcessGroupGloo::collectivesStarted() const { return impl_->started_.load(std::memory_order_relaxed); }
@@ -850,8 +1010,8 @@ Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
     ex.send(out, tensor.rawData(), isRoot ? tensor.nbytes() : 0);
   };
   carried.finish = [tensor, root, isRoot](const CallExchange& ex) {
-    WEFT_CHECK(ex.dataBytesOf(root) == tensor.nbytes()) << "the root sent " << ex.dataBytesOf(root) << " bytes of "
-                                                        << tensor.nbytes();
+    WEFT_ENFORCE(ex.dataBytesOf(root) == tensor.nbytes(), ProtocolError, "rank ", root, " (the root) sent ",
+                 ex.dataBytesOf(root), " bytes of data with a header for ", sizeText(tensor));
     if (!isRoot && tensor.nbytes() > 0) std::memcpy(tensor.rawData(), ex.dataOf(root), tensor.nbytes());
   };
   return impl->enqueue(h, {tensor}, std::move(tree), std::move(carried));
@@ -876,8 +1036,8 @@ Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
   carried.finish = [tensor, op, n](const CallExchange& ex) {
     const size_t count = static_cast<size_t>(tensor.numel());
     for (int r = 0; r < n; ++r) {
-      WEFT_CHECK(ex.dataBytesOf(r) == tensor.nbytes())
-          << "rank " << r << " sent " << ex.dataBytesOf(r) << " bytes of " << tensor.nbytes();
+      WEFT_ENFORCE(ex.dataBytesOf(r) == tensor.nbytes(), ProtocolError, "rank ", r, " sent ", ex.dataBytesOf(r),
+                   " bytes of data with a header for ", sizeText(tensor));
     }
     if (count == 0) return;
     void* out = tensor.rawData();
@@ -1073,7 +1233,9 @@ std::unique_ptr<ProcessGroup> ProcessGroupGloo::newGroup(const std::vector<int>&
   const int subSize = static_cast<int>(ranks.size());
   auto impl = std::make_unique<Impl>(impl_->store_, newRank, subSize, impl_->options_, std::move(subName),
                                      impl_->device_);
-  return std::unique_ptr<ProcessGroup>(new ProcessGroupGloo(std::move(impl), newRank, subSize));
+  auto sub = std::unique_ptr<ProcessGroupGloo>(new ProcessGroupGloo(std::move(impl), newRank, subSize));
+  sub->owned_ = owned_;
+  return sub;
 }
 
 }  // namespace weft::collectives

@@ -75,6 +75,9 @@ ncclDataType_t ncclTypeOf(DType t) {
     case DType::Int64: return ncclInt64;
     case DType::Float16: return ncclFloat16;
     case DType::BFloat16: return ncclBfloat16;
+    case DType::Int32: return ncclInt32;
+    case DType::UInt8: return ncclUint8;
+    case DType::Bool: return ncclUint8;  // moved only: checkReducible refuses it
   }
   WEFT_CHECK(false) << "unknown dtype " << static_cast<int>(t);
   return ncclFloat32;
@@ -134,6 +137,8 @@ void checkLike(const Tensor& t, const Tensor& ref, int device, const char* op, c
 }
 
 void checkReducible(DType t, ReduceOp op, const char* name) {
+  WEFT_ENFORCE(t != DType::Bool, InvalidArgumentError, name,
+               ": the nccl backend does not reduce bool (convert a mask to uint8: Max is any, Min is all)");
   WEFT_ENFORCE(op != ReduceOp::Avg || isFloating(t), InvalidArgumentError, name,
                ": ReduceOp avg needs a floating dtype, got ", dtypeName(t));
   WEFT_ENFORCE(op != ReduceOp::Avg || kNcclHasAvg || t == DType::Float32 || t == DType::Float64,

@@ -11,6 +11,9 @@ size_t elementSize(DType t) {
     case DType::Int64: return 8;
     case DType::BFloat16: return 2;
     case DType::Float16: return 2;
+    case DType::Int32: return 4;
+    case DType::UInt8: return 1;
+    case DType::Bool: return 1;
   }
   throw InvalidArgumentError(detail::concat("unknown dtype code ", static_cast<int>(t)));
 }
@@ -22,11 +25,18 @@ const char* dtypeName(DType t) {
     case DType::Int64: return "int64";
     case DType::BFloat16: return "bfloat16";
     case DType::Float16: return "float16";
+    case DType::Int32: return "int32";
+    case DType::UInt8: return "uint8";
+    case DType::Bool: return "bool";
   }
   return "unknown";
 }
 
-bool isFloating(DType t) { return t != DType::Int64; }
+bool isFloating(DType t) {
+  return t == DType::Float32 || t == DType::Float64 || t == DType::BFloat16 || t == DType::Float16;
+}
+
+bool isIntegral(DType t) { return t == DType::Int64 || t == DType::Int32 || t == DType::UInt8; }
 
 std::ostream& operator<<(std::ostream& os, DType t) { return os << dtypeName(t); }
 

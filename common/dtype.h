@@ -4,6 +4,28 @@
 //   weft::DType t = weft::DType::Float32;
 //   size_t bytes = weft::elementSize(t) * n;
 //   WEFT_DISPATCH_FLOATING(t, "relu", [&]<class T>() { run<T>(); });
+//
+// What each CPU dtype supports (others give InvalidArgumentError naming the
+// op and the dtype, e.g. "exp: dtype int32 is not supported"):
+//   every dtype but bfloat16/float16 (float32, float64, int64, int32, uint8,
+//   bool): creation (empty, zeros, ones, full, fromVector, arange), printing,
+//   element access (data<T>, item<T>, toVector<T>), to(dtype) in both
+//   directions between any two of them, views, contiguous, clone, copy_,
+//   fill_, cat/stack/split/indexSelect, comparisons (eq, gt, lt -> bool),
+//   max/min/argmax/argmin, sum (integers and bool sum to int64, as in
+//   PyTorch), RPC (rpc/codec.h), every collective that moves data (send,
+//   broadcast, allGather, ...), state files (nn/serialize.h).
+//   Numeric dtypes (float32, float64, int64, int32, uint8): add, sub, mul,
+//   div (integer division truncates; by zero is an error), maximum, minimum,
+//   pow, neg, abs, square, relu, clamp, the scalar forms (x + 2, x * 3) and
+//   reductions across ranks (collectives/process_group.h lists the ops).
+//   Floating dtypes only (float32, float64): autograd (requiresGrad), mean,
+//   exp, log, sqrt, tanh, sigmoid, gelu, pow by a scalar, 1 / x, softmax,
+//   matmul, the nn layers, losses, optimizers and initialisers.
+// Conversions follow PyTorch: to bool is `x != 0`; from bool gives 0 or 1;
+// between integer types the value wraps modulo 2^bits; a floating value
+// converted to an integer type is truncated toward zero, saturates at the
+// type's limits, and NaN becomes 0 (where PyTorch leaves it undefined).
 #pragma once
 
 #include <cstddef>
@@ -24,11 +46,17 @@ enum class DType : uint8_t {
   // Storage-only types reserved for GPU work; CPU kernels reject them.
   BFloat16 = 3,
   Float16 = 4,
+  Int32 = 5,
+  UInt8 = 6,
+  Bool = 7,  // one byte per element, always 0 or 1
 };
+// The largest DType value: codes above it are unknown (wire format, files).
+inline constexpr DType kLastDType = DType::Bool;
 
 size_t elementSize(DType t);
 const char* dtypeName(DType t);  // "float32", "float64", ...
-bool isFloating(DType t);
+bool isFloating(DType t);  // float32, float64, bfloat16, float16
+bool isIntegral(DType t);  // int64, int32, uint8 (not bool)
 std::ostream& operator<<(std::ostream& os, DType t);
 
 template <class T>
@@ -45,6 +73,22 @@ template <>
 struct DTypeOf<int64_t> {
   static constexpr DType value = DType::Int64;
 };
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::Int32;
+};
+template <>
+struct DTypeOf<uint8_t> {
+  static constexpr DType value = DType::UInt8;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::Bool;
+};
+// True for the C++ types that have a DType (float, double, int64_t, int32_t,
+// uint8_t, bool): what fromVector, item and toVector accept.
+template <class T>
+inline constexpr bool kIsElementType = requires { DTypeOf<T>::value; };
 template <class T>
 inline constexpr DType kDTypeOf = DTypeOf<T>::value;
 
@@ -69,7 +113,10 @@ std::ostream& operator<<(std::ostream& os, Device d);
 
 }  // namespace weft
 
-// Calls `fn.template operator()<T>()` with T the C++ type of `dtype`.
+// Calls `fn.template operator()<T>()` with T the C++ type of `dtype`; any
+// other dtype throws InvalidArgumentError naming `opname` and the dtype.
+// FLOATING: float32, float64. NUMERIC: those and int64, int32, uint8.
+// ALL: the numeric ones and bool.
 #define WEFT_DISPATCH_FLOATING(dtype, opname, ...)                         \
   do {                                                                    \
     switch (dtype) {                                                      \
@@ -79,12 +126,26 @@ std::ostream& operator<<(std::ostream& os, Device d);
     }                                                                     \
   } while (0)
 
+#define WEFT_DISPATCH_NUMERIC_CASES(...)                                                 \
+  case ::weft::DType::Float32: (__VA_ARGS__).template operator()<float>(); break;    \
+  case ::weft::DType::Float64: (__VA_ARGS__).template operator()<double>(); break;   \
+  case ::weft::DType::Int64: (__VA_ARGS__).template operator()<int64_t>(); break;    \
+  case ::weft::DType::Int32: (__VA_ARGS__).template operator()<int32_t>(); break;    \
+  case ::weft::DType::UInt8: (__VA_ARGS__).template operator()<uint8_t>(); break;
+
+#define WEFT_DISPATCH_NUMERIC(dtype, opname, ...)                          \
+  do {                                                                    \
+    switch (dtype) {                                                      \
+      WEFT_DISPATCH_NUMERIC_CASES(__VA_ARGS__)                            \
+      default: ::weft::throwUnsupportedDType(opname, dtype);              \
+    }                                                                     \
+  } while (0)
+
 #define WEFT_DISPATCH_ALL(dtype, opname, ...)                              \
   do {                                                                    \
     switch (dtype) {                                                      \
-      case ::weft::DType::Float32: (__VA_ARGS__).template operator()<float>(); break;  \
-      case ::weft::DType::Float64: (__VA_ARGS__).template operator()<double>(); break; \
-      case ::weft::DType::Int64: (__VA_ARGS__).template operator()<int64_t>(); break;  \
+      WEFT_DISPATCH_NUMERIC_CASES(__VA_ARGS__)                            \
+      case ::weft::DType::Bool: (__VA_ARGS__).template operator()<bool>(); break;      \
       default: ::weft::throwUnsupportedDType(opname, dtype);              \
     }                                                                     \
   } while (0)

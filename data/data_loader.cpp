@@ -9,32 +9,38 @@ namespace weft::data {
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options,
                        std::shared_ptr<Sampler> sampler)
-    : dataset_(std::move(dataset)), options_(options), sampler_(std::move(sampler)) {
+    : dataset_(std::move(dataset)), options_(options) {
   WEFT_ENFORCE(dataset_ != nullptr, InvalidArgumentError, "DataLoader: null dataset");
   WEFT_ENFORCE(options_.batchSize >= 1, InvalidArgumentError, "DataLoader: batchSize must be at least 1, got ",
                options_.batchSize);
-  WEFT_ENFORCE(!(options_.shuffle && sampler_), InvalidArgumentError,
+  WEFT_ENFORCE(!(options_.shuffle && sampler), InvalidArgumentError,
                "DataLoader: shuffle cannot be combined with a sampler (the sampler decides the order)");
-  if (!sampler_) {
+  if (!sampler) {
     if (options_.shuffle) {
-      sampler_ = std::make_shared<RandomSampler>(dataset_->size(), options_.seed);
+      sampler = std::make_shared<RandomSampler>(dataset_->size(), options_.seed);
     } else {
-      sampler_ = std::make_shared<SequentialSampler>(dataset_->size());
+      sampler = std::make_shared<SequentialSampler>(dataset_->size());
     }
   }
+  batchSampler_ = std::make_shared<BatchSampler>(std::move(sampler), options_.batchSize, options_.dropLast);
 }
 
-int64_t DataLoader::numBatches() const {
-  const int64_t n = sampler_->size();
-  const int64_t b = options_.batchSize;
-  return options_.dropLast ? n / b : (n + b - 1) / b;
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<BatchSampler> batchSampler)
+    : dataset_(std::move(dataset)), batchSampler_(std::move(batchSampler)) {
+  WEFT_ENFORCE(dataset_ != nullptr, InvalidArgumentError, "DataLoader: null dataset");
+  WEFT_ENFORCE(batchSampler_ != nullptr, InvalidArgumentError, "DataLoader: null batch sampler");
+  options_.batchSize = batchSampler_->batchSize();
+  options_.dropLast = batchSampler_->dropLast();
 }
+
+int64_t DataLoader::numBatches() const { return batchSampler_->size(); }
 
 DataLoader::Iterator DataLoader::begin() {
-  auto order = std::make_shared<const std::vector<int64_t>>(sampler_->indices());
-  WEFT_ENFORCE(static_cast<int64_t>(order->size()) == sampler_->size(), InvalidArgumentError,
-               "DataLoader: the sampler returned ", order->size(), " indices but its size() is ", sampler_->size());
-  return Iterator(this, std::move(order), 0);
+  auto batches = std::make_shared<const Iterator::Batches>(batchSampler_->batches());
+  WEFT_ENFORCE(static_cast<int64_t>(batches->size()) == numBatches(), InvalidArgumentError,
+               "DataLoader: the batch sampler returned ", batches->size(), " batches but its size() is ",
+               numBatches());
+  return Iterator(this, std::move(batches), 0);
 }
 
 DataLoader::Iterator DataLoader::end() const { return Iterator(this, nullptr, numBatches()); }
@@ -49,10 +55,11 @@ Example DataLoader::batchAt(const std::vector<int64_t>& order, int64_t b) const 
 }
 
 const Example& DataLoader::Iterator::operator*() const {
-  WEFT_ENFORCE(loader_ != nullptr && order_ != nullptr, StateError,
-               "DataLoader: dereferencing an iterator that is not inside an epoch");
+  WEFT_ENFORCE(loader_ != nullptr && batches_ != nullptr && batch_ < static_cast<int64_t>(batches_->size()),
+               StateError, "DataLoader: dereferencing an iterator that is not inside an epoch");
   if (!loaded_) {
-    current_ = loader_->batchAt(*order_, batch_);
+    const std::vector<int64_t>& indices = (*batches_)[static_cast<size_t>(batch_)];
+    current_ = loader_->dataset_->getBatch(std::span<const int64_t>(indices.data(), indices.size()));
     loaded_ = true;
   }
   return current_;

@@ -15,9 +15,13 @@
 //   DataLoader shard(train, {.batchSize = 64}, sampler);
 //   sampler->setEpoch(epoch);   // before each epoch's loop
 //
-// Every begin() starts a new epoch: it asks the sampler for the epoch's
-// order (with shuffle and no sampler, a RandomSampler seeded with `seed`, so
-// the sequence of epochs is reproducible). Batches are built lazily, one per
+//   // Or batches decided by a BatchSampler (PyTorch's batch_sampler=):
+//   DataLoader byBatch(train, std::make_shared<BatchSampler>(sampler, 64, /*dropLast=*/true));
+//
+// Every begin() starts a new epoch: it asks the batch sampler for the epoch's
+// batches (built from the sampler, or with shuffle and no sampler from a
+// RandomSampler seeded with `seed`, so the sequence of epochs is
+// reproducible). Batches are built lazily, one per
 // step, by Dataset::getBatch (for a TensorDataset: one memcpy per row into
 // fresh batch tensors that the caller may keep). The loader shares ownership
 // of its dataset and sampler, and is iterated by one thread at a time.
@@ -49,6 +53,9 @@ class DataLoader {
   // InvalidArgumentError (as in PyTorch).
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {},
              std::shared_ptr<Sampler> sampler = nullptr);
+  // Batches exactly as `batchSampler` cuts them (its batch size and dropLast
+  // stand for the options'); a null batch sampler is an InvalidArgumentError.
+  DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<BatchSampler> batchSampler);
 
   // Input iterator over one epoch's batches.
   class Iterator {
@@ -68,27 +75,29 @@ class DataLoader {
 
    private:
     friend class DataLoader;
-    Iterator(const DataLoader* loader, std::shared_ptr<const std::vector<int64_t>> order, int64_t batch)
-        : loader_(loader), order_(std::move(order)), batch_(batch) {}
+    using Batches = std::vector<std::vector<int64_t>>;
+    Iterator(const DataLoader* loader, std::shared_ptr<const Batches> batches, int64_t batch)
+        : loader_(loader), batches_(std::move(batches)), batch_(batch) {}
 
     const DataLoader* loader_ = nullptr;
-    std::shared_ptr<const std::vector<int64_t>> order_;
+    std::shared_ptr<const Batches> batches_;
     int64_t batch_ = 0;
     mutable Example current_;
     mutable bool loaded_ = false;
   };
 
-  // Starts a new epoch (draws the next order from the sampler).
+  // Starts a new epoch (draws the next batches from the batch sampler).
   Iterator begin();
   Iterator end() const;
 
   // Batches per epoch (PyTorch's len(loader)).
   int64_t numBatches() const;
   // Examples visited per epoch, including those of a dropped last batch.
-  int64_t numExamples() const { return sampler_->size(); }
+  int64_t numExamples() const { return batchSampler_->sampler().size(); }
   const Dataset& dataset() const { return *dataset_; }
   const DataLoaderOptions& options() const { return options_; }
-  Sampler& sampler() const { return *sampler_; }
+  Sampler& sampler() const { return batchSampler_->sampler(); }
+  BatchSampler& batchSampler() const { return *batchSampler_; }
 
   // Batch `b` of the given epoch order (what the iterator yields).
   Example batchAt(const std::vector<int64_t>& order, int64_t b) const;
@@ -96,7 +105,7 @@ class DataLoader {
  private:
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
-  std::shared_ptr<Sampler> sampler_;
+  std::shared_ptr<BatchSampler> batchSampler_;
 };
 
 }  // namespace weft::data

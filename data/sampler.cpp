@@ -1,5 +1,6 @@
 #include "data/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -70,6 +71,32 @@ std::vector<int64_t> DistributedSampler::indices() {
     mine.push_back(all[static_cast<size_t>(pos % n)]);
   }
   return mine;
+}
+
+BatchSampler::BatchSampler(std::shared_ptr<Sampler> sampler, int64_t batchSize, bool dropLast)
+    : sampler_(std::move(sampler)), batchSize_(batchSize), dropLast_(dropLast) {
+  WEFT_ENFORCE(sampler_ != nullptr, InvalidArgumentError, "BatchSampler: null sampler");
+  WEFT_ENFORCE(batchSize >= 1, InvalidArgumentError, "BatchSampler: batchSize must be at least 1, got ", batchSize);
+}
+
+int64_t BatchSampler::size() const {
+  const int64_t n = sampler_->size();
+  return dropLast_ ? n / batchSize_ : (n + batchSize_ - 1) / batchSize_;
+}
+
+std::vector<std::vector<int64_t>> BatchSampler::batches() {
+  const std::vector<int64_t> order = sampler_->indices();
+  const auto n = static_cast<int64_t>(order.size());
+  WEFT_ENFORCE(n == sampler_->size(), InvalidArgumentError, "BatchSampler: the sampler returned ", n,
+               " indices but its size() is ", sampler_->size());
+  std::vector<std::vector<int64_t>> out;
+  out.reserve(static_cast<size_t>(size()));
+  for (int64_t start = 0; start < n; start += batchSize_) {
+    const int64_t len = std::min(batchSize_, n - start);
+    if (len < batchSize_ && dropLast_) break;
+    out.emplace_back(order.begin() + start, order.begin() + start + len);
+  }
+  return out;
 }
 
 }  // namespace weft::data

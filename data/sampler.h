@@ -10,10 +10,15 @@
 //     for (int64_t i : sampler.indices()) { ... }
 //   }
 //
+//   // The same shard cut into batches of 32, as torch.utils.data.BatchSampler:
+//   BatchSampler batches(std::make_shared<DistributedSampler>(sampler), 32, /*dropLast=*/false);
+//   for (const std::vector<int64_t>& batch : batches.batches()) { ... }
+//
 // A sampler is used by one thread at a time.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tensor/generator.h"
@@ -98,6 +103,32 @@ class DistributedSampler : public Sampler {
   DistributedSamplerOptions options_;
   int64_t numSamples_;
   int64_t epoch_ = 0;
+};
+
+// Cuts the index order of any sampler into batches, as PyTorch's
+// torch.utils.data.BatchSampler(sampler, batch_size, drop_last): consecutive
+// runs of batchSize indices in the sampler's order, the last one shorter
+// unless dropLast drops it. Shares ownership of the sampler; a
+// DistributedSampler's setEpoch applies to the next batches() call.
+class BatchSampler {
+ public:
+  // A non-null sampler and batchSize >= 1, else InvalidArgumentError.
+  BatchSampler(std::shared_ptr<Sampler> sampler, int64_t batchSize, bool dropLast = false);
+
+  // The batches of the next epoch (one sampler->indices() call). A sampler
+  // that returns a different count than its size() is an InvalidArgumentError.
+  std::vector<std::vector<int64_t>> batches();
+  // Batches per epoch (PyTorch's len(batch_sampler)): floor(n / batchSize)
+  // with dropLast, else ceil(n / batchSize), n = sampler().size().
+  int64_t size() const;
+  int64_t batchSize() const { return batchSize_; }
+  bool dropLast() const { return dropLast_; }
+  Sampler& sampler() const { return *sampler_; }
+
+ private:
+  std::shared_ptr<Sampler> sampler_;
+  int64_t batchSize_;
+  bool dropLast_;
 };
 
 }  // namespace weft::data

@@ -2,7 +2,9 @@
 // the release protocol (rpc/protocol.capnp, "Distributed autograd").
 #include "dist_autograd/dist_autograd.h"
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -12,6 +14,7 @@
 #include <unordered_set>
 
 #include "common/logging.h"
+#include "rpc/uv_loop.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -153,8 +156,18 @@ std::vector<std::pair<Tensor, Tensor>> GradientMap::items() const {
   return out;
 }
 
-// One context on one worker. Everything below mutex_ is guarded by it; a backward pass runs with
-// it held (nodes' rules included), so one pass of one context runs on one thread at a time.
+// One context on one worker.
+//
+// Two locks. mutex_ guards what any thread may look at: the workers reached, the send nodes, the
+// gradients, the current pass's task and whether (and why) the context was released. It is held
+// only briefly, and the loop thread takes it (recording, releases, a peer's death), never
+// runMutex_: the loop never waits for a pass. runMutex_ serialises running the context's passes
+// (a GraphTask is not thread-safe) and guards the pass's parameters and the requests it sent; a
+// thread takes it before mutex_, never while holding mutex_. A pass's task is shared by the
+// context and the thread running it: a release takes the task out of the context under mutex_,
+// and the runner, which holds its own reference, checks under mutex_ that the context is still
+// usable and the task still its pass each time it resumes, and otherwise fails the pass with the
+// context's failure. No thread ever uses a task through the context after it was dropped.
 class ContextState : public std::enable_shared_from_this<ContextState> {
  public:
   ContextState(DistAutograd& layer, int64_t id) : layer_(layer), id_(id) {}
@@ -166,44 +179,77 @@ class ContextState : public std::enable_shared_from_this<ContextState> {
   std::set<int> workers_;  // the workers this context exchanged messages with
   std::unordered_map<int64_t, std::shared_ptr<SendNode>> sendNodes_;
   GradientMap grads_;
-  // The current backward pass.
-  int64_t passId_ = 0;
-  std::unique_ptr<GraphTask> task_;
-  rpc::CallOptions passCall_;
-  bool passRetain_ = false;
-  std::vector<Future<void>> outstanding_;  // backward requests sent by the pass's nodes
+  std::shared_ptr<GraphTask> task_;  // the current pass, shared with the thread running it
+  bool backwardRunning_ = false;     // Context::backward is running on this worker
   // Why the context can no longer be used (released, or a worker it reached died).
   bool released_ = false;
   Status failure_;
 
+  std::mutex runMutex_;
+  int64_t passId_ = 0;
+  rpc::CallOptions passCall_;
+  bool passRetain_ = false;
+  std::vector<Future<void>> outstanding_;  // backward requests sent by the pass's nodes
+
+  // mutex_ held.
   void throwIfUnusable() const {
     if (!failure_.ok()) throwStatus(failure_);
     WEFT_ENFORCE(!released_, StateError, "distributed autograd context ", idString(id_), " was released");
   }
 
-  // Starts pass `passId` (mutex_ held): dependencies from `roots` and every send node.
-  void startPass(int64_t passId, bool retainGraph, std::optional<std::chrono::milliseconds> timeout,
-                 std::vector<std::shared_ptr<Node>> roots) {
+  // mutex_ held: why the pass running `task` cannot go on (the context was released, or another
+  // pass replaced it), or null.
+  std::exception_ptr passGone(const std::shared_ptr<GraphTask>& task) const {
+    if (std::exception_ptr e = unusable()) return e;
+    if (task_ == task) return nullptr;
+    return std::make_exception_ptr(StateError("distributed autograd context " + idString(id_) +
+                                              ": another backward pass replaced the one running"));
+  }
+
+  // mutex_ held: what throwIfUnusable would throw, or null.
+  std::exception_ptr unusable() const {
+    try {
+      throwIfUnusable();
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
+  }
+
+  // Starts pass `passId` (runMutex_ held, not mutex_): dependencies from `roots` and every send
+  // node. StateError (or the context's failure) when the context was released.
+  std::shared_ptr<GraphTask> startPass(int64_t passId, bool retainGraph,
+                                       std::optional<std::chrono::milliseconds> timeout,
+                                       std::vector<std::shared_ptr<Node>> roots) {
+    weft::BackwardOptions options;
+    options.retainGraph = retainGraph;
+    options.leafSink = [this](const Tensor& leaf, const Tensor& g) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      grads_.accumulate(leaf, g);
+    };
+    auto task = std::make_shared<GraphTask>(std::move(options));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      throwIfUnusable();
+      for (auto& [id, node] : sendNodes_) roots.push_back(node);
+      task_ = task;
+    }
     passId_ = passId;
     passCall_ = rpc::CallOptions{.timeout = timeout};
     passRetain_ = retainGraph;
-    weft::BackwardOptions options;
-    options.retainGraph = retainGraph;
-    options.leafSink = [this](const Tensor& leaf, const Tensor& g) { grads_.accumulate(leaf, g); };
-    task_ = std::make_unique<GraphTask>(std::move(options));
-    for (auto& [id, node] : sendNodes_) roots.push_back(node);
-    task_->computeDependencies(roots);
+    task->computeDependencies(roots);
+    return task;
   }
 
-  // Called by a recv node while the pass runs (mutex_ held).
+  // Called by a recv node while the pass runs (runMutex_ held).
   void sendGradients(int peer, int64_t messageId, std::vector<Tensor> grads);
 
   // What a released context held: the workers it reached, and its graph (freed by whoever takes
-  // it, outside the locks).
+  // it, outside the locks, unless a thread running a pass still holds the task).
   struct Dropped {
     std::set<int> workers;
     std::unordered_map<int64_t, std::shared_ptr<SendNode>> sendNodes;
-    std::unique_ptr<GraphTask> task;
+    std::shared_ptr<GraphTask> task;
   };
   // Marks the context released (a later use raises `why` when it is an error and no other failure
   // came first, else StateError) and takes what it held; nothing when it was released already.
@@ -232,6 +278,20 @@ struct Current {
   std::shared_ptr<ContextState> state;
 };
 thread_local Current tCurrent;
+
+// The context whose pass this thread is running (its runMutex_ held), or null.
+thread_local ContextState* tPass = nullptr;
+
+class PassScope {
+ public:
+  explicit PassScope(ContextState* state) : previous_(tPass) { tPass = state; }
+  ~PassScope() { tPass = previous_; }
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+
+ private:
+  ContextState* previous_;
+};
 
 class ScopeToken {
  public:
@@ -455,8 +515,10 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
     Promise<rpc::HeldValue> answer;
     Future<rpc::HeldValue> result = answer.getFuture();
     std::string caller = ctx.callerName;
-    bool posted = agent_.post([self = shared_from_this(), answer, contextId, passId, messageId, retainGraph,
-                               grads = std::move(grads), caller]() mutable {
+    auto job = std::make_shared<std::function<void()>>([self = shared_from_this(), answer, contextId, passId,
+                                                             messageId, retainGraph, grads = std::move(grads),
+                                                             caller]() mutable {
+      ScopeToken outside(Current{});  // a waiting backward() may run it: not in that thread's context
       Future<void> done;
       try {
         done = self->runRequest(contextId, passId, messageId, retainGraph, std::move(grads), caller);
@@ -471,8 +533,58 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
         }
       });
     });
-    if (!posted) answer.trySetError(Status::cancelled("the agent shut down"));
+    {
+      std::lock_guard<std::mutex> lock(requestMutex_);
+      requests_.push_back(job);
+    }
+    requestReady_.notify_all();
+    if (!agent_.post([self = shared_from_this()] { self->runOneRequest(); })) {
+      bool mine = false;
+      {
+        std::lock_guard<std::mutex> lock(requestMutex_);
+        auto it = std::find(requests_.begin(), requests_.end(), job);
+        if (it != requests_.end()) {
+          requests_.erase(it);
+          mine = true;
+        }
+      }
+      if (mine) answer.trySetError(Status::cancelled("the agent shut down"));
+    }
     return result;
+  }
+
+  // Backward requests wait in requests_ for the first of a pool thread (one is posted per
+  // request) and a thread waiting in Context::backward (waitHelping). The latter lets backward()
+  // run on a handler thread: the requests its pass (or another pass it waits for) brings back to
+  // this worker do not need a free handler thread.
+  void runOneRequest() {
+    std::shared_ptr<std::function<void()>> request;
+    {
+      std::lock_guard<std::mutex> lock(requestMutex_);
+      if (requests_.empty()) return;
+      request = std::move(requests_.front());
+      requests_.pop_front();
+    }
+    (*request)();
+  }
+
+  // Waits until `done` completes, running the backward requests that reach this worker meanwhile.
+  void waitHelping(const Future<void>& done) {
+    done.onComplete([self = shared_from_this()](const Future<void>&) {
+      std::lock_guard<std::mutex> lock(self->requestMutex_);
+      self->requestReady_.notify_all();
+    });
+    for (;;) {
+      std::shared_ptr<std::function<void()>> request;
+      {
+        std::unique_lock<std::mutex> lock(requestMutex_);
+        requestReady_.wait(lock, [&] { return done.isReady() || !requests_.empty(); });
+        if (done.isReady()) return;
+        request = std::move(requests_.front());
+        requests_.pop_front();
+      }
+      (*request)();
+    }
   }
 
   // A pool thread: runs the send node of `messageId` with the gradients a recv node sent.
@@ -482,29 +594,38 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
     std::exception_ptr failure;
     std::vector<Future<void>> pending;
     {
-      std::lock_guard<std::mutex> lock(state->mutex_);
-      state->throwIfUnusable();
-      auto it = state->sendNodes_.find(messageId);
-      WEFT_ENFORCE(it != state->sendNodes_.end(), NotFoundError, "distributed autograd context ", idString(contextId),
-                   " on worker '", agent_.name(), "' has no message ", idString(messageId));
-      std::shared_ptr<SendNode> send = it->second;
-      if (grads.size() != send->outputs().size()) {
-        throw ProtocolError("'" + caller + "' sent " + std::to_string(grads.size()) + " gradients for message " +
-                            idString(messageId) + ", which carried " + std::to_string(send->outputs().size()) +
-                            " tensors that require grad");
+      std::lock_guard<std::mutex> run(state->runMutex_);
+      PassScope scope(state.get());
+      std::shared_ptr<SendNode> send;
+      std::shared_ptr<GraphTask> task;
+      {
+        std::lock_guard<std::mutex> lock(state->mutex_);
+        state->throwIfUnusable();
+        auto it = state->sendNodes_.find(messageId);
+        WEFT_ENFORCE(it != state->sendNodes_.end(), NotFoundError, "distributed autograd context ",
+                     idString(contextId), " on worker '", agent_.name(), "' has no message ", idString(messageId));
+        send = it->second;
+        if (grads.size() != send->outputs().size()) {
+          throw ProtocolError("'" + caller + "' sent " + std::to_string(grads.size()) + " gradients for message " +
+                              idString(messageId) + ", which carried " + std::to_string(send->outputs().size()) +
+                              " tensors that require grad");
+        }
+        if (passId == state->passId_) task = state->task_;
+        if (!task) {
+          WEFT_ENFORCE(state->passId_ == 0 || passId > state->passId_ || creatorOf(passId) != creatorOf(state->passId_),
+                       StateError, "a backward request of an earlier pass of context ", idString(contextId));
+          WEFT_ENFORCE(!state->backwardRunning_, StateError, "a backward request of another pass of context ",
+                       idString(contextId), " while its backward pass runs on worker '", agent_.name(), "'");
+        }
       }
-      if (passId != state->passId_ || !state->task_) {
-        WEFT_ENFORCE(state->passId_ == 0 || passId > state->passId_ || creatorOf(passId) != creatorOf(state->passId_),
-                     StateError, "a backward request of an earlier pass of context ", idString(contextId));
-        state->startPass(passId, retainGraph, std::nullopt, {});
-      }
+      if (!task) task = state->startPass(passId, retainGraph, std::nullopt, {});
       try {
         for (size_t i = 0; i < grads.size(); ++i) {
-          if (grads[i].defined()) state->task_->deliver({send, static_cast<uint32_t>(i)}, grads[i]);
+          if (grads[i].defined()) task->deliver({send, static_cast<uint32_t>(i)}, grads[i]);
         }
-        state->task_->schedule(send.get());
-        state->task_->run();
-        state->task_->runCallbacks();
+        task->schedule(send.get());
+        task->run();
+        task->runCallbacks();
       } catch (...) {
         failure = std::current_exception();
       }
@@ -746,6 +867,9 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
   std::set<int> deadPeers_;
   size_t inflight_ = 0;
   Clock::time_point lastFlush_ = Clock::now();
+  std::mutex requestMutex_;
+  std::condition_variable requestReady_;  // a request queued, or a waited-for pass settled
+  std::deque<std::shared_ptr<std::function<void()>>> requests_;
   bool closed_ = false;
   DebugCounts atClose_;
 };
@@ -755,6 +879,10 @@ std::vector<Tensor> RecvNode::apply(std::vector<Tensor> gradOutputs) {
                "): the first backward freed it; pass retainGraph=true to that first backward to run it again");
   auto ctx = ctx_.lock();
   WEFT_ENFORCE(ctx != nullptr, StateError, name(), ": its distributed autograd context was released");
+  WEFT_ENFORCE(tPass == ctx.get(), StateError, name(), ": reached by ",
+               tPass != nullptr ? "a backward pass of context " + idString(tPass->id()) : std::string("a local backward"),
+               "; a tensor received in distributed autograd context ", idString(ctx->id()),
+               " takes part only in that context's backward()");
   for (size_t i = 0; i < gradOutputs.size(); ++i) {
     if (!linked_[i]) gradOutputs[i] = Tensor();  // never decoded: the sender gets no gradient for it
   }
@@ -780,10 +908,29 @@ bool installLayer() {
 
 }  // namespace
 
+namespace {
+std::mutex gHookMutex;
+std::function<void(int64_t)> gSettledHook;
+
+void settledHook(int64_t contextId) {
+  std::function<void(int64_t)> hook;
+  {
+    std::lock_guard<std::mutex> lock(gHookMutex);
+    hook = gSettledHook;
+  }
+  if (hook) hook(contextId);
+}
+}  // namespace
+
 namespace detail {
 bool installed() {
   static const bool done = installLayer();
   return done;
+}
+
+void setBackwardSettledHook(std::function<void(int64_t contextId)> hook) {
+  std::lock_guard<std::mutex> lock(gHookMutex);
+  gSettledHook = std::move(hook);
 }
 }  // namespace detail
 
@@ -832,35 +979,68 @@ void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& 
     edges.push_back(gradientEdge(r));
     rootNodes.push_back(edges.back().fn);
   }
+  WEFT_ENFORCE(!agent_.loop().inLoopThread(), StateError, "dist_autograd::backward: context ", idString(id_),
+               ": called on the agent's loop thread (a continuation of a call's future, or a task posted to the "
+               "loop), which must stay free to deliver the answers the pass waits for; call it from another thread");
+  WEFT_ENFORCE(tPass == nullptr, StateError, "dist_autograd::backward: context ", idString(id_),
+               ": called inside a backward pass on this thread (a node's rule, a hook or a queued callback of ",
+               "context ", idString(tPass != nullptr ? tPass->id() : 0), "); call it after that pass returns");
   DistAutograd& layer = layerOf(agent_);
-  std::exception_ptr failure;
-  std::vector<Future<void>> pending;
   {
     std::lock_guard<std::mutex> lock(state_->mutex_);
     state_->throwIfUnusable();
-    state_->startPass(layer.newId(), options.retainGraph, options.timeout, rootNodes);
+    WEFT_ENFORCE(!state_->backwardRunning_, StateError, "dist_autograd::backward: a backward pass of context ",
+                 idString(id_), " is already running (on another thread); passes of one context run one at a time");
+    state_->backwardRunning_ = true;
+  }
+  struct Running {
+    ContextState& state;
+    ~Running() {
+      std::lock_guard<std::mutex> lock(state.mutex_);
+      state.backwardRunning_ = false;
+    }
+  } running{*state_};
+
+  std::shared_ptr<GraphTask> task;  // this pass's, whatever happens to the context meanwhile
+  std::exception_ptr failure;
+  std::vector<Future<void>> pending;
+  {
+    std::lock_guard<std::mutex> run(state_->runMutex_);
+    PassScope scope(state_.get());
+    task = state_->startPass(layer.newId(), options.retainGraph, options.timeout, rootNodes);
     try {
-      for (size_t i = 0; i < roots.size(); ++i) state_->task_->deliver(edges[i], onesLike(roots[i]));
-      for (auto& n : rootNodes) state_->task_->schedule(n.get());
-      state_->task_->run();
+      for (size_t i = 0; i < roots.size(); ++i) task->deliver(edges[i], onesLike(roots[i]));
+      for (auto& n : rootNodes) task->schedule(n.get());
+      task->run();
     } catch (...) {
       failure = std::current_exception();
     }
     pending.swap(state_->outstanding_);
   }
   Future<void> done = settleAll(std::move(pending), failure);
-  done.wait();
+  layer.waitHelping(done);
+  settledHook(id_);
   // Every request this pass sent has been answered, so nothing more can arrive here: a node
   // still waiting waits for a send node the pass never reached (FAST mode's assumption broken
   // here, e.g. a tensor sent in a call whose result the loss does not use). Run it anyway, so
-  // that this worker's gradients are complete, and wait for what that sends in turn.
+  // that this worker's gradients are complete, and wait for what that sends in turn. Each step
+  // first checks that the context was not released meanwhile (a worker it reached died).
   while (!done.hasError()) {
     failure = nullptr;
     {
-      std::lock_guard<std::mutex> lock(state_->mutex_);
-      if (state_->task_->scheduleWaiting() == 0) break;
+      std::lock_guard<std::mutex> run(state_->runMutex_);
+      PassScope scope(state_.get());
+      {
+        std::lock_guard<std::mutex> lock(state_->mutex_);
+        failure = state_->passGone(task);
+      }
+      if (failure) {
+        done = makeErrorFuture<void>(failure);
+        break;
+      }
+      if (task->scheduleWaiting() == 0) break;
       try {
-        state_->task_->run();
+        task->run();
       } catch (...) {
         failure = std::current_exception();
       }
@@ -868,24 +1048,42 @@ void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& 
       pending.swap(state_->outstanding_);
     }
     done = settleAll(std::move(pending), failure);
-    done.wait();
+    layer.waitHelping(done);
+    settledHook(id_);
   }
   {
-    std::lock_guard<std::mutex> lock(state_->mutex_);
+    std::lock_guard<std::mutex> run(state_->runMutex_);
+    PassScope scope(state_.get());
     if (!done.hasError()) {
-      try {
-        state_->task_->runCallbacks();  // e.g. DDP's: its averaged gradients land in the context
-      } catch (...) {
-        done = makeErrorFuture<void>(std::current_exception());
+      std::exception_ptr gone;
+      {
+        std::lock_guard<std::mutex> lock(state_->mutex_);
+        gone = state_->passGone(task);
+      }
+      if (gone) {
+        done = makeErrorFuture<void>(gone);
+      } else {
+        try {
+          task->runCallbacks();  // e.g. DDP's: its averaged gradients land in the context
+        } catch (...) {
+          done = makeErrorFuture<void>(std::current_exception());
+        }
       }
     }
-    state_->task_.reset();
+    std::lock_guard<std::mutex> lock(state_->mutex_);
+    if (state_->task_ == task) state_->task_.reset();
     // A worker the pass reached died: the context is unusable from now on, even before the
-    // agent reports the failed connection to the layer (onPeerFailed).
+    // agent reports the failed connection to the layer (onPeerFailed). One that died while the
+    // callbacks ran fails the pass too.
+    if (!done.hasError()) {
+      std::exception_ptr gone = state_->unusable();
+      if (gone) done = makeErrorFuture<void>(gone);
+    }
     if (done.hasError() && done.status().code() == StatusCode::Disconnected && state_->failure_.ok()) {
       state_->failure_ = done.status();
     }
   }
+  task.reset();  // outside the locks: the graph it kept alive may be large
   if (done.hasError()) std::rethrow_exception(done.exception());
 }
 

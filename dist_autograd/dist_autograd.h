@@ -42,7 +42,9 @@
 // Errors. A failure anywhere (a node's backward throwing on a remote worker, a worker dying, a
 // timeout) fails backward() with the typed error of where it arose (RemoteError names that
 // worker), after every request already sent has been answered or has failed: no worker is left
-// waiting.
+// waiting. A worker the context reached that dies while the pass runs fails it with
+// DisconnectedError naming that worker, whether its requests were still pending or already
+// answered (the context is released meanwhile, see "Release").
 //
 // Release. The destructor (or release()) drops the context here and on every worker it reached
 // (transitively: a worker forwards the release to the workers it exchanged messages with in the
@@ -54,13 +56,26 @@
 // Threads. A context is current only on the thread that created it (and, on callees, on the
 // handler thread running a recorded call, for the duration of the body; continuations of a
 // returned Future are not inside it). Creating a context while another is current on the thread
-// is a StateError. backward() blocks its thread; it may not be called from a handler thread, nor
-// on one context from two threads at once. Backward passes of different contexts may run at the
-// same time, on one worker or several.
+// is a StateError. backward() blocks its thread until the pass is done on every worker. While it
+// waits, that thread itself runs the backward requests that reach this worker (for its own pass
+// or any other), so backward() may be called on a handler thread, even when the agent has one
+// handler thread and the pass needs this worker again. Otherwise backward requests are served by
+// the handler threads like any call, so handlers blocked in sync() delay them.
+// backward() raises StateError, before starting anything, when called
+//   - on the agent's loop thread (where a continuation attached to a pending call's future runs):
+//     the loop delivers the answers the pass waits for, so it would wait for itself forever;
+//   - inside a backward pass on the same thread (a node's rule, a hook or a queued callback):
+//     that pass holds its context until it returns;
+//   - on a context whose backward is already running (on another thread): passes of one context
+//     run one at a time.
+// Backward passes of different contexts may run at the same time, on one worker or several. A
+// tensor received in a context takes part only in that context's backward(): reaching its recv
+// node from a local backward() or another context's pass raises StateError.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -169,6 +184,10 @@ namespace detail {
 // Installs the layer on every Agent a program that includes this header builds.
 bool installed();
 inline const bool kLayerInstalled = installed();
+// For tests: called on the thread running Context::backward each time every request the pass
+// sent so far has been answered, before that thread looks at the context again (the moment a
+// worker's death can be noticed between two steps of the pass). An empty function removes it.
+void setBackwardSettledHook(std::function<void(int64_t contextId)> hook);
 }  // namespace detail
 
 }  // namespace weft::dist_autograd

@@ -151,7 +151,7 @@ StateDict readStateDict(Reader& r) {
     WEFT_ENFORCE(!out.count(name), InvalidArgumentError, "loadStateDict: '", src, "': ", rec, " repeats a key");
 
     uint8_t dtypeCode = r.readLE<uint8_t>(rec + " dtype");
-    WEFT_ENFORCE(dtypeCode <= static_cast<uint8_t>(DType::Float16), InvalidArgumentError, "loadStateDict: '", src,
+    WEFT_ENFORCE(dtypeCode <= static_cast<uint8_t>(kLastDType), InvalidArgumentError, "loadStateDict: '", src,
                  "': ", rec, " has unknown dtype code ", static_cast<int>(dtypeCode));
     DType dtype = static_cast<DType>(dtypeCode);
     uint8_t ndim = r.readLE<uint8_t>(rec + " rank");
@@ -180,6 +180,13 @@ StateDict readStateDict(Reader& r) {
                  " data needs ", nbytes, " bytes but only ", r.remaining(), " remain");
     Tensor t = empty(shape, {.dtype = dtype});
     r.read(t.rawData(), nbytes, rec + " data");
+    if (dtype == DType::Bool) {
+      const auto* p = static_cast<const uint8_t*>(t.rawData());
+      const auto* bad = std::find_if(p, p + nbytes, [](uint8_t b) { return b > 1; });
+      WEFT_ENFORCE(bad == p + nbytes, InvalidArgumentError, "loadStateDict: '", src, "': ", rec,
+                   " is a bool tensor with byte ", static_cast<int>(*bad), " at element ", bad - p,
+                   " (a bool is 0 or 1)");
+    }
     out.emplace(std::move(name), std::move(t));
   }
   WEFT_ENFORCE(r.remaining() == 0, InvalidArgumentError, "loadStateDict: '", src, "' has ", r.remaining(),

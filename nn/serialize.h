@@ -14,7 +14,8 @@
 //   record   nameLen  u32       1 .. kMaxStateNameLength
 //   (count)  name     nameLen   bytes, no '\0'; unique within the file
 //            dtype    u8        weft::DType value (float32 0, float64 1, int64 2,
-//                               bfloat16 3, float16 4)
+//                               bfloat16 3, float16 4, int32 5, uint8 6,
+//                               bool 7: one byte each, 0 or 1)
 //            ndim     u8        0 .. kMaxDims
 //            dims     i64 × ndim, each >= 0
 //            nbytes   u64       must equal numel(dims) × elementSize(dtype)

@@ -216,9 +216,11 @@ class Agent::Impl {
     const int world = options_.worldSize;
     auto deadline = options_.storeTimeout.count() == 0 ? Clock::time_point::max() : Clock::now() + options_.storeTimeout;
 
-    loop_.call([this] {
+    const std::string listenHost = options_.listenHost();
+    advertisedHost_ = options_.advertisedHost();
+    loop_.call([this, &listenHost] {
       listener_ = std::make_unique<transport::Listener>(
-          loop_, options_.listenHost(), options_.listenPort,
+          loop_, listenHost, options_.listenPort,
           [this](int fd, std::string who) { onAccepted(fd, std::move(who)); }, &log_);
       startTicking();
       // The loopback connection to this worker itself.
@@ -227,15 +229,11 @@ class Agent::Impl {
       self.conn->start();
       self.alive = true;
     });
-    listenAddress_ = options_.listenHost() + ":" + std::to_string(listener_->port());
-    if (isLoopbackHost(options_.listenHost()) || options_.listenHost() == "0.0.0.0" || options_.listenHost() == "::") {
-      // Advertise an address peers can dial.
-      advertised_ = (options_.listenHost() == "0.0.0.0" || options_.listenHost() == "::")
-                        ? hostForPeers() + ":" + std::to_string(listener_->port())
-                        : listenAddress_;
-    } else {
-      advertised_ = listenAddress_;
-    }
+    auto endpoint = [](const std::string& host, uint16_t port) {
+      return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+    };
+    listenAddress_ = endpoint(listenHost, listener_->port());
+    advertised_ = endpoint(advertisedHost_, listener_->port());
 
     if (rank == 0) {
       StoreServer::Config sc = StoreServer::configFor(options_);
@@ -332,12 +330,6 @@ class Agent::Impl {
                    << listenAddress_;
   }
 
-  std::string hostForPeers() const {
-    char host[256] = {0};
-    if (::gethostname(host, sizeof(host) - 1) != 0) return "127.0.0.1";
-    return host;
-  }
-
   static std::chrono::milliseconds remaining(Clock::time_point deadline) {
     if (deadline == Clock::time_point::max()) return std::chrono::milliseconds(0);
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -363,6 +355,7 @@ class Agent::Impl {
     int port = std::stoi(address.substr(colon + 1));
     SocketAddress sa = *SocketAddress::resolve(host, static_cast<uint16_t>(port));
     int fd = -1;
+    const auto began = Clock::now();
     for (;;) {
       try {
         fd = transport::connectTcp(sa, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
@@ -370,6 +363,21 @@ class Agent::Impl {
       } catch (const TimeoutError&) {
         checkStartAborted();
         if (Clock::now() >= deadline) throw;
+      } catch (const DisconnectedError& e) {
+        // Refused or unreachable: the peer listens before it registers its
+        // address, so the address it gave cannot be reached from here.
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began).count();
+        std::string why = std::string(e.what()) + " after " + std::to_string(ms) + " ms";
+        if (isLoopbackAddress(sa) && !isLoopbackHost(options_.masterAddr)) {
+          why += " (a loopback address, which only its own machine reaches)";
+        }
+        throw DisconnectedError("Agent::start: worker '" + name_ + "' (rank " + std::to_string(options_.rank) +
+                                ", at " + advertised_ + ") cannot connect to " + peerLabel(r) + " at " + address +
+                                ", the address it gave: " + why +
+                                "; each worker binds and gives its peers the address WEFT_SOCKET_IFNAME names "
+                                "(weftrun --socket-ifname; default: the local address of the route to the master "
+                                "address " + options_.masterAddr + "): set it on rank " + std::to_string(r) +
+                                "'s machine to an interface or address the other machines reach");
       }
     }
     loop_.call([&] {
@@ -846,8 +854,9 @@ class Agent::Impl {
                 FrameWriter& writer, std::unique_ptr<detail::ResponseSink> sink, const std::string& label) {
     try {
       WEFT_ENFORCE(started_.load(), StateError, "rpc: call to '", label, "' before Agent::start()");
-      WEFT_ENFORCE(!shuttingDown_.load() || (opts.duringShutdown && !barrierOver_.load()), StateError,
-                   "rpc: call to '", label, "' after Agent::shutdown() began on worker '", name_, "'");
+      WEFT_ENFORCE(!barrierOver_.load() && (!callsClosed_.load() || opts.duringShutdown), StateError,
+                   "rpc: call to '", label, "' after the job ended (every worker called Agent::shutdown()) on worker '",
+                   name_, "'");
       Peer& peer = resolveOrThrow(WorkerRef(rank));
       auto timeout = opts.timeout.value_or(options_.rpcTimeout);
       WEFT_ENFORCE(timeout.count() >= 0, InvalidArgumentError, "rpc: negative timeout for a call to '", label, "'");
@@ -907,7 +916,7 @@ class Agent::Impl {
     }
     for (auto& [id, ic] : incoming) ic->cancelled = true;
     pendingOutgoing_.fetch_sub(pending.size(), std::memory_order_relaxed);
-    bool expected = shuttingDown_ || closingAll_;
+    bool expected = callsClosed_ || closingAll_;
     bool logged = why.code() == StatusCode::Protocol || why.code() == StatusCode::InvalidArgument;  // by onClosed
     if (!expected && (!logged || !pending.empty())) {
       WEFT_LOG(Warn) << "rpc: lost worker '" << peer.name << "' (rank " << peer.rank << "): " << why.message()
@@ -923,13 +932,7 @@ class Agent::Impl {
     if (peer.rank != options_.rank) {
       for (auto& [tag, ext] : extensions_) ext->onPeerFailed(peer.rank, status);
     }
-    if (shutdownPhase_ == Phase::Joining || shutdownPhase_ == Phase::Waiting) {
-      if (options_.rank == 0) {
-        maybeDecide();
-      } else if (peer.rank == 0) {
-        finishShutdown(deadPeers());
-      }
-    }
+    if (peer.rank != options_.rank) onPeerGone(peer);
   }
 
   // ---- housekeeping tick ---------------------------------------------------------------
@@ -1066,8 +1069,16 @@ class Agent::Impl {
   }
 
   // ---- shutdown -------------------------------------------------------------------------
+  //
+  // Two stages (rpc/protocol.capnp, "Graceful shutdown"). Round 1, while the job runs: a worker
+  // that called shutdown() stays a full member of the job (it serves, its handlers call out, its
+  // layers keep their state) and the leader waits, with no deadline, until every worker has
+  // joined; a worker gone (its connection failed, or it left a failed barrier) fails the barrier
+  // at once on every worker that learns of it. Once all have joined, the job has ended: each
+  // shutdown thread tells its layers (onShutdownBegin), and rounds 2, 3, ... drain the calls still
+  // in flight, within the shutdown timeout.
 
-  enum class Phase { None, Joining, Waiting, Closing, Done };
+  enum class Phase { None, Joining, Ending, Waiting, Closing, Done };
 
   bool isIdle() const {
     if (pendingOutgoing_.load() != 0 || activeIncoming_.load() != 0) return false;
@@ -1077,14 +1088,47 @@ class Agent::Impl {
     return true;
   }
 
+  // Loop thread: the connection to `peer` failed, or it left a failed barrier.
+  bool gone(const Peer& peer) const { return !peer.alive.load() || departed_.count(peer.rank) != 0; }
+
+  bool anyGone() const {
+    for (auto& pp : peers_) {
+      if (pp->rank != options_.rank && gone(*pp)) return true;
+    }
+    return false;
+  }
+
+  // Loop thread: the workers this one knows to be gone, each a worker that left a failed barrier
+  // replaced by the workers it named.
+  std::vector<std::string> goneWorkers() const {
+    std::vector<std::string> out;
+    for (auto& pp : peers_) {
+      if (pp->rank == options_.rank) continue;
+      auto it = departed_.find(pp->rank);
+      if (it != departed_.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+      } else if (!pp->alive) {
+        out.push_back(pp->name);
+      }
+    }
+    return out;
+  }
+
+  // Round 1 of the barrier: the job is still running.
+  bool jobRunning() const { return shutdownPhase_ == Phase::Joining && round_ == 1; }
+
   // Loop thread.
-  void beginShutdown(Clock::duration timeout, Promise<ShutdownReport> done) {
+  void beginShutdown(Clock::duration timeout, Promise<bool> jobEnded, Promise<ShutdownReport> done) {
     shutdownDone_ = std::move(done);
-    shutdownDeadline_ = Clock::now() + timeout;
+    jobEnded_ = std::move(jobEnded);
     shutdownTimeout_ = timeout;
     round_ = 1;
     if (options_.worldSize == 1) {
       finishShutdown({});
+      return;
+    }
+    if (anyGone()) {
+      failBarrier();
       return;
     }
     join();
@@ -1099,8 +1143,8 @@ class Agent::Impl {
       return;
     }
     Peer& leader = *peers_[0];
-    if (!leader.alive) {
-      finishShutdown(deadPeers());
+    if (gone(leader)) {
+      finishShutdown(goneWorkers());
       return;
     }
     FrameWriter w(32);
@@ -1117,20 +1161,58 @@ class Agent::Impl {
     maybeDecide();
   }
 
+  // Leader: ends round 1 when every worker has joined (the job has ended), or fails it when one
+  // is gone.
+  void decideJobEnd() {
+    if (anyGone()) {
+      failBarrier();
+      return;
+    }
+    auto& joined = joins_[1];
+    for (auto& pp : peers_) {
+      if (!joined.count(pp->rank)) return;
+    }
+    for (auto& pp : peers_) {
+      if (pp->rank == 0) continue;
+      FrameWriter w(64);
+      auto p = w.message().initShutdownProceed();
+      p.setRound(1);
+      p.setDone(false);
+      pp->conn->send(std::move(w).finish());
+    }
+    joins_.erase(1);
+    endJob();
+  }
+
+  // Every worker has joined: the drain's deadline starts, and the shutdown thread tells the
+  // layers before this worker joins round 2 (startDrain).
+  void endJob() {
+    shutdownPhase_ = Phase::Ending;
+    shutdownDeadline_ = Clock::now() + shutdownTimeout_;
+    jobEnded_.trySetValue(true);
+  }
+
+  void startDrain() {
+    if (shutdownPhase_ != Phase::Ending) return;  // the barrier ended meanwhile
+    round_ = 2;
+    shutdownPhase_ = Phase::Waiting;
+    nextJoinAt_ = Clock::now() + kRoundPause;
+  }
+
   void maybeDecide() {
     if (options_.rank != 0 || (shutdownPhase_ != Phase::Joining)) return;
+    if (round_ == 1) {
+      decideJobEnd();
+      return;
+    }
     auto& joined = joins_[round_];
     bool timedOut = Clock::now() >= shutdownDeadline_;
     bool all = true;
     bool allIdle = true;
-    std::vector<std::string> missing;
+    std::vector<std::string> missing = goneWorkers();
     for (auto& pp : peers_) {
+      if (gone(*pp)) continue;
       auto it = joined.find(pp->rank);
-      bool alive = pp->alive.load();
-      if (!alive) {
-        missing.push_back(pp->name);
-        continue;
-      }
       if (it == joined.end()) {
         all = false;
         if (timedOut) missing.push_back(pp->name);
@@ -1141,7 +1223,7 @@ class Agent::Impl {
     if (!all && !timedOut) return;
     bool done = timedOut || allIdle;
     for (auto& pp : peers_) {
-      if (pp->rank == 0 || !pp->alive || !joined.count(pp->rank)) continue;
+      if (pp->rank == 0 || gone(*pp) || !joined.count(pp->rank)) continue;
       FrameWriter w(128);
       auto p = w.message().initShutdownProceed();
       p.setRound(round_);
@@ -1152,8 +1234,8 @@ class Agent::Impl {
     }
     if (done) {
       if (timedOut && !allIdle) {
-        WEFT_LOG(Warn) << "rpc: shutdown timed out after " << seconds(shutdownTimeout_)
-                       << " with calls still in flight; closing anyway";
+        WEFT_LOG(Warn) << "rpc: the job's calls still in flight did not finish within " << seconds(shutdownTimeout_)
+                       << " of the job's end; closing anyway";
       }
       finishShutdown(std::move(missing));
       return;
@@ -1165,6 +1247,16 @@ class Agent::Impl {
   }
 
   void onShutdownProceed(Peer& peer, uint32_t round, bool done, std::vector<std::string> missing) {
+    // This worker left already (its own barrier failed while the message was on its way).
+    if (round != 0 && (shutdownPhase_ == Phase::Closing || shutdownPhase_ == Phase::Done)) return;
+    if (round == 0) {
+      // A worker that left a failed barrier, and the workers it found gone.
+      if (!done) throw ProtocolError("a shutdown notice of round 0 that is not done");
+      missing.erase(std::remove(missing.begin(), missing.end(), name_), missing.end());
+      departed_[peer.rank] = std::move(missing);
+      onPeerGone(peer);
+      return;
+    }
     if (peer.rank != 0) throw ProtocolError("a shutdown proceed from a worker that does not lead shutdown");
     if (shutdownPhase_ != Phase::Joining || round != round_) {
       throw ProtocolError("a shutdown proceed for round " + std::to_string(round) + " outside that round");
@@ -1173,9 +1265,49 @@ class Agent::Impl {
       finishShutdown(std::move(missing));
       return;
     }
+    if (round == 1) {
+      endJob();
+      return;
+    }
     ++round_;
     shutdownPhase_ = Phase::Waiting;
     nextJoinAt_ = Clock::now() + kRoundPause;
+  }
+
+  // Loop thread: `peer` is gone (its connection failed, or it left a failed barrier).
+  void onPeerGone(const Peer& peer) {
+    if (jobRunning()) {
+      if (options_.rank == 0) {
+        maybeDecide();
+      } else {
+        failBarrier();
+      }
+      return;
+    }
+    if (shutdownPhase_ == Phase::Joining || shutdownPhase_ == Phase::Ending || shutdownPhase_ == Phase::Waiting) {
+      if (options_.rank == 0) {
+        maybeDecide();
+      } else if (peer.rank == 0) {
+        finishShutdown(goneWorkers());
+      }
+    }
+  }
+
+  // Round 1 failed: a worker is gone. Tells every other live worker why this one leaves (they
+  // fail their own barrier with it, now or when they join), then closes.
+  void failBarrier() {
+    std::vector<std::string> missing = goneWorkers();
+    for (auto& pp : peers_) {
+      if (pp->rank == options_.rank || gone(*pp) || !pp->conn) continue;
+      FrameWriter w(128);
+      auto p = w.message().initShutdownProceed();
+      p.setRound(0);
+      p.setDone(true);
+      auto list = p.initMissing(static_cast<unsigned>(missing.size()));
+      for (size_t i = 0; i < missing.size(); ++i) list.set(static_cast<unsigned>(i), missing[i]);
+      pp->conn->send(std::move(w).finish());
+    }
+    finishShutdown(std::move(missing));
   }
 
   void shutdownTick(Clock::time_point now) {
@@ -1184,12 +1316,13 @@ class Agent::Impl {
         if (isIdle() || now >= nextJoinAt_) join();
         return;
       case Phase::Joining:
+        if (round_ == 1) return;  // the job runs: no deadline
         if (options_.rank == 0) {
           if (now >= shutdownDeadline_) maybeDecide();
         } else if (now >= shutdownDeadline_ + std::chrono::seconds(1)) {
           WEFT_LOG(Warn) << "rpc: no word from the shutdown leader '" << peers_[0]->name << "' within "
-                         << seconds(shutdownTimeout_) << "; closing";
-          auto missing = deadPeers();
+                         << seconds(shutdownTimeout_) << " of the job's end; closing";
+          auto missing = goneWorkers();
           missing.push_back(peers_[0]->name);
           finishShutdown(std::move(missing));
         }
@@ -1212,15 +1345,6 @@ class Agent::Impl {
     }
   }
 
-  // The names of the peers whose connection has ended.
-  std::vector<std::string> deadPeers() const {
-    std::vector<std::string> out;
-    for (auto& pp : peers_) {
-      if (!pp->alive) out.push_back(pp->name);
-    }
-    return out;
-  }
-
   void finishShutdown(std::vector<std::string> missing) {
     std::sort(missing.begin(), missing.end());
     missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
@@ -1232,7 +1356,9 @@ class Agent::Impl {
       WEFT_LOG(Warn) << "rpc: shut down without hearing from: " << list;
     }
     shutdownPhase_ = Phase::Closing;
+    callsClosed_ = true;
     barrierOver_ = true;
+    jobEnded_.trySetValue(false);
     closeDeadline_ = Clock::now() + kCloseLinger;
     for (auto& pp : peers_) {
       if (pp->conn) pp->conn->closeGracefully();
@@ -1242,6 +1368,7 @@ class Agent::Impl {
   // Loop thread: the non-graceful path.
   void closeAll() {
     closingAll_ = true;
+    callsClosed_ = true;
     barrierOver_ = true;
     shutdownPhase_ = Phase::Done;
     for (auto& pp : peers_) {
@@ -1271,11 +1398,19 @@ class Agent::Impl {
     ShutdownReport report;
     report.graceful = opts.graceful;
     if (opts.graceful && started_) {
-      for (auto& [tag, ext] : extensions_) ext->onShutdownBegin();
       auto timeout = opts.timeout.value_or(options_.shutdownTimeout);
+      Promise<bool> ended;
+      Future<bool> jobEnded = ended.getFuture();
       Promise<ShutdownReport> done;
       Future<ShutdownReport> f = done.getFuture();
-      loop_.post([this, timeout, done]() mutable { beginShutdown(timeout, std::move(done)); });
+      loop_.post([this, timeout, ended, done]() mutable { beginShutdown(timeout, std::move(ended), std::move(done)); });
+      // No deadline: the loop ends round 1 once every worker has joined, or at once when one is
+      // gone (failure detection bounds that).
+      if (jobEnded.get()) {
+        callsClosed_ = true;
+        for (auto& [tag, ext] : extensions_) ext->onShutdownBegin();
+        loop_.post([this] { startDrain(); });
+      }
       if (f.waitFor(timeout + kCloseLinger + std::chrono::seconds(2))) {
         report = f.get();
       } else {
@@ -1333,6 +1468,7 @@ class Agent::Impl {
   std::vector<std::unique_ptr<Peer>> peers_;
   std::map<int, std::string> helloNames_;  // under infoMutex_
   std::string listenAddress_;
+  std::string advertisedHost_;
   std::string advertised_;
 
   std::unique_ptr<transport::Listener> listener_;
@@ -1351,6 +1487,7 @@ class Agent::Impl {
   bool startBegun_ = false;
   std::atomic<bool> started_{false};
   std::atomic<bool> shuttingDown_{false};
+  std::atomic<bool> callsClosed_{false};  // the job ended (every worker joined the barrier), or closing
   std::atomic<bool> barrierOver_{false};  // the graceful barrier ended, or closing at once
 
   // Shutdown (loop thread unless noted).
@@ -1365,7 +1502,9 @@ class Agent::Impl {
   Clock::time_point nextJoinAt_{};
   Clock::time_point closeDeadline_{};
   ShutdownReport report_;
+  Promise<bool> jobEnded_;  // true: every worker joined; false: the barrier ended without that
   Promise<ShutdownReport> shutdownDone_;
+  std::map<int, std::vector<std::string>> departed_;  // rank -> the workers it found gone
 
   std::atomic<size_t> pendingOutgoing_{0};
   std::atomic<size_t> activeIncoming_{0};

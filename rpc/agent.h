@@ -10,7 +10,7 @@
 //   agent.start();                                        // rendezvous + handshake with every peer
 //   Tensor c = agent.sync("worker1", add, a, b);          // blocks; throws the typed error
 //   weft::Future<Tensor> f = agent.async(1, add, {.timeout = 2s}, a, b);   // by rank, own timeout
-//   agent.shutdown();                                     // graceful: waits for the whole job
+//   agent.shutdown();                                     // graceful: serves until the whole job ends
 //
 // Calls. async(to, fn, args...) returns at once with a Future; sync(...) is
 // async(...).get(). `to` is a worker's name or rank. The arguments are checked
@@ -36,7 +36,8 @@
 //   ProtocolError        the arguments or the result did not decode as declared (names the
 //                        function and the argument), or the peer broke the protocol
 //   InvalidArgumentError an argument cannot be sent (a CUDA tensor, a value over the limits)
-//   StateError           the agent is not started, or is shutting down
+//   StateError           the agent is not started, or the job has ended (every worker called
+//                        shutdown())
 //
 // Threads. One loop thread (rpc/uv_loop.h) owns the sockets, the timers and
 // the handshake; a pool of Options::numWorkerThreads threads runs the bodies of
@@ -48,16 +49,22 @@
 // thread: keep them short and never block in them (call sync() there and the
 // loop waits for itself). Chaining a nested async() in a continuation is fine.
 //
-// Start. start() registers this worker in the store (served by rank 0 on this
-// agent's loop), checks that the name and rank are unique and that every
-// worker agrees on the world size (each a clear error), then connects to every
-// peer: a worker initiates the connection to each lower rank and accepts one
-// from each higher rank. Each connection begins with a Hello/Welcome handshake
-// (protocol version, name, rank, world size, token: rpc/protocol.capnp). It
-// returns once every worker is connected to every other (a last barrier in the
-// store, so that a handler serving an early caller can itself call out), or
-// throws TimeoutError naming the workers still missing after
-// Options::storeTimeout.
+// Start. start() binds its listener to Options::listenHost() (by default the
+// address WEFT_SOCKET_IFNAME names, else the local address of the route to
+// the master address: Options::localAddress()), registers this worker and
+// that address in the store (served by rank 0 on this agent's loop), checks
+// that the name and rank are unique and that every worker agrees on the world
+// size (each a clear error), then connects to every peer: a worker initiates
+// the connection to each lower rank and accepts one from each higher rank.
+// Each connection begins with a Hello/Welcome handshake (protocol version,
+// name, rank, world size, token: rpc/protocol.capnp). It returns once every
+// worker is connected to every other (a last barrier in the store, so that a
+// handler serving an early caller can itself call out), or throws TimeoutError
+// naming the workers still missing after Options::storeTimeout. An address a
+// peer gave that refuses the connection or cannot be routed to (it listens
+// before it registers, so nothing else can be meant) fails start() at once
+// with DisconnectedError naming the peer, the address and WEFT_SOCKET_IFNAME;
+// every other worker's start() then fails at once with the same reason.
 //
 // Failures. A closed or reset socket is noticed at once (its pending calls
 // fail as soon as the loop sees the socket's end or error). A peer silent for
@@ -79,14 +86,28 @@
 // more from 127.0.0.1 in the last 10 s"), so a flood of hostile connections
 // cannot flood the log.
 //
-// Shutdown. shutdown() is graceful by default: a barrier led by rank 0 (see
-// rpc/protocol.capnp, ShutdownJoin) waits until no worker has a call in flight,
-// then every worker closes. Peers that died or never joined within the timeout
-// are reported in ShutdownReport::missing (and logged); it never hangs.
-// shutdown({.graceful = false}) closes at once, failing every pending call with
-// CancelledError on this side and DisconnectedError on the peers'. Calls made
-// after shutdown() began fail with StateError; incoming calls keep being served
-// until the barrier completes. The destructor of a started agent that was not
+// Shutdown. shutdown() is graceful by default, and is the whole end of a job: a worker that only
+// serves calls (one that hosts objects for the others) calls it right after start() and returns
+// when the job ends, as in PyTorch. A barrier led by rank 0 (rpc/protocol.capnp, "Graceful
+// shutdown") runs in two stages:
+//   1. The job runs. Until every worker has called shutdown(), a worker waiting in it stays a full
+//      member of the job: incoming calls are served, its handlers (and other threads) may call
+//      out, remote references and distributed autograd contexts work as before. There is no
+//      deadline, however long the job takes. It fails when a worker is gone (already, or while
+//      the others wait), as the failure detection judges it (a closed socket at once,
+//      heartbeatMisses x heartbeatInterval of silence): every worker in the barrier leaves it as
+//      soon as it knows, and tells the others; a worker still working then sees its calls to
+//      those fail (DisconnectedError), and its own shutdown() returns at once. Each report names
+//      the lost worker in ShutdownReport::missing (not the workers that left because of it).
+//      Survivors that still need each other should meet before shutdown().
+//   2. The job has ended (every worker joined). From here on calls fail with StateError (except
+//      the layers' bookkeeping, CallOptions::duringShutdown); the layers drop what this worker
+//      holds (AgentExtension::onShutdownBegin), and the barrier waits until no worker has a call
+//      in flight, for at most the shutdown timeout (Options::shutdownTimeout, or
+//      ShutdownOptions::timeout); workers not done by then are named in missing. Then every
+//      worker closes.
+// shutdown({.graceful = false}) closes at once, failing every pending call with CancelledError on
+// this side and DisconnectedError on the peers'. The destructor of a started agent that was not
 // shut down performs a non-graceful shutdown and logs a warning.
 //
 // Thread-safety: after start(), every method may be called from any thread,
@@ -127,8 +148,8 @@ struct CallOptions {
   // Unset: Options::rpcTimeout. Zero: no timeout.
   std::optional<std::chrono::milliseconds> timeout = std::nullopt;
   // For the bookkeeping of layers above rpc (an RRef's delete) that must still reach the peers
-  // while the graceful shutdown barrier runs; other calls fail with StateError once shutdown()
-  // began.
+  // while the graceful shutdown barrier drains; other calls fail with StateError once the job has
+  // ended (every worker called shutdown()).
   bool duringShutdown = false;
 };
 
@@ -158,13 +179,15 @@ class WorkerRef {
 
 struct ShutdownOptions {
   bool graceful = true;
-  // How long the graceful barrier may take; unset: Options::shutdownTimeout.
+  // How long the graceful barrier's drain may take once every worker has joined (the wait for the
+  // others to join has no deadline); unset: Options::shutdownTimeout.
   std::optional<std::chrono::milliseconds> timeout = std::nullopt;
 };
 
 struct ShutdownReport {
   bool graceful = true;
-  // Workers the barrier did not hear from: dead, or not joined before the timeout.
+  // The workers lost while the job ran (dead, as the failure detection judged it, here or on the
+  // worker that told this one), and those still busy when the drain's timeout expired.
   std::vector<std::string> missing;
   bool clean() const { return missing.empty(); }
 };
@@ -201,8 +224,9 @@ class AgentExtension {
   virtual void onIncomingFrame(int peerRank, IncomingFrame& frame) {}
   // Loop thread: the connection to `rank` ended; the calls pending on it have failed.
   virtual void onPeerFailed(int rank, const Status& why) {}
-  // The thread calling shutdown({.graceful = true}), before the barrier. Calls made with
-  // CallOptions::duringShutdown still go out.
+  // The thread calling shutdown({.graceful = true}), once every worker has joined the barrier (the
+  // job has ended) and before the calls still in flight are drained; not called when the barrier
+  // fails. Calls made with CallOptions::duringShutdown still go out.
   virtual void onShutdownBegin() {}
   // The calling thread: a call to peerRank was encoded (enc.gradTensors() are the tensors that
   // require grad among its arguments). The layer may fill call.initAutograd() and keep

@@ -73,7 +73,7 @@ Tensor decodeTensor(wire::Value::Reader in, DecodeContext& ctx) {
   auto desc = in.getTensor();
 
   auto wireDtype = static_cast<uint16_t>(desc.getDtype());
-  if (wireDtype > static_cast<uint16_t>(DType::Float16)) {
+  if (wireDtype > static_cast<uint16_t>(kLastDType)) {
     throw ProtocolError("tensor has unknown dtype " + std::to_string(wireDtype));
   }
   auto dtype = static_cast<DType>(wireDtype);
@@ -99,6 +99,16 @@ Tensor decodeTensor(wire::Value::Reader in, DecodeContext& ctx) {
                         std::to_string(desc.getByteLength()) + " bytes long");
   }
   const std::shared_ptr<Storage>& storage = ctx.buffer(desc.getBuffer(), bytes);
+  if (dtype == DType::Bool && bytes != 0) {
+    // A bool holds 0 or 1: any other byte would be read as an invalid bool.
+    const auto* p = static_cast<const uint8_t*>(storage->data());
+    for (uint64_t i = 0; i < bytes; ++i) {
+      if (p[i] > 1) {
+        throw ProtocolError("bool tensor of shape " + shapeString(shape) + " has byte " + std::to_string(p[i]) +
+                            " at element " + std::to_string(i) + " (a bool is 0 or 1)");
+      }
+    }
+  }
   Shape strides = contiguousStrides(shape);
   Tensor t = makeTensor(storage, std::move(shape), std::move(strides), 0, dtype);
   if (desc.getRequiresGrad()) {

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/error.h"
+#include "rpc/socket_address.h"
 
 namespace weft::rpc {
 namespace {
@@ -143,6 +144,10 @@ Options Options::fromEnv() {
     WEFT_ENFORCE(validName(*v), InvalidArgumentError, kFromEnv, quoted("WEFT_WORKER_NAME", *v), " ", kNameRule);
     opt.name = *v;
   }
+  if (auto v = env("WEFT_SOCKET_IFNAME")) {
+    WEFT_ENFORCE(!v->empty(), InvalidArgumentError, kFromEnv, "WEFT_SOCKET_IFNAME is empty");
+    opt.socketIfname = *v;
+  }
   if (auto v = env("WEFT_LISTEN_ADDR")) {
     WEFT_ENFORCE(!v->empty(), InvalidArgumentError, kFromEnv, "WEFT_LISTEN_ADDR is empty");
     opt.listenAddr = *v;
@@ -188,15 +193,22 @@ void Options::validate() const {
                " ms is out of range (more than 0, at most a year)");
   WEFT_ENFORCE(heartbeatMisses >= 2 && heartbeatMisses <= 1000, InvalidArgumentError, "Options: heartbeatMisses ",
                heartbeatMisses, " is out of range (2 to 1000)");
+  WEFT_ENFORCE(socketIfname.size() <= 255 && socketIfname.find_first_of(" \t\n/") == std::string::npos,
+               InvalidArgumentError, "Options: socketIfname '", socketIfname,
+               "' is not an interface name or an IP address");
   WEFT_ENFORCE(authToken.size() <= kMaxTokenLength, InvalidArgumentError, "Options: authToken of ", authToken.size(),
                " bytes is longer than ", kMaxTokenLength);
 }
 
 std::string Options::workerName() const { return name.empty() ? "worker" + std::to_string(rank) : name; }
 
-std::string Options::listenHost() const {
-  if (!listenAddr.empty()) return listenAddr;
-  return isLoopbackHost(masterAddr) ? "127.0.0.1" : "0.0.0.0";
+std::string Options::localAddress() const { return localAddressFor(socketIfname, masterAddr); }
+
+std::string Options::listenHost() const { return listenAddr.empty() ? localAddress() : listenAddr; }
+
+std::string Options::advertisedHost() const {
+  std::string host = listenHost();
+  return host == "0.0.0.0" || host == "::" ? localAddress() : host;
 }
 
 std::string Options::masterEndpoint() const {

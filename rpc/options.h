@@ -31,12 +31,23 @@
 // alone, a process defaults to 127.0.0.1 and port 0 (any free port).
 // The rest, all optional:
 //   WEFT_WORKER_NAME          name (default "worker<rank>")
-//   WEFT_LISTEN_ADDR          address the agent's RPC listener binds (default below)
+//   WEFT_SOCKET_IFNAME        the interface name ("eth0") or IP address of this machine
+//                             that the agent's listener and every Gloo process group bind
+//                             and give their peers (weftrun --socket-ifname). Default: the
+//                             local address of this machine's route to the master address,
+//                             127.0.0.1 when the master address is a loopback one. See
+//                             localAddress().
+//   WEFT_LISTEN_ADDR          the address the agent's RPC listener binds, overriding
+//                             WEFT_SOCKET_IFNAME for the agent alone (0.0.0.0 or :: binds
+//                             every interface and still gives peers the WEFT_SOCKET_IFNAME
+//                             address); see listenHost()
 //   WEFT_LISTEN_PORT          its port (default 0: any free port)
 //   WEFT_NUM_WORKER_THREADS   threads running user handlers (default 4)
 //   WEFT_RPC_TIMEOUT          default RPC timeout in seconds, fractional allowed, 0 = none (default 60)
 //   WEFT_STORE_TIMEOUT        rendezvous and store timeout in seconds, 0 = none (default 300)
-//   WEFT_SHUTDOWN_TIMEOUT     how long a graceful shutdown waits for the job, seconds (default 60)
+//   WEFT_SHUTDOWN_TIMEOUT     how long a graceful shutdown drains the calls still in flight once
+//                             every worker has called it, seconds (default 60); the wait for
+//                             the others to call it has no deadline
 //   WEFT_HEARTBEAT_INTERVAL   seconds of silence before a ping (default 2); a peer silent
 //                             for WEFT_HEARTBEAT_MISSES intervals (default 5) is declared dead
 //   WEFT_RPC_TOKEN            shared secret checked at every handshake (default none)
@@ -67,9 +78,15 @@ struct Options {
   std::string masterAddr = "127.0.0.1";
   uint16_t masterPort = 0;
 
-  // Where this process's RPC listener binds. Empty picks the default: the
-  // loopback address when masterAddr is a loopback address (the whole job is on
-  // this machine), else every interface (0.0.0.0). See listenHost().
+  // The interface name or IP address of this machine that its weft sockets
+  // bind and give their peers (WEFT_SOCKET_IFNAME); empty picks the default,
+  // the local address of the route to masterAddr. See localAddress().
+  std::string socketIfname;
+
+  // Where this process's RPC listener binds, overriding socketIfname for the
+  // agent alone; empty (the default) binds localAddress(). "0.0.0.0" or "::"
+  // binds every interface; peers are then given localAddress(). See
+  // listenHost() and advertisedHost().
   std::string listenAddr;
   uint16_t listenPort = 0;
 
@@ -77,7 +94,9 @@ struct Options {
   // Zero means no timeout.
   std::chrono::milliseconds rpcTimeout{std::chrono::seconds(60)};
   std::chrono::milliseconds storeTimeout{std::chrono::seconds(300)};
-  // How long a graceful Agent::shutdown() waits for every worker; must be > 0.
+  // How long a graceful Agent::shutdown() waits, once every worker has joined its barrier, for
+  // the calls still in flight to finish; must be > 0. The wait for the workers to join has no
+  // deadline: it ends when the last one joins, or at once when one is lost (rpc/agent.h).
   std::chrono::milliseconds shutdownTimeout{std::chrono::seconds(60)};
   // Failure detection: a connection silent for heartbeatInterval gets a ping; one
   // silent for heartbeatMisses intervals is declared dead. A closed socket is
@@ -101,8 +120,18 @@ struct Options {
   std::string workerName() const;
   // localRank, or rank when localRank is -1.
   int effectiveLocalRank() const { return localRank >= 0 ? localRank : rank; }
-  // listenAddr, or the default described there.
+  // This machine's address for the job: rpc::localAddressFor(socketIfname,
+  // masterAddr) (socket_address.h). With socketIfname empty: 127.0.0.1 when
+  // masterAddr is a loopback address, else the local address of the route to
+  // masterAddr. InvalidArgumentError naming WEFT_SOCKET_IFNAME when the
+  // setting names no interface or address of this machine, or no route leads
+  // to masterAddr.
+  std::string localAddress() const;
+  // The address the agent's listener binds: listenAddr, or localAddress().
   std::string listenHost() const;
+  // The address the agent gives its peers: listenHost(), or localAddress()
+  // when that is a wildcard (0.0.0.0, ::).
+  std::string advertisedHost() const;
   // "host:port" of the store (IPv6 literals in brackets).
   std::string masterEndpoint() const;
 };

@@ -368,6 +368,9 @@ enum DType {
   int64 @2;
   bfloat16 @3;
   float16 @4;
+  int32 @5;
+  uint8 @6;
+  boolean @7;  # one byte per element, 0 or 1
 }
 
 struct TensorDesc {
@@ -414,16 +417,23 @@ struct Heartbeat {
 # ========================================================================================
 # Graceful shutdown
 #
-# A barrier led by one worker (the leader, rank 0), so that no worker closes while another still
-# has calls in flight that involve it. Each round:
+# A barrier led by one worker (the leader, rank 0), so that no worker closes while the job runs or
+# while another still has calls in flight that involve it. Each round:
 #   1. every worker that entered shutdown sends `shutdownJoin` to the leader (the leader
 #      joins locally), saying whether it is idle: no outgoing call pending and no incoming call
 #      being served;
-#   2. when the leader holds a join of the current round from every worker still alive (or its
-#      shutdown timeout expired), it sends `shutdownProceed` to each of them: `done` when all were
-#      idle, and then everyone closes; otherwise each worker waits until it is idle (or a short
-#      pause passes) and joins the next round.
-# A worker whose connection drops during the barrier is recorded as missing, not waited for.
+#   2. the leader answers with `shutdownProceed` to each of them.
+# Round 1 is the job's end: the leader waits, with no deadline, for a join from every worker,
+# then sends `shutdownProceed` with done = false; until then each worker keeps working as before.
+# Rounds 2, 3, ... drain: when the leader holds a join of the current round from every worker
+# still alive (or the shutdown timeout, counted from the end of round 1, expired), it sends
+# `shutdownProceed`: `done` when all were idle, and then everyone closes; otherwise each worker
+# waits until it is idle (or a short pause passes) and joins the next round.
+# A worker whose connection drops in round 1 fails the barrier: every worker that learns of it
+# (the leader, or any other, by its own failure detection) sends `shutdownProceed` with round 0 to
+# every other worker still connected, naming the workers it lost, and closes; a worker receiving
+# it does the same when it is in round 1 (at once) or when it later enters shutdown. In the drain,
+# a worker whose connection drops is recorded as missing, not waited for.
 
 struct ShutdownJoin {
   # Sent by a worker to the leader once per round, after it entered shutdown (round 1) or after
@@ -436,15 +446,17 @@ struct ShutdownJoin {
 }
 
 struct ShutdownProceed {
-  # Sent by the leader to every worker that joined, ending a round.
+  # Sent by the leader to every worker that joined, ending a round; or, with round 0, by any
+  # worker leaving a failed barrier, to every other worker still connected.
 
   round @0 :UInt32;
-  # The round it ends.
+  # The round it ends; 0: the sender leaves because the workers in `missing` are gone.
   done @1 :Bool;
   # True: everyone was idle (or the leader's timeout expired); close every connection after
-  # the calls still being answered have been answered. False: join round + 1.
+  # the calls still being answered have been answered. False: join round + 1. Always true in
+  # round 0, never in round 1.
   missing @2 :List(Text);
-  # The names of workers the leader did not hear from (dead or timed out), so each worker can
+  # The names of workers the sender did not hear from (dead or timed out), so each worker can
   # report them from shutdown().
 }
 

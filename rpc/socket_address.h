@@ -45,6 +45,27 @@ class SocketAddress {
   socklen_t length_ = 0;
 };
 
+// The address this machine's weft sockets (the agent's listener, every Gloo
+// process group's connections) bind and give their peers. `setting` is
+// WEFT_SOCKET_IFNAME's value (weftrun --socket-ifname, Options::socketIfname):
+//   - an interface name ("eth0", "ib0"): its first IPv4 address, else its
+//     first IPv6 address that is not link-local;
+//   - an IP address of this machine ("10.0.0.5", "fd00::5"): that address;
+//   - empty, the default: 127.0.0.1 when `masterHost` is a loopback address or
+//     a name that resolves to one (the whole job is on this machine), else the
+//     local address of this machine's route to masterHost: the address the
+//     kernel sends from towards it, found by connect() on a UDP socket and
+//     getsockname() (no packet is sent). The machine's host name is never
+//     used: it often resolves to a loopback address.
+// Returns a numeric address. Throws InvalidArgumentError naming the setting
+// and listing this machine's interfaces and addresses when the setting names
+// neither an interface with an address nor an address of this machine, and
+// naming masterHost when it does not resolve or no route leads to it.
+std::string localAddressFor(const std::string& setting, const std::string& masterHost);
+
+// True for numeric loopback addresses (127.0.0.0/8, ::1).
+bool isLoopbackAddress(const SocketAddress& address);
+
 // Makes the kernel notice a peer that vanished without closing (its machine
 // died, the network split): keepalive probes after 15 s idle, every 5 s, 3
 // unanswered probes end the connection; data unacknowledged for 30 s ends it

@@ -189,7 +189,7 @@ void RRefContext::check(const RRefCore& core) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!core.failure.ok()) throwStatus(core.failure);
   WEFT_ENFORCE(!core.released, StateError, "RRef ", idString(core.id), ": worker '", agent_.name(),
-               "' has shut down its agent");
+               "' released it when the job ended (every worker called Agent::shutdown())");
 }
 
 std::shared_ptr<OwnerRecord> RRefContext::recordFor(uint64_t id) {
@@ -238,8 +238,8 @@ std::shared_ptr<RRefCore> RRefContext::create(
   auto core = makeCore(id, fork, owner, typeName);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    WEFT_ENFORCE(!shuttingDown_ && !closed_, StateError, "Agent::remote: worker '", agent_.name(),
-                 "' is shutting down");
+    WEFT_ENFORCE(!shuttingDown_ && !closed_, StateError, "Agent::remote: the job has ended on worker '",
+                 agent_.name(), "' (every worker called Agent::shutdown())");
     if (local) {
       auto rec = std::make_shared<OwnerRecord>();
       rec->id = id;
@@ -285,7 +285,8 @@ std::shared_ptr<RRefCore> RRefContext::makeOwned(rpc::HeldValue value) {
   rec->created = true;
   rec->promise.setValue(std::move(value));
   std::lock_guard<std::mutex> lock(mutex_);
-  WEFT_ENFORCE(!shuttingDown_ && !closed_, StateError, "makeRRef: worker '", agent_.name(), "' is shutting down");
+  WEFT_ENFORCE(!shuttingDown_ && !closed_, StateError, "makeRRef: the job has ended on worker '", agent_.name(),
+               "' (every worker called Agent::shutdown())");
   rec->local.push_back(core.get());
   core->record = rec;
   core->confirmed = true;
@@ -309,7 +310,7 @@ void RRefContext::confirm(const std::shared_ptr<RRefCore>& core, const Status& e
       core->unusable = true;
     } else {
       core->confirmed = true;
-      // A handle confirmed after shutdown began is deleted now; nothing will use it.
+      // A handle confirmed after the job ended is deleted now; nothing will use it.
       if (shuttingDown_ && !core->released && core->failure.ok()) {
         core->released = true;
         core->unusable = true;
@@ -652,7 +653,7 @@ void RRefContext::adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& inbo
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (shuttingDown_) {
-      // Nothing may use a handle once shutdown began: give it back at once (an unconfirmed one
+      // Nothing may use a handle once the job has ended: give it back at once (an unconfirmed one
       // is given back when the owner confirms it, below).
       core->released = true;
       core->unusable = true;

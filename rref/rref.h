@@ -37,12 +37,14 @@
 //
 // Failures. When the owner's process dies or its connection is lost, every handle of its
 // references fails: calls, toHere() and remote() on it throw DisconnectedError naming the owner,
-// and calls already pending fail the same way (promptly: they do not wait for a timeout). After
-// shutdown() began, a handle may not be used (StateError).
+// and calls already pending fail the same way (promptly: they do not wait for a timeout). Once
+// the job has ended (every worker called shutdown()), a handle may not be used (StateError).
 //
-// Shutdown. Graceful Agent::shutdown() deletes every handle this worker holds and waits until
-// every fork and delete of the job is settled; debugCounts(agent) is then all zero on every
-// worker (tests assert it).
+// Shutdown. While a worker waits in its graceful Agent::shutdown() for the rest of the job, its
+// references work as before: it owns, builds and serves values, and takes and hands out handles
+// (a worker that only hosts objects calls shutdown() at once). Once every worker has joined, each
+// deletes every handle it holds, and the barrier waits until every fork and delete of the job is
+// settled; debugCounts(agent) is then all zero on every worker (tests assert it).
 //
 // Thread-safety: a handle and its copies may be used from any number of threads at once. Methods
 // of one remote object may run concurrently on the owner (rref/remote_class.h).

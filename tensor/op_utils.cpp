@@ -25,6 +25,10 @@ void requireFloating(const char* op, const Tensor& t) {
                dtypeName(t.dtype()));
 }
 
+void requireNumeric(const char* op, const Tensor& t) {
+  if (!isFloating(t.dtype()) && !isIntegral(t.dtype())) throwUnsupportedDType(op, t.dtype());
+}
+
 void requireDType(const char* op, const Tensor& t, DType dt, const char* what) {
   checkDefined(op, t, what);
   WEFT_ENFORCE(t.dtype() == dt, InvalidArgumentError, op, ": ", what, " must be ", dtypeName(dt), ", got ",

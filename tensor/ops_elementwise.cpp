@@ -1,8 +1,10 @@
 // Elementwise ops and their backward rules (one rule per op, next to it).
 #include "tensor/ops_elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cpu/elementwise.h"
 #include "tensor/autograd.h"
@@ -32,6 +34,7 @@ namespace {
 Tensor binaryForward(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   detail::checkSameKind(name, a, b);
   detail::requireCpu(name, a);
+  detail::requireNumeric(name, a);
   Shape shape = broadcastShapes(a.shape(), b.shape(), name);
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
   if (out.numel() == 0) return out;
@@ -40,9 +43,50 @@ Tensor binaryForward(BinaryOp op, const char* name, const Tensor& a, const Tenso
   return out;
 }
 
+// The user-facing name of a unary op, for dtype errors.
+const char* forwardName(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg: return "neg";
+    case UnaryOp::Exp: return "exp";
+    case UnaryOp::Log: return "log";
+    case UnaryOp::Sqrt: return "sqrt";
+    case UnaryOp::Abs: return "abs";
+    case UnaryOp::Sign: return "sign";
+    case UnaryOp::Relu: return "relu";
+    case UnaryOp::Tanh: return "tanh";
+    case UnaryOp::Sigmoid: return "sigmoid";
+    case UnaryOp::Gelu: return "gelu";
+    case UnaryOp::PowScalar: return "pow";
+    case UnaryOp::Clamp: return "clamp";
+    case UnaryOp::AddScalar: return "add";
+    case UnaryOp::MulScalar: return "mul";
+    case UnaryOp::Square: return "square";
+    case UnaryOp::Reciprocal: return "reciprocal";
+  }
+  return "unary op";
+}
+
+// Ops whose results are not integers: floating dtypes only (see common/dtype.h).
+bool needsFloating(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Exp:
+    case UnaryOp::Log:
+    case UnaryOp::Sqrt:
+    case UnaryOp::Tanh:
+    case UnaryOp::Sigmoid:
+    case UnaryOp::Gelu:
+    case UnaryOp::PowScalar:
+    case UnaryOp::Reciprocal: return true;
+    default: return false;
+  }
+}
+
 Tensor unaryForward(UnaryOp op, const char* name, const Tensor& a, double p0 = 0, double p1 = 0) {
   detail::checkDefined(name, a, "input");
   detail::requireCpu(name, a);
+  if (needsFloating(op) ? !isFloating(a.dtype()) : a.dtype() == DType::Bool) {
+    throwUnsupportedDType(forwardName(op), a.dtype());
+  }
   Tensor x = a.contiguous();
   Tensor out = empty(a.shape(), {.dtype = a.dtype(), .device = a.device()});
   kernels::cpu::unary(op, a.dtype(), x.rawData(), out.rawData(), out.numel(), p0, p1);
@@ -197,10 +241,16 @@ Tensor pow(const Tensor& a, const Tensor& e) {
 
 Tensor clamp(const Tensor& a, double min, double max) {
   WEFT_ENFORCE(!(min > max), InvalidArgumentError, "clamp: min ", min, " is greater than max ", max);
-  if (a.defined() && a.dtype() == DType::Int64) {
-    // Infinite bounds do not convert to integers: saturate them.
-    min = std::max(min, static_cast<double>(std::numeric_limits<int64_t>::lowest()));
-    max = std::min(max, static_cast<double>(std::numeric_limits<int64_t>::max()));
+  if (a.defined() && isIntegral(a.dtype())) {
+    // Infinite or out-of-range bounds do not convert to the integer type: saturate them (int64's
+    // largest value rounds up to 2^63 as a double, which int64 cannot hold: stop one double below).
+    WEFT_DISPATCH_NUMERIC(a.dtype(), "clamp", [&]<class T>() {
+      const double lo = static_cast<double>(std::numeric_limits<T>::lowest());
+      const double hi =
+          std::is_same_v<T, int64_t> ? 9223372036854774784.0 : static_cast<double>(std::numeric_limits<T>::max());
+      min = std::clamp(min, lo, hi);
+      max = std::clamp(max, lo, hi);
+    });
   }
   return unaryOp(UnaryOp::Clamp, "ClampBackward", a, true, false, min, max);
 }
@@ -211,10 +261,10 @@ Tensor compareOp(kernels::cpu::CompareOp op, const char* name, const Tensor& a, 
   detail::checkSameKind(name, a, b);
   detail::requireCpu(name, a);
   Shape shape = broadcastShapes(a.shape(), b.shape(), name);
-  Tensor out = empty(shape, {.dtype = DType::Int64});
+  Tensor out = empty(shape, {.dtype = DType::Bool});
   if (out.numel() == 0) return out;
   kernels::cpu::compare(op, a.dtype(), a.rawData(), detail::broadcastStrides(a, shape), b.rawData(),
-                        detail::broadcastStrides(b, shape), out.data<int64_t>(), shape);
+                        detail::broadcastStrides(b, shape), out.data<bool>(), shape);
   return out;
 }
 

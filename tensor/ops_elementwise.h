@@ -1,6 +1,11 @@
 // Elementwise ops. Binary ops broadcast like NumPy/PyTorch (sizes aligned from
 // the right; a size of 1 stretches) and require equal dtypes and devices.
 // Gradients of broadcast inputs are summed back to the input's shape.
+// Arithmetic takes the numeric dtypes (float32, float64, int64, int32, uint8;
+// integer results wrap, integer division truncates); exp, log, sqrt, tanh,
+// sigmoid, gelu, pow by a scalar and 1 / x take floating dtypes only; bool
+// takes only the comparisons. Other dtypes are an InvalidArgumentError naming
+// the op and the dtype (see common/dtype.h).
 #pragma once
 
 #include "tensor/tensor.h"
@@ -35,7 +40,7 @@ Tensor tanh(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
 Tensor gelu(const Tensor& a);  // exact erf form
 
-// Comparisons: not differentiable; Int64 tensors of 0/1.
+// Comparisons: not differentiable; bool masks (any dtype but float16/bfloat16).
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor gt(const Tensor& a, const Tensor& b);
 Tensor lt(const Tensor& a, const Tensor& b);

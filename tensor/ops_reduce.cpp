@@ -74,6 +74,10 @@ Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepDim) {
   detail::checkDefined("sum", a, "input");
   detail::requireCpu("sum", a);
   dims = normalizeDims(a, std::move(dims), "sum");
+  if (a.dtype() == DType::Int32 || a.dtype() == DType::UInt8 || a.dtype() == DType::Bool) {
+    // Summed in int64, as PyTorch does (a count of mask entries, no uint8 wrap-around).
+    return sumForward(a.to(DType::Int64), dims, keepDim);
+  }
   Tensor out = sumForward(a, dims, keepDim);
   if (anyRequiresGrad({&a})) {
     Shape inShape = a.shape(), kept = reducedShape(a, dims, true);
@@ -146,6 +150,9 @@ Shape reducedAlong(const Shape& shape, int64_t dim, bool keepDim) {
   return out;
 }
 
+// The dtype the extremum kernels read: bool as the uint8 of its 0/1 bytes.
+DType kernelType(DType t) { return t == DType::Bool ? DType::UInt8 : t; }
+
 Tensor extremumAll(const Tensor& a, bool isMax) {
   const char* op = isMax ? "max" : "min";
   detail::checkDefined(op, a, "input");
@@ -154,7 +161,7 @@ Tensor extremumAll(const Tensor& a, bool isMax) {
                " (there is no identity for ", op, ")");
   Tensor x = a.contiguous();
   Tensor out = empty({}, {.dtype = a.dtype()});
-  kernels::cpu::extremumForward(a.dtype(), x.rawData(), 1, x.numel(), 1, isMax, out.rawData(), nullptr);
+  kernels::cpu::extremumForward(kernelType(a.dtype()), x.rawData(), 1, x.numel(), 1, isMax, out.rawData(), nullptr);
   if (anyRequiresGrad({&a})) {
     const char* name = isMax ? "MaxBackward" : "MinBackward";
     SavedTensor input(a), result(out);
@@ -182,7 +189,7 @@ std::pair<Tensor, Tensor> extremumAlong(const Tensor& a, int64_t dim, bool keepD
   Tensor indices = empty(outShape, {.dtype = DType::Int64});
   if (a.numel() > 0) {
     Tensor x = a.contiguous();
-    kernels::cpu::extremumForward(a.dtype(), x.rawData(), v.outer, v.size, v.inner, isMax,
+    kernels::cpu::extremumForward(kernelType(a.dtype()), x.rawData(), v.outer, v.size, v.inner, isMax,
                                   wantValues ? values.rawData() : nullptr, indices.data<int64_t>());
   }
   if (wantValues && anyRequiresGrad({&a})) {

@@ -1,5 +1,8 @@
 // Reductions and softmax. `dims` may be negative; an empty dims list reduces
 // over every dimension. keepDim keeps reduced dimensions with size 1.
+// sum takes every CPU dtype of common/dtype.h: int32, uint8 and bool sum to
+// int64 (as in PyTorch; eq(a, b).sum() counts matches); max/min/argmax/argmin
+// take them all and keep the dtype; mean and softmax need a floating dtype.
 #pragma once
 
 #include <utility>

@@ -1,6 +1,8 @@
 // Readable printing in PyTorch's layout:
 //   tensor([[ 1.0000, -2.5000],
 //           [ 0.0000,  3.0000]], dtype=float64, grad_fn=<MulBackward>)
+//   tensor([ True, False])                   (bool, as PyTorch prints it)
+//   tensor([1, 2], dtype=int32)
 // Tensors over 1000 elements show the first and last 3 entries per dimension.
 #include <cmath>
 #include <cstdio>
@@ -16,13 +18,15 @@ constexpr int64_t kSummarizeAbove = 1000;
 constexpr int64_t kEdgeItems = 3;
 
 struct Formatter {
+  bool boolean = false;
   bool integral = false;
   bool scientific = false;
   int width = 1;
 
   std::string format(double v) const {
     char buf[64];
-    if (integral) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+    if (boolean) std::snprintf(buf, sizeof buf, "%s", v != 0 ? "True" : "False");
+    else if (integral) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
     else if (std::isnan(v)) std::snprintf(buf, sizeof buf, "nan");
     else if (std::isinf(v)) std::snprintf(buf, sizeof buf, v > 0 ? "inf" : "-inf");
     else if (scientific) std::snprintf(buf, sizeof buf, "%.4e", v);
@@ -64,14 +68,15 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "tensor(undefined)";
   std::vector<double> v = t.toVector<double>();
   Formatter f;
-  f.integral = t.dtype() == DType::Int64;
+  f.boolean = t.dtype() == DType::Bool;
+  f.integral = isIntegral(t.dtype());
   double maxAbs = 0, minAbs = INFINITY;
   for (double x : v) {
     if (!std::isfinite(x)) continue;
     maxAbs = std::max(maxAbs, std::abs(x));
     if (x != 0) minAbs = std::min(minAbs, std::abs(x));
   }
-  f.scientific = !f.integral && (maxAbs >= 1e8 || (minAbs < 1e-4 && minAbs != INFINITY));
+  f.scientific = !f.integral && !f.boolean && (maxAbs >= 1e8 || (minAbs < 1e-4 && minAbs != INFINITY));
   for (double x : v) f.width = std::max(f.width, static_cast<int>(f.format(x).size()));
   os << "tensor(";
   if (t.dim() == 0) {
@@ -81,7 +86,9 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   } else {
     printDim(os, v, t.shape(), contiguousStrides(t.shape()), 0, 0, t.numel() > kSummarizeAbove, f, 7);
   }
-  if (t.dtype() != DType::Float32 && t.dtype() != DType::Int64) os << ", dtype=" << dtypeName(t.dtype());
+  if (t.dtype() != DType::Float32 && t.dtype() != DType::Int64 && t.dtype() != DType::Bool) {
+    os << ", dtype=" << dtypeName(t.dtype());
+  }
   if (!t.device().isCpu()) os << ", device='" << t.device().str() << "'";
   if (t.gradFn()) os << ", grad_fn=<" << t.gradFn()->name() << '>';
   else if (t.requiresGrad()) os << ", requires_grad=True";

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/elementwise.h"
@@ -103,27 +105,14 @@ void* Tensor::rawData() const {
   return static_cast<char*>(im.storage->data()) + im.offset * static_cast<int64_t>(elementSize(im.dtype));
 }
 
-template <class T>
-T Tensor::item() const {
-  WEFT_ENFORCE(numel() == 1, InvalidArgumentError, "item: expected a one-element tensor, got shape ", shape());
-  return toVector<T>()[0];
+void Tensor::copyTo(DType as, void* out) const {
+  if (device().isCuda()) {
+    to(Device::cpu()).copyTo(as, out);
+    return;
+  }
+  if (numel() == 0) return;
+  kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), as, out);
 }
-
-template <class T>
-std::vector<T> Tensor::toVector() const {
-  if (device().isCuda()) return to(Device::cpu()).toVector<T>();
-  std::vector<T> out(static_cast<size_t>(numel()));
-  if (out.empty()) return out;
-  kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), kDTypeOf<T>, out.data());
-  return out;
-}
-
-template float Tensor::item<float>() const;
-template double Tensor::item<double>() const;
-template int64_t Tensor::item<int64_t>() const;
-template std::vector<float> Tensor::toVector<float>() const;
-template std::vector<double> Tensor::toVector<double>() const;
-template std::vector<int64_t> Tensor::toVector<int64_t>() const;
 
 // ---- autograd -----------------------------------------------------------------
 
@@ -363,9 +352,14 @@ Tensor arange(double start, double end, double step, TensorOptions o) {
   double span = (end - start) / step;
   int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
   return hostFilled({n}, o, [start, step](Tensor& t) {
-    WEFT_DISPATCH_ALL(t.dtype(), "arange", [&]<class T>() {
+    WEFT_DISPATCH_NUMERIC(t.dtype(), "arange", [&]<class T>() {
       T* p = t.data<T>();
-      for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(start + step * static_cast<double>(i));
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const double v = start + step * static_cast<double>(i);
+        // Integers wrap like a cast from int64 (arange(250, 260) in uint8 is 250..255, 0..3).
+        if constexpr (std::is_integral_v<T>) p[i] = static_cast<T>(static_cast<int64_t>(v));
+        else p[i] = static_cast<T>(v);
+      }
     });
   });
 }
@@ -408,22 +402,24 @@ Tensor randn(Shape shape, TensorOptions o, Generator* gen) {
 
 Tensor randint(int64_t low, int64_t high, Shape shape, TensorOptions o, Generator* gen) {
   WEFT_ENFORCE(low < high, InvalidArgumentError, "randint: low ", low, " must be below high ", high);
+  WEFT_DISPATCH_ALL(o.dtype, "randint", [&]<class T>() {
+    if constexpr (std::is_integral_v<T>) {
+      WEFT_ENFORCE(low >= static_cast<int64_t>(std::numeric_limits<T>::lowest()) &&
+                       high - 1 <= static_cast<int64_t>(std::numeric_limits<T>::max()),
+                   InvalidArgumentError, "randint: [", low, ", ", high, ") does not fit dtype ", dtypeName(o.dtype));
+    }
+  });
   uint64_t range = static_cast<uint64_t>(high - low);
   return randomFilled(std::move(shape), o, gen,
                       [low, range](Generator& g) { return static_cast<double>(low + static_cast<int64_t>(g.nextBelow(range))); });
 }
 
-template <class T>
-Tensor fromVector(const std::vector<T>& values, Shape shape) {
-  WEFT_ENFORCE(shapeNumel(shape) == static_cast<int64_t>(values.size()), InvalidArgumentError, "fromVector: ",
-               values.size(), " values for shape ", shape);
-  Tensor t = empty(std::move(shape), {.dtype = kDTypeOf<T>});
-  if (!values.empty()) std::memcpy(t.rawData(), values.data(), values.size() * sizeof(T));
+Tensor detail::tensorFromHost(DType dtype, const void* data, size_t count, Shape shape) {
+  WEFT_ENFORCE(shapeNumel(shape) == static_cast<int64_t>(count), InvalidArgumentError, "fromVector: ", count,
+               " values for shape ", shape);
+  Tensor t = empty(std::move(shape), {.dtype = dtype});
+  if (count != 0) std::memcpy(t.rawData(), data, count * elementSize(dtype));
   return t;
 }
-
-template Tensor fromVector<float>(const std::vector<float>&, Shape);
-template Tensor fromVector<double>(const std::vector<double>&, Shape);
-template Tensor fromVector<int64_t>(const std::vector<int64_t>&, Shape);
 
 }  // namespace weft

@@ -25,6 +25,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/dtype.h"
@@ -71,12 +72,36 @@ class Tensor {
                  ">() on a tensor of dtype ", dtypeName(dtype()));
     return static_cast<T*>(rawData());
   }
-  // The single element of a one-element tensor, converted to T.
+  // The single element of a one-element tensor, converted to T (one of the
+  // element types of common/dtype.h; another type does not compile).
   template <class T>
-  T item() const;
-  // All elements in row-major order, converted to T.
+  T item() const {
+    static_assert(kIsElementType<T>,
+                  "item<T>: T must be float, double, int64_t, int32_t, uint8_t or bool (see weft::DTypeOf)");
+    WEFT_ENFORCE(numel() == 1, InvalidArgumentError, "item: expected a one-element tensor, got shape ", shape());
+    return toVector<T>()[0];
+  }
+  // All elements in row-major order, converted to T (conversions as in
+  // common/dtype.h; T as for item).
   template <class T>
-  std::vector<T> toVector() const;
+  std::vector<T> toVector() const {
+    static_assert(kIsElementType<T>,
+                  "toVector<T>: T must be float, double, int64_t, int32_t, uint8_t or bool (see weft::DTypeOf)");
+    if constexpr (std::is_same_v<T, bool>) {
+      std::vector<uint8_t> bytes(static_cast<size_t>(numel()));
+      copyTo(DType::Bool, bytes.data());
+      return std::vector<bool>(bytes.begin(), bytes.end());
+    } else if constexpr (kIsElementType<T>) {
+      std::vector<T> out(static_cast<size_t>(numel()));
+      copyTo(kDTypeOf<T>, out.data());
+      return out;
+    } else {
+      return {};
+    }
+  }
+  // Writes all elements in row-major order, converted to `as`, to `out`
+  // (room for numel() elements of `as`).
+  void copyTo(DType as, void* out) const;
 
   // ---- autograd -------------------------------------------------------
   bool requiresGrad() const;
@@ -198,9 +223,29 @@ Tensor randn(Shape shape, TensorOptions o = {}, Generator* gen = nullptr);  // N
 Tensor randint(int64_t low, int64_t high, Shape shape, TensorOptions o = {.dtype = DType::Int64},
                Generator* gen = nullptr);  // [low, high)
 Tensor uniform(Shape shape, double low, double high, TensorOptions o = {}, Generator* gen = nullptr);
-// Copies host values into a new CPU tensor of the given shape (numel must match).
+namespace detail {
+// A new CPU tensor of `dtype` holding `count` contiguous elements copied from
+// `data`; shapeNumel(shape) must be count (InvalidArgumentError otherwise).
+Tensor tensorFromHost(DType dtype, const void* data, size_t count, Shape shape);
+}  // namespace detail
+
+// Copies host values into a new CPU tensor of the given shape (numel must
+// match) whose dtype is T's: float, double, int64_t, int32_t, uint8_t or bool.
+// Another element type is a compile-time error.
 template <class T>
-Tensor fromVector(const std::vector<T>& values, Shape shape);
+Tensor fromVector(const std::vector<T>& values, Shape shape) {
+  static_assert(kIsElementType<T>,
+                "fromVector: the element type must be float, double, int64_t, int32_t, uint8_t or bool "
+                "(see weft::DTypeOf); convert the values first");
+  if constexpr (std::is_same_v<T, bool>) {
+    const std::vector<uint8_t> bytes(values.begin(), values.end());  // std::vector<bool> packs bits
+    return detail::tensorFromHost(DType::Bool, bytes.data(), bytes.size(), std::move(shape));
+  } else if constexpr (kIsElementType<T>) {
+    return detail::tensorFromHost(kDTypeOf<T>, values.data(), values.size(), std::move(shape));
+  } else {
+    return Tensor();
+  }
+}
 template <class T>
 Tensor fromVector(const std::vector<T>& values) {
   return fromVector(values, Shape{static_cast<int64_t>(values.size())});

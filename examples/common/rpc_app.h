@@ -1,6 +1,7 @@
 // What the RPC example programs (parameter_server, ddp_rpc, rnn, rl) share: waiting for a message
-// while watching the peers it depends on, and the check after the graceful shutdown that nothing
-// of the job is left in the process.
+// while watching the peers it depends on (a trainer waiting for its model or for the other
+// trainers; a worker that only hosts objects needs no such wait: it calls agent.shutdown() at
+// once), and the check after the graceful shutdown that nothing of the job is left in the process.
 //
 //   auto ps = app::awaitPeers(agent, promise.getFuture(), {0, 1}, "waiting for the model");
 //   ...

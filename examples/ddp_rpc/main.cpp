@@ -180,7 +180,6 @@ uint64_t fnv1a(const Tensor& t) {
 
 // The job's own messages, bound before the agent starts.
 inline const Function<TrainerReport(RemoteTable, Tensor)> runTrainer{"ddp_rpc.runTrainer"};
-inline const Function<void()> finished{"ddp_rpc.finished"};
 
 // What the master hands a trainer: the table and its initial value.
 struct Start {
@@ -192,7 +191,6 @@ struct Start {
 struct Signals {
   Promise<Start> start;            // trainers: the master's call arrived
   Promise<TrainerReport> report;   // trainers: the answer to that call, set when training is over
-  Promise<void> finished;          // ps: the master is done with the table
 };
 
 void bind(rpc::Agent& agent, Signals& signals) {
@@ -202,9 +200,6 @@ void bind(rpc::Agent& agent, Signals& signals) {
                    "the training was started twice");
       return signals.report.getFuture();
     });
-  }
-  if (agent.rank() == kPs) {
-    agent.registry().impl(finished, [&signals]() { signals.finished.trySetValue(); });
   }
 }
 
@@ -382,7 +377,6 @@ int runMaster(rpc::Agent& agent, const Flags& flags) {
         reports[0].targetEntropy, std::log(static_cast<double>(kClasses)), reports[0].iterations,
         (reports[0].secondsPerIteration + reports[1].secondsPerIteration) / 2, wall,
         identical ? "bit-identical" : "DIFFERENT", changedRows, kNumEmbeddings, maxChange);
-    agent.sync(kPs, finished);
     if (!identical) throw Error("the trainers' Linear replicas differ");
     if (changedRows == 0) throw Error("the embedding table on ps did not change");
   }
@@ -390,9 +384,9 @@ int runMaster(rpc::Agent& agent, const Flags& flags) {
   return 0;
 }
 
-int runPs(rpc::Agent& agent, Signals& signals) {
+// ps only hosts the table: its shutdown serves the others until the whole job ends.
+int runPs(rpc::Agent& agent) {
   say("ps: serving the embedding table\n");
-  app::awaitPeers(agent, signals.finished.getFuture(), othersThan(kPs), "serving the table");
   checkShutdown(agent, agent.shutdown());
   return 0;
 }
@@ -417,7 +411,7 @@ int main(int argc, char** argv) {
     agent.start();
     if (options.rank < kMaster) return runTrainerRank(agent, flags, signals);
     if (options.rank == kMaster) return runMaster(agent, flags);
-    return runPs(agent, signals);
+    return runPs(agent);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
     return 1;

@@ -191,7 +191,19 @@ class Job {
     if (rank_ == 0) {
       std::vector<std::string> left;
       for (int r = 1; r < world_; ++r) left.push_back("fashion_mnist/left/" + std::to_string(r));
-      if (!left.empty()) store_->wait(left, timeout_);
+      if (!left.empty()) {
+        try {
+          store_->wait(left, timeout_);
+        } catch (const TimeoutError&) {
+          // Name the ranks that never said they were leaving (dead, or stalled past the timeout).
+          std::string missing;
+          for (int r = 1; r < world_; ++r) {
+            if (!store_->check({left[static_cast<size_t>(r - 1)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          }
+          throw TimeoutError("the job's end: ranks [" + missing + "] did not say they were leaving within " +
+                             std::to_string(timeout_.count()) + " ms (dead or stalled)");
+        }
+      }
     } else {
       store_->set("fashion_mnist/left/" + std::to_string(rank_), "1");
     }

@@ -141,12 +141,10 @@ int64_t batchSeed(uint64_t seed, int rank, int64_t iteration) {
 // The job's own messages, bound on every rank before it starts.
 inline const Function<void(RRef<ParameterServer>)> handOver{"parameter_server.handOver"};
 inline const Function<void(int64_t)> trainerDone{"parameter_server.trainerDone"};
-inline const Function<void(double)> finished{"parameter_server.finished"};
 
 // What the other ranks tell this one.
 struct Signals {
   Promise<RRef<ParameterServer>> server;  // trainers 2..: trainer_1's handle to the model
-  Promise<double> finished;               // everyone but trainer_1: the test accuracy, training is over
   Promise<void> trainersDone;             // trainer_1: every other trainer finished
   std::mutex mutex;
   int64_t doneCount = 0;
@@ -161,7 +159,6 @@ void bind(rpc::Agent& agent, Signals& signals) {
     std::lock_guard<std::mutex> guard(signals.mutex);
     if (++signals.doneCount == trainers - 1) signals.trainersDone.setValue();
   });
-  agent.registry().impl(finished, [&signals](double accuracy) { signals.finished.trySetValue(accuracy); });
   if (trainers == 1) signals.trainersDone.setValue();
 }
 
@@ -183,9 +180,9 @@ void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report) {
                       app::layerCounts("optimizer", dist_optim::debugCounts(agent))});
 }
 
-int runServer(rpc::Agent& agent, Signals& signals) {
+// The server only hosts the model: its shutdown serves the trainers until the whole job ends.
+int runServer(rpc::Agent& agent) {
   say("%s: serving %d trainer(s)\n", agent.name().c_str(), agent.worldSize() - 1);
-  app::awaitPeers(agent, signals.finished.getFuture(), ranksBut(agent, {0}), "serving the trainers");
   checkShutdown(agent, agent.shutdown());
   return 0;
 }
@@ -300,10 +297,8 @@ int runTrainer(rpc::Agent& agent, const Flags& flags, Signals& signals) {
       say("final test accuracy: %.4f (trainers %d, update %s, %" PRId64 " batches per trainer, %" PRId64
           " forwards on the server, %.4f s/batch on trainer_1, evaluation %.1f s)\n",
           accuracy, trainers, updateModeName(flags.update), iteration, forwards, perBatch, evalSeconds);
-      for (int r : ranksBut(agent, {1})) agent.sync(r, finished, accuracy);
     } else {
       agent.sync(1, trainerDone, static_cast<int64_t>(rank));
-      app::awaitPeers(agent, signals.finished.getFuture(), {0, 1}, "waiting for trainer_1's evaluation");
     }
   }
   checkShutdown(agent, agent.shutdown());
@@ -331,7 +326,7 @@ int main(int argc, char** argv) {
     Signals signals;
     bind(agent, signals);
     agent.start();
-    return options.rank == 0 ? runServer(agent, signals) : runTrainer(agent, flags, signals);
+    return options.rank == 0 ? runServer(agent) : runTrainer(agent, flags, signals);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
     return 1;

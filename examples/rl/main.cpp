@@ -11,8 +11,9 @@
 // remote(...) too. Each episode it asks every observer to run an episode (async calls, waited
 // together), the observers call back for every action and reward (reinforce.h), and the agent
 // takes one REINFORCE step. It stops when the running reward exceeds 475 (CartPole-v1 solved) or
-// after --max-episodes, prints "solved at episode N ..." or "not solved ...", and tells the
-// observers to stop; every rank then shuts down and checks that nothing is left.
+// after --max-episodes, prints "solved at episode N ..." or "not solved ..." and shuts down. The
+// observers only host their environments: they call shutdown() at once and serve the agent from
+// there until the job ends. Every rank checks that nothing is left after its shutdown.
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -85,16 +86,13 @@ Flags parseFlags(int argc, char** argv) {
   return f;
 }
 
-// The agent tells the observers that training is over.
-inline const Function<void(int64_t)> finished{"rl.finished"};
-
 // After the graceful shutdown: nothing of the job may be left in this process.
 void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report) {
   app::checkShutdown(agent, report, {app::layerCounts("RRefs", rref::debugCounts(agent))});
 }
 
-int runObserver(rpc::Agent& agent, Promise<int64_t>& done) {
-  app::awaitPeers(agent, done.getFuture(), {0}, "waiting for the agent's episodes");
+// An observer only hosts its environment: its shutdown serves the agent until the whole job ends.
+int runObserver(rpc::Agent& agent) {
   checkShutdown(agent, agent.shutdown());
   return 0;
 }
@@ -134,8 +132,8 @@ int runAgent(rpc::Agent& agent, const Flags& flags, std::ofstream& csv) {
       auto t0 = Clock::now();
       std::vector<Future<int64_t>> runs;
       for (const RRef<Observer>& ob : obs) runs.push_back(ob.rpcAsync(&Observer::runEpisode, self, CartPole::kMaxSteps));
-      std::vector<int64_t> steps =
-          app::awaitPeers(agent, whenAll(runs), observerRanks, "waiting for episode " + std::to_string(episodes));
+      // A lost observer fails its episode's call at once (DisconnectedError naming it).
+      std::vector<int64_t> steps = whenAll(runs).get();
       EpisodeSummary s = learner->finishEpisode(observerIds, steps);
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       running = 0.05 * s.minReward + 0.95 * running;
@@ -164,7 +162,6 @@ int runAgent(rpc::Agent& agent, const Flags& flags, std::ofstream& csv) {
         " environment steps, %.3f ms per step, %.1f s); metrics in %s\n",
         solved ? "solved" : "not solved", episodes, running, observers, flags.seed, totalSteps, msPerStep,
         totalSeconds, flags.metrics.c_str());
-    for (int r : observerRanks) agent.sync(r, finished, episodes);
   }
   checkShutdown(agent, agent.shutdown());
   return 0;
@@ -189,10 +186,8 @@ int main(int argc, char** argv) {
       if (!csv) throw Error("cannot write the metrics file '" + flags.metrics + "'");
     }
     rpc::Agent agent(options);
-    Promise<int64_t> done;
-    agent.registry().impl(finished, [&done](int64_t episodes) { done.trySetValue(episodes); });
     agent.start();
-    return options.rank == 0 ? runAgent(agent, flags, csv) : runObserver(agent, done);
+    return options.rank == 0 ? runAgent(agent, flags, csv) : runObserver(agent);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
     return 1;

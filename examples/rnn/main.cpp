@@ -167,19 +167,13 @@ int64_t dropoutSeed(uint64_t seed, int64_t iteration, uint64_t site) {
 
 // The job's own messages, bound on both ranks before it starts.
 inline const Function<Tensor(RRef<Tensor>, int64_t)> gradientOf{"rnn.gradientOf"};
-inline const Function<void(double)> finished{"rnn.finished"};
 
-struct Signals {
-  Promise<double> finished;  // ps: the trainer is done (its last loss)
-};
-
-void bind(rpc::Agent& agent, Signals& signals) {
+void bind(rpc::Agent& agent) {
   // The gradient a parameter owned here holds in distributed autograd context `contextId`
   // (undefined when it has none): what the gradient check compares.
   agent.registry().impl(gradientOf, [&agent](RRef<Tensor> param, int64_t contextId) {
     return dist_autograd::gradients(agent, contextId).get(*param.localValue());
   });
-  agent.registry().impl(finished, [&signals](double loss) { signals.finished.trySetValue(loss); });
 }
 
 // After the graceful shutdown: nothing of the job may be left in this process.
@@ -190,9 +184,9 @@ void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report) {
                       app::layerCounts("optimizer", dist_optim::debugCounts(agent))});
 }
 
-int runServer(rpc::Agent& agent, Signals& signals) {
+// ps only hosts the trainer's objects: its shutdown serves the trainer until the whole job ends.
+int runServer(rpc::Agent& agent) {
   say("%s: holding the embedding table and the decoder for the trainer\n", agent.name().c_str());
-  app::awaitPeers(agent, signals.finished.getFuture(), {1}, "serving the trainer");
   checkShutdown(agent, agent.shutdown());
   return 0;
 }
@@ -209,7 +203,6 @@ double relativeDifference(const Tensor& a, const Tensor& b) {
 int runTrainer(rpc::Agent& agent, const Flags& flags) {
   const DType dtype = examples::rnn::parseDType(flags.dtype);
   const auto seed = static_cast<int64_t>(flags.seed);
-  double lastLoss = 0;
   {
     // The model: the two remote halves on ps, the LSTM here.
     RRef<EmbeddingTable> emb = agent.remote<EmbeddingTable>("ps", flags.ntoken, flags.ninp, flags.dropout, seed,
@@ -346,7 +339,6 @@ int runTrainer(rpc::Agent& agent, const Flags& flags) {
       }
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       trainSeconds += seconds;
-      lastLoss = lossValue;
       csv << it << ',' << lossValue << ',' << seconds;
       if (flags.checkGradients) csv << ',' << diff;
       csv << '\n';
@@ -380,7 +372,6 @@ int runTrainer(rpc::Agent& agent, const Flags& flags) {
           maxDiff, params.size(), flags.iterations, flags.dtype.c_str());
     }
   }
-  agent.sync(0, finished, lastLoss);
   checkShutdown(agent, agent.shutdown());
   return 0;
 }
@@ -398,10 +389,9 @@ int main(int argc, char** argv) {
     options.name = options.rank == 0 ? "ps" : "trainer";
     options.validate();
     rpc::Agent agent(options);
-    Signals signals;
-    bind(agent, signals);
+    bind(agent);
     agent.start();
-    return options.rank == 0 ? runServer(agent, signals) : runTrainer(agent, flags);
+    return options.rank == 0 ? runServer(agent) : runTrainer(agent, flags);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
     return 1;

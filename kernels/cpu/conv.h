@@ -14,9 +14,10 @@
 // image or chunk of images at a time, so a thread the OS has descheduled
 // delays only its own share); each image's unfolding and GEMM run on its
 // thread, so its cols stay in that core's cache. The weight gradient is summed
-// per chunk of images, a fixed number of chunks added in order: results are
-// the same bits for any thread count. A batch of one image runs on the
-// calling thread, with the GEMM split across threads.
+// per chunk of images, a fixed number of chunks added in order, and a GEMM's
+// blocks are fixed by its shape (kernels/cpu/gemm.h): results are the same
+// bits for any thread count. A batch of one image runs on the calling thread,
+// with its GEMMs' blocks spread over the threads.
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,35 @@
 #include "kernels/cpu/copy.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
+#include "common/error.h"
 #include "kernels/cpu/loops.h"
 
 namespace weft::kernels::cpu {
 namespace {
+
+// One element converted as common/dtype.h describes: to bool is x != 0;
+// floating to integer truncates, saturates and maps NaN to 0; integer to
+// integer wraps.
+template <class D, class S>
+D convertElement(S v) {
+  if constexpr (std::is_same_v<D, bool>) {
+    return v != S(0);
+  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
+    if (std::isnan(v)) return D(0);
+    // The largest integer values are not exact in S: compare against 2^k as S.
+    constexpr S lo = static_cast<S>(std::numeric_limits<D>::lowest());
+    constexpr S hiExclusive = static_cast<S>(std::numeric_limits<D>::max() / 2 + 1) * S(2);
+    if (v <= lo) return std::numeric_limits<D>::lowest();
+    if (v >= hiExclusive) return std::numeric_limits<D>::max();
+    return static_cast<D>(v);
+  } else {
+    return static_cast<D>(v);
+  }
+}
 
 template <class S, class D>
 void copyTyped(const S* src, std::span<const int64_t> shape, std::span<const int64_t> srcStrides, D* dst) {
@@ -25,11 +49,11 @@ void copyTyped(const S* src, std::span<const int64_t> shape, std::span<const int
       if constexpr (std::is_same_v<S, D>) {
         std::memcpy(d, s, sizeof(S) * n);
       } else {
-        for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
+        for (int64_t i = 0; i < n; ++i) d[i] = convertElement<D>(s[i]);
       }
     } else {
       int64_t st = inner[0];
-      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i * st]);
+      for (int64_t i = 0; i < n; ++i) d[i] = convertElement<D>(s[i * st]);
     }
   });
 }
@@ -67,7 +91,13 @@ void copyContiguousToStrided(DType type, const void* src, std::span<const int64_
 void fill(DType type, void* dst, int64_t n, double value) {
   if (n <= 0) return;
   WEFT_DISPATCH_ALL(type, "fill", [&]<class T>() {
-    T v = static_cast<T>(value);
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      WEFT_ENFORCE(std::isfinite(value) && std::trunc(value) >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
+                       std::trunc(value) <= static_cast<double>(std::numeric_limits<T>::max()),
+                   InvalidArgumentError, "fill: value ", value, " cannot be converted to ", dtypeName(type),
+                   " without overflow");
+    }
+    T v = convertElement<T>(value);
     T* d = static_cast<T*>(dst);
     if (v == T(0)) {
       std::memset(d, 0, sizeof(T) * n);

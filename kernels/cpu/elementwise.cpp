@@ -26,6 +26,37 @@ T ipow(T base, T exp) {
   }
 }
 
+// +, -, * that wrap around in signed integer types (computed in the unsigned
+// type, where overflow is defined) instead of being undefined; plain
+// arithmetic otherwise. uint8 promotes to int and is cut back to 8 bits.
+template <class T>
+T wrapAdd(T x, T y) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(x) + static_cast<U>(y));
+  } else {
+    return static_cast<T>(x + y);
+  }
+}
+template <class T>
+T wrapSub(T x, T y) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(x) - static_cast<U>(y));
+  } else {
+    return static_cast<T>(x - y);
+  }
+}
+template <class T>
+T wrapMul(T x, T y) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(x) * static_cast<U>(y));
+  } else {
+    return static_cast<T>(x * y);
+  }
+}
+
 template <class T, class F>
 void binaryTyped(const T* a, std::span<const int64_t> as, const T* b, std::span<const int64_t> bs, T* out,
                  std::span<const int64_t> shape, F f) {
@@ -87,6 +118,20 @@ void binaryTyped(const T* a, std::span<const int64_t> as, const T* b, std::span<
   });
 }
 
+// A scalar parameter as T: integers go through int64 first, so that a
+// negative scalar wraps in an unsigned type (x + -1 on uint8 is x - 1) instead
+// of being undefined. Finite and within int64 (InvalidArgumentError otherwise).
+template <class T>
+T scalarAs(double v, DType type) {
+  if constexpr (std::is_integral_v<T>) {
+    WEFT_ENFORCE(std::isfinite(v) && v >= -9223372036854775808.0 && v < 9223372036854775808.0, InvalidArgumentError,
+                 "scalar ", v, " cannot be used with a tensor of dtype ", dtypeName(type));
+    return static_cast<T>(static_cast<int64_t>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
 template <class T, class F>
 void unaryTyped(const T* in, T* out, int64_t n, F f) {
   parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) {
@@ -98,14 +143,14 @@ void unaryTyped(const T* in, T* out, int64_t n, F f) {
 
 void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
             std::span<const int64_t> bStrides, void* out, std::span<const int64_t> shape) {
-  WEFT_DISPATCH_ALL(type, "binary op", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC(type, "binary op", [&]<class T>() {
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     T* po = static_cast<T*>(out);
     switch (op) {
-      case BinaryOp::Add: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x + y; }); break;
-      case BinaryOp::Sub: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x - y; }); break;
-      case BinaryOp::Mul: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return x * y; }); break;
+      case BinaryOp::Add: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return wrapAdd(x, y); }); break;
+      case BinaryOp::Sub: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return wrapSub(x, y); }); break;
+      case BinaryOp::Mul: binaryTyped(pa, aStrides, pb, bStrides, po, shape, [](T x, T y) { return wrapMul(x, y); }); break;
       case BinaryOp::Div:
         if constexpr (std::is_integral_v<T>) {
           // Flag, then throw once every chunk is done (a throw would stop the others midway).
@@ -115,7 +160,11 @@ void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aSt
               zero.store(true, std::memory_order_relaxed);
               return T(0);
             }
-            return x / y;
+            if constexpr (std::is_signed_v<T>) {
+              // lowest / -1 overflows (the CPU traps): negate with wrap-around instead.
+              if (y == T(-1)) return wrapSub(T(0), x);
+            }
+            return static_cast<T>(x / y);
           });
           if (zero.load()) throw InvalidArgumentError("div: integer division by zero");
         } else {
@@ -130,16 +179,24 @@ void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aSt
 }
 
 void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double p0, double p1) {
-  WEFT_DISPATCH_ALL(type, "unary op", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC(type, "unary op", [&]<class T>() {
     const T* pi = static_cast<const T*>(in);
     T* po = static_cast<T*>(out);
-    T a = static_cast<T>(p0), b = static_cast<T>(p1);
+    const bool usesScalars = op == UnaryOp::Clamp || op == UnaryOp::AddScalar || op == UnaryOp::MulScalar;
+    T a = usesScalars ? scalarAs<T>(p0, type) : T(0);
+    T b = op == UnaryOp::Clamp ? scalarAs<T>(p1, type) : T(0);
     switch (op) {
-      case UnaryOp::Neg: unaryTyped(pi, po, n, [](T x) { return -x; }); break;
+      case UnaryOp::Neg: unaryTyped(pi, po, n, [](T x) { return wrapSub(T(0), x); }); break;
       case UnaryOp::Exp: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::exp(x)); }); break;
       case UnaryOp::Log: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::log(x)); }); break;
       case UnaryOp::Sqrt: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::sqrt(x)); }); break;
-      case UnaryOp::Abs: unaryTyped(pi, po, n, [](T x) { return x < 0 ? -x : x; }); break;
+      case UnaryOp::Abs:
+        if constexpr (std::is_unsigned_v<T>) {
+          unaryTyped(pi, po, n, [](T x) { return x; });
+        } else {
+          unaryTyped(pi, po, n, [](T x) { return x < 0 ? wrapSub(T(0), x) : x; });
+        }
+        break;
       case UnaryOp::Sign: unaryTyped(pi, po, n, [](T x) { return static_cast<T>((x > 0) - (x < 0)); }); break;
       case UnaryOp::Relu: unaryTyped(pi, po, n, [](T x) { return x > 0 ? x : T(0); }); break;
       case UnaryOp::Tanh: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::tanh(x)); }); break;
@@ -156,24 +213,24 @@ void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double 
         unaryTyped(pi, po, n, [p0](T x) { return static_cast<T>(std::pow(static_cast<double>(x), p0)); });
         break;
       case UnaryOp::Clamp: unaryTyped(pi, po, n, [a, b](T x) { return x < a ? a : (x > b ? b : x); }); break;
-      case UnaryOp::AddScalar: unaryTyped(pi, po, n, [a](T x) { return x + a; }); break;
-      case UnaryOp::MulScalar: unaryTyped(pi, po, n, [a](T x) { return x * a; }); break;
-      case UnaryOp::Square: unaryTyped(pi, po, n, [](T x) { return x * x; }); break;
+      case UnaryOp::AddScalar: unaryTyped(pi, po, n, [a](T x) { return wrapAdd(x, a); }); break;
+      case UnaryOp::MulScalar: unaryTyped(pi, po, n, [a](T x) { return wrapMul(x, a); }); break;
+      case UnaryOp::Square: unaryTyped(pi, po, n, [](T x) { return wrapMul(x, x); }); break;
       case UnaryOp::Reciprocal: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(T(1) / x); }); break;
     }
   });
 }
 
 void axpy(DType type, double alpha, const void* b, void* a, int64_t n) {
-  WEFT_DISPATCH_ALL(type, "axpy", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC(type, "axpy", [&]<class T>() {
     const T* pb = static_cast<const T*>(b);
     T* pa = static_cast<T*>(a);
     T al = static_cast<T>(alpha);
     parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) {
       if (al == T(1)) {
-        for (int64_t i = s; i < e; ++i) pa[i] += pb[i];
+        for (int64_t i = s; i < e; ++i) pa[i] = wrapAdd(pa[i], pb[i]);
       } else {
-        for (int64_t i = s; i < e; ++i) pa[i] += al * pb[i];
+        for (int64_t i = s; i < e; ++i) pa[i] = wrapAdd(pa[i], wrapMul(al, pb[i]));
       }
     });
   });
@@ -237,7 +294,7 @@ void unaryBackward(UnaryOp op, DType type, const void* x, const void* y, const v
 }
 
 void compare(CompareOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
-             std::span<const int64_t> bStrides, int64_t* out, std::span<const int64_t> shape) {
+             std::span<const int64_t> bStrides, bool* out, std::span<const int64_t> shape) {
   WEFT_DISPATCH_ALL(type, "compare", [&]<class T>() {
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
@@ -253,7 +310,7 @@ void compare(CompareOp op, DType type, const void* a, std::span<const int64_t> a
       for (int64_t i = 0; i < len; ++i) {
         T x = pa[off[0] + i * inner[0]], y = pb[off[1] + i * inner[1]];
         bool r = op == CompareOp::Eq ? x == y : (op == CompareOp::Gt ? x > y : x < y);
-        out[off[2] + i] = r ? 1 : 0;
+        out[off[2] + i] = r;
       }
     });
   });

@@ -36,6 +36,9 @@ enum class UnaryOp {
 };
 
 // out[i] = op(in[i]) for n contiguous elements; in and out may alias.
+// Numeric dtypes; integer results wrap. p0/p1 are converted to the dtype
+// first (integers through int64: a non-finite scalar is an
+// InvalidArgumentError).
 void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double p0 = 0, double p1 = 0);
 
 // a[i] += alpha * b[i] for n contiguous elements (the gradient accumulator's
@@ -53,8 +56,8 @@ void unaryBackward(UnaryOp op, DType type, const void* x, const void* y, const v
                    double p0 = 0, double p1 = 0);
 
 enum class CompareOp { Eq, Gt, Lt };
-// out (contiguous Int64, `shape`) = a op b, with broadcast strides as binary().
+// out (contiguous bool, `shape`) = a op b, with broadcast strides as binary().
 void compare(CompareOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
-             std::span<const int64_t> bStrides, int64_t* out, std::span<const int64_t> shape);
+             std::span<const int64_t> bStrides, bool* out, std::span<const int64_t> shape);
 
 }  // namespace weft::kernels::cpu

@@ -14,11 +14,17 @@
 namespace weft::kernels::cpu {
 namespace {
 
-// Below this many multiply-adds (m * n * k) a product runs on one thread:
-// the fork/join would cost more than it saves.
+// Below this many multiply-adds (m * n * k) a product is one BLAS call on one
+// thread: the fork/join would cost more than it saves.
 constexpr double kParallelGemmWork = 1 << 19;
-// Column blocks handed to threads start on multiples of this many elements
-// (a cache line of float32).
+// Larger products are cut into about kBlockLen rows or columns per block, at
+// least 2 and at most kMaxBlocks blocks. BLAS repacks the operand the blocks
+// share for each block, so a block costs time even on one thread: a 512^3
+// float32 product took 1% more CPU time in two 256-row blocks than in one
+// call, 5% more in four 128-row blocks.
+constexpr int64_t kBlockLen = 256;
+constexpr int64_t kMaxBlocks = 16;
+// Blocks start on multiples of this many elements (a cache line of float32).
 constexpr int64_t kBlockAlign = 16;
 
 // BLAS runs each call on its calling thread; a large product is split into
@@ -77,11 +83,38 @@ void blasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
   }
 }
 
-// One product; `threads` > 1 splits the longer of C's two dimensions into
-// that many blocks, one BLAS call per block, spread over the pool.
+// How a product is cut into blocks: `count` blocks of `len` rows (`rows`) or
+// columns of C, the last one possibly shorter, along the longer dimension.
+// The cut depends only on the shape, never on the thread count: a BLAS kernel
+// may compute an element of a block called on its own with other
+// instructions than the same element inside a larger call, so a product's
+// bits follow its blocks. OpenBLAS 0.3.21's Haswell sgemm kernel, for one,
+// sums an element's k products in one accumulator or in two (even and odd k,
+// added at the end) depending on where the element falls among the call's
+// tiles (groups of 12, 8, 4, 2, 1 rows of C, 16x6 and 8x6 tiles with special
+// first and last ones across its columns), and its SkylakeX kernels send
+// calls of up to 10^6 multiply-adds to a separate small-matrix kernel. With
+// fixed blocks the bits are the same for any number of threads.
+struct GemmBlocks {
+  bool rows;
+  int64_t len, count;
+};
+
+GemmBlocks gemmBlocks(int64_t m, int64_t n, int64_t k) {
+  const bool rows = m >= n;
+  const int64_t total = rows ? m : n;
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (work < kParallelGemmWork || total <= kBlockAlign) return {rows, total, 1};
+  const int64_t want = std::clamp<int64_t>(total / kBlockLen, 2, kMaxBlocks);
+  const int64_t len = ((total + want - 1) / want + kBlockAlign - 1) / kBlockAlign * kBlockAlign;
+  return {rows, len, (total + len - 1) / len};
+}
+
+// One product, cut into its blocks (gemmBlocks), one BLAS call per block,
+// spread over the pool.
 template <class T>
 void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, const T* pb, int64_t m, int64_t n,
-               int64_t k, T alpha, T beta, T* c, int64_t ldc, int threads) {
+               int64_t k, T alpha, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     scaleMatrix(c, m, n, ldc, beta);
@@ -91,16 +124,15 @@ void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, cons
   int64_t lda = a.trans ? normalizedLd(a, k, m) : normalizedLd(a, m, k);
   int64_t ldb = b.trans ? normalizedLd(b, n, k) : normalizedLd(b, k, n);
   ldc = std::max<int64_t>(ldc, std::max<int64_t>(n, 1));
-  bool splitRows = m >= n;
-  int64_t total = splitRows ? m : n;
-  int64_t chunk = ((total + threads - 1) / threads + kBlockAlign - 1) / kBlockAlign * kBlockAlign;
-  if (threads <= 1 || chunk >= total) {
+  const GemmBlocks blocks = gemmBlocks(m, n, k);
+  if (blocks.count == 1) {
     blasGemm<T>(a.trans, b.trans, m, n, k, alpha, pa, lda, pb, ldb, beta, c, ldc);
     return;
   }
-  parallelRun((total + chunk - 1) / chunk, threads, [&](int64_t block, int) {
-    int64_t lo = block * chunk, hi = std::min(total, lo + chunk);
-    if (splitRows) {  // rows [lo, hi) of op(A) and of C
+  const int64_t total = blocks.rows ? m : n;
+  parallelRun(blocks.count, numThreads(), [&](int64_t block, int) {
+    int64_t lo = block * blocks.len, hi = std::min(total, lo + blocks.len);
+    if (blocks.rows) {  // rows [lo, hi) of op(A) and of C
       const T* sa = a.trans ? pa + lo : pa + lo * lda;
       blasGemm<T>(a.trans, b.trans, hi - lo, n, k, alpha, sa, lda, pb, ldb, beta, c + lo * ldc, ldc);
     } else {  // columns [lo, hi) of op(B) and of C
@@ -110,21 +142,14 @@ void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, cons
   });
 }
 
-// Threads worth using for `work` multiply-adds.
-int gemmThreads(double work) {
-  if (work < kParallelGemmWork) return 1;
-  return threadsFor(numThreads(), numThreads());
-}
-
 }  // namespace
 
 void gemm(DType type, MatrixOperand a, MatrixOperand b, int64_t m, int64_t n, int64_t k, double alpha, double beta,
           void* c, int64_t ldc) {
   checkBlasRange(m, n, k, a, b, ldc);
-  int threads = gemmThreads(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   WEFT_DISPATCH_FLOATING(type, "gemm", [&]<class T>() {
     gemmTyped<T>(a, static_cast<const T*>(a.data), b, static_cast<const T*>(b.data), m, n, k, static_cast<T>(alpha),
-                 static_cast<T>(beta), static_cast<T*>(c), ldc, threads);
+                 static_cast<T>(beta), static_cast<T*>(c), ldc);
   });
 }
 
@@ -159,18 +184,17 @@ void gemmBatched(DType type, std::span<const int64_t> batchShape, MatrixOperand 
             offB += i * bBatchStrides[d];
             offC += i * cBatchStrides[d];
           }
-          gemmTyped<T>(a, pa + offA, b, pb + offB, m, n, k, al, be, pc + offC, ldc, 1);
+          gemmTyped<T>(a, pa + offA, b, pb + offB, m, n, k, al, be, pc + offC, ldc);
         }
       });
       return;
     }
     // In order (aliased C matrices accumulate with beta = 1), each product
-    // using the threads its own size warrants.
-    int threads = gemmThreads(work);
+    // cut into the blocks its own size warrants.
     int64_t index[kMaxDims] = {};
     int64_t offA = 0, offB = 0, offC = 0;
     for (int64_t e = 0; e < count; ++e) {
-      gemmTyped<T>(a, pa + offA, b, pb + offB, m, n, k, al, be, pc + offC, ldc, threads);
+      gemmTyped<T>(a, pa + offA, b, pb + offB, m, n, k, al, be, pc + offC, ldc);
       for (int d = nd - 1; d >= 0; --d) {  // advance the batch index like an odometer
         offA += aBatchStrides[d];
         offB += bBatchStrides[d];

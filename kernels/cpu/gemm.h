@@ -12,10 +12,17 @@
 // InvalidArgumentError naming the dtype).
 //
 // Threading: OpenBLAS runs each call on the calling thread (that thread's
-// OpenMP thread count is set to 1 before each BLAS call); a large product is split into row or column blocks across
-// weft's kernel threads (kernels/cpu/parallel.h) instead, so that BLAS and the
-// other kernels share one pool rather than two pools spinning against each
-// other. Called from inside a task, a product runs on the calling thread.
+// OpenMP thread count is set to 1 before each BLAS call); a large product is
+// cut into row or column blocks, one BLAS call each, spread over weft's kernel
+// threads (kernels/cpu/parallel.h) instead, so that BLAS and the other kernels
+// share one pool rather than two pools spinning against each other. Called
+// from inside a task, a product runs its blocks on the calling thread.
+//
+// Results are the same bits for any thread count: the blocks depend only on
+// the product's shape (m, n, k), never on the threads. A BLAS kernel need not
+// give a block called on its own the bits of the same rows inside a larger
+// call, so the bits of a product are those of its blocks, and one product may
+// differ in the last bits from a single cblas_sgemm of the same operands.
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,8 @@
 // one GEMM, the recurrence runs step by step, and in backward the weight
 // gradients are one GEMM each over all steps. Each chunk of batch rows runs
 // the recurrence on its own (chunks of about 16 rows, their number fixed by N
-// alone), spread over the kernel threads: the results do not depend on the thread
+// alone), spread over the kernel threads, and every GEMM's blocks are fixed by
+// its shape (kernels/cpu/gemm.h): the results are the same bits for any thread
 // count.
 //
 // float32 gates use vectorised sigmoid and tanh (kernels/cpu/vec_math.h, a few

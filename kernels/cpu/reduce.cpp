@@ -101,7 +101,7 @@ void extremumTyped(const T* p, int64_t outer, int64_t R, int64_t inner, T* value
 }  // namespace
 
 void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out) {
-  WEFT_DISPATCH_ALL(type, "sum", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC(type, "sum", [&]<class T>() {
     const T* p = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     if (K == 1 && R >= kParallelGrain) {
@@ -130,7 +130,7 @@ void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out) {
 }
 
 void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out) {
-  WEFT_DISPATCH_ALL(type, "sum", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC(type, "sum", [&]<class T>() {
     const T* p = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     // Each thread owns a slice of columns and walks all rows over it.
@@ -146,7 +146,7 @@ void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out) {
 
 void extremumForward(DType type, const void* in, int64_t outer, int64_t R, int64_t inner, bool isMax, void* values,
                      int64_t* indices) {
-  WEFT_DISPATCH_ALL(type, isMax ? "max" : "min", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC(type, isMax ? "max" : "min", [&]<class T>() {
     const T* p = static_cast<const T*>(in);
     T* v = static_cast<T*>(values);
     if (isMax) {

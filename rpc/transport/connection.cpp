@@ -201,7 +201,13 @@ void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
       frontSpan_ = frontOffset_ = 0;
       break;
     }
-    ssize_t w = ::writev(fd_, iov, static_cast<int>(n));
+    // sendmsg with MSG_NOSIGNAL, not writev: the writer may be any thread of the program (a
+    // caller's, a handler's), and a write to a connection the peer reset or that was shut down
+    // must fail with EPIPE rather than raise SIGPIPE, whose default action ends the process.
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {

@@ -132,6 +132,10 @@ void Listener::acceptAll() {
 int connectTcp(const SocketAddress& address, std::chrono::steady_clock::time_point deadline) {
   std::string lastError = "no attempt";
   int attempts = 0;
+  auto refusedOrUnreachable = [&](int err) {
+    if (err != ECONNREFUSED && err != ENETUNREACH && err != EHOSTUNREACH) return;
+    throw DisconnectedError("rpc: cannot connect to " + address.toString() + ": " + std::strerror(err));
+  };
   for (;;) {
     ++attempts;
     int fd = ::socket(address.sockaddr()->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -146,6 +150,9 @@ int connectTcp(const SocketAddress& address, std::chrono::steady_clock::time_poi
         socklen_t len = sizeof(err);
         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
         if (err == 0) return fd;
+        ::close(fd);
+        refusedOrUnreachable(err);
+        fd = -1;
         lastError = std::strerror(err);
       } else {
         lastError = "no answer";
@@ -153,9 +160,13 @@ int connectTcp(const SocketAddress& address, std::chrono::steady_clock::time_poi
     } else if (rc == 0) {
       return fd;
     } else {
-      lastError = std::strerror(errno);
+      const int err = errno;
+      ::close(fd);
+      refusedOrUnreachable(err);
+      fd = -1;
+      lastError = std::strerror(err);
     }
-    ::close(fd);
+    if (fd >= 0) ::close(fd);
     if (std::chrono::steady_clock::now() >= deadline) {
       throw TimeoutError("rpc: cannot connect to " + address.toString() + " after " + std::to_string(attempts) +
                          " attempts: " + lastError);

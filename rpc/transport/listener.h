@@ -64,8 +64,11 @@ class Listener {
 };
 
 // Connects to address, blocking the calling thread until connected or deadline
-// (retrying refused connections every 50 ms). Returns the connected fd; throws
-// TimeoutError naming the address and the last error.
+// (retrying unanswered attempts every 50 ms). Returns the connected fd; throws
+// TimeoutError naming the address and the last error, and DisconnectedError at
+// once when the connection is refused or the address is unreachable (no route,
+// no host): the agent connects only to peers already listening, so a refusal
+// means the address cannot be reached from here.
 int connectTcp(const SocketAddress& address, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace weft::rpc::transport

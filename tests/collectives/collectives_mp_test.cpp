@@ -4,7 +4,9 @@
 // fused limit (the data carried by the call exchange or not) with every op and dtype; a rank that
 // never calls (the others time out naming it), mismatched shapes, sizes and dtypes, a rank killed
 // with SIGKILL (the others name it), and back-to-back
-// small allReduces (no scheduler-tick stall per op; Gloo's loop thread under SCHED_BATCH). Every wait is
+// small allReduces (no scheduler-tick stall per op; Gloo's loop thread under SCHED_BATCH), point-to-point
+// transfers whose sizes differ (a typed error on both sides, the group usable after), a peer that breaks
+// the protocol (ProtocolError, no abort). Every wait is
 // bounded and every process is checked to be gone at the end.
 #include <doctest/doctest.h>
 
@@ -192,4 +194,72 @@ TEST_CASE("20 back-to-back small allReduces on 2 processes take well under 20 ms
     CHECK(numberAfter(res.out, p + "batch_threads ") >= 1);
     CHECK(numberAfter(res.out, p + "main_policy ") == 0);  // the creating thread's policy is restored
   }
+}
+
+TEST_CASE("point-to-point transfers of different sizes fail on both sides with ProtocolError saying both sizes, "
+          "never abort, and leave the group usable; empty any-source receives work") {
+  MpJob job = workerJob("p2p_size", 3);
+  auto results = finish(job, 60s);
+  for (int r = 0; r < 3; ++r) {
+    const auto& res = results[static_cast<size_t>(r)];
+    checkClean(res, r);
+    const std::string p = rankPrefix(r);
+    CHECK(contains(res.out, p + "matching ok\n"));
+    CHECK(contains(res.out, p + "empty_any ok\n"));
+    CHECK(contains(res.out, p + "after p2p ok\n"));
+  }
+  const std::string p0 = rankPrefix(0), p1 = rankPrefix(1), p2 = rankPrefix(2);
+  const auto& out0 = results[0].out;
+  const auto& out1 = results[1].out;
+  const auto& out2 = results[2].out;
+  // Sender and receiver each name the other's size.
+  std::string line = restOfLine(out0, p0 + "longer ");
+  CHECK(contains(line, "ProtocolError: send to rank 1 (tag 3) on group 'default'"));
+  CHECK(contains(line, "12 elements of float32 (48 bytes)"));
+  CHECK(contains(line, "4 elements of float32 (16 bytes)"));
+  line = restOfLine(out1, p1 + "longer ");
+  CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 3) on group 'default'"));
+  CHECK(contains(line, "12 elements of float32 (48 bytes)"));
+  CHECK(contains(line, "4 elements of float32 (16 bytes)"));
+  CHECK(contains(out2, p2 + "longer ok\n"));
+  line = restOfLine(out0, p0 + "shorter ");
+  CHECK(contains(line, "ProtocolError: send to rank 1 (tag 3)"));
+  CHECK(contains(line, "12 elements of float32 (48 bytes)"));
+  line = restOfLine(out1, p1 + "shorter ");
+  CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 3)"));
+  CHECK(contains(line, "4 elements of float32 (16 bytes)"));
+  line = restOfLine(out0, p0 + "big_shorter ");
+  CHECK(contains(line, "ProtocolError: send to rank 1 (tag 4)"));
+  CHECK(contains(line, "30000 elements of float32 (120000 bytes)"));
+  line = restOfLine(out1, p1 + "big_shorter ");
+  CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 4)"));
+  CHECK(contains(line, "rank 0 sent 20000 elements of float32 (80000 bytes)"));
+  line = restOfLine(out1, p1 + "big_longer ");
+  CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 4)"));
+  CHECK(contains(line, "this receive's tensor holds 4096 elements of float32 (16384 bytes)"));
+  CHECK(contains(restOfLine(out0, p0 + "big_longer "), "ProtocolError: send to rank 1 (tag 4)"));
+  for (int r = 0; r < 3; ++r) CHECK(contains(results[static_cast<size_t>(r)].out, rankPrefix(r) + "big_matching ok\n"));
+  line = restOfLine(out0, p0 + "any_longer ");
+  CHECK(contains(line, "ProtocolError: recv from any of ranks [1, 2] (tag 9)"));
+  CHECK(contains(line, "rank 2 sent 3 elements of float32 (12 bytes)"));
+  line = restOfLine(out2, p2 + "any_longer ");
+  CHECK(contains(line, "ProtocolError: send to rank 0 (tag 9)"));
+  CHECK(contains(line, "2 elements of float32 (8 bytes)"));
+  CHECK(contains(results[1].out, p1 + "any_longer ok\n"));
+}
+
+TEST_CASE("a peer whose data does not fit its call header, or that sends no weft size header, makes the op fail "
+          "with ProtocolError, never an abort") {
+  MpJob job = workerJob("hostile", 2);
+  auto results = finish(job, 60s);
+  checkClean(results[0], 0);
+  checkClean(results[1], 1);
+  CHECK(contains(results[1].out, "rank 1 sent\n"));
+  const std::string& out = results[0].out;
+  std::string line = restOfLine(out, "rank 0 short_data ");
+  CHECK(contains(line, "ProtocolError: allReduce #0 on group 'default': rank 1 sent 8 bytes of data with a header "
+                       "for 4 elements of float32 (16 bytes)"));
+  line = restOfLine(out, "rank 0 garbage_header ");
+  CHECK(contains(line, "ProtocolError: recv from rank 1 (tag 5) on group 'default': rank 1 sent bytes that are no "
+                       "weft size header"));
 }

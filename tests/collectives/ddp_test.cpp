@@ -21,6 +21,7 @@
 #include "nn/linear.h"
 #include "rpc/store.h"
 #include "tensor/ops.h"
+#include "tensor/ops_shape.h"
 #include "text_util.h"
 
 using namespace weft;
@@ -114,6 +115,32 @@ class Swapped : public nn::Module {
   std::shared_ptr<nn::Linear> fc1_, fc2_;
   Tensor scale_;
 };
+
+// Two inputs: towerA(a) + towerB(b) (4 -> 3 and 2 -> 3). The pair form returns both towers' outputs
+// and leaves towerB out when useB is false.
+class TwoTower : public nn::Module {
+ public:
+  explicit TwoTower(uint64_t seed) : Module("TwoTower") {
+    Generator gen(seed);
+    a_ = registerModule("towerA", std::make_shared<nn::Linear>(4, 3));
+    b_ = registerModule("towerB", std::make_shared<nn::Linear>(2, 3));
+    a_->resetParameters(&gen);
+    b_->resetParameters(&gen);
+  }
+  Tensor forward(const Tensor& a, const Tensor& b) { return a_->forward(a) + tanh(b_->forward(b)); }
+  std::pair<Tensor, Tensor> forward(const Tensor& a, const Tensor& b, bool useB) {
+    return {a_->forward(a), useB ? tanh(b_->forward(b)) : Tensor()};
+  }
+
+ private:
+  std::shared_ptr<nn::Linear> a_, b_;
+};
+
+std::pair<Tensor, Tensor> twoInputsFor(int rank) {
+  Generator gen(500 + static_cast<uint64_t>(rank));
+  Tensor a = randn({3, 4}, {}, &gen);
+  return {a, randn({3, 2}, {}, &gen)};
+}
 
 Tensor batchFor(int rank, int step) {
   Generator gen(1000 + static_cast<uint64_t>(rank) * 97 + static_cast<uint64_t>(step));
@@ -549,4 +576,70 @@ TEST_CASE("ddp: each synced forward gives every rank rank 0's buffers, while noS
     });
     CHECK(scales(nets) == std::vector<float>{10, 20, 30});
   }
+}
+
+TEST_CASE("ddp: a forward with two inputs gives every rank the gradient of one process over the whole batch") {
+  DdpRanks ranks(2);
+  std::vector<std::shared_ptr<TwoTower>> nets = {std::make_shared<TwoTower>(1), std::make_shared<TwoTower>(2)};
+  ranks.onEachRank([&](int r) {
+    Ddp ddp(nets[static_cast<size_t>(r)], ranks[r], Ddp::Options{.bucketCapBytes = 40});
+    auto [a, b] = twoInputsFor(r);
+    lossOf(ddp.forward<TwoTower>(a, b)).backward();
+  });
+  // The reference: one process, rank 0's initial parameters, both ranks' rows in one batch (equal
+  // halves, so the mean loss over the whole batch is the average of the ranks' mean losses).
+  auto single = std::make_shared<TwoTower>(1);
+  auto [a0, b0] = twoInputsFor(0);
+  auto [a1, b1] = twoInputsFor(1);
+  lossOf(single->forward(cat({a0, a1}), cat({b0, b1}))).backward();
+  auto want = single->parameters();
+  for (int r = 0; r < 2; ++r) {
+    auto params = nets[static_cast<size_t>(r)]->parameters();
+    REQUIRE(params.size() == want.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      INFO("rank " << r << " parameter " << i);
+      CHECK(allclose(params[i].grad(), want[i].grad(), 1e-5, 1e-6));
+    }
+  }
+}
+
+TEST_CASE("ddp: findUnusedParameters looks through every tensor of a multi-input forward's pair result") {
+  DdpRanks ranks(2);
+  std::vector<std::shared_ptr<TwoTower>> nets = {std::make_shared<TwoTower>(1), std::make_shared<TwoTower>(2)};
+  ranks.onEachRank([&](int r) {
+    Ddp ddp(nets[static_cast<size_t>(r)], ranks[r], Ddp::Options{.bucketCapBytes = 40, .findUnusedParameters = true});
+    auto [a, b] = twoInputsFor(r);
+    auto [outA, outB] = ddp.forward<TwoTower>(a, b, /*useB=*/r == 1);  // rank 0 leaves towerB unused
+    Tensor loss = lossOf(outA);
+    if (outB.defined()) loss = loss + lossOf(outB);
+    loss.backward();
+  });
+  // Per rank, one process: towerA gets both ranks' gradients, towerB rank 1's only.
+  std::vector<std::vector<Tensor>> local;
+  for (int r = 0; r < 2; ++r) {
+    auto twin = std::make_shared<TwoTower>(1);
+    auto [a, b] = twoInputsFor(r);
+    auto [outA, outB] = twin->forward(a, b, r == 1);
+    Tensor loss = lossOf(outA);
+    if (outB.defined()) loss = loss + lossOf(outB);
+    loss.backward();
+    std::vector<Tensor> g;
+    for (const Tensor& p : twin->parameters()) g.push_back(p.grad().defined() ? p.grad() : zerosLike(p));
+    local.push_back(g);
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto params = nets[static_cast<size_t>(r)]->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      INFO("rank " << r << " parameter " << i);
+      CHECK(allclose(params[i].grad(), (local[0][i] + local[1][i]) * 0.5, 1e-5, 1e-6));
+    }
+  }
+}
+
+TEST_CASE("ddp: a multi-input forward naming another module type is an InvalidArgumentError") {
+  DdpRanks ranks(1);
+  Ddp ddp(std::make_shared<Net>(3), ranks[0]);
+  Tensor a = zeros({1, 4}), b = zeros({1, 2});
+  CHECK_THROWS_WITH_AS(ddp.forward<TwoTower>(a, b), doctest::Contains("the module (Net) is not of the type named by M"),
+                       InvalidArgumentError);
 }

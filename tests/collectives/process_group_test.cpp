@@ -11,6 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <gloo/transport/tcp/address.h>
 #include <gloo/types.h>
 
 #include "collectives/gloo_store.h"
@@ -292,6 +296,57 @@ TEST_CASE("a rank that never calls newGroup makes the others fail after the grou
   CHECK_THROWS_AS(ranks[0].newGroup({0, 1}), TimeoutError);
 }
 
+TEST_CASE("a rank that never joins the rendezvous fails the others within the group's timeout, naming it") {
+  rpc::StoreServer server(rpc::StoreServer::Config{});
+  rpc::StoreClient::Config cc;
+  cc.port = server.port();
+  rpc::StoreClient store(cc);
+  auto began = std::chrono::steady_clock::now();
+  std::string e;
+  try {
+    ProcessGroupGloo::create(store, 0, 3, {.timeout = 800ms, .name = "lonely"});
+  } catch (const TimeoutError& x) {
+    e = x.what();
+  }
+  auto took = std::chrono::steady_clock::now() - began;
+  CHECK(contains(e, "group 'lonely' (rank 0 of 3): rendezvous timed out after "));
+  INFO(e);
+  CHECK(contains(e, "ranks [1, 2] have not joined (the group's timeout is 800 ms)"));
+  CHECK(took >= 700ms);
+  CHECK(took < 5s);
+}
+
+TEST_CASE("a peer that gives its address but never connects fails the connect at the group's timeout, naming it") {
+  rpc::StoreServer server(rpc::StoreServer::Config{});
+  rpc::StoreClient::Config cc;
+  cc.port = server.port();
+  rpc::StoreClient store(cc);
+  // Rank 1's address, 127.0.0.2, sorts above rank 0's 127.0.0.1: rank 0 waits for rank 1 to dial
+  // in (Gloo's rule), which it never does.
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(9);
+  ::inet_pton(AF_INET, "127.0.0.2", &peer.sin_addr);
+  std::vector<char> bytes =
+      gloo::transport::tcp::Address(reinterpret_cast<const sockaddr*>(&peer), sizeof peer).bytes();
+  store.set("weft/pg/silent/mesh/1", std::string(bytes.begin(), bytes.end()));
+  auto began = std::chrono::steady_clock::now();
+  std::string e;
+  try {
+    ProcessGroupGloo::create(store, 0, 2, {.timeout = 800ms, .hostname = "127.0.0.1", .name = "silent"});
+  } catch (const TimeoutError& x) {
+    e = x.what();
+  }
+  auto took = std::chrono::steady_clock::now() - began;
+  INFO(e);
+  CHECK(contains(e, "group 'silent' (rank 0 of 2): rank 0 (at 127.0.0.1:"));
+  CHECK(contains(e, "connecting to rank 1 at 127.0.0.2:9 (the group's timeout is 800 ms)"));
+  CHECK(contains(e, "WEFT_SOCKET_IFNAME"));
+  // One deadline for the whole rendezvous; Gloo's own connect would wait 5 times the timeout.
+  CHECK(took >= 700ms);
+  CHECK(took < 3s);
+}
+
 TEST_CASE("GlooStore puts every key under its prefix") {
   rpc::StoreServer server(rpc::StoreServer::Config{});
   rpc::StoreClient::Config cc;
@@ -303,4 +358,129 @@ TEST_CASE("GlooStore puts every key under its prefix") {
   CHECK(gs.get("0") == std::vector<char>{'a', 'b'});
   gs.wait({"0"}, std::chrono::milliseconds(100));
   CHECK_THROWS_AS(gs.wait({"1"}, std::chrono::milliseconds(100)), TimeoutError);
+}
+
+TEST_CASE("a peer's address in the store that Gloo cannot take fails the rendezvous with ProtocolError, no abort") {
+  rpc::StoreServer server(rpc::StoreServer::Config{});
+  rpc::StoreClient::Config cc;
+  cc.port = server.port();
+  cc.timeout = 10s;
+  rpc::StoreClient store(cc);
+  rpc::StoreClient peer(cc);
+  // Rank 1 "joins" with 3 bytes where Gloo expects its pair addresses.
+  peer.set("weft/pg/default/joined/1", "1");
+  peer.set("weft/pg/default/mesh/1", "abc");
+  std::string error;
+  try {
+    ProcessGroupGloo pg(store, 0, 2, {.timeout = 5s});
+  } catch (const ProtocolError& e) {
+    error = e.what();
+  }
+  CHECK(contains(error, "ProcessGroupGloo: group 'default' (rank 0 of 2): rank 1 posted 3 bytes of addresses"));
+}
+
+TEST_CASE("int32 and uint8 reduce with sum, max, min and product; bool, int32 and uint8 move by broadcast and "
+          "allGather") {
+  Ranks ranks(3);
+  // Small tensors go through the fused exchange, the large ones through Gloo's ring: test both.
+  const int64_t large = static_cast<int64_t>(ranks[0].fusedLimit()) + 1000;
+  for (int64_t n : {int64_t{5}, large}) {
+    CAPTURE(n);
+    // Rank r holds (r + 1) * (i % 7) - 3 as int32 and (r + 1) * (i % 100) mod 256 as uint8, so
+    // that Sum and Product wrap past 255.
+    auto int32Of = [n](int r) {
+      std::vector<int32_t> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<int32_t>((r + 1) * (i % 7) - 3);
+      return fromVector(v);
+    };
+    auto uint8Of = [n](int r) {
+      std::vector<uint8_t> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<uint8_t>((r + 1) * (i % 100) % 256);
+      return fromVector(v);
+    };
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product}) {
+      CAPTURE(reduceOpName(op));
+      std::vector<Tensor> ints, bytes;
+      std::vector<Work> works;
+      for (int r = 0; r < 3; ++r) {
+        ints.push_back(int32Of(r));
+        bytes.push_back(uint8Of(r));
+      }
+      for (int r = 0; r < 3; ++r) {
+        works.push_back(ranks[r].allReduce(ints[static_cast<size_t>(r)], op));
+        works.push_back(ranks[r].allReduce(bytes[static_cast<size_t>(r)], op));
+      }
+      for (Work& w : works) w.wait(20s);
+      // The reference: the same reduction element by element over the three ranks' inputs.
+      std::vector<std::vector<int32_t>> inI;
+      std::vector<std::vector<uint8_t>> inU;
+      for (int r = 0; r < 3; ++r) {
+        inI.push_back(int32Of(r).toVector<int32_t>());
+        inU.push_back(uint8Of(r).toVector<uint8_t>());
+      }
+      auto combine = [op](auto a, auto b) -> decltype(a) {
+        switch (op) {
+          case ReduceOp::Sum: return static_cast<decltype(a)>(a + b);
+          case ReduceOp::Max: return a > b ? a : b;
+          case ReduceOp::Min: return a < b ? a : b;
+          default: return static_cast<decltype(a)>(a * b);
+        }
+      };
+      std::vector<int32_t> wantI(static_cast<size_t>(n));
+      std::vector<uint8_t> wantU(static_cast<size_t>(n));
+      for (size_t i = 0; i < wantI.size(); ++i) {
+        wantI[i] = combine(combine(inI[0][i], inI[1][i]), inI[2][i]);
+        wantU[i] = combine(combine(inU[0][i], inU[1][i]), inU[2][i]);
+      }
+      for (int r = 0; r < 3; ++r) {
+        CHECK(ints[static_cast<size_t>(r)].dtype() == DType::Int32);
+        CHECK(ints[static_cast<size_t>(r)].toVector<int32_t>() == wantI);
+        CHECK(bytes[static_cast<size_t>(r)].toVector<uint8_t>() == wantU);
+      }
+      if (op == ReduceOp::Sum && n == 5) CHECK(wantU[4] == static_cast<uint8_t>(4 + 8 + 12));
+    }
+    // Broadcast and allGather of every new dtype, bool included.
+    std::vector<Tensor> masks, gathered(3);
+    std::vector<std::vector<Tensor>> outs(3);
+    std::vector<Work> works;
+    for (int r = 0; r < 3; ++r) {
+      std::vector<bool> bits(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) bits[static_cast<size_t>(i)] = (i + r) % 3 == 0;
+      masks.push_back(fromVector(bits));
+    }
+    std::vector<Tensor> fromRoot = {int32Of(0), int32Of(1), int32Of(2)};
+    for (int r = 0; r < 3; ++r) {
+      works.push_back(ranks[r].broadcast(fromRoot[static_cast<size_t>(r)], 2));
+      works.push_back(ranks[r].allGather(outs[static_cast<size_t>(r)], masks[static_cast<size_t>(r)]));
+    }
+    for (Work& w : works) w.wait(20s);
+    for (int r = 0; r < 3; ++r) {
+      CHECK(fromRoot[static_cast<size_t>(r)].toVector<int32_t>() == int32Of(2).toVector<int32_t>());
+      REQUIRE(outs[static_cast<size_t>(r)].size() == 3);
+      for (int k = 0; k < 3; ++k) {
+        CHECK(outs[static_cast<size_t>(r)][static_cast<size_t>(k)].dtype() == DType::Bool);
+        CHECK(outs[static_cast<size_t>(r)][static_cast<size_t>(k)].toVector<bool>() ==
+              masks[static_cast<size_t>(k)].toVector<bool>());
+      }
+    }
+  }
+  // uint8 by broadcast, on the fused path.
+  std::vector<Tensor> px = {fromVector<uint8_t>({1, 2}), fromVector<uint8_t>({250, 251}),
+                            zeros({2}, {.dtype = DType::UInt8})};
+  std::vector<Work> works;
+  for (int r = 0; r < 3; ++r) works.push_back(ranks[r].broadcast(px[static_cast<size_t>(r)], 1));
+  for (Work& w : works) w.wait(20s);
+  for (const Tensor& t : px) CHECK(t.toVector<uint8_t>() == std::vector<uint8_t>{250, 251});
+}
+
+TEST_CASE("reducing a bool mask or averaging integers is refused with the dtype named") {
+  Ranks ranks(1);
+  Tensor mask = fromVector(std::vector<bool>{true, false});
+  CHECK(contains(errorOf([&] { ranks[0].allReduce(mask, ReduceOp::Max); }),
+                 "allReduce: the gloo backend reduces float32, float64, int64, int32, uint8 and float16, not bool "
+                 "(convert a mask to uint8: Max is any, Min is all)"));
+  CHECK(contains(errorOf([&] { ranks[0].allReduce(zeros({2}, {.dtype = DType::Int32}), ReduceOp::Avg); }),
+                 "allReduce: ReduceOp avg needs a floating dtype, got int32"));
+  CHECK(contains(errorOf([&] { ranks[0].reduce(zeros({2}, {.dtype = DType::UInt8}), 0, ReduceOp::Avg); }),
+                 "reduce: ReduceOp avg needs a floating dtype, got uint8"));
 }

@@ -5,8 +5,9 @@
 // that every worker's distributed autograd state drains once the context ends. The same job
 // runs the error paths (a second backward, a throwing backward rule on another worker) and
 // must still shut down gracefully within a few seconds. A second job kills a worker that took
-// part in two contexts, one of them in the middle of a backward pass. Every wait is bounded and
-// every process is checked to be gone at the end.
+// part in two contexts, one of them in the middle of a backward pass. A third kills a worker
+// just after it answered every request of a pass, before the initiator resumes it. Every wait is
+// bounded and every process is checked to be gone at the end.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -239,4 +240,35 @@ TEST_CASE("dist_autograd multiprocess: a worker killed with SIGKILL fails backwa
   }
   CHECK(victim.wait(10s).signal == SIGKILL);
   CHECK(job.allGone());
+}
+
+TEST_CASE("dist_autograd multiprocess: a worker killed after answering every request of a pass, before the "
+          "initiator resumes it, fails backward with DisconnectedError naming it, no crash") {
+  for (int run = 0; run < 3; ++run) {
+    CAPTURE(run);
+    Job job("settled-kill", 2);
+    Subprocess& victim = job.proc(1);
+    bool settled = job.proc(0).readUntil(
+        [](const std::string& out, const std::string&) { return contains(out, "rank 0 settled\n"); }, 30s);
+    if (!settled) {
+      weft::testing::dumpResults(job.finish(1s));
+      FAIL("rank 0 never reached the settled point of its backward pass");
+    }
+    REQUIRE(::kill(victim.pid(), SIGKILL) == 0);
+    auto res0 = job.proc(0).wait(20s);
+    INFO("rank 0 stdout:\n" << res0.out << "\nrank 0 stderr:\n" << res0.err);
+    CHECK_FALSE(res0.timedOut);
+    CHECK(res0.signal == 0);
+    CHECK(res0.exitCode == 0);
+    CHECK(contains(res0.out, "rank 0 dropped 1\n"));
+    std::string outcome = restOfLine(res0.out, "rank 0 backward ");
+    CHECK(outcome.rfind("DisconnectedError: ", 0) == 0);
+    CHECK(contains(outcome, "worker1"));
+    std::string later = restOfLine(res0.out, "rank 0 later gradients in_us ");
+    CHECK(contains(later, " DisconnectedError: "));
+    CHECK(contains(later, "worker1"));
+    CHECK(contains(res0.out, "rank 0 " + kEmptyCounts));
+    CHECK(victim.wait(10s).signal == SIGKILL);
+    CHECK(job.allGone());
+  }
 }

@@ -1,14 +1,21 @@
 // Distributed autograd between agents of one process (each with its own loop, pool and TCP
 // connections on 127.0.0.1): recording on calls and replies, backward through one and two hops,
-// parameters passed as arguments, RRefs, retainGraph, errors and release everywhere. Gradients
-// are compared with the same computation done locally.
+// parameters passed as arguments, RRefs, retainGraph, errors and release everywhere, a peer dying
+// between two steps of a pass, and the threads backward() may and may not run on. Gradients are
+// compared with the same computation done locally.
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "dist_autograd/dist_autograd.h"
 #include "rpc/agent_util.h"
+#include "rpc/uv_loop.h"
 #include "rref/rref.h"
+#include "text_util.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "weft_test.h"
@@ -26,11 +33,20 @@ inline const weft::Function<Tensor(Tensor, Tensor)> mulArgs{"datest.mulArgs"};  
 inline const weft::Function<Tensor(Tensor, int64_t)> relay{"datest.relay"};      // scaleByW on another rank, then tanh
 inline const weft::Function<Tensor(Tensor)> explodeInBackward{"datest.explode"};  // identity whose backward throws
 inline const weft::Function<int64_t()> contextHere{"datest.contextHere"};         // the context current in the body
+// In its own context: x = [1, 2, -3] sent to rank `to` for scaleByW, backward from the sum of the
+// result; returns x's gradient (w_to), which needs this worker to run the pass's send node.
+inline const weft::Function<Tensor(int64_t)> backwardHere{"datest.backwardHere"};
+// Once `meet` handlers (of this process's agents) have arrived here, backward of
+// pendingPasses[slot] (a context and its loss).
+inline const weft::Function<int64_t(int64_t, int64_t)> backwardPending{"datest.backwardPending"};
+inline std::atomic<int> arrived{0};
+inline std::vector<std::pair<Context*, Tensor>> pendingPasses;
 
 // Three agents, each with its own weight w_r = (r + 2) * [0.5, -1, 1.5] (float64, a leaf).
 class Job {
  public:
-  explicit Job(int world = 3) : group_(world) {
+  explicit Job(int world = 3, std::function<void(int, weft::rpc::Options&)> configure = {})
+      : group_(world, std::move(configure)) {
     for (int r = 0; r < world; ++r) {
       weights_.push_back(weft::fromVector(std::vector<double>{0.5, -1.0, 1.5}) * double(r + 2));
       weights_.back().requiresGrad_();
@@ -47,6 +63,22 @@ class Job {
         return out;
       });
       a.registry().impl(contextHere, [&a] { return weft::dist_autograd::currentContextId(a); });
+      a.registry().impl(backwardHere, [&a](int64_t to) {
+        Tensor x = weft::fromVector(std::vector<double>{1.0, 2.0, -3.0}).requiresGrad_();
+        Context ctx(a);
+        Tensor y = a.sync(static_cast<int>(to), scaleByW, x);
+        ctx.backward({y.sum()}, weft::dist_autograd::BackwardOptions{.timeout = 5s});
+        return ctx.gradients().at(x);
+      });
+      a.registry().impl(backwardPending, [](int64_t slot, int64_t meet) {
+        ++arrived;
+        if (!eventually([meet] { return arrived.load() >= meet; }, 10s)) {
+          throw weft::TimeoutError("the other handlers did not arrive");
+        }
+        auto& [ctx, loss] = pendingPasses.at(static_cast<size_t>(slot));
+        ctx->backward({loss}, weft::dist_autograd::BackwardOptions{.timeout = 5s});
+        return int64_t{1};
+      });
     }
     group_.start();
   }
@@ -314,4 +346,144 @@ TEST_CASE("dist_autograd: a callback queued during backward hands its gradient t
   w.gradAccumulator()->removeHook(id);
   CHECK(weft::allclose(ctx.gradients().at(w), x.detach() * job.w(1).detach() * 2.0, 1e-12, 0));
   CHECK_FALSE(w.grad().defined());
+}
+
+namespace {
+
+// Installs a settled hook (dist_autograd.h, detail) for one test and removes it at the end.
+class SettledHook {
+ public:
+  explicit SettledHook(std::function<void(int64_t)> hook) {
+    weft::dist_autograd::detail::setBackwardSettledHook(std::move(hook));
+  }
+  ~SettledHook() { weft::dist_autograd::detail::setBackwardSettledHook({}); }
+  SettledHook(const SettledHook&) = delete;
+  SettledHook& operator=(const SettledHook&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("dist_autograd: a peer dying between two steps of backward fails it with DisconnectedError naming "
+          "the peer") {
+  Job job(2);
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(1, scaleByW, input());
+  const int64_t id = ctx.id();
+  bool fired = false;
+  bool droppedHere = false;
+  // Every request of the pass has been answered; worker1 now dies and worker0's loop thread
+  // releases the context before the pass looks at it again.
+  SettledHook hook([&](int64_t c) {
+    if (c != id || fired) return;
+    fired = true;
+    job.agent(1).shutdown({.graceful = false});
+    droppedHere = eventually([&] { return weft::dist_autograd::debugCounts(job.agent(0)).contexts == 0; }, 5s);
+  });
+  CHECK_THROWS_WITH_AS(ctx.backward({y.sum()}), doctest::Contains("worker1"), weft::DisconnectedError);
+  CHECK(fired);
+  CHECK(droppedHere);
+  CHECK_THROWS_WITH_AS(ctx.gradients(), doctest::Contains("worker1"), weft::DisconnectedError);
+  CHECK_THROWS_AS(ctx.backward({y.sum()}), weft::DisconnectedError);
+}
+
+TEST_CASE("dist_autograd: backward runs in a handler of a worker with one handler thread, its pass needing "
+          "that worker") {
+  Job job(3, [](int, weft::rpc::Options& o) { o.numWorkerThreads = 1; });
+  SUBCASE("one handler") {
+    Tensor g = job.agent(0).sync(1, backwardHere, int64_t{2});
+    CHECK(weft::allclose(g, job.w(2).detach(), 1e-12, 0));
+  }
+  SUBCASE("two handlers on two workers at once, each pass needing the other's only handler thread") {
+    // Context a on worker1 sent x1 to worker2, context b on worker2 sent x2 to worker1 (each
+    // made on a thread of its own). Then a handler on each worker runs one of the passes: a's
+    // send node on worker2 waits for the handler thread that runs b there, and the reverse.
+    std::unique_ptr<Context> a, b;
+    Tensor x1 = input(), x2 = input(), loss1, loss2;
+    std::thread([&] {
+      a = std::make_unique<Context>(job.agent(1));
+      loss1 = job.agent(1).sync(2, scaleByW, x1).sum();
+    }).join();
+    std::thread([&] {
+      b = std::make_unique<Context>(job.agent(2));
+      loss2 = job.agent(2).sync(1, scaleByW, x2).sum();
+    }).join();
+    arrived = 0;
+    pendingPasses = {{a.get(), loss1}, {b.get(), loss2}};
+    auto on1 = job.agent(0).async(1, backwardPending, int64_t{0}, int64_t{2});
+    auto on2 = job.agent(0).async(2, backwardPending, int64_t{1}, int64_t{2});
+    CHECK(on1.get() == 1);
+    CHECK(on2.get() == 1);
+    pendingPasses.clear();
+    CHECK(weft::allclose(a->gradients().at(x1), job.w(2).detach(), 1e-12, 0));
+    CHECK(weft::allclose(b->gradients().at(x2), job.w(1).detach(), 1e-12, 0));
+  }
+  CHECK(job.drained());
+}
+
+TEST_CASE("dist_autograd: backward on the agent's loop thread is a StateError, and the context stays usable") {
+  Job job(2);
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(1, scaleByW, x);
+  CHECK_THROWS_WITH_AS(job.agent(0).loop().call([&] { ctx.backward({y.sum()}); }), doctest::Contains("loop thread"),
+                       weft::StateError);
+  ctx.backward({y.sum()});
+  CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach(), 1e-12, 0));
+}
+
+TEST_CASE("dist_autograd: backward from inside a backward pass is a StateError") {
+  Job job(2);
+  Tensor x = input();
+  Tensor w = job.w(0);
+  Context ctx(job.agent(0));
+  Tensor loss = job.agent(0).sync(1, scaleByW, x * w).sum();
+  std::string inner;
+  int id = w.gradAccumulator()->registerPreHook([&](std::vector<Tensor>&) {
+    try {
+      ctx.backward({loss}, true);
+      inner = "returned";
+    } catch (const weft::StateError& e) {
+      inner = e.what();
+    }
+  });
+  ctx.backward({loss});
+  w.gradAccumulator()->removeHook(id);
+  CHECK(weft::testing::contains(inner, "inside a backward pass"));
+  // The outer pass completed: w's gradient is x * w1.
+  CHECK(weft::allclose(ctx.gradients().at(w), x.detach() * job.w(1).detach(), 1e-12, 0));
+}
+
+TEST_CASE("dist_autograd: a second backward on a context whose pass is running is a StateError") {
+  Job job(2);
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(1, scaleByW, x);
+  const int64_t id = ctx.id();
+  std::string second;
+  SettledHook hook([&](int64_t c) {
+    if (c != id || !second.empty()) return;
+    std::thread other([&] {
+      try {
+        ctx.backward({y.sum()}, true);
+        second = "returned";
+      } catch (const weft::StateError& e) {
+        second = e.what();
+      }
+    });
+    other.join();
+  });
+  ctx.backward({y.sum()}, true);
+  CHECK(weft::testing::contains(second, "already running"));
+  CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach(), 1e-12, 0));
+}
+
+TEST_CASE("dist_autograd: a local backward reaching a received tensor's recv node is a StateError") {
+  Job job(2);
+  Tensor x = input();
+  Context ctx(job.agent(0));
+  Tensor y = job.agent(0).sync(1, scaleByW, x);
+  CHECK_THROWS_WITH_AS(y.sum().backward(), doctest::Contains("a local backward"), weft::StateError);
+  // The context is untouched: its own backward still gives x its gradient.
+  ctx.backward({y.sum()});
+  CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach(), 1e-12, 0));
 }

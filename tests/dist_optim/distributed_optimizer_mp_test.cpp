@@ -29,6 +29,11 @@ std::vector<std::string> rankSettings(int rank) {
   return settings;
 }
 
+// The real number after `label` on the line that follows `line` (NaN when either is absent).
+double realOnLine(const std::string& text, const std::string& line, const std::string& label) {
+  return weft::testing::realAfter(restOfLine(text, line), label);
+}
+
 // One job of dist_optim_worker processes playing `scenario`, ranks 0..world-1.
 struct Job : weft::testing::MpJob {
   Job(const std::string& scenario, int world) : MpJob({DIST_OPTIM_WORKER_PATH, scenario}, world, rankSettings) {}
@@ -77,5 +82,41 @@ TEST_CASE("dist_optim multiprocess: a server killed with SIGKILL fails the next 
   CHECK(ms >= 0);
   CHECK(ms < 2000);
   CHECK(contains(results[1].out, "rank 1 shutdown missing ps\n"));
+  job.checkAllGone();
+}
+
+TEST_CASE("dist_optim multiprocess: a worker that only hosts objects and shuts down at once serves a RemoteModule "
+          "and its DistributedOptimizer until the job ends, past the shutdown timeout") {
+  // Named worker0..2; a shutdown timeout of 1 s, well under the 3 s the trainers take.
+  auto settings = [](int) {
+    std::vector<std::string> s = weft::testing::fastFailureSettings(4);
+    for (std::string& v : s) {
+      if (v.rfind("WEFT_SHUTDOWN_TIMEOUT=", 0) == 0) v = "WEFT_SHUTDOWN_TIMEOUT=1";
+    }
+    return s;
+  };
+  weft::testing::MpJob job({DIST_OPTIM_WORKER_PATH, "idle_host"}, 3, settings);
+  auto results = job.finish(60s);
+  INFO(resultsText(results));
+  for (size_t r = 0; r < results.size(); ++r) {
+    CAPTURE(r);
+    const std::string p = "rank " + std::to_string(r) + " ";
+    CHECK_FALSE(results[r].timedOut);
+    CHECK(results[r].exitCode == 0);
+    CHECK(contains(results[r].out, p + "shutdown graceful 1 missing - seconds "));
+    CHECK(contains(results[r].out, p + "state_empty_at_close 1 "));
+  }
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    const std::string p = "rank " + std::to_string(r) + " ";
+    CHECK(contains(results[static_cast<size_t>(r)].out, p + "trained steps 6 "));
+    // The same losses and parameters as the same steps on one process.
+    CHECK(realOnLine(results[static_cast<size_t>(r)].out, p + "trained steps 6 ", "max_loss_diff ") < 1e-5);
+    CHECK(realOnLine(results[static_cast<size_t>(r)].out, p + "trained steps 6 ", "max_param_diff ") < 1e-5);
+    CHECK(realOnLine(results[static_cast<size_t>(r)].out, p + "trained steps 6 ", "loss_last ") <
+          realOnLine(results[static_cast<size_t>(r)].out, p + "trained steps 6 ", "loss_first "));
+  }
+  // The idle worker waited in its shutdown for the whole training, well past its 1 s timeout.
+  CHECK(realOnLine(results[1].out, "rank 1 shutdown graceful 1 missing - ", "seconds ") > 2.5);
   job.checkAllGone();
 }

@@ -169,3 +169,29 @@ TEST_CASE("undefined tensors and bad keys cannot be saved") {
   CHECK_THROWS_AS(nn::saveStateDict({{"x", Tensor()}}, "never_written.weft"), InvalidArgumentError);
   CHECK_FALSE(std::ifstream("never_written.weft").good());
 }
+
+TEST_CASE("int32, uint8 and bool tensors survive a state file, and a bool byte other than 0 or 1 is refused") {
+  nn::StateDict d = {{"ids", fromVector<int32_t>({-2147483647 - 1, 5, 2147483647}, {3, 1})},
+                     {"pixels", fromVector<uint8_t>({0, 17, 255, 128})},
+                     {"mask", fromVector(std::vector<bool>{true, false, true}, {1, 3})}};
+  nn::StateDict back = nn::deserializeStateDict(nn::serializeStateDict(d));
+  REQUIRE(back.size() == 3);
+  CHECK(back.at("ids").dtype() == DType::Int32);
+  CHECK(back.at("ids").shape() == Shape{3, 1});
+  CHECK(back.at("ids").toVector<int32_t>() == d.at("ids").toVector<int32_t>());
+  CHECK(back.at("pixels").dtype() == DType::UInt8);
+  CHECK(back.at("pixels").toVector<uint8_t>() == std::vector<uint8_t>{0, 17, 255, 128});
+  CHECK(back.at("mask").dtype() == DType::Bool);
+  CHECK(back.at("mask").toVector<bool>() == std::vector<bool>{true, false, true});
+  // The codes are the documented ones: int32 5, uint8 6, bool 7.
+  std::string one32("\x01\x00\x00\x00", 4);
+  CHECK(nn::deserializeStateDict(oneRecord("w", 5, {1}, 4, one32)).at("w").item<int32_t>() == 1);
+  CHECK(nn::deserializeStateDict(oneRecord("w", 6, {1}, 1, "\xff")).at("w").item<uint8_t>() == 255);
+  CHECK(nn::deserializeStateDict(oneRecord("w", 7, {2}, 2, std::string("\x00\x01", 2))).at("w").toVector<bool>() ==
+        std::vector<bool>{false, true});
+  CHECK_THROWS_WITH_AS(nn::deserializeStateDict(oneRecord("w", 7, {3}, 3, std::string("\x00\x01\x02", 3))),
+                       doctest::Contains("record 0 ('w') is a bool tensor with byte 2 at element 2 (a bool is 0 or 1)"),
+                       InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(nn::deserializeStateDict(oneRecord("w", 8, {1}, 1, std::string(1, '\0'))),
+                       doctest::Contains("unknown dtype code 8"), InvalidArgumentError);
+}

@@ -1,10 +1,11 @@
 // The Agent across real processes on 127.0.0.1 (tests/rpc/helpers/agent_worker.cpp):
 // a worker killed with SIGKILL, or stopped with SIGSTOP, in the middle of calls
-// made to it, or killed with bytes unread in its socket (a reset); a whole job
-// stopped for longer than its heartbeat window, and a busy worker among spinning
-// processes, neither of which may be declared dead; and jobs started through the
-// built weftrun, one of whose ranks fails. Every wait is bounded and every
-// process is checked to be gone at the end.
+// made to it or while the others wait for it in the shutdown barrier, or killed
+// with bytes unread in its socket (a reset); a whole job stopped for longer than
+// its heartbeat window, and a busy worker among spinning processes, neither of
+// which may be declared dead; and jobs started through the built weftrun, one of
+// whose ranks fails. Every wait is bounded and every process is checked to be
+// gone at the end.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -132,19 +133,90 @@ void loseVictimMidCall(int sig, const std::string& heartbeatSeconds, std::chrono
     // The survivors served each other: 0 + 1 + ... + 99.
     CHECK(numbersAfter(res.out, "peer sum ") == std::vector<long long>{4950});
 
-    // Graceful shutdown names the lost worker and finishes within its 5 s timeout.
+    // Graceful shutdown names the lost worker and ends promptly: the barrier fails at once, with
+    // no wait for the 5 s shutdown timeout.
     std::string shutdown = restOfLine(res.out, "shutdown graceful ");
     CHECK(contains(shutdown, "1 missing worker2 seconds "));
     std::string seconds = restOfLine(res.out, " seconds ");
     REQUIRE_FALSE(seconds.empty());
-    CHECK(std::stod(seconds) < 5.5);
+    CHECK(std::stod(seconds) < 3.0);
   }
   if (sig != SIGKILL) ::kill(victim.pid(), SIGKILL);  // a stopped process still dies of SIGKILL
   CHECK(victim.wait(10s).signal == SIGKILL);
   for (auto& p : procs) CHECK(processGone(p->pid(), 5s));
 }
 
+// Runs the `barrier_loss` scenario of agent_worker with 4 workers: once ranks 0 and 1 have waited
+// in their graceful shutdown for half a second while rank 3 keeps calling them, sends the victim
+// (rank 2) `sig`, and checks that both left the barrier within `bound` seconds of it, naming the
+// victim, and that rank 3, whose calls then fail, names the victim alone too.
+void loseVictimInBarrier(int sig, const std::string& heartbeatSeconds, double bound) {
+  constexpr int kWorld = 4;
+  const uint16_t port = freePort();
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int r = 0; r < kWorld; ++r) {
+    procs.push_back(std::make_unique<Subprocess>(std::vector<std::string>{AGENT_WORKER_PATH, "barrier_loss"},
+                                                 rankEnv(r, kWorld, port, heartbeatSeconds)));
+  }
+  Subprocess& victim = *procs[2];
+  const std::vector<std::string> readyLines = {"rank 0 in shutdown\n", "rank 1 in shutdown\n",
+                                               "rank 2 victim ready\n", "rank 3 working\n"};
+  bool ready = true;
+  for (int r = 0; r < kWorld && ready; ++r) {
+    const std::string& line = readyLines[static_cast<size_t>(r)];
+    ready = procs[static_cast<size_t>(r)]->readUntil(
+        [&line](const std::string& out, const std::string&) { return contains(out, line); }, 30s);
+  }
+  if (!ready) {
+    for (auto& p : procs) {
+      auto res = p->wait(1s);
+      INFO("stdout:\n" << res.out << "\nstderr:\n" << res.err);
+      CHECK(false);
+    }
+  }
+  REQUIRE(ready);
+  std::this_thread::sleep_for(500ms);  // they wait in the barrier, for as long as the job runs
+
+  long long lostAtNs = steadyNowNs();
+  REQUIRE(::kill(victim.pid(), sig) == 0);
+  for (int r : {0, 1, 3}) {
+    CAPTURE(r);
+    auto res = procs[static_cast<size_t>(r)]->wait(20s);
+    INFO("stdout:\n" << res.out << "\nstderr:\n" << res.err);
+    CHECK_FALSE(res.timedOut);
+    CHECK(res.exitCode == 0);
+    std::vector<long long> at = numbersAfter(res.out, " left at_ns ");
+    REQUIRE(at.size() == 1);
+    double after = static_cast<double>(at[0] - lostAtNs) / 1e9;
+    MESSAGE("rank " << r << " left " << after * 1000 << " ms after the signal");
+    CHECK(after >= 0);  // it was still in the job
+    CHECK(after < bound);
+    CHECK(contains(restOfLine(res.out, " left at_ns "), " graceful 1 missing worker2"));
+    CHECK(restOfLine(res.out, " missing ") == "worker2");
+    if (r == 3) {
+      // It was served by both while they waited in their shutdown (25 calls in the half second).
+      std::vector<long long> calls = numbersAfter(res.out, "calls ended after ");
+      REQUIRE(calls.size() == 1);
+      CHECK(calls[0] >= 10);
+    }
+  }
+  if (sig != SIGKILL) ::kill(victim.pid(), SIGKILL);
+  CHECK(victim.wait(10s).signal == SIGKILL);
+  for (auto& p : procs) CHECK(processGone(p->pid(), 5s));
+}
+
 }  // namespace
+
+TEST_CASE("workers waiting in the shutdown barrier for a worker that is killed (SIGKILL) leave it within 1 s, "
+          "naming it") {
+  loseVictimInBarrier(SIGKILL, "0.5", 1.0);
+}
+
+TEST_CASE("workers waiting in the shutdown barrier for a worker that stops answering (SIGSTOP) leave it once "
+          "the heartbeat declares it dead, naming it") {
+  // 5 heartbeat intervals of 0.2 s of silence, then at once.
+  loseVictimInBarrier(SIGSTOP, "0.2", 2.5);
+}
 
 TEST_CASE("a worker killed with SIGKILL mid-call: the others get DisconnectedError within 100 ms, keep serving "
           "each other and shut down cleanly") {

@@ -162,6 +162,23 @@ TEST_CASE("tensors of every dtype and of zero, one or many bytes round-trip") {
   CHECK_FALSE(roundTrip(Tensor()).defined());
 }
 
+TEST_CASE("int32, uint8 and bool tensors round-trip with their dtype and values") {
+  Tensor i = fromVector<int32_t>({-2147483647 - 1, -1, 0, 2147483647}, {2, 2});
+  Tensor gotI = roundTrip(i);
+  CHECK(gotI.dtype() == DType::Int32);
+  CHECK(gotI.toVector<int32_t>() == i.toVector<int32_t>());
+  Tensor u = fromVector<uint8_t>({0, 1, 128, 255, 7, 9}, {2, 3});
+  Tensor gotU = roundTrip(u.t());  // a view: sent as its own contiguous bytes
+  CHECK(gotU.dtype() == DType::UInt8);
+  CHECK(gotU.shape() == Shape{3, 2});
+  CHECK(gotU.toVector<uint8_t>() == std::vector<uint8_t>{0, 255, 1, 7, 128, 9});
+  Tensor mask = gt(fromVector<float>({1, 5, 2, 8}), scalarTensor(3));
+  Tensor gotMask = roundTrip(mask);
+  CHECK(gotMask.dtype() == DType::Bool);
+  CHECK(gotMask.toVector<bool>() == std::vector<bool>{false, true, false, true});
+  CHECK(roundTrip(zeros({0, 3}, {.dtype = DType::Bool})).shape() == Shape{0, 3});
+}
+
 TEST_CASE("storage-only dtypes travel as their bytes") {
   auto storage = Storage::allocate(8, Device::cpu());
   uint16_t halves[4] = {0x3c00, 0x4000, 0xbc00, 0};
@@ -474,6 +491,29 @@ TEST_CASE("tensor descriptors that lie are rejected before a tensor is built") {
               v.getTensor().setRequiresGrad(true);
             },
             {8})) == "add: argument 0: tensor of dtype int64 claims to require grad");
+}
+
+TEST_CASE("a bool tensor whose bytes are not all 0 or 1 is rejected") {
+  auto bytes = Storage::allocate(4, Device::cpu());
+  const uint8_t raw[4] = {0, 1, 2, 1};
+  std::memcpy(bytes->data(), raw, 4);
+  FrameWriter writer;
+  auto call = writer.message().initCall();
+  setDesc(call.initArgs(1)[0], {2, 2}, 4, 0, static_cast<uint16_t>(DType::Bool));
+  writer.addBuffer(bytes, 0, 4);
+  CHECK(decodeError<Tensor>(Wire::finish(std::move(writer))) ==
+        "add: argument 0: bool tensor of shape [2, 2] has byte 2 at element 2 (a bool is 0 or 1)");
+  // The same bytes as uint8 are fine.
+  FrameWriter asBytes;
+  auto call2 = asBytes.message().initCall();
+  setDesc(call2.initArgs(1)[0], {2, 2}, 4, 0, static_cast<uint16_t>(DType::UInt8));
+  asBytes.addBuffer(bytes, 0, 4);
+  Wire w = Wire::finish(std::move(asBytes));
+  DecodeContext ctx(*w.frame);
+  CHECK(std::get<0>(decodeArguments<Tensor>("f", w.args(), ctx)).toVector<uint8_t>() ==
+        std::vector<uint8_t>{0, 1, 2, 1});
+  CHECK(decodeError<Tensor>(handMade([](auto v) { setDesc(v, {2}, 2, 0, 8); }, {2})) ==
+        "add: argument 0: tensor has unknown dtype 8");
 }
 
 TEST_CASE("duplicate map keys are rejected") {

@@ -12,6 +12,10 @@
 #include "common/error.h"
 #include "text_util.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
 using namespace weft;
 using namespace weft::rpc;
 using namespace std::chrono_literals;
@@ -27,6 +31,7 @@ const char* const kAllVariables[] = {
     "WEFT_MASTER_ADDR", "WEFT_MASTER_PORT", "MASTER_ADDR", "MASTER_PORT", "WEFT_WORKER_NAME", "WEFT_LISTEN_ADDR",
     "WEFT_LISTEN_PORT", "WEFT_NUM_WORKER_THREADS", "WEFT_RPC_TIMEOUT", "WEFT_STORE_TIMEOUT", "WEFT_RPC_TOKEN",
     "WEFT_LOG_LEVEL", "WEFT_SHUTDOWN_TIMEOUT", "WEFT_HEARTBEAT_INTERVAL", "WEFT_HEARTBEAT_MISSES",
+    "WEFT_SOCKET_IFNAME",
 };
 
 // Sets exactly the given variables among those fromEnv reads (all others
@@ -118,7 +123,7 @@ TEST_CASE("weftrun's variables are read, and the worker name defaults to worker<
   CHECK(opt.masterAddr == "10.0.0.7");
   CHECK(opt.masterPort == 29501);
   CHECK(opt.masterEndpoint() == "10.0.0.7:29501");
-  CHECK(opt.listenHost() == "0.0.0.0");  // a job across machines listens on every interface
+  CHECK(opt.socketIfname.empty());  // the default: the local address of the route to 10.0.0.7
 }
 
 TEST_CASE("WEFT_ variables win over torchrun's, Slurm's and Open MPI's") {
@@ -185,6 +190,7 @@ TEST_CASE("Open MPI's variables are read last, and a missing local rank means th
 
 TEST_CASE("the optional WEFT_ settings are read") {
   ScopedEnv env({{"WEFT_WORKER_NAME", "ps.0:main-1"},
+                 {"WEFT_SOCKET_IFNAME", "eth0"},
                  {"WEFT_LISTEN_ADDR", "192.168.1.4"},
                  {"WEFT_LISTEN_PORT", "7000"},
                  {"WEFT_NUM_WORKER_THREADS", "8"},
@@ -194,6 +200,7 @@ TEST_CASE("the optional WEFT_ settings are read") {
                  {"WEFT_LOG_LEVEL", "debug"}});
   Options opt = Options::fromEnv();
   CHECK(opt.workerName() == "ps.0:main-1");
+  CHECK(opt.socketIfname == "eth0");
   CHECK(opt.listenHost() == "192.168.1.4");
   CHECK(opt.listenPort == 7000);
   CHECK(opt.numWorkerThreads == 8);
@@ -380,18 +387,90 @@ TEST_CASE("validate rejects hand-built options with a message naming the field")
   CHECK(contains(validateError(o), "authToken of 5000 bytes"));
 }
 
-TEST_CASE("the listen address defaults to loopback exactly when the store is on loopback") {
+namespace {
+
+// This machine's addresses by interface (an independent look at getifaddrs).
+std::vector<std::pair<std::string, std::string>> machineIpv4() {
+  std::vector<std::pair<std::string, std::string>> out;
+  ifaddrs* list = nullptr;
+  REQUIRE(::getifaddrs(&list) == 0);
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    char buf[INET_ADDRSTRLEN] = "";
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+    out.emplace_back(i->ifa_name, buf);
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+std::string invalidArgument(const Options& o) {
+  try {
+    o.localAddress();
+  } catch (const InvalidArgumentError& e) {
+    return e.what();
+  }
+  FAIL("localAddress accepted socketIfname '" << o.socketIfname << "' with master '" << o.masterAddr << "'");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("WEFT_SOCKET_IFNAME names an interface or an address of this machine, and wins over the route") {
+  Options o;
+  o.masterAddr = "127.0.0.1";
+  o.socketIfname = "lo";
+  CHECK(o.localAddress() == "127.0.0.1");
+  for (const auto& [ifname, address] : machineIpv4()) {
+    o.socketIfname = address;
+    CHECK(o.localAddress() == address);
+    CHECK(o.listenHost() == address);
+  }
+  o.socketIfname = "nosuchif0";
+  std::string err = invalidArgument(o);
+  CHECK(contains(err, "WEFT_SOCKET_IFNAME='nosuchif0' is neither an interface nor an IP address of this machine"));
+  CHECK(contains(err, "lo 127.0.0.1"));  // the interfaces there are, to choose from
+  o.socketIfname = "192.0.2.254";
+  bool local = false;
+  for (const auto& ia : machineIpv4()) local = local || ia.second == o.socketIfname;
+  if (!local) CHECK(contains(invalidArgument(o), "WEFT_SOCKET_IFNAME='192.0.2.254' is not an address of this machine"));
+  {
+    ScopedEnv env({{"WEFT_SOCKET_IFNAME", ""}});
+    CHECK_THROWS_WITH_AS(Options::fromEnv(), doctest::Contains("WEFT_SOCKET_IFNAME is empty"), InvalidArgumentError);
+  }
+  o.socketIfname = "eth 0";
+  CHECK(contains(validateError(o), "socketIfname 'eth 0' is not an interface name or an IP address"));
+}
+
+TEST_CASE("the job's address is loopback exactly when the store is on loopback, else the route's local address") {
   Options o;
   for (const char* host : {"127.0.0.1", "127.1.2.3", "localhost", "::1"}) {
     o.masterAddr = host;
+    CHECK_MESSAGE(o.localAddress() == "127.0.0.1", host);
     CHECK_MESSAGE(o.listenHost() == "127.0.0.1", host);
+    CHECK_MESSAGE(o.advertisedHost() == "127.0.0.1", host);
   }
-  for (const char* host : {"10.0.0.1", "node0", "::"}) {
-    o.masterAddr = host;
-    CHECK_MESSAGE(o.listenHost() == "0.0.0.0", host);
+  // The route to one of this machine's own addresses starts at that address.
+  for (const auto& [ifname, address] : machineIpv4()) {
+    if (address.rfind("127.", 0) == 0) continue;
+    o.masterAddr = address;
+    CHECK_MESSAGE(o.localAddress() == address, ifname);
+    CHECK_MESSAGE(o.listenHost() == address, ifname);
+    CHECK_MESSAGE(o.advertisedHost() == address, ifname);
   }
+  o.masterAddr = "no-such-host.invalid";
+  std::string err = invalidArgument(o);
+  CHECK(contains(err, "no-such-host.invalid"));
+  CHECK(contains(err, "WEFT_SOCKET_IFNAME"));
+  // WEFT_LISTEN_ADDR binds the agent elsewhere; a wildcard still advertises the job's address.
+  o.masterAddr = "127.0.0.1";
   o.listenAddr = "10.1.1.1";
   CHECK(o.listenHost() == "10.1.1.1");
+  CHECK(o.advertisedHost() == "10.1.1.1");
+  o.listenAddr = "0.0.0.0";
+  CHECK(o.listenHost() == "0.0.0.0");
+  CHECK(o.advertisedHost() == "127.0.0.1");
+  o.listenAddr.clear();
   o.masterAddr = "::1";
   o.masterPort = 80;
   CHECK(o.masterEndpoint() == "[::1]:80");

@@ -2,6 +2,7 @@
 #include <tuple>
 #include <vector>
 
+#include "blas_core_types.h"
 #include "gradcheck.h"
 #include "kernels/cpu/parallel.h"
 #include "weft_test.h"
@@ -321,13 +322,21 @@ TEST_CASE("maxPool2d's 2x2 windows keep the first maximum and the first NaN, on 
 }
 
 TEST_CASE("conv2d gives the same bits with one thread or several, for batches of any size") {
+  weft::testing::checkRequestedBlasCore();
   // Images are spread over threads in the forward pass and gradX, and the
   // weight gradient is summed in a fixed number of chunks: the result must
-  // not depend on the thread count.
+  // not depend on the thread count. The larger images make products that are
+  // cut into blocks.
   const int saved = kernels::cpu::numThreads();
-  for (int64_t batch : {1, 3, 8, 11}) {
+  using Case = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // batch, in channels, image side, out channels
+  for (auto [batch, inC, side, outC] : {Case{1, 3, 9, 4}, Case{3, 3, 9, 4}, Case{8, 3, 9, 4}, Case{11, 3, 9, 4},
+                                        Case{1, 8, 30, 16}, Case{2, 8, 30, 16}}) {
     for (auto [s, p] : {std::pair<int64_t, int64_t>{1, 0}, {2, 1}}) {
-      Tensor x = wave({batch, 3, 9, 8}, 0.3), w = wave({4, 3, 3, 3}, 0.9, 0.4), b = wave({4}, 0.1);
+      CAPTURE(batch);
+      CAPTURE(side);
+      const int64_t kSide = side > 9 ? 5 : 3;
+      Tensor x = wave({batch, inC, side, side - 1}, 0.3), w = wave({outC, inC, kSide, kSide}, 0.9, 0.4);
+      Tensor b = wave({outC}, 0.1);
       auto run = [&](int threads) {
         kernels::cpu::setNumThreads(threads);
         Tensor xs = x.to(DType::Float32).requiresGrad_(), ws = w.to(DType::Float32).requiresGrad_();
@@ -427,23 +436,37 @@ TEST_CASE("lstmLayer passes gradcheck for every input, through its output and it
 }
 
 TEST_CASE("lstmLayer gives the same bits with one thread or several") {
+  weft::testing::checkRequestedBlasCore();
   const int saved = kernels::cpu::numThreads();
-  auto run = [](int threads) {
-    kernels::cpu::setNumThreads(threads);
-    Generator g(3);
-    std::vector<Tensor> in{randn({20, 48, 32}, {}, &g), randn({48, 64}, {}, &g), randn({48, 64}, {}, &g),
-                           randn({256, 32}, {}, &g),    randn({256, 64}, {}, &g), randn({256}, {}, &g),
-                           randn({256}, {}, &g)};
-    for (Tensor& t : in) t.requiresGrad_();
-    LstmLayerOutput o = lstmLayer(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
-    add(mul(o.output, o.output).sum(), o.c.sum()).backward();
-    std::vector<std::vector<float>> got{o.output.toVector<float>(), o.h.toVector<float>()};
-    for (const Tensor& t : in) got.push_back(t.grad().toVector<float>());
-    return got;
-  };
-  auto one = run(1), two = run(2);
-  kernels::cpu::setNumThreads(saved);
-  CHECK(one == two);
+  // [T, N, in, hidden]: batch rows in three chunks, and a batch of one chunk
+  // whose recurrent products are large enough to be cut into blocks.
+  for (auto [T, N, I, H] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{20, 48, 32, 64}, {5, 8, 32, 256}}) {
+    auto run = [&](int threads) {
+      kernels::cpu::setNumThreads(threads);
+      Generator g(3);
+      std::vector<Tensor> in{randn({T, N, I}, {}, &g),  randn({N, H}, {}, &g), randn({N, H}, {}, &g),
+                             randn({4 * H, I}, {}, &g), randn({4 * H, H}, {}, &g), randn({4 * H}, {}, &g),
+                             randn({4 * H}, {}, &g)};
+      for (Tensor& t : in) t.requiresGrad_();
+      LstmLayerOutput o = lstmLayer(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
+      add(mul(o.output, o.output).sum(), o.c.sum()).backward();
+      std::vector<std::vector<float>> got{o.output.toVector<float>(), o.h.toVector<float>()};
+      for (const Tensor& t : in) got.push_back(t.grad().toVector<float>());
+      return got;
+    };
+    CAPTURE(N);
+    CAPTURE(H);
+    auto one = run(1), two = run(2), three = run(3);
+    kernels::cpu::setNumThreads(saved);
+    CHECK(one == two);
+    CHECK(one == three);
+  }
+}
+
+TEST_CASE("lstmLayer and conv2d give the same bits with any thread count under each OpenBLAS core type this CPU runs") {
+  weft::testing::checkUnderEachBlasCoreType(
+      "lstmLayer gives the same bits with one thread or several,conv2d gives the same bits with one thread or several*",
+      2);
 }
 
 TEST_CASE("lstmLayer names the op and the shapes on bad input") {

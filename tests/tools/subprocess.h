@@ -112,6 +112,19 @@ class Subprocess {
     return true;
   }
 
+  // One round of reading output for up to `timeout`; true when bytes arrived. With tryReap, lets
+  // one test thread drive several programs at once.
+  bool pump(std::chrono::milliseconds timeout) { return readSome(timeout); }
+
+  // Reaps the program if it has ended (without waiting) and fills `r` as wait() does.
+  bool tryReap(Result& r) {
+    if (reaped_) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    finishResult(r, status);
+    return true;
+  }
+
   // Waits for the program to end, reading its output. On timeout kills its
   // process group and reports timedOut.
   Result wait(std::chrono::milliseconds timeout) {
@@ -129,6 +142,12 @@ class Subprocess {
       }
       readSome(std::chrono::milliseconds(20));
     }
+    finishResult(r, status);
+    return r;
+  }
+
+ private:
+  void finishResult(Result& r, int status) {
     reaped_ = true;
     r.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     // What the program wrote is in the pipes now; do not wait for writers that
@@ -140,10 +159,8 @@ class Subprocess {
     if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
     r.out = out_;
     r.err = err_;
-    return r;
   }
 
- private:
   static std::vector<char*> cStrings(std::vector<std::string>& strings) {
     std::vector<char*> out;
     for (std::string& s : strings) out.push_back(s.data());

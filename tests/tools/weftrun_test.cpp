@@ -166,6 +166,23 @@ TEST_CASE("variables inherited by weftrun are replaced for the ranks, and others
   CHECK(env[1]["WEFT_RESTART_COUNT"] == "0");
 }
 
+TEST_CASE("--socket-ifname reaches the ranks as WEFT_SOCKET_IFNAME; without it an inherited value passes through") {
+  {
+    Subprocess p(weftrun({"-n", "2", "--tag-output", "--socket-ifname", "eth7", kProbe, "env"}),
+                 {"WEFT_SOCKET_IFNAME=lo"});
+    auto r = p.wait(kRunLimit);
+    REQUIRE(r.exitCode == 0);
+    auto env = envByRank(r.out);
+    REQUIRE(env.size() == 2);
+    CHECK(env[0]["WEFT_SOCKET_IFNAME"] == "eth7");
+    CHECK(env[1]["WEFT_SOCKET_IFNAME"] == "eth7");
+  }
+  Subprocess p(weftrun({"-n", "1", "--tag-output", kProbe, "env"}), {"WEFT_SOCKET_IFNAME=10.9.8.7"});
+  auto r = p.wait(kRunLimit);
+  REQUIRE(r.exitCode == 0);
+  CHECK(envByRank(r.out)[0]["WEFT_SOCKET_IFNAME"] == "10.9.8.7");
+}
+
 TEST_CASE("--heartbeat-interval and --heartbeat-misses reach every rank, replacing inherited values") {
   Subprocess p(weftrun({"-n", "3", "--heartbeat-interval", "7.5", "--heartbeat-misses", "4", "--tag-output", kProbe,
                         "env"}),

@@ -27,12 +27,15 @@ TEST_CASE("weftrun options: defaults, then the program and its arguments untouch
 
 TEST_CASE("weftrun options: every option in both spellings") {
   Options o = parseOptions({"-n2", "--nnodes=3", "--node-rank", "2", "--master-addr", "10.0.0.7", "--master-port=29500",
-                            "--tag-output", "--max-restarts", "5", "--grace-period=0.25", "--", "-prog", "x"});
+                            "--socket-ifname", "eth1", "--tag-output", "--max-restarts", "5", "--grace-period=0.25",
+                            "--", "-prog", "x"});
   CHECK(o.procsPerNode == 2);
   CHECK(o.nnodes == 3);
   CHECK(o.nodeRank == 2);
   CHECK(o.masterAddr == "10.0.0.7");
   CHECK(o.masterPort == 29500);
+  CHECK(o.socketIfname == "eth1");
+  CHECK(parseOptions({"-n", "1", "--socket-ifname=10.0.0.9", "p"}).socketIfname == "10.0.0.9");
   CHECK(o.tagOutput);
   CHECK(o.maxRestarts == 5);
   CHECK(o.graceSeconds == 0.25);
@@ -90,6 +93,8 @@ TEST_CASE("weftrun options: each mistake is a UsageError naming the option and v
       {{"-n", "2", "--heartbeat-misses", "1", "p"}, "--heartbeat-misses expects an integer from 2 to 1000, got '1'"},
       {{"-n", "2", "--heartbeat-misses", "1001", "p"}, "got '1001'"},
       {{"-n", "2", "--heartbeat-misses", "2.5", "p"}, "got '2.5'"},
+      {{"-n", "2", "--socket-ifname=", "p"}, "--socket-ifname expects an interface name or an IP address"},
+      {{"-n", "2", "--socket-ifname", "eth 0", "p"}, "got 'eth 0'"},
       {{"-n", "2", "--nnodes", "2", "--node-rank", "2", "--master-addr", "a", "--master-port", "1", "p"},
        "--node-rank 2 must be below --nnodes 2"},
       {{"-n", "2", "--nnodes", "2", "--master-port", "1", "p"}, "--nnodes 2 needs --master-addr"},

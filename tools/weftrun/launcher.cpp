@@ -183,9 +183,11 @@ std::vector<std::string> rankEnvironment(const Options& o, int localRank, int po
     std::string_view entry(*e);
     std::string_view key = entry.substr(0, entry.find('='));
     bool replaced = std::any_of(managed.begin(), managed.end(), [&](const auto& kv) { return key == kv.first; });
+    if (!o.socketIfname.empty() && key == "WEFT_SOCKET_IFNAME") replaced = true;
     if (!replaced) env.emplace_back(entry);
   }
   for (const auto& [key, value] : managed) env.push_back(std::string(key) + "=" + value);
+  if (!o.socketIfname.empty()) env.push_back("WEFT_SOCKET_IFNAME=" + o.socketIfname);
   return env;
 }
 

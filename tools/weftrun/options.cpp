@@ -107,6 +107,12 @@ Options parseOptions(const std::vector<std::string>& args) {
     } else if (name == "--master-port") {
       o.masterPort = parseInt(name, value(), 1, 65535);
       sawPort = true;
+    } else if (name == "--socket-ifname") {
+      o.socketIfname = value();
+      if (o.socketIfname.empty() || o.socketIfname.find_first_of(" \t\n/") != std::string::npos) {
+        throw UsageError("--socket-ifname expects an interface name or an IP address of this machine, got '" +
+                         o.socketIfname + "'");
+      }
     } else if (name == "--tag-output") {
       noValue();
       o.tagOutput = true;
@@ -157,6 +163,7 @@ group through the environment:
   WEFT_MASTER_ADDR, MASTER_ADDR, WEFT_MASTER_PORT, MASTER_PORT
                                 where rank 0 serves the rendezvous store
   WEFT_RESTART_COUNT            0 on the first attempt, then 1, 2, ...
+  WEFT_SOCKET_IFNAME            --socket-ifname, when given
   WEFT_HEARTBEAT_INTERVAL, WEFT_HEARTBEAT_MISSES
                                 only when --heartbeat-interval / --heartbeat-misses
                                 are given
@@ -175,6 +182,9 @@ options:
   --master-addr A         address of node 0 (default 127.0.0.1; required when M > 1)
   --master-port P         port of the rendezvous store (default: a free port,
                           chosen anew for each attempt; required when M > 1)
+  --socket-ifname I       interface name or IP address of this machine that the
+                          processes bind and give their peers (default: the
+                          local address of the route to the master address)
   --tag-output            prefix every line of output with "[rank] "
   --max-restarts K        after a failure, restart the whole group up to K times
                           (default 0)

@@ -36,6 +36,10 @@ struct Options {
   std::string masterAddr = kDefaultMasterAddr;
   // 0 = weftrun picks a free port (by binding port 0) before each attempt.
   int masterPort = 0;
+  // --socket-ifname: the interface or address of this machine the processes
+  // bind and give their peers, passed on as WEFT_SOCKET_IFNAME; empty leaves
+  // that variable as weftrun found it.
+  std::string socketIfname;
   bool tagOutput = false;
   int maxRestarts = 0;
   // Time between SIGTERM and SIGKILL when weftrun stops ranks.

@@ -30,6 +30,20 @@
 //             in 5 rounds; prints "rank R b2b_best_us U" (the fastest round) and "rank R b2b_rounds_us
 //             ...", and the scheduling policies of this process's threads: "rank R batch_threads N"
 //             (Gloo's loop thread runs SCHED_BATCH) and "rank R main_policy P" (unchanged: 0).
+//   p2p_size  [3 ranks] point-to-point transfers whose sizes differ: rank 0 sends 12 float32 to a
+//             receive of 4 at rank 1 ("longer"), then 4 to a receive of 12 ("shorter"), then a
+//             matching transfer on the same tag ("matching", values checked), the same past the
+//             size carried with the header: 20000 float32 to a receive of 30000 ("big_shorter"),
+//             of 4096 ("big_longer"), then of 20000 ("big_matching", values checked); ranks 1 and 2 send
+//             empty tensors to any-source receives of empty tensors at rank 0 ("empty_any"); rank
+//             2 sends 3 float32 to an any-source receive of 2 at rank 0 ("any_longer"). Prints
+//             "rank R <case> ok" or "rank R <case> <ErrorType>: <message>" for each, then checks
+//             an allReduce and prints "rank R after p2p ok".
+//   hostile   [2 ranks] rank 1 is a bare Gloo peer in rank 0's group: for allReduce #0 of 4 float32
+//             it sends a matching call header followed by 8 bytes of data instead of 16, then 48
+//             bytes of garbage where rank 0 awaits a size header (recv, tag 5). Rank 0 prints "rank 0
+//             short_data <ErrorType>: <message>" and "rank 0 garbage_header <ErrorType>: <message>";
+//             rank 1 prints "rank 1 sent".
 // Every rank first prints "rank R pid P started". A wrong result throws: one line on stderr,
 // exit status 1.
 #include <sched.h>
@@ -41,6 +55,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <cstdio>
 #include <cstring>
@@ -49,6 +64,11 @@
 #include <thread>
 #include <vector>
 
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "collectives/gloo_call_check.h"
+#include "collectives/gloo_device.h"
 #include "collectives/process_group_gloo.h"
 #include "common/error.h"
 #include "rpc/options.h"
@@ -81,6 +101,7 @@ std::string errorLine(const std::exception& e) {
   else if (dynamic_cast<const weft::DisconnectedError*>(&e)) type = "DisconnectedError";
   else if (dynamic_cast<const weft::InvalidArgumentError*>(&e)) type = "InvalidArgumentError";
   else if (dynamic_cast<const weft::StateError*>(&e)) type = "StateError";
+  else if (dynamic_cast<const weft::ProtocolError*>(&e)) type = "ProtocolError";
   std::string msg = e.what();
   for (char& c : msg) {
     if (c == '\n') c = '|';
@@ -415,6 +436,129 @@ void runMismatch(ProcessGroupGloo& pg) {
   mismatchCase(pg, "mismatch_dtype", weft::ones({8}), weft::ones({4}, {.dtype = DType::Float64}));
 }
 
+// One point-to-point case: `body` runs on every rank; its error, if any, is printed as
+// "rank R <name> <ErrorType>: <message>", else "rank R <name> ok"; then a barrier.
+void p2pCase(ProcessGroupGloo& pg, const std::string& name, const std::function<void()>& body) {
+  try {
+    body();
+    say(name + " ok");
+  } catch (const std::exception& e) {
+    say(name + " " + errorLine(e));
+  }
+  pg.barrier().wait(30s);
+}
+
+void runP2pSize(ProcessGroupGloo& pg) {
+  const int me = pg.rank();
+  // Rank 0 sends 12 float32 to rank 1, which posts a receive of 4; then 4 into a receive of 12.
+  p2pCase(pg, "longer", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 12, 0), 1, 3);
+    if (me == 1) pg.recv(weft::zeros({4}), 0, 3);
+  });
+  p2pCase(pg, "shorter", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 4, 0), 1, 3);
+    if (me == 1) pg.recv(weft::zeros({12}), 0, 3);
+  });
+  // The same tag again, matching: the values arrive.
+  p2pCase(pg, "matching", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 4, 0, 5), 1, 3);
+    if (me == 1) {
+      Tensor x = weft::zeros({4});
+      pg.recv(x, 0, 3);
+      expectEq(x, [](int64_t i) { return value(0, i + 5); }, "matching recv after mismatches");
+    }
+  });
+  // Past the size that travels with the header (16 KiB): 20000 float32 into 30000, then into 20000.
+  p2pCase(pg, "big_shorter", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 20000, 0), 1, 4);
+    if (me == 1) pg.recv(weft::zeros({30000}), 0, 4);
+  });
+  p2pCase(pg, "big_longer", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 20000, 0), 1, 4);
+    if (me == 1) pg.recv(weft::zeros({4096}), 0, 4);
+  });
+  p2pCase(pg, "big_matching", [&] {
+    if (me == 0) pg.send(filled(DType::Float32, 20000, 0, 9), 1, 4);
+    if (me == 1) {
+      Tensor x = weft::zeros({20000});
+      pg.recv(x, 0, 4);
+      expectEq(x, [](int64_t i) { return value(0, i + 9); }, "big matching recv after a mismatch");
+    }
+  });
+  // Empty tensors received from any of two ranks.
+  p2pCase(pg, "empty_any", [&] {
+    if (me == 0) {
+      std::vector<bool> seen(3, false);
+      for (int k = 0; k < 2; ++k) {
+        int from = pg.recvAny(weft::zeros({0}), 8);
+        if (from < 1 || from > 2 || seen[static_cast<size_t>(from)]) fail("empty recvAny reported rank " + std::to_string(from));
+        seen[static_cast<size_t>(from)] = true;
+      }
+    } else {
+      pg.send(weft::zeros({0}), 0, 8);
+    }
+  });
+  // Rank 2 sends 3 float32 to an any-source receive of 2 at rank 0.
+  p2pCase(pg, "any_longer", [&] {
+    if (me == 0) pg.recvAny(weft::zeros({2}), 9);
+    if (me == 2) pg.send(filled(DType::Float32, 3, 2), 0, 9);
+  });
+  // The group is still usable for collectives.
+  Tensor y = filled(DType::Float32, 5, me);
+  pg.allReduce(y).wait(30s);
+  expectEq(y, [&](int64_t i) { double s = 0; for (int r = 0; r < pg.size(); ++r) s += value(r, i); return s; },
+           "allReduce after the point-to-point mismatches");
+  say("after p2p ok");
+}
+
+// Rank 0 of "hostile": a fused allReduce whose peer's data does not fit its header, then a
+// receive whose peer sends no weft size header.
+void runHostile(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
+  try {
+    pg.allReduce(weft::ones({4})).wait(30s);
+    say("short_data unexpected success");
+  } catch (const std::exception& e) {
+    say("short_data " + errorLine(e));
+  }
+  try {
+    pg.recv(weft::zeros({4}), 1, 5);
+    say("garbage_header unexpected success");
+  } catch (const std::exception& e) {
+    say("garbage_header " + errorLine(e));
+  }
+  store.barrier("collectives_worker/hostile", 2, 30s);
+}
+
+// Rank 1 of "hostile": joins rank 0's group as a bare Gloo peer (the same rendezvous keys) and
+// sends what no weft rank sends: a call header for allReduce #0 of 4 float32 with 8 bytes of data
+// after it, then 48 bytes of garbage where a size header belongs.
+void runHostilePeer(weft::rpc::StoreClient& store) {
+  namespace gd = weft::collectives::gloo_detail;
+  store.set("weft/pg/default/joined/1", "1");
+  auto context = std::make_shared<gd::MeshContext>(1, 2);
+  context->setTimeout(30s);
+  std::shared_ptr<gloo::transport::Device> device = gd::createTcpDevice("127.0.0.1");
+  context->connectMesh(store, "weft/pg/default/", device, 30s, "the hostile peer");
+  // Rank 0's message of run 0 (its header and 16 bytes of data) lands here.
+  std::vector<uint8_t> incoming(gd::kHeaderBytes + ProcessGroupGloo::kFusedSendBytes);
+  auto in = context->createUnboundBuffer(incoming.data(), incoming.size());
+  in->recv(0, gd::kExchangeSlotBase);
+  const int64_t words[gd::kHeaderWords] = {0x7765667470670002, static_cast<int64_t>(gd::OpCode::AllReduce), 0,
+                                           static_cast<int64_t>(DType::Float32), 4, -1,
+                                           static_cast<int64_t>(ReduceOp::Sum), 8};
+  std::vector<uint8_t> message(gd::kHeaderBytes + 8, 0);
+  std::memcpy(message.data(), words, gd::kHeaderBytes);
+  auto out = context->createUnboundBuffer(message.data(), message.size());
+  out->send(0, gd::kExchangeSlotBase);
+  if (!in->waitRecv(nullptr, 30s) || !out->waitSend(nullptr, 30s)) fail("the hostile call header did not get through");
+  std::vector<uint8_t> garbage(48, 0xAB);
+  auto junk = context->createUnboundBuffer(garbage.data(), garbage.size());
+  junk->send(0, gd::kP2pHeaderBase | 5);
+  if (!junk->waitSend(nullptr, 30s)) fail("the garbage size header did not get through");
+  say("sent");
+  store.barrier("collectives_worker/hostile", 2, 30s);
+}
+
 void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   Tensor x = weft::ones({1024});
   pg.allReduce(x).wait(30s);
@@ -484,7 +628,7 @@ void runBackToBack(ProcessGroupGloo& pg) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b\n");
+    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b|p2p_size|hostile\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -495,6 +639,11 @@ int main(int argc, char** argv) {
     std::unique_ptr<weft::rpc::StoreServer> server;
     if (opt.rank == 0) server = std::make_unique<weft::rpc::StoreServer>(weft::rpc::StoreServer::configFor(opt));
     weft::rpc::StoreClient store(weft::rpc::StoreClient::configFor(opt));
+    if (scenario == "hostile" && opt.rank == 1) {
+      runHostilePeer(store);
+      say("done");
+      return 0;
+    }
     ProcessGroupGloo::Options po;
     po.timeout = scenario == "timeout" ? 1500ms : scenario == "kill" ? 10s : 60s;
     {
@@ -505,12 +654,15 @@ int main(int argc, char** argv) {
       else if (scenario == "fused") runFused(pg);
       else if (scenario == "kill") runKill(pg, store);
       else if (scenario == "b2b") runBackToBack(pg);
+      else if (scenario == "p2p_size") runP2pSize(pg);
+      else if (scenario == "hostile") runHostile(pg, store);
       else fail("unknown scenario " + scenario);
     }
     // Ranks that took part to the end meet before leaving (the last rank of timeout and kill does not).
     // Rank 0 serves the store: it leaves only once every other such rank has said it is leaving (a
     // barrier alone lets rank 0 close the store while another rank's barrier answer is in flight).
-    const int staying = scenario == "timeout" || scenario == "kill" ? opt.worldSize - 1 : opt.worldSize;
+    const int staying = scenario == "timeout" || scenario == "kill" || scenario == "hostile" ? opt.worldSize - 1
+                                                                                            : opt.worldSize;
     if (opt.rank < staying) {
       store.barrier("collectives_worker/exit", staying, 30s);
       if (opt.rank == 0) {

@@ -40,6 +40,12 @@
 //              rank 1 with SIGKILL. Rank 0 prints "rank 0 pending backward at_ns <steady ns>
 //              <ErrorType>: <message>", then for each later use
 //              "rank 0 later <what> in_us <us> <ErrorType>: <message>".
+//   settled-kill [2] rank 0 runs a backward pass through rank 1; once rank 1 has answered every
+//              request (the settled hook, dist_autograd.h), rank 0 prints "rank 0 settled" and
+//              waits (bounded) until its layer dropped the context: the test kills rank 1 then.
+//              Rank 0 prints "rank 0 backward <ErrorType>: <message>" (or "rank 0 backward ok")
+//              and "rank 0 dropped <0|1>", then "rank 0 later gradients in_us <us> <ErrorType>:
+//              <message>".
 // Every rank that ends normally meets the others in a store barrier, waits (bounded) until its
 // distributed autograd state is empty, and prints
 //   "rank R counts contexts 0 sendNodes 0 pendingReleases 0"
@@ -788,11 +794,45 @@ int killJob(Agent& agent) {
   return 0;
 }
 
+int settledKillJob(Agent& agent) {
+  require(agent.worldSize() == 2, "the settled-kill job needs 2 workers");
+  if (agent.rank() == 1) {
+    say("rank 1 victim ready");
+    std::this_thread::sleep_for(60s);
+    say("rank 1 victim was not killed");
+    return 6;
+  }
+  Tensor x = makeInput(41);
+  da::Context ctx(agent);
+  Tensor loss = weft::sum(agent.sync(1, layerFn, x));
+  const int64_t id = ctx.id();
+  bool fired = false;
+  bool dropped = false;
+  da::detail::setBackwardSettledHook([&](int64_t c) {
+    if (c != id || fired) return;
+    fired = true;
+    say("rank 0 settled");
+    dropped = waitUntil([&] { return da::debugCounts(agent).contexts == 0; }, 20000ms, 1ms);
+  });
+  std::string outcome = "ok";
+  try {
+    ctx.backward({loss});
+  } catch (...) {
+    outcome = describe(std::current_exception());
+  }
+  da::detail::setBackwardSettledHook({});
+  say("rank 0 backward " + outcome);
+  say("rank 0 dropped " + std::to_string(dropped));
+  later("gradients", [&] { ctx.gradients(); });
+  settle(agent, "da-settled-kill-survivors", 1);
+  return 0;
+}
+
 }  // namespace daworker
 
 int main(int argc, char** argv) {
   using namespace daworker;
-  return weft::testing::workerMain("da_worker", {"graphs", "kill"}, argc, argv, [](const std::string& job) {
+  return weft::testing::workerMain("da_worker", {"graphs", "kill", "settled-kill"}, argc, argv, [](const std::string& job) {
     weft::rpc::Options options = weft::rpc::Options::fromEnv();
     State st;
     st.rank = options.rank;
@@ -803,6 +843,7 @@ int main(int argc, char** argv) {
     bindAll(agent, st);
     agent.start();
     sayStarted(agent);
-    return job == "graphs" ? graphsJob(agent, st) : killJob(agent);
+    if (job == "graphs") return graphsJob(agent, st);
+    return job == "kill" ? killJob(agent) : settledKillJob(agent);
   });
 }

@@ -23,7 +23,17 @@
 //                  SIGKILL; once the trainer sees it dead, it steps and prints "rank 1 step failed
 //                  in_ms T <ErrorType>: <message>" (or "rank 1 step succeeded"), shuts down and
 //                  prints "rank 1 shutdown missing <name|->".
-// Every scenario but kill then waits at a store barrier until every handle is dropped, waits
+//   idle_host  [3] rank 1 ("worker1") only hosts objects: it starts, sets the store key
+//                  "idle-host-in-shutdown" and calls shutdown() at once, as a PyTorch program does
+//                  for such a worker. Ranks 0 and 2 wait for that key (and 300 ms more), then each
+//                  builds a RemoteModule<Linear(8, 4)> on worker1 and a DistributedOptimizer (SGD,
+//                  momentum) over its parameters, and trains kIdleSteps steps of an MSE loss with
+//                  distributed autograd, kIdlePause apart (longer in all than the job's shutdown
+//                  timeout). Each replays the same steps on a local Linear from the same initial
+//                  parameters and prints "rank R trained steps N seconds S loss_first L loss_last L
+//                  max_loss_diff D max_param_diff D". Every rank then shuts down (printing the
+//                  shutdown line below) and prints "rank R state_empty_at_close <0|1>".
+// Every scenario but kill and idle_host then waits at a store barrier until every handle is dropped, waits
 // (bounded) until this worker's RRef, distributed autograd and optimizer state is empty, and prints
 //   "rank R state_empty <0|1> counts <rref counts> | <dist_autograd counts> | <dist_optim counts>"
 //   "rank R shutdown graceful 1 missing - seconds S"
@@ -39,11 +49,15 @@
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/distributed_optimizer.h"
 #include "nn/linear.h"
+#include "nn/optim.h"
 #include "rpc/agent.h"
 #include "rpc/options.h"
 #include "rpc/store.h"
+#include "rref/remote_module.h"
 #include "rref/rref.h"
 #include "tensor/autograd.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
 
 #include "mp_worker.h"
 
@@ -177,16 +191,87 @@ int killScenario(Agent& agent, Server&) {
   return 0;
 }
 
+// ---- idle_host -----------------------------------------------------------------------------------
+
+constexpr int kIdleSteps = 6;
+constexpr auto kIdlePause = 500ms;
+
+int idleHostScenario(Agent& agent) {
+  agent.start();
+  if (agent.rank() == 1) {
+    agent.store().set("idle-host-in-shutdown", "1");
+    sayShutdown(agent);
+  } else {
+    agent.store().wait({"idle-host-in-shutdown"}, 30s);
+    std::this_thread::sleep_for(300ms);  // worker1 is in its shutdown by now
+    const weft::nn::optim::SgdOptions options{.lr = 0.05, .momentum = 0.9};
+    weft::Generator gen(100 + static_cast<uint64_t>(agent.rank()));
+    const Tensor x = weft::randn({5, 8}, {}, &gen);
+    const Tensor target = weft::randn({5, 4}, {}, &gen);
+    std::vector<float> losses;
+    std::vector<Tensor> initial;
+    std::vector<Tensor> trained;
+    auto began = Clock::now();
+    {
+      weft::RemoteModule<weft::nn::Linear> fc(agent, "worker1/cpu", 8, 4);
+      std::vector<RRef<Tensor>> params = fc.remoteParameters();
+      for (auto& p : params) initial.push_back(p.toHere());
+      weft::dist_optim::DistributedOptimizer opt(agent, options, params);
+      for (int i = 0; i < kIdleSteps; ++i) {
+        weft::dist_autograd::Context ctx(agent);
+        Tensor loss = weft::mseLoss(fc.forward(x), target);
+        losses.push_back(loss.item<float>());
+        ctx.backward({loss});
+        opt.step(ctx);
+        std::this_thread::sleep_for(kIdlePause);
+      }
+      for (auto& p : params) trained.push_back(p.toHere());
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - began).count();
+    // The same steps on this process alone.
+    weft::nn::Linear local(8, 4);
+    {
+      weft::NoGradGuard ng;
+      auto ps = local.parameters();
+      require(ps.size() == initial.size(), "the local Linear has as many parameters as the remote one");
+      for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(initial[i]);
+    }
+    weft::nn::optim::SGD opt(local.parameters(), options);
+    double lossDiff = 0;
+    for (int i = 0; i < kIdleSteps; ++i) {
+      opt.zeroGrad();
+      Tensor loss = weft::mseLoss(local.forward(x), target);
+      lossDiff = std::max(lossDiff, std::abs(static_cast<double>(loss.item<float>() - losses[static_cast<size_t>(i)])));
+      loss.backward();
+      opt.step();
+    }
+    double paramDiff = 0;
+    auto ps = local.parameters();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      paramDiff = std::max(paramDiff, static_cast<double>(weft::max(weft::abs(ps[i] - trained[i])).item<float>()));
+    }
+    say(prefix(agent) + "trained steps " + std::to_string(kIdleSteps) + " seconds " + std::to_string(seconds) +
+        " loss_first " + std::to_string(losses.front()) + " loss_last " + std::to_string(losses.back()) +
+        " max_loss_diff " + std::to_string(lossDiff) + " max_param_diff " + std::to_string(paramDiff));
+    sayShutdown(agent);
+  }
+  say(prefix(agent) + "state_empty_at_close " + (stateEmpty(agent) ? "1" : "0") + " counts " +
+      weft::rref::debugCounts(agent).toString() + " | " + weft::dist_autograd::debugCounts(agent).toString() +
+      " | " + weft::dist_optim::debugCounts(agent).toString());
+  return 0;
+}
+
 }  // namespace dooworker
 
 int main(int argc, char** argv) {
   using namespace dooworker;
   return weft::testing::workerMain(
-      "dist_optim_worker", {"concurrent", "kill"}, argc, argv, [](const std::string& scenario) {
+      "dist_optim_worker", {"concurrent", "kill", "idle_host"}, argc, argv, [](const std::string& scenario) {
         Agent agent(weft::rpc::Options::fromEnv());
         Server server;
-        bind(agent, server);
+        if (scenario != "idle_host") bind(agent, server);
         sayStarted(agent);
+        if (scenario == "idle_host") return idleHostScenario(agent);
         return scenario == "concurrent" ? concurrentScenario(agent, server) : killScenario(agent, server);
       });
 }

@@ -20,7 +20,7 @@
 //                       "later DisconnectedError in_us <us>"
 //                     and "alive <0|1>" (whether the agent still counts it alive),
 //                     call each other 100 times ("peer sum <sum of the echoes>"),
-//                     shut down gracefully and print
+//                     meet at a store barrier, shut down gracefully and print
 //                       "shutdown graceful <0|1> missing <names, comma-separated> seconds <s>"
 //                     After the failure it also prints "stall_ms <ms>", the longest stall of its
 //                     agent's loop (AgentStats::longestStall)
@@ -38,6 +38,13 @@
 //                     flight for 3 s while rank 1's main thread spins too, then both print
 //                     "rank R busy ok alive <0|1> stall_ms <ms>", shut down gracefully and print
 //                     "rank R shutdown clean <0|1>"; exits 0 when clean
+//   barrier_loss      rank 2 is the victim: it prints "rank 2 victim ready" and sleeps (a
+//                     test kills or stops it). Ranks 0 and 1 print "rank R in shutdown" and
+//                     shut down gracefully (they wait there while the job runs). Rank 3
+//                     prints "rank 3 working" and calls ranks 0 and 1 in turn, every 20 ms,
+//                     until a call fails, then prints "rank 3 calls ended after <N>: <message>"
+//                     and shuts down. Each but the victim then prints
+//                       "rank R left at_ns <steady clock ns> graceful <0|1> missing <names>"
 //   fail <rank> <code>  like ring; the others print "rank R waiting"; after a store
 //                     barrier of all ranks, rank <rank> prints "rank R failing with code C"
 //                     and returns C from main (the agent's destructor closes it) while
@@ -216,6 +223,9 @@ int kill(Agent& agent) {
     for (int64_t k = 0; k < 100; ++k) sum += agent.sync(i, echo, k);
   }
   say("peer sum " + std::to_string(sum));
+  // A job that lost a worker ends at the first survivor's shutdown (the barrier fails at once),
+  // so the survivors finish serving each other first.
+  agent.store().barrier("survivors-served", agent.worldSize() - 1, std::chrono::seconds(30));
 
   auto shutdownAt = Clock::now();
   ShutdownReport report = agent.shutdown();
@@ -322,6 +332,42 @@ int fail(Agent& agent, int failRank, int code) {
   return 0;
 }
 
+// Rank 2 is the victim, rank 3 keeps working, ranks 0 and 1 enter their graceful shutdown at once
+// and wait there.
+int barrierLoss(Agent& agent) {
+  startAgent(agent);
+  if (agent.rank() == 2) {
+    say(prefix(agent) + "victim ready");
+    std::this_thread::sleep_for(60s);  // killed or stopped by the test long before
+    return 3;
+  }
+  if (agent.rank() == 3) {
+    say(prefix(agent) + "working");
+    int64_t calls = 0;
+    auto until = Clock::now() + 60s;
+    try {
+      for (int64_t k = 0; Clock::now() < until; ++k) {
+        if (agent.sync(k % 2, echo, k) != k) throw Error("a wrong echo");
+        ++calls;
+        std::this_thread::sleep_for(20ms);
+      }
+      return 4;
+    } catch (const DisconnectedError& e) {
+      say(prefix(agent) + "calls ended after " + std::to_string(calls) + ": " + e.what());
+    }
+  } else {
+    say(prefix(agent) + "in shutdown");
+  }
+  ShutdownReport report = agent.shutdown();
+  auto now = Clock::now();
+  std::string missing;
+  for (const std::string& m : report.missing) missing += (missing.empty() ? "" : ",") + m;
+  say(prefix(agent) + "left at_ns " +
+      std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()) +
+      " graceful " + std::to_string(report.graceful) + " missing " + (missing.empty() ? "-" : missing));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -333,8 +379,9 @@ int main(int argc, char** argv) {
     if (scenario == "reset") return reset(agent);
     if (scenario == "freeze") return freeze(agent);
     if (scenario == "busy") return busy(agent);
+    if (scenario == "barrier_loss") return barrierLoss(agent);
     if (scenario == "fail" && argc >= 4) return fail(agent, std::atoi(argv[2]), std::atoi(argv[3]));
-    std::fprintf(stderr, "usage: agent_worker ring|kill|reset|freeze|busy|fail <rank> <code>\n");
+    std::fprintf(stderr, "usage: agent_worker ring|kill|reset|freeze|busy|barrier_loss|fail <rank> <code>\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "agent_worker %s: %s\n", scenario.c_str(), e.what());

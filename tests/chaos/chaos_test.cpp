@@ -1,0 +1,96 @@
+// The chaos suite: each example app and a DDP job over Gloo, run many short times with one rank
+// killed (SIGKILL), stopped (SIGSTOP past the heartbeat window, then SIGCONT) or cut off (its TCP
+// connections shut down from outside) at a random moment. Every process must end without a crash
+// and within the fault's bound, each survivor with a typed error naming the peer it lost (or the
+// job finished), and nothing may be left behind. tests/chaos/chaos.h has the rules.
+//
+//   ctest --test-dir build -L chaos                              # 3 runs per test (CI)
+//   WEFT_CHAOS_RUNS=200 ctest --test-dir build -L chaos           # long
+//   WEFT_CHAOS_SEED=123456 WEFT_CHAOS_RUNS=7 ./build/tests/test_chaos_chaos -tc='*rnn*'   # replay
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "chaos/chaos.h"
+
+using namespace weft::testing::chaos;
+
+namespace {
+
+std::string rankName(int r) { return "rank " + std::to_string(r); }
+
+// "rank R", or R in a list "ranks [A, B, ...]", as the collectives name ranks.
+bool namesRank(const std::string& text, int r) {
+  static const std::regex one("rank ([0-9]+)");
+  static const std::regex list("ranks \\[([0-9, ]+)\\]");
+  for (const std::regex* re : {&one, &list}) {
+    for (std::sregex_iterator it(text.begin(), text.end(), *re), end; it != end; ++it) {
+      std::istringstream items((*it)[1].str());
+      std::string item;
+      while (std::getline(items, item, ',')) {
+        if (std::atoi(item.c_str()) == r) return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("chaos: parameter_server survivors fail naming the lost peer, or finish") {
+  Scenario s;
+  s.label = "parameter_server";
+  s.argv = {WEFT_PARAMETER_SERVER, "--max-batches", "30", "--log-interval", "1000"};
+  s.world = 3;
+  s.nameOf = [](int r) { return r == 0 ? std::string("parameter_server") : "trainer_" + std::to_string(r); };
+  s.faultWindow = 3.0;
+  runMany(s);
+}
+
+TEST_CASE("chaos: ddp_rpc survivors fail naming the lost peer, or finish") {
+  Scenario s;
+  s.label = "ddp_rpc";
+  s.argv = {WEFT_DDP_RPC, "--batches", "20", "--log-interval", "1000"};
+  s.world = 4;
+  s.nameOf = [](int r) {
+    static const char* names[] = {"trainer0", "trainer1", "master", "ps"};
+    return std::string(names[r]);
+  };
+  s.faultWindow = 1.5;
+  runMany(s);
+}
+
+TEST_CASE("chaos: rnn survivors fail naming the lost peer, or finish") {
+  Scenario s;
+  s.label = "rnn";
+  s.argv = {WEFT_RNN, "--iterations", "300", "--log-interval", "1000"};
+  s.world = 2;
+  s.nameOf = [](int r) { return std::string(r == 0 ? "ps" : "trainer"); };
+  s.faultWindow = 1.5;
+  runMany(s);
+}
+
+TEST_CASE("chaos: rl survivors fail naming the lost peer, or finish") {
+  Scenario s;
+  s.label = "rl";
+  s.argv = {WEFT_RL, "--max-episodes", "30", "--log-interval", "1000"};
+  s.world = 3;
+  s.nameOf = [](int r) { return r == 0 ? std::string("agent") : "observer" + std::to_string(r); };
+  s.faultWindow = 1.5;
+  runMany(s);
+}
+
+TEST_CASE("chaos: a DDP job over Gloo fails naming the lost rank, or finishes") {
+  Scenario s;
+  s.label = "fashion_mnist ddp";
+  s.argv = {WEFT_FASHION_MNIST_DP, "--mode", "ddp", "--epochs", "1", "--batch-size", "60", "--max-batches", "120", "--log-interval", "1000",
+            "--timeout", "3"};
+  s.world = 3;
+  s.nameOf = rankName;
+  s.names = namesRank;
+  s.faultWindow = 4.0;
+  runMany(s);
+}
