@@ -45,6 +45,9 @@ constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 constexpr size_t kMaxPendingHandshakes = 64;
 // The loop's housekeeping tick: deadlines, heartbeats, shutdown rounds.
 constexpr auto kTick = std::chrono::milliseconds(10);
+// A gap between ticks longer than this is a stall of this process (not
+// scheduled, stopped) or of its loop thread (AgentStats::longestStall).
+constexpr auto kStallThreshold = std::chrono::milliseconds(50);
 // How long a worker waits to become idle between shutdown rounds.
 constexpr auto kRoundPause = std::chrono::milliseconds(20);
 // How long closing connections may take to exchange their ends of stream.
@@ -121,6 +124,9 @@ class Agent::Impl {
     // Loop thread.
     uint64_t pingSequence = 0;
     Clock::time_point lastPing{};
+    // The latest Connection::lastHeard() the tick has seen, and Impl::stalled_ then.
+    Clock::time_point heardAt{};
+    Clock::duration stalledAtHeard{};
     Promise<void> connected;  // completed by the handshake
   };
 
@@ -215,7 +221,7 @@ class Agent::Impl {
     loop_.call([this, &listenHost] {
       listener_ = std::make_unique<transport::Listener>(
           loop_, listenHost, options_.listenPort,
-          [this](int fd, std::string who) { onAccepted(fd, std::move(who)); });
+          [this](int fd, std::string who) { onAccepted(fd, std::move(who)); }, &log_);
       startTicking();
       // The loopback connection to this worker itself.
       Peer& self = *peers_[options_.rank];
@@ -420,9 +426,11 @@ class Agent::Impl {
         },
         .onClosed = [this, peer, weakHs](Connection& c, const Status& why) mutable {
           if (why.code() == StatusCode::Protocol || why.code() == StatusCode::InvalidArgument) {
-            // Hostile or broken input, a failed handshake: one count, one line.
+            // Hostile or broken input, a failed handshake: one count, one line (a few per
+            // address and window, then a summary: a flood of such connections costs no more).
             ++connectionsRejected_;
-            WEFT_LOG(Warn) << "rpc: " << c.description() << ": " << why.message() << "; closed it";
+            WEFT_LOG_LIMITED(log_, Warn, logging::RateLimiter::hostOf(c.remoteAddress()))
+                << "rpc: " << c.description() << ": " << why.message() << "; closed it";
           }
           if (auto h = weakHs.lock()) {
             handshakes_.erase(h);
@@ -448,8 +456,9 @@ class Agent::Impl {
 
   void onAccepted(int fd, std::string who) {
     if (handshakes_.size() >= kMaxPendingHandshakes || shutdownPhase_ != Phase::None) {
-      WEFT_LOG(Warn) << "rpc: refused a connection from " << who
-                     << (shutdownPhase_ != Phase::None ? ": shutting down" : ": too many connections in handshake");
+      WEFT_LOG_LIMITED(log_, Warn, logging::RateLimiter::hostOf(who))
+          << "rpc: refused a connection from " << who
+          << (shutdownPhase_ != Phase::None ? ": shutting down" : ": too many connections in handshake");
       ++connectionsRejected_;
       ::close(fd);
       return;
@@ -788,8 +797,9 @@ class Agent::Impl {
       auto it = peer.pending.find(callId);
       if (it == peer.pending.end()) {
         lateResponses_.fetch_add(1, std::memory_order_relaxed);
-        WEFT_LOG(Debug) << "rpc: dropped a response from '" << peer.name << "' for call " << callId
-                        << ", which is no longer pending";
+        WEFT_LOG_LIMITED(log_, Debug, logging::RateLimiter::hostOf(c.remoteAddress()))
+            << "rpc: dropped a response from '" << peer.name << "' for call " << callId
+            << ", which is no longer pending";
         return;
       }
       pending = std::move(it->second);
@@ -931,6 +941,7 @@ class Agent::Impl {
     tick_ = std::make_unique<uv_timer_t>();
     uv_timer_init(loop_.raw(), tick_.get());
     tick_->data = this;
+    lastTickAt_ = Clock::now();  // a stall before the first tick is a stall too
     uv_timer_start(tick_.get(), [](uv_timer_t* t) { static_cast<Impl*>(t->data)->onTick(); },
                    kTick.count(), kTick.count());
   }
@@ -945,6 +956,7 @@ class Agent::Impl {
   void onTick() {
     transport::WriteBatch batch;
     auto now = Clock::now();
+    trackStalls(now);
     expireCalls(now);
     if (now - lastHeartbeatCheck_ >= options_.heartbeatInterval / 4) {
       lastHeartbeatCheck_ = now;
@@ -952,6 +964,7 @@ class Agent::Impl {
       expireHandshakes(now);
     }
     shutdownTick(now);
+    log_.flush();
     for (auto& [tag, ext] : extensions_) ext->onTick();
   }
 
@@ -988,12 +1001,50 @@ class Agent::Impl {
     }
   }
 
+  // Silence is counted only while this loop runs. After a stall (this process
+  // was not scheduled or was stopped, or its loop thread was held up) the
+  // peers' bytes may be waiting unread, and libuv runs timers before it reads
+  // sockets: judged on the time it could not watch, every peer would look
+  // silent. So each peer's silence leaves out the stalls since it was last
+  // heard: the part of each gap between ticks beyond half a heartbeat interval
+  // (a loop that merely runs late on a loaded machine still reads its sockets
+  // often enough to judge, and must not slow detection down). Marks are taken
+  // before this tick's gap is added, so a stall right after a peer was heard
+  // is left out too.
+  void trackStalls(Clock::time_point now) {
+    for (auto& pp : peers_) {
+      Peer& peer = *pp;
+      if (!peer.conn || peer.conn->isLoopback()) continue;
+      auto heard = peer.conn->lastHeard();
+      if (heard > peer.heardAt) {
+        peer.heardAt = heard;
+        peer.stalledAtHeard = stalled_;
+      }
+    }
+    auto gap = now - lastTickAt_;
+    auto tolerated = std::max<Clock::duration>(kStallThreshold, options_.heartbeatInterval / 2);
+    if (gap > tolerated) stalled_ += gap - tolerated;
+    if (gap > kStallThreshold) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(gap).count();
+      if (ms > longestStallMs_.load(std::memory_order_relaxed)) longestStallMs_.store(ms, std::memory_order_relaxed);
+    }
+    lastTickAt_ = now;
+  }
+
+  // How long `peer` has been silent while this loop was running.
+  Clock::duration silence(const Peer& peer, Clock::time_point now) const {
+    return (now - peer.heardAt) - (stalled_ - peer.stalledAtHeard);
+  }
+
   void checkHeartbeats(Clock::time_point now) {
     for (auto& pp : peers_) {
       Peer& peer = *pp;
       if (!peer.alive || !peer.conn || peer.conn->isLoopback()) continue;
-      auto silent = now - peer.conn->lastReceived();
-      if (silent > options_.heartbeatInterval * options_.heartbeatMisses) {
+      auto silent = silence(peer, now);
+      auto window = options_.heartbeatInterval * options_.heartbeatMisses;
+      // Bytes waiting in the socket are word from the peer, read later in this turn of the loop
+      // (unless they stay unread: then the window's second round decides).
+      if (silent > window && (silent > 2 * window || !peer.conn->hasUnreadBytes())) {
         peer.conn->fail(Status::disconnected("no message from '" + peer.name + "' for " + seconds(silent) +
                                              " (heartbeat)"));
         continue;
@@ -1393,12 +1444,16 @@ class Agent::Impl {
     s.connectionsRejected = connectionsRejected_.load();
     s.writeSyscalls = counters_.writeSyscalls.load();
     s.framesWritten = counters_.framesWritten.load();
+    s.longestStall = std::chrono::milliseconds(longestStallMs_.load());
     for (auto& p : peers_) {
       if (p->rank != options_.rank && p->alive) ++s.liveConnections;
     }
     return s;
   }
 
+  // The lines a peer can repeat at will (connections rejected or refused, late responses), per
+  // address: flushed on the tick, declared first so that it outlives every user.
+  logging::RateLimiter log_{"rpc"};
   Agent* owner_ = nullptr;
   std::vector<std::pair<const void*, std::shared_ptr<AgentExtension>>> extensions_;  // fixed after construction
   Options options_;
@@ -1422,6 +1477,9 @@ class Agent::Impl {
   std::set<std::shared_ptr<Handshake>> handshakes_;  // loop thread
   std::unique_ptr<uv_timer_t> tick_;
   Clock::time_point lastHeartbeatCheck_{};
+  Clock::time_point lastTickAt_{};               // loop thread
+  Clock::duration stalled_{};                    // loop thread: the stalls so far, summed
+  std::atomic<int64_t> longestStallMs_{0};
 
   std::mutex stateMutex_;
   std::condition_variable startEnded_;

@@ -66,11 +66,25 @@
 // with DisconnectedError naming the peer, the address and WEFT_SOCKET_IFNAME;
 // every other worker's start() then fails at once with the same reason.
 //
-// Failures. A peer silent for heartbeatMisses heartbeat intervals is declared
-// dead; a closed or reset socket is noticed at once. Bytes that break the
-// protocol (garbage, a truncated or oversized frame, a wrong version or token,
-// a connection that never says Hello) cost only that connection: it is closed,
-// its pending calls fail, one line is logged, and the agent keeps serving.
+// Failures. A closed or reset socket is noticed at once (its pending calls
+// fail as soon as the loop sees the socket's end or error). A peer silent for
+// heartbeatMisses heartbeat intervals is declared dead: the loop pings a peer
+// it has not heard from for an interval, from its own timer, whatever else is
+// queued, and any sign of the peer counts as hearing from it (any byte
+// received or waiting in the socket, or its reading what this side had
+// queued). Silence is counted only while this process's loop runs: after a
+// stall of this process (not scheduled, stopped, its loop held up) peers are
+// not blamed for time nobody was watching, and detection is late by up to
+// the stall (AgentStats::longestStall). README.md, "Failures", gives the
+// bounds the tests hold.
+//
+// Bytes that break the protocol (garbage, a truncated or oversized frame, a
+// wrong version or token, a connection that never says Hello) cost only that
+// connection: it is closed, its pending calls fail, one line is logged, and
+// the agent keeps serving. Those lines are rate-limited per peer address
+// (common/logging.h: three per 10 s, then one summary, "rpc: ... and 2,997
+// more from 127.0.0.1 in the last 10 s"), so a flood of hostile connections
+// cannot flood the log.
 //
 // Shutdown. shutdown() is graceful by default, and is the whole end of a job: a worker that only
 // serves calls (one that hosts objects for the others) calls it right after start() and returns
@@ -190,6 +204,11 @@ struct AgentStats {
   uint64_t writeSyscalls = 0;   // writev calls (frames / writeSyscalls = coalescing)
   uint64_t framesWritten = 0;
   size_t liveConnections = 0;
+  // The longest stall of this agent's loop thread (housekeeping ran late: the process was not
+  // scheduled or was stopped, or the loop was held up), 0 when none passed 50 ms. Heartbeat
+  // silence leaves out the part of each stall beyond half a heartbeat interval, so failure
+  // detection can be late by up to as much.
+  std::chrono::milliseconds longestStall{0};
 };
 
 // Per-agent state of a layer above rpc (rref/, dist_autograd/). A layer installs a factory once

@@ -81,7 +81,9 @@ namespace weft::rpc {
 // or destruction, which close every connection: clients see their pending
 // calls fail with DisconnectedError. Hostile or broken peers (garbage,
 // oversized or truncated frames, wrong token, silent half-open connections,
-// floods of connections) cost only their own connection (see store_protocol.h).
+// floods of connections) cost only their own connection (see store_protocol.h);
+// the line logged for each is rate-limited per client address (three per 10 s,
+// then a summary: common/logging.h).
 class StoreServer {
  public:
   struct Config {

@@ -87,6 +87,10 @@ class StoreServer::Impl {
     deadlineTimer_.data = this;
     timerOpen_ = true;
     ++openHandles_;
+    uv_timer_init(loop, &logTimer_);
+    logTimer_.data = this;
+    logTimerOpen_ = true;
+    ++openHandles_;
     int rc = uv_tcp_bind(&listener_, address.sockaddr(), 0);
     if (rc == 0) rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), kListenBacklog, &Impl::onConnection);
     WEFT_ENFORCE(rc == 0, Error, "store: cannot listen on ", address.toString(), " (host '", config_.host,
@@ -108,6 +112,10 @@ class StoreServer::Impl {
     if (!closing_) {
       closing_ = true;
       if (listening_) uv_close(reinterpret_cast<uv_handle_t*>(&listener_), &Impl::onServerHandleClosed);
+      if (logTimerOpen_) {
+        logTimerOpen_ = false;
+        uv_close(reinterpret_cast<uv_handle_t*>(&logTimer_), &Impl::onServerHandleClosed);
+      }
       for (auto& [id, conn] : connections_) {
         Connection& c = *conn;
         if (c.closing) continue;
@@ -219,12 +227,10 @@ class StoreServer::Impl {
   static void onConnection(uv_stream_t* listener, int status) {
     Impl* s = self(reinterpret_cast<uv_handle_t*>(listener));
     if (status < 0) {
-      // Under a flood (out of file descriptors) this repeats: one line a second.
-      Clock::time_point now = Clock::now();
-      if (now - s->lastAcceptErrorLog_ >= std::chrono::seconds(1)) {
-        s->lastAcceptErrorLog_ = now;
-        WEFT_LOG(Warn) << "store: accepting a connection failed: " << uv_strerror(status);
-      }
+      // Under a flood (out of file descriptors) this repeats.
+      WEFT_LOG_LIMITED(s->log_, Warn, "the listener") << "store: accepting a connection failed: "
+                                                      << uv_strerror(status);
+      s->armLogFlush();
       return;
     }
     s->accept();
@@ -271,12 +277,29 @@ class StoreServer::Impl {
     uv_read_start(reinterpret_cast<uv_stream_t*>(&c.tcp), &Impl::onAlloc, &Impl::onRead);
   }
 
-  // Logs why (one line) and closes.
+  // Logs why (one line, a few per address and window: see log_) and closes.
   void drop(Connection& c, const std::string& reason) {
     if (c.closing) return;
     ++droppedConnections_;
-    WEFT_LOG(Warn) << "store: closing the connection from " << c.peer << ": " << reason;
+    WEFT_LOG_LIMITED(log_, Warn, logging::RateLimiter::hostOf(c.peer))
+        << "store: closing the connection from " << c.peer << ": " << reason;
+    armLogFlush();
     closeConnection(c);
+  }
+
+  // Makes sure the summary of the lines log_ holds back is written when its window ends.
+  void armLogFlush() {
+    if (!logTimerOpen_ || uv_is_active(reinterpret_cast<uv_handle_t*>(&logTimer_))) return;
+    Clock::time_point due = log_.nextDue();
+    if (due == Clock::time_point::max()) return;
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(due - Clock::now()).count();
+    uv_timer_start(&logTimer_, &Impl::onLogTimer, static_cast<uint64_t>(std::max<int64_t>(ms, 0)) + 1, 0);
+  }
+
+  static void onLogTimer(uv_timer_t* t) {
+    Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
+    s->log_.flush();
+    s->armLogFlush();
   }
 
   void closeConnection(Connection& c) {
@@ -328,7 +351,9 @@ class StoreServer::Impl {
     Impl* s = c->server;
     if (nread < 0) {
       if (nread != UV_EOF) {
-        WEFT_LOG(Debug) << "store: connection from " << c->peer << " failed: " << uv_strerror(static_cast<int>(nread));
+        WEFT_LOG_LIMITED(s->log_, Debug, logging::RateLimiter::hostOf(c->peer))
+            << "store: connection from " << c->peer << " failed: " << uv_strerror(static_cast<int>(nread));
+        s->armLogFlush();
       }
       s->closeConnection(*c);
       return;
@@ -372,7 +397,9 @@ class StoreServer::Impl {
     int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c.tcp), &buf, 1, &Impl::onWritten);
     if (rc < 0) {
       delete w;
-      WEFT_LOG(Debug) << "store: writing to " << c.peer << " failed: " << uv_strerror(rc);
+      WEFT_LOG_LIMITED(log_, Debug, logging::RateLimiter::hostOf(c.peer))
+          << "store: writing to " << c.peer << " failed: " << uv_strerror(rc);
+      armLogFlush();
       closeConnection(c);
       return;
     }
@@ -389,7 +416,9 @@ class StoreServer::Impl {
     --c.pendingWrites;
     if (c.closing) return;
     if (status < 0) {
-      WEFT_LOG(Debug) << "store: writing to " << c.peer << " failed: " << uv_strerror(status);
+      WEFT_LOG_LIMITED(c.server->log_, Debug, logging::RateLimiter::hostOf(c.peer))
+          << "store: writing to " << c.peer << " failed: " << uv_strerror(status);
+      c.server->armLogFlush();
       c.server->closeConnection(c);
     } else if (c.closeAfterWrites && c.pendingWrites == 0) {
       c.server->closeConnection(c);
@@ -467,7 +496,9 @@ class StoreServer::Impl {
     }
     if (!refusal.empty()) {
       ++droppedConnections_;
-      WEFT_LOG(Warn) << "store: refusing the connection from " << c.peer << ": " << refusal;
+      WEFT_LOG_LIMITED(log_, Warn, logging::RateLimiter::hostOf(c.peer))
+          << "store: refusing the connection from " << c.peer << ": " << refusal;
+      armLogFlush();
       uv_read_stop(reinterpret_cast<uv_stream_t*>(&c.tcp));
       replyError(c, id, Status::protocol(refusal));
       c.closeAfterWrites = true;
@@ -806,11 +837,16 @@ class StoreServer::Impl {
   const store::Limits limits_;
   const uint64_t serverId_;  // tells a client that reconnects whether this server is the one it knew
 
+  // The lines a client can repeat at will (connections dropped, refused or failed), per
+  // address; logTimer_ writes their summary when it is due.
+  logging::RateLimiter log_{"store"};
   uv_tcp_t listener_{};
   uv_timer_t deadlineTimer_{};  // waiter deadlines; while closing, the flush timeout
+  uv_timer_t logTimer_{};
   bool listening_ = false;
   bool timerOpen_ = false;       // until uv_close
-  int openHandles_ = 0;          // listener and deadline timer, until their close callbacks
+  bool logTimerOpen_ = false;    // likewise
+  int openHandles_ = 0;          // listener and timers, until their close callbacks
   bool closing_ = false;
   std::vector<Promise<void>> closeWaiters_;
 
@@ -821,7 +857,6 @@ class StoreServer::Impl {
   uint64_t droppedConnections_ = 0;
   bool overConnectionLimit_ = false;
   uint64_t refusedSinceLimit_ = 0;
-  Clock::time_point lastAcceptErrorLog_{};
 
   std::unordered_map<uint64_t, Client> clients_;
   uint64_t keptReplies_ = 0;

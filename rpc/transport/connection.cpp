@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
@@ -83,11 +84,21 @@ Connection::Connection(UvLoop& loop, int fd, FrameLimits limits, Handlers handle
     : loop_(loop),
       fd_(fd),
       description_(std::move(description)),
+      remote_("self"),
       counters_(counters),
       handlers_(std::move(handlers)),
       decoder_(limits),
       fdOwned_(fd >= 0),
-      lastReceived_(std::chrono::steady_clock::now()) {}
+      lastReceived_(std::chrono::steady_clock::now()),
+      lastHeard_(lastReceived_) {
+  if (fd_ >= 0) {
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    remote_ = ::getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len) == 0
+                  ? SocketAddress::fromSockaddr(reinterpret_cast<sockaddr*>(&peer), len).toString()
+                  : std::string("an unknown address");
+  }
+}
 
 Connection::~Connection() {
   // Normally closed through closeNow on the loop (which closes the fd in the
@@ -100,6 +111,7 @@ void Connection::start() {
   WEFT_CHECK(!started_) << "Connection::start twice";
   started_ = true;
   lastReceived_ = std::chrono::steady_clock::now();
+  lastHeard_ = lastReceived_;
   if (fd_ < 0) return;
   poll_ = new uv_poll_s;
   int rc = uv_poll_init(loop_.raw(), poll_, fd_);
@@ -226,6 +238,7 @@ void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
       return;
     }
     if (counters_) counters_->writeSyscalls.fetch_add(1, std::memory_order_relaxed);
+    bytesWritten_ += static_cast<uint64_t>(w);
     // Advance through the queue by w bytes, releasing finished frames.
     size_t left = static_cast<size_t>(w);
     uint64_t done = 0;
@@ -265,37 +278,57 @@ void Connection::updatePollLocked() {
   bool wantWritable = awaitingWritable_;
   int events = UV_READABLE | (wantWritable ? UV_WRITABLE : 0);
   pollWritable_ = wantWritable;
-  uv_poll_start(poll_, events, &Connection::onPoll);
+  int rc = uv_poll_start(poll_, events, &Connection::onPoll);
+  if (rc != 0) {
+    // An unwatched socket would never be read again: close (writeMutex_ is held here).
+    std::string why = std::string("cannot watch the socket: ") + uv_strerror(rc);
+    loop_.post([self = shared_from_this(), why] { self->closeNow(Status::disconnected(why)); });
+  }
 }
 
 void Connection::onPoll(uv_poll_s* handle, int status, int events) {
   auto* self = static_cast<Connection*>(handle->data);
   auto keep = self->shared_from_this();
   if (status < 0) {
-    // An error on the socket (ECONNRESET and the like): read it out through
-    // read() so the status names it, or report the poll error.
-    if (status != UV_EBADF) {
-      self->onReadable();
-      if (!self->closed()) self->closeNow(Status::disconnected(uv_strerror(status)));
+    // The socket failed. An error pending on it (EPOLLERR: a reset, as when the
+    // peer's process dies with bytes unread, or a TCP timeout) comes as a
+    // status, UV_EBADF from libuv 1.44, and libuv has stopped the handle
+    // either way: nothing more can be read or written. Deliver the frames that
+    // arrived before the error, then close, naming the socket's error.
+    while (!self->closed() && self->onReadable()) {
     }
+    if (!self->closed()) self->closeNow(Status::disconnected(self->socketError(status)));
     return;
   }
   if (events & UV_WRITABLE) self->onWritable();
   if ((events & UV_READABLE) && !self->closed()) self->onReadable();
 }
 
+std::string Connection::socketError(int pollStatus) const {
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (fd_ >= 0 && ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) {
+    return std::string("socket error: ") + std::strerror(err);
+  }
+  return std::string("socket error: ") + uv_strerror(pollStatus);
+}
+
 void Connection::onWritable() {
   std::unique_lock<std::mutex> lock(writeMutex_);
   awaitingWritable_ = false;
+  uint64_t before = bytesWritten_;
   flushLocked(lock);
+  // The socket was full and took more: the peer's process read what was queued.
+  if (bytesWritten_ != before) lastHeard_ = std::chrono::steady_clock::now();
   if (!closed_ && pollWritable_ != awaitingWritable_) updatePollLocked();
 }
 
-void Connection::onReadable() {
+bool Connection::onReadable() {
   WriteBatch batch;
   lastReceived_ = std::chrono::steady_clock::now();
+  lastHeard_ = lastReceived_;
   for (int i = 0; i < kReadsPerWakeup; ++i) {
-    if (closed()) return;
+    if (closed()) return false;
     std::span<std::byte> dst = decoder_.prepareRead();
     ssize_t n = ::read(fd_, dst.data(), dst.size());
     if (n > 0) {
@@ -303,22 +336,28 @@ void Connection::onReadable() {
       deliverFrames();
       if (!s.ok()) {
         fail(s);
-        return;
+        return false;
       }
-      if (static_cast<size_t>(n) < dst.size()) return;  // drained
+      if (static_cast<size_t>(n) < dst.size()) return false;  // drained
       continue;
     }
     if (n == 0) {
       Status end = decoder_.endOfStream();
       closeNow(end.ok() ? Status::disconnected("connection closed by the peer")
                         : end);
-      return;
+      return false;
     }
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
     closeNow(Status::disconnected(std::string("read failed: ") + std::strerror(errno)));
-    return;
+    return false;
   }
+  return true;
+}
+
+bool Connection::hasUnreadBytes() const {
+  int pending = 0;
+  return fd_ >= 0 && !closed() && ::ioctl(fd_, FIONREAD, &pending) == 0 && pending > 0;
 }
 
 void Connection::deliverFrames() {

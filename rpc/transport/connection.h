@@ -33,6 +33,18 @@
 // written in the order send() was called (per thread; across threads in the
 // order they took the mutex).
 //
+// Failing. A socket error (a reset, as when the peer's process dies with bytes
+// unread in its socket; a TCP timeout) closes the connection as soon as the
+// loop sees it: the frames that arrived before it are delivered, then onClosed
+// reports Status{disconnected} naming the error. So does a failed read or
+// write; nothing leaves a dead socket unwatched until the next heartbeat.
+//
+// Liveness. lastReceived() is when bytes last arrived; lastHeard() also counts
+// the moment a full socket took more bytes (the peer's process read what was
+// queued, so a peer busy reading a long stream is heard although its own
+// frames wait behind it); hasUnreadBytes() tells whether bytes are waiting in
+// the socket, not yet read.
+//
 // Closing. close(status) closes at once (queued frames are dropped); fail(status)
 // writes an Abort first; closeGracefully() writes what is queued, half-closes
 // (shutdown SHUT_WR) and closes when the peer's end of stream arrives. onClosed
@@ -41,7 +53,7 @@
 // the owner adds description() where it reports them.
 //
 // Thread-safety: send, close, fail and closeGracefully from any thread; start,
-// setLimits and lastReceived on the loop thread.
+// setLimits, lastReceived, lastHeard and hasUnreadBytes on the loop thread.
 #pragma once
 
 #include <sys/uio.h>
@@ -122,6 +134,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed() const;
   bool isLoopback() const { return fd_ < 0; }
   const std::string& description() const { return description_; }
+  // The peer's "host:port" as the socket reports it ("self" for a loopback connection).
+  const std::string& remoteAddress() const { return remote_; }
   // Names the connection in later log lines and statuses (e.g. once the peer has
   // said who it is).
   void setDescription(std::string description);
@@ -129,6 +143,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void setLimits(const FrameLimits& limits) { decoder_.setLimits(limits); }
   // Loop thread: when bytes last arrived (or the connection started).
   std::chrono::steady_clock::time_point lastReceived() const { return lastReceived_; }
+  // Loop thread: when bytes last arrived, or the socket, full, took more.
+  std::chrono::steady_clock::time_point lastHeard() const { return lastHeard_; }
+  // Loop thread: bytes have arrived that the connection has not read yet.
+  bool hasUnreadBytes() const;
 
  private:
   friend class WriteBatch;
@@ -136,7 +154,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
              TransportCounters* counters);
 
   static void onPoll(uv_poll_s* handle, int status, int events);
-  void onReadable();
+  // Reads until the socket is drained or a fairness budget is spent; true in
+  // the latter case (more may be waiting).
+  bool onReadable();
+  // "socket error: <the socket's pending error, else the poll status>".
+  std::string socketError(int pollStatus) const;
   void onWritable();
   void deliverLoopback(std::vector<std::byte> bytes);
   void deliverFrames();
@@ -151,12 +173,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   UvLoop& loop_;
   int fd_;
   std::string description_;
+  std::string remote_;
   TransportCounters* counters_;
   Handlers handlers_;
   FrameDecoder decoder_;
   bool fdOwned_;                // fd_ is open and closing it is ours (not the poll handle's)
   uv_poll_s* poll_ = nullptr;  // loop thread
   std::chrono::steady_clock::time_point lastReceived_;
+  std::chrono::steady_clock::time_point lastHeard_;  // loop thread
   bool started_ = false;
   bool closeReported_ = false;  // loop thread
 
@@ -164,6 +188,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<OutgoingFrame> queue_;  // under writeMutex_
   size_t frontSpan_ = 0;             // progress inside queue_.front()
   size_t frontOffset_ = 0;
+  uint64_t bytesWritten_ = 0;        // under writeMutex_
   bool awaitingWritable_ = false;    // the loop writes the rest when the socket drains
   bool flushPosted_ = false;         // a flush task is queued on the loop
   bool inBatch_ = false;             // a WriteBatch on the loop thread will flush

@@ -16,8 +16,12 @@
 
 namespace weft::rpc::transport {
 
-Listener::Listener(UvLoop& loop, const std::string& host, uint16_t port, AcceptFn onAccept)
-    : loop_(loop), onAccept_(std::move(onAccept)) {
+Listener::Listener(UvLoop& loop, const std::string& host, uint16_t port, AcceptFn onAccept,
+                   logging::RateLimiter* log)
+    : loop_(loop),
+      onAccept_(std::move(onAccept)),
+      ownLog_(log == nullptr ? std::make_unique<logging::RateLimiter>("rpc") : nullptr),
+      log_(log == nullptr ? ownLog_.get() : log) {
   WEFT_CHECK(loop_.inLoopThread()) << "Listener constructed off the loop thread";
   SocketAddress address = *SocketAddress::resolve(host, port);
   fd_ = ::socket(address.sockaddr()->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -36,7 +40,14 @@ Listener::Listener(UvLoop& loop, const std::string& host, uint16_t port, AcceptF
   ::getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &len);
   port_ = SocketAddress::fromSockaddr(reinterpret_cast<sockaddr*>(&bound), len).port();
   poll_ = new uv_poll_s;
-  uv_poll_init(loop_.raw(), poll_, fd_);
+  int rc = uv_poll_init(loop_.raw(), poll_, fd_);
+  if (rc != 0) {
+    delete poll_;
+    poll_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
+    throw Error("rpc: cannot watch the socket listening on " + address.toString() + ": " + uv_strerror(rc));
+  }
   poll_->data = this;
   uv_poll_start(poll_, UV_READABLE, &Listener::onPoll);
   pause_ = new uv_timer_s;
@@ -72,11 +83,28 @@ void Listener::close() {
 
 void Listener::onPoll(uv_poll_s* handle, int status, int) {
   auto* self = static_cast<Listener*>(handle->data);
+  if (self->ownLog_) self->ownLog_->flush();
   if (status < 0) {
-    WEFT_LOG(Warn) << "rpc: listener error: " << uv_strerror(status);
+    // libuv has stopped the handle: watch again after a pause rather than never.
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(self->fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+    WEFT_LOG_LIMITED(*self->log_, Warn, "the listener")
+        << "rpc: error on the listening socket (" << (err != 0 ? std::strerror(err) : uv_strerror(status))
+        << "); pausing the listener for 100 ms";
+    self->pause();
     return;
   }
   self->acceptAll();
+}
+
+void Listener::pause() {
+  uv_poll_stop(poll_);
+  uv_timer_start(pause_, [](uv_timer_s* t) {
+    auto* l = static_cast<Listener*>(t->data);
+    if (l->ownLog_) l->ownLog_->flush();
+    if (l->poll_ != nullptr) uv_poll_start(l->poll_, UV_READABLE, &Listener::onPoll);
+  }, 100, 0);
 }
 
 void Listener::acceptAll() {
@@ -88,16 +116,12 @@ void Listener::acceptAll() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        WEFT_LOG(Warn) << "rpc: cannot accept a connection (" << std::strerror(errno)
-                       << "); pausing the listener for 100 ms";
-        uv_poll_stop(poll_);
-        uv_timer_start(pause_, [](uv_timer_s* t) {
-          auto* l = static_cast<Listener*>(t->data);
-          if (l->poll_ != nullptr) uv_poll_start(l->poll_, UV_READABLE, &Listener::onPoll);
-        }, 100, 0);
+        WEFT_LOG_LIMITED(*log_, Warn, "the listener")
+            << "rpc: cannot accept a connection (" << std::strerror(errno) << "); pausing the listener for 100 ms";
+        pause();
         return;
       }
-      WEFT_LOG(Warn) << "rpc: accept failed: " << std::strerror(errno);
+      WEFT_LOG_LIMITED(*log_, Warn, "the listener") << "rpc: accept failed: " << std::strerror(errno);
       return;
     }
     std::string who = SocketAddress::fromSockaddr(reinterpret_cast<sockaddr*>(&peer), len).toString();

@@ -7,8 +7,10 @@
 //
 // Accepted sockets are handed over as plain fds (non-blocking, close-on-exec);
 // the callback owns them. accept() failing for lack of descriptors (EMFILE,
-// ENFILE) is logged once per burst and the pending connection is left in the
-// backlog, not spun on: the listener pauses for 100 ms.
+// ENFILE) leaves the pending connection in the backlog, not spun on: the
+// listener pauses for 100 ms. An error on the listening socket itself pauses
+// it likewise, then it tries again. Each such failure is logged through a
+// rate limiter (common/logging.h): the owner's, else the listener's own.
 //
 // Thread-safety: construct and close on the loop thread (or through
 // UvLoop::call); port() from any thread.
@@ -17,7 +19,10 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+
+#include "common/logging.h"
 
 #include "rpc/socket_address.h"
 #include "rpc/uv_loop.h"
@@ -32,7 +37,8 @@ class Listener {
   using AcceptFn = std::function<void(int fd, std::string peer)>;
 
   // Binds and listens; throws weft::Error naming the address when it cannot.
-  Listener(UvLoop& loop, const std::string& host, uint16_t port, AcceptFn onAccept);
+  Listener(UvLoop& loop, const std::string& host, uint16_t port, AcceptFn onAccept,
+           logging::RateLimiter* log = nullptr);
   ~Listener();  // close()
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -44,6 +50,8 @@ class Listener {
  private:
   static void onPoll(uv_poll_s* handle, int status, int events);
   void acceptAll();
+  // Stops watching the socket for 100 ms.
+  void pause();
 
   UvLoop& loop_;
   int fd_ = -1;
@@ -51,6 +59,8 @@ class Listener {
   AcceptFn onAccept_;
   uv_poll_s* poll_ = nullptr;
   uv_timer_s* pause_ = nullptr;
+  std::unique_ptr<logging::RateLimiter> ownLog_;
+  logging::RateLimiter* log_;
 };
 
 // Connects to address, blocking the calling thread until connected or deadline

@@ -45,6 +45,7 @@
 #include "rpc/codec.h"
 #include "rpc/frame.h"
 #include "rpc/store.h"
+#include "log_util.h"
 #include "text_util.h"
 
 using namespace weft;
@@ -54,6 +55,8 @@ using std::chrono::milliseconds;
 using weft::testing::AgentGroup;
 
 using weft::testing::contains;
+using weft::testing::EveryLineLogged;
+using weft::testing::heldBack;
 
 namespace {
 
@@ -344,6 +347,13 @@ class StderrCapture {
   std::FILE* file_ = nullptr;
 };
 
+// How many times `what` occurs in text.
+size_t countOf(const std::string& text, const std::string& what) {
+  size_t count = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++count;
+  return count;
+}
+
 // Lines of text that mention `what`, where what is not followed by a digit (so
 // "127.0.0.1:4000" does not count a line about "127.0.0.1:40001").
 size_t linesMentioning(const std::string& text, const std::string& what) {
@@ -632,6 +642,7 @@ ResponseSeen readResponse(RawConnection& conn, uint64_t callId) {
 // ---- before the handshake -----------------------------------------------------------------
 
 TEST_CASE("hostile bytes before the handshake cost only their connection: abort, close, one count, one log line") {
+  EveryLineLogged all;  // one line per case, however many cases come from this one address
   LiveAgents live;
   live.checkServing();
   for (const HostileCase& c : handshakeCases()) expectRejected(live, c);
@@ -700,12 +711,15 @@ TEST_CASE("three rounds of every hostile case against one agent keep its memory 
   CHECK(waitUntil([&] { return openDescriptors() <= fdsBefore; }, 2s));
 }
 
-TEST_CASE("a flood of 200 silent connections: the agent keeps serving, then closes every one of them") {
-  LiveAgents live;
-  size_t fdsBefore = openDescriptors();
+TEST_CASE("a flood of 200 silent connections: the agent keeps serving, then closes every one of them, logging "
+          "a few lines and a summary") {
+  auto agents = std::make_unique<LiveAgents>();
+  LiveAgents& live = *agents;
   uint64_t before = live.rejected();
   constexpr int kFlood = 200;
+  auto logStarted = Clock::now();
   StderrCapture log;
+  size_t fdsBefore = openDescriptors();
   std::vector<std::unique_ptr<RawConnection>> flood;
   for (int i = 0; i < kFlood; ++i) flood.push_back(std::make_unique<RawConnection>(live.port()));
   // Calls over the established connection are untouched by the flood.
@@ -728,17 +742,58 @@ TEST_CASE("a flood of 200 silent connections: the agent keeps serving, then clos
   MESSAGE("the flood was closed within " << took << " s");
   CHECK(closed == kFlood);
   CHECK(waitUntil([&] { return live.rejected() == before + kFlood + 1; }, 2s));
-  if (log.capturing()) {
-    std::string text = log.text();
-    size_t logged = 0;
-    for (auto& c : flood) logged += linesMentioning(text, c->localAddress()) == 1 ? 1 : 0;
-    CHECK(logged == kFlood);
-  }
   flood.clear();
   live.checkServing();
   // Nothing held on to: every descriptor of the flood is released on both sides.
   CHECK(waitUntil([&] { return openDescriptors() <= fdsBefore; }, 2s));
   CHECK(live.target().stats().liveConnections == 1);
+
+  // The log: a few lines from 127.0.0.1 per 10 s, and summaries (the last one written as the
+  // agents close) that account for every other rejection: not one line per connection.
+  agents.reset();
+  double logSeconds = std::chrono::duration<double>(Clock::now() - logStarted).count();
+  if (log.capturing()) {
+    std::string text = log.text();
+    size_t shown = countOf(text, "] rpc: connection from 127.0.0.1:") +
+                   countOf(text, "] rpc: refused a connection from 127.0.0.1:");
+    uint64_t held = heldBack(text, "rpc", "127.0.0.1");
+    MESSAGE((kFlood + 1) << " rejections in " << logSeconds << " s: " << shown << " lines and " << held
+                       << " held back");
+    CHECK(shown + held == kFlood + 1);
+    CHECK(shown <= static_cast<size_t>(3 * (1 + logSeconds / 10)));
+    CHECK(held > 0);
+    INFO(text);
+    CHECK(shown > 0);
+  }
+}
+
+TEST_CASE("3,000 connections of garbage from one address cost a few log lines and a summary, not a line each") {
+  constexpr int kConnections = 3000;
+  auto agents = std::make_unique<LiveAgents>();
+  uint64_t before = agents->rejected();
+  StderrCapture log;
+  auto started = Clock::now();
+  Bytes garbage = randomBytes(64, 17);
+  for (int i = 0; i < kConnections; ++i) {
+    RawConnection conn(agents->port());
+    conn.send(garbage);
+  }
+  CHECK(waitUntil([&] { return agents->rejected() == before + kConnections; }, 20s));
+  double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  agents->checkServing();
+  agents.reset();  // the last summary is written as the agents close
+  if (log.capturing()) {
+    std::string text = log.text();
+    size_t shown = countOf(text, "] rpc: connection from 127.0.0.1:") +
+                   countOf(text, "] rpc: refused a connection from 127.0.0.1:");
+    uint64_t held = heldBack(text, "rpc", "127.0.0.1");
+    MESSAGE(kConnections << " connections in " << seconds << " s: " << shown << " lines and " << held
+                         << " held back");
+    INFO(text);
+    CHECK(shown + held == kConnections);
+    CHECK(shown >= 3);
+    CHECK(shown <= static_cast<size_t>(3 * (1 + seconds / 10)));
+  }
 }
 
 // ---- after the handshake --------------------------------------------------------------------

@@ -183,6 +183,40 @@ TEST_CASE("--socket-ifname reaches the ranks as WEFT_SOCKET_IFNAME; without it a
   CHECK(envByRank(r.out)[0]["WEFT_SOCKET_IFNAME"] == "10.9.8.7");
 }
 
+TEST_CASE("--heartbeat-interval and --heartbeat-misses reach every rank, replacing inherited values") {
+  Subprocess p(weftrun({"-n", "3", "--heartbeat-interval", "7.5", "--heartbeat-misses", "4", "--tag-output", kProbe,
+                        "env"}),
+               {"WEFT_HEARTBEAT_INTERVAL=1", "WEFT_HEARTBEAT_MISSES=9"});
+  auto r = p.wait(kRunLimit);
+  REQUIRE_FALSE(r.timedOut);
+  CHECK(r.exitCode == 0);
+  auto env = envByRank(r.out);
+  REQUIRE(env.size() == 3);
+  for (int rank = 0; rank < 3; ++rank) {
+    CAPTURE(rank);
+    CHECK(env[rank]["WEFT_HEARTBEAT_INTERVAL"] == "7.5");
+    CHECK(env[rank]["WEFT_HEARTBEAT_MISSES"] == "4");
+  }
+}
+
+TEST_CASE("without the heartbeat options the ranks inherit weftrun's heartbeat settings, or none") {
+  {
+    Subprocess p(weftrun({"-n", "2", "--tag-output", kProbe, "env"}), {"WEFT_HEARTBEAT_INTERVAL=3"});
+    auto r = p.wait(kRunLimit);
+    REQUIRE(r.exitCode == 0);
+    auto env = envByRank(r.out);
+    REQUIRE(env.size() == 2);
+    CHECK(env[1]["WEFT_HEARTBEAT_INTERVAL"] == "3");
+  }
+  Subprocess p(weftrun({"-n", "2", "--tag-output", kProbe, "env"}));
+  auto r = p.wait(kRunLimit);
+  REQUIRE(r.exitCode == 0);
+  auto env = envByRank(r.out);
+  REQUIRE(env.size() == 2);
+  if (std::getenv("WEFT_HEARTBEAT_INTERVAL") == nullptr) CHECK(env[0]["WEFT_HEARTBEAT_INTERVAL"] == "<unset>");
+  if (std::getenv("WEFT_HEARTBEAT_MISSES") == nullptr) CHECK(env[0]["WEFT_HEARTBEAT_MISSES"] == "<unset>");
+}
+
 TEST_CASE("tagged output prefixes every line with its rank and never splits a line") {
   constexpr int kRanks = 4;
   constexpr int kLines = 300;

@@ -19,6 +19,8 @@ TEST_CASE("weftrun options: defaults, then the program and its arguments untouch
   CHECK_FALSE(o.tagOutput);
   CHECK(o.maxRestarts == 0);
   CHECK(o.graceSeconds == kDefaultGraceSeconds);
+  CHECK(o.heartbeatInterval.empty());
+  CHECK(o.heartbeatMisses.empty());
   CHECK(o.command == std::vector<std::string>{"./train", "--epochs", "3", "-n", "9"});
   CHECK(o.worldSize() == 4);
 }
@@ -42,6 +44,17 @@ TEST_CASE("weftrun options: every option in both spellings") {
   CHECK(o.globalRank(0) == 4);
   CHECK(o.globalRank(1) == 5);
   CHECK(parseOptions({"--nproc-per-node", "3", "p"}).procsPerNode == 3);
+}
+
+TEST_CASE("weftrun options: the heartbeat window, in both spellings, passed on as given") {
+  Options o = parseOptions({"-n", "2", "--heartbeat-interval", "2.5", "--heartbeat-misses=8", "p"});
+  CHECK(o.heartbeatInterval == "2.5");
+  CHECK(o.heartbeatMisses == "8");
+  o = parseOptions({"-n", "2", "--heartbeat-interval=60", "--heartbeat-misses", "2", "p"});
+  CHECK(o.heartbeatInterval == "60");
+  CHECK(o.heartbeatMisses == "2");
+  CHECK(usageText().find("--heartbeat-interval") != std::string::npos);
+  CHECK(usageText().find("--heartbeat-misses") != std::string::npos);
 }
 
 TEST_CASE("weftrun options: --help stops parsing") {
@@ -71,6 +84,15 @@ TEST_CASE("weftrun options: each mistake is a UsageError naming the option and v
       {{"-n", "2", "--grace-period", "soon", "p"}, "--grace-period expects a number of seconds"},
       {{"-n", "2", "--grace-period", "-1", "p"}, "--grace-period expects a number of seconds"},
       {{"-n", "2", "--tag-output=yes", "p"}, "--tag-output takes no value"},
+      {{"-n", "2", "--heartbeat-interval", "0", "p"}, "--heartbeat-interval expects a number of seconds above 0"},
+      {{"-n", "2", "--heartbeat-interval", "-2", "p"}, "got '-2'"},
+      {{"-n", "2", "--heartbeat-interval", "2s", "p"}, "got '2s'"},
+      {{"-n", "2", "--heartbeat-interval=", "p"}, "got ''"},
+      {{"-n", "2", "--heartbeat-interval", "1e9", "p"}, "got '1e9'"},
+      {{"-n", "2", "--heartbeat-interval"}, "--heartbeat-interval expects a value"},
+      {{"-n", "2", "--heartbeat-misses", "1", "p"}, "--heartbeat-misses expects an integer from 2 to 1000, got '1'"},
+      {{"-n", "2", "--heartbeat-misses", "1001", "p"}, "got '1001'"},
+      {{"-n", "2", "--heartbeat-misses", "2.5", "p"}, "got '2.5'"},
       {{"-n", "2", "--socket-ifname=", "p"}, "--socket-ifname expects an interface name or an IP address"},
       {{"-n", "2", "--socket-ifname", "eth 0", "p"}, "got 'eth 0'"},
       {{"-n", "2", "--nnodes", "2", "--node-rank", "2", "--master-addr", "a", "--master-port", "1", "p"},

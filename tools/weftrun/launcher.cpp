@@ -159,7 +159,7 @@ int pickFreePort() {
 
 // weftrun's environment with every variable it manages replaced.
 std::vector<std::string> rankEnvironment(const Options& o, int localRank, int port, int restartCount) {
-  const std::pair<const char*, std::string> managed[] = {
+  std::vector<std::pair<const char*, std::string>> managed = {
       {"WEFT_RANK", std::to_string(o.globalRank(localRank))},
       {"WEFT_WORLD_SIZE", std::to_string(o.worldSize())},
       {"WEFT_LOCAL_RANK", std::to_string(localRank)},
@@ -176,11 +176,13 @@ std::vector<std::string> rankEnvironment(const Options& o, int localRank, int po
       {"MASTER_ADDR", o.masterAddr},
       {"MASTER_PORT", std::to_string(port)},
   };
+  if (!o.heartbeatInterval.empty()) managed.emplace_back("WEFT_HEARTBEAT_INTERVAL", o.heartbeatInterval);
+  if (!o.heartbeatMisses.empty()) managed.emplace_back("WEFT_HEARTBEAT_MISSES", o.heartbeatMisses);
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
     std::string_view key = entry.substr(0, entry.find('='));
-    bool replaced = std::any_of(std::begin(managed), std::end(managed), [&](const auto& kv) { return key == kv.first; });
+    bool replaced = std::any_of(managed.begin(), managed.end(), [&](const auto& kv) { return key == kv.first; });
     if (!o.socketIfname.empty() && key == "WEFT_SOCKET_IFNAME") replaced = true;
     if (!replaced) env.emplace_back(entry);
   }

@@ -13,6 +13,11 @@ constexpr int kMaxNodes = 65536;
 constexpr int kMaxWorldSize = 1 << 20;
 constexpr int kMaxRestarts = 1000000;
 constexpr double kMaxGraceSeconds = 3600;
+// The bounds weft's RPC options accept (rpc/options.h): an interval above 0 and
+// up to a year, 2 to 1000 misses.
+constexpr double kMaxHeartbeatSeconds = 365.0 * 24 * 3600;
+constexpr int kMinHeartbeatMisses = 2;
+constexpr int kMaxHeartbeatMisses = 1000;
 
 int parseInt(const std::string& option, const std::string& text, int lo, int hi) {
   int v = 0;
@@ -33,6 +38,17 @@ double parseSeconds(const std::string& option, const std::string& text) {
                      ", got '" + text + "'");
   }
   return v;
+}
+
+// A positive number of seconds, returned as given.
+std::string parseInterval(const std::string& option, const std::string& text) {
+  char* end = nullptr;
+  double v = text.empty() ? -1 : std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v <= 0 || v > kMaxHeartbeatSeconds) {
+    throw UsageError(option + " expects a number of seconds above 0 and up to " +
+                     std::to_string(static_cast<long long>(kMaxHeartbeatSeconds)) + ", got '" + text + "'");
+  }
+  return text;
 }
 
 }  // namespace
@@ -104,6 +120,10 @@ Options parseOptions(const std::vector<std::string>& args) {
       o.maxRestarts = parseInt(name, value(), 0, kMaxRestarts);
     } else if (name == "--grace-period") {
       o.graceSeconds = parseSeconds(name, value());
+    } else if (name == "--heartbeat-interval") {
+      o.heartbeatInterval = parseInterval(name, value());
+    } else if (name == "--heartbeat-misses") {
+      o.heartbeatMisses = std::to_string(parseInt(name, value(), kMinHeartbeatMisses, kMaxHeartbeatMisses));
     } else {
       throw UsageError("unknown option '" + arg + "'");
     }
@@ -144,6 +164,9 @@ group through the environment:
                                 where rank 0 serves the rendezvous store
   WEFT_RESTART_COUNT            0 on the first attempt, then 1, 2, ...
   WEFT_SOCKET_IFNAME            --socket-ifname, when given
+  WEFT_HEARTBEAT_INTERVAL, WEFT_HEARTBEAT_MISSES
+                                only when --heartbeat-interval / --heartbeat-misses
+                                are given
 
 When a process fails (non-zero exit or a signal) weftrun stops the others
 (SIGTERM, then SIGKILL after the grace period) and exits with the failed
@@ -167,6 +190,14 @@ options:
                           (default 0)
   --grace-period S        seconds between SIGTERM and SIGKILL when stopping
                           processes (default 10)
+  --heartbeat-interval S  seconds of silence before a rank pings a peer, for
+                          every rank (WEFT_HEARTBEAT_INTERVAL; weft's default 2)
+  --heartbeat-misses K    intervals of silence after which a peer is declared
+                          dead, 2..1000 (WEFT_HEARTBEAT_MISSES; default 5).
+                          S x K is how long a rank's whole process may pause
+                          (stopped, frozen for a checkpoint, swapped out)
+                          before the others fail their calls to it: 10 s by
+                          default
   -h, --help              show this help
 
 The processes read /dev/null as stdin and each runs in its own process group.

@@ -1,6 +1,7 @@
 // weftrun's command line: what the user asked for, and the help text.
 //
 //   weftrun -n 4 --tag-output --max-restarts 2 ./train --epochs 3
+//   weftrun -n 4 --heartbeat-interval 6 ./train   # a silent rank is declared dead after 30 s
 //
 //   weft::weftrun::Options o = weft::weftrun::parseOptions({"-n", "4", "./train"});
 //   o.worldSize();          // 4
@@ -43,6 +44,12 @@ struct Options {
   int maxRestarts = 0;
   // Time between SIGTERM and SIGKILL when weftrun stops ranks.
   double graceSeconds = kDefaultGraceSeconds;
+  // --heartbeat-interval / --heartbeat-misses, as given (validated): every rank
+  // gets them as WEFT_HEARTBEAT_INTERVAL / WEFT_HEARTBEAT_MISSES. Empty: not
+  // set, so the ranks see whatever weftrun's environment says (else weft's
+  // defaults, 2 s x 5).
+  std::string heartbeatInterval;
+  std::string heartbeatMisses;
   bool help = false;                 // -h/--help: print usage, run nothing
   std::vector<std::string> command;  // program, then its arguments
 

@@ -86,7 +86,8 @@ void printEnv() {
   const char* names[] = {"WEFT_RANK",        "WEFT_WORLD_SIZE",    "WEFT_LOCAL_RANK", "WEFT_LOCAL_WORLD_SIZE",
                          "WEFT_NNODES",      "WEFT_NODE_RANK",     "WEFT_MASTER_ADDR", "WEFT_MASTER_PORT",
                          "WEFT_RESTART_COUNT", "RANK",             "WORLD_SIZE",      "LOCAL_RANK",
-                         "LOCAL_WORLD_SIZE", "MASTER_ADDR",        "MASTER_PORT",     "WEFT_SOCKET_IFNAME"};
+                         "LOCAL_WORLD_SIZE", "MASTER_ADDR",        "MASTER_PORT",     "WEFT_SOCKET_IFNAME",
+                         "WEFT_HEARTBEAT_INTERVAL", "WEFT_HEARTBEAT_MISSES"};
   for (const char* n : names) {
     const char* v = std::getenv(n);
     say(std::string(n) + "=" + (v ? v : "<unset>"));
