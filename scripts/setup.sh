@@ -29,6 +29,7 @@ PACKAGES=(
   zlib1g-dev                                     # gzip'd IDX files
   python3-matplotlib                             # plots of benchmark results
   clang libclang-rt-14-dev                       # fuzzing and sanitizer runtimes
+  iproute2                                       # ip netns: the two-machine test's namespaces
 )
 
 usage() {
