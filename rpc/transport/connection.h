@@ -47,7 +47,9 @@
 //
 // Closing. close(status) closes at once (queued frames are dropped); fail(status)
 // writes an Abort first; closeGracefully() writes what is queued, half-closes
-// (shutdown SHUT_WR) and closes when the peer's end of stream arrives. onClosed
+// (shutdown SHUT_WR) and closes when the peer's end of stream arrives, or at
+// once on a socket error (a peer that resets instead of ending its stream, as
+// one that closed abruptly does when this side's last frames reach it). onClosed
 // runs once in every case, on the loop thread, after which send() returns false.
 // Statuses say what happened ("connection closed by the peer", "frame 3: ...");
 // the owner adds description() where it reports them.

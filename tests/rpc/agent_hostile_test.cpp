@@ -19,6 +19,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -214,6 +216,15 @@ class RawConnection {
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
+  }
+
+  // Closes with a reset (RST) instead of an end of stream, as a process that dies with bytes
+  // unread does.
+  void reset() {
+    if (fd_ < 0) return;
+    linger l{.l_onoff = 1, .l_linger = 0};
+    CHECK(::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+    close();
   }
 
   // The next frame the agent sends; nullopt when it closes first or the bound passes.
@@ -587,6 +598,7 @@ class ImpostorWorld {
     CHECK(target().isAlive(1));
   }
   Agent& other() { return group_.agent(1); }
+  RawConnection& toOther() { return *to1_; }
 
  private:
   std::unique_ptr<RawConnection> dial(StoreClient& store, int rank) {
@@ -888,5 +900,68 @@ TEST_CASE("a worker past the handshake that breaks the protocol loses its connec
     CHECK(Clock::now() - t0 < 1s);
     CHECK(world.other().isAlive(2));
     world.checkServing();
+  }
+}
+
+// ---- a worker that resets its connections ---------------------------------------------------
+
+TEST_CASE("workers leaving a failed shutdown barrier leave at once when a peer resets its connections instead "
+          "of ending them") {
+  ImpostorWorld world;
+  std::array<ShutdownReport, 2> reports;
+  std::array<std::atomic<double>, 2> leftAt;
+  for (auto& a : leftAt) a = -1;
+  auto t0 = Clock::now();
+  auto since = [&t0] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  std::thread s0([&] {
+    reports[0] = world.target().shutdown();
+    leftAt[0] = since();
+  });
+  std::thread s1([&] {
+    reports[1] = world.other().shutdown();
+    leftAt[1] = since();
+  });
+  std::this_thread::sleep_for(300ms);
+  CHECK(leftAt[0] < 0);  // the impostor never joins: both wait
+  CHECK(leftAt[1] < 0);
+
+  // The impostor leaves the barrier as a worker that lost another one does. Rank 0 fails its
+  // barrier and tells rank 1, which tells the impostor in turn (rank 0 knows it gone); both
+  // half-close their connections to the impostor and wait for its end of stream. (CHECK, not
+  // REQUIRE, until the shutdown threads are joined.)
+  FrameWriter w(128);
+  auto notice = w.message().initShutdownProceed();
+  notice.setRound(0);
+  notice.setDone(true);
+  notice.initMissing(1).set(0, "lost-worker");
+  CHECK(world.toTarget().send(bytesOf(std::move(w).finish())));
+  auto frame = world.toOther().readFrame(5s);
+  CHECK(frame.has_value());
+  if (frame) {
+    CHECK(frame->message().which() == wire::Message::SHUTDOWN_PROCEED);
+    if (frame->message().which() == wire::Message::SHUTDOWN_PROCEED) {
+      CHECK(frame->message().getShutdownProceed().getRound() == 0);
+    }
+  }
+  CHECK(world.toTarget().closedWithin(5s));
+  CHECK(world.toOther().closedWithin(5s));
+  CHECK(leftAt[0] < 0);  // the connections to the impostor are still open
+  CHECK(leftAt[1] < 0);
+
+  // It resets them instead of ending its streams: nothing more will come, and both leave now,
+  // not at the end of the time they allow a peer to close its side.
+  double resetAt = since();
+  world.toTarget().reset();
+  world.toOther().reset();
+  s0.join();
+  s1.join();
+  for (size_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    INFO("rank " << r << " left " << (leftAt[r] - resetAt) * 1000 << " ms after the reset");
+    CHECK(leftAt[r] - resetAt < 1.0);
+    CHECK(reports[r].graceful);
+    std::string missing;
+    for (auto& m : reports[r].missing) missing += (missing.empty() ? "" : ", ") + m;
+    CHECK(missing == "lost-worker");
   }
 }

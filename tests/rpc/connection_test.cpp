@@ -1,6 +1,7 @@
 // transport::Connection over a real TCP connection on 127.0.0.1 whose other end
 // this test holds as a plain socket: how the connection ends when that end
-// resets, closes, or takes bytes only once the socket is full.
+// resets, closes, or takes bytes only once the socket is full, and how a
+// graceful close ends it.
 #include "rpc/transport/connection.h"
 
 #include <doctest/doctest.h>
@@ -10,8 +11,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +83,37 @@ std::shared_ptr<transport::Connection> startConnection(UvLoop& loop, int fd, Pro
 bool readable(int fd) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, 5000) == 1;
+}
+
+// The sequences of the pings read from `fd` until its end of stream; nullopt when that
+// takes more than 10 s.
+std::optional<std::vector<uint64_t>> pingsUntilEnd(int fd) {
+  FrameDecoder decoder;
+  std::vector<uint64_t> out;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    std::byte buf[65536];
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    REQUIRE(n >= 0);
+    if (n == 0) break;
+    REQUIRE(decoder.feed(buf, static_cast<size_t>(n)).ok());
+    while (auto f = decoder.next()) {
+      REQUIRE(f->message().which() == wire::Message::PING);
+      out.push_back(f->message().getPing().getSequence());
+    }
+  }
+  CHECK(decoder.status().ok());
+  return out;
+}
+
+std::vector<uint64_t> sequence(uint64_t from, uint64_t to) {
+  std::vector<uint64_t> out;
+  for (uint64_t s = from; s < to; ++s) out.push_back(s);
+  return out;
 }
 
 }  // namespace
@@ -168,4 +203,59 @@ TEST_CASE("a peer that reads from a full socket is heard, though it sends nothin
   }
   CHECK(heard() > before);
   loop.call([&] { c->close(Status::disconnected("done")); });
+}
+
+TEST_CASE("closeGracefully writes every queued frame, half-closes, and reads the peer's frames until its end") {
+  UvLoop loop("test-conn");
+  TcpPair pair;
+  Promise<Status> closed;
+  Future<Status> f = closed.getFuture();
+  std::atomic<int> frames{0};
+  auto c = startConnection(loop, pair.release(), closed, &frames);
+  for (uint64_t s = 0; s < 2000; ++s) REQUIRE(c->send(ping(s)));
+  c->closeGracefully();
+
+  // This side's frames all arrive, then its end of stream; the connection stays open for the
+  // peer's side meanwhile.
+  auto got = pingsUntilEnd(pair.theirs);
+  REQUIRE(got.has_value());
+  CHECK(*got == sequence(0, 2000));
+  CHECK_FALSE(c->closed());
+  std::vector<std::byte> bytes;
+  for (uint64_t s = 0; s < 100; ++s) ping(s).appendTo(bytes);
+  REQUIRE(::write(pair.theirs, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+  ::shutdown(pair.theirs, SHUT_WR);
+
+  REQUIRE(f.waitFor(10s));
+  Status why = f.get();
+  CHECK(why.code() == StatusCode::Disconnected);
+  CHECK(contains(why.message(), "closed by the peer"));
+  CHECK(frames.load() == 100);
+  CHECK(c->closed());
+}
+
+TEST_CASE("a connection closing gracefully whose peer resets it instead of ending its stream closes at once") {
+  UvLoop loop("test-conn");
+  TcpPair pair;
+  Promise<Status> closed;
+  Future<Status> f = closed.getFuture();
+  auto c = startConnection(loop, pair.release(), closed);
+  REQUIRE(c->send(ping(1)));
+  c->closeGracefully();
+  auto got = pingsUntilEnd(pair.theirs);
+  REQUIRE(got.has_value());
+  CHECK(*got == std::vector<uint64_t>{1});
+  CHECK_FALSE(c->closed());  // waiting for the peer's end of stream
+
+  // The peer resets instead (SO_LINGER 0: a process gone with bytes unread does the same).
+  // Nothing else will come: the close must not wait for an end of stream.
+  linger hard{1, 0};
+  REQUIRE(::setsockopt(pair.theirs, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard)) == 0);
+  ::close(pair.theirs);
+  pair.theirs = -1;
+  REQUIRE_MESSAGE(f.waitFor(2s), "the reset connection still waits for an end of stream");
+  Status why = f.get();
+  CHECK(why.code() == StatusCode::Disconnected);
+  CHECK(contains(why.message(), "reset"));
+  CHECK(c->closed());
 }
