@@ -1,5 +1,12 @@
-// Distributed autograd: contexts, send/recv nodes, the FAST-mode backward pass across workers and
-// the release protocol (rpc/protocol.capnp, "Distributed autograd").
+// Distributed autograd: contexts, recording messages, the FAST-mode backward pass across workers
+// and the release protocol (rpc/protocol.capnp, "Distributed autograd"). The send and recv nodes
+// that recording puts into the local graphs are in nodes.cpp, the id layout in ids.h.
+//
+// Threads: calls and results are recorded on the thread that encodes them. Recorded frames, the
+// backward and release requests, the batched releases (onTick) and a peer's death reach the
+// layer on the loop thread, which never waits for a pass: a backward request runs on a handler
+// pool thread, or on a thread waiting in Context::backward, which runs its own pass. ContextState
+// says which lock guards what.
 #include "dist_autograd/dist_autograd.h"
 
 #include <algorithm>
@@ -14,6 +21,8 @@
 #include <unordered_set>
 
 #include "common/logging.h"
+#include "dist_autograd/ids.h"
+#include "dist_autograd/nodes.h"
 #include "rpc/uv_loop.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -29,8 +38,6 @@ const std::string kRelease = "weft.autograd.release";
 const uint64_t kBackwardId = rpc::nameId(kBackward);
 const uint64_t kReleaseId = rpc::nameId(kRelease);
 
-constexpr int kRankShift = 48;
-constexpr uint64_t kCounterMask = (uint64_t{1} << kRankShift) - 1;
 // Bounds on what a peer may make this worker hold.
 constexpr size_t kMaxContexts = size_t{1} << 20;
 constexpr uint32_t kMaxGradTensors = 1u << 16;
@@ -42,87 +49,9 @@ constexpr size_t kTombstones = size_t{1} << 16;
 
 const rpc::CallOptions kControl{.timeout = std::chrono::milliseconds(0), .duringShutdown = true};
 
-// The rank that created a context (or message, or pass) id.
-int creatorOf(int64_t id) { return static_cast<int>(static_cast<uint64_t>(id) >> kRankShift); }
-
-std::string idString(int64_t id) {
-  auto u = static_cast<uint64_t>(id);
-  return std::to_string(u >> kRankShift) + ":" + std::to_string(u & kCounterMask);
-}
-
 }  // namespace
 
 class DistAutograd;
-
-// ---- nodes ------------------------------------------------------------------------------------
-
-// The sender's end of a recorded message: its inputs are the tensors the message carried that
-// require grad; its gradients arrive in a backward request and flow on unchanged.
-class SendNode final : public Node {
- public:
-  SendNode(int64_t messageId, const std::vector<Tensor>& tensors) : messageId_(messageId) {
-    auto& edges = mutableNextEdges();
-    auto& metas = mutableOutputs();
-    edges.reserve(tensors.size());
-    metas.reserve(tensors.size());
-    for (const Tensor& t : tensors) {
-      edges.push_back(gradientEdge(t));
-      metas.push_back({t.shape(), t.dtype(), t.device()});
-    }
-  }
-  std::string name() const override { return "SendRpcBackward(message " + idString(messageId_) + ")"; }
-  std::vector<Tensor> apply(std::vector<Tensor> gradOutputs) override {
-    WEFT_ENFORCE(!released_, StateError, "backward through the graph a second time (node ", name(),
-                 "): the first backward freed it; pass retainGraph=true to that first backward to run it again");
-    return gradOutputs;
-  }
-  void release() override { released_ = true; }
-
- private:
-  int64_t messageId_;
-  bool released_ = false;
-};
-
-// The receiver's end: the grad function of the tensors a recorded message brought. Running it
-// sends their gradients back to the sender's send node.
-class RecvNode final : public Node {
- public:
-  RecvNode(std::weak_ptr<ContextState> ctx, int peer, int64_t messageId, uint32_t slots)
-      : ctx_(std::move(ctx)), peer_(peer), messageId_(messageId), linked_(slots, false) {
-    mutableOutputs().resize(slots);
-  }
-  std::string name() const override {
-    return "RecvRpcBackward(message " + idString(messageId_) + " from rank " + std::to_string(peer_) + ")";
-  }
-  // Makes t output `slot` of this node (the tensor codec, through FrameLink).
-  void link(Tensor& t, uint32_t slot) {
-    if (slot >= linked_.size()) {
-      throw ProtocolError("a tensor names gradient slot " + std::to_string(slot) + " of a message that has " +
-                          std::to_string(linked_.size()));
-    }
-    std::lock_guard<std::mutex> lock(linkMutex_);
-    if (!linked_[slot]) {
-      mutableOutputs()[slot] = {t.shape(), t.dtype(), t.device()};
-      linked_[slot] = true;
-    } else if (mutableOutputs()[slot].shape != t.shape() || mutableOutputs()[slot].dtype != t.dtype()) {
-      throw ProtocolError("two tensors of different shapes name gradient slot " + std::to_string(slot));
-    }
-    TensorImpl* im = t.impl();
-    im->gradFn = shared_from_this();
-    im->outputNr = slot;
-    im->requiresGrad = true;
-  }
-  std::vector<Tensor> apply(std::vector<Tensor> gradOutputs) override;
-  void release() override { released_ = true; }
-
- private:
-  std::weak_ptr<ContextState> ctx_;
-  int peer_;
-  int64_t messageId_;
-  std::mutex linkMutex_;
-  std::vector<bool> linked_;
-  bool released_ = false;
-};
 
 // ---- contexts -----------------------------------------------------------------------------------
 
@@ -240,9 +169,6 @@ class ContextState : public std::enable_shared_from_this<ContextState> {
     task->computeDependencies(roots);
     return task;
   }
-
-  // Called by a recv node while the pass runs (runMutex_ held).
-  void sendGradients(int peer, int64_t messageId, std::vector<Tensor> grads);
 
   // What a released context held: the workers it reached, and its graph (freed by whoever takes
   // it, outside the locks, unless a thread running a pass still holds the task).
@@ -874,24 +800,15 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
   DebugCounts atClose_;
 };
 
-std::vector<Tensor> RecvNode::apply(std::vector<Tensor> gradOutputs) {
-  WEFT_ENFORCE(!released_, StateError, "backward through the graph a second time (node ", name(),
-               "): the first backward freed it; pass retainGraph=true to that first backward to run it again");
-  auto ctx = ctx_.lock();
-  WEFT_ENFORCE(ctx != nullptr, StateError, name(), ": its distributed autograd context was released");
-  WEFT_ENFORCE(tPass == ctx.get(), StateError, name(), ": reached by ",
-               tPass != nullptr ? "a backward pass of context " + idString(tPass->id()) : std::string("a local backward"),
-               "; a tensor received in distributed autograd context ", idString(ctx->id()),
-               " takes part only in that context's backward()");
-  for (size_t i = 0; i < gradOutputs.size(); ++i) {
-    if (!linked_[i]) gradOutputs[i] = Tensor();  // never decoded: the sender gets no gradient for it
-  }
-  ctx->sendGradients(peer_, messageId_, std::move(gradOutputs));
-  return {};
-}
+// ---- what a recv node needs of its context (dist_autograd/nodes.h) -----------------------------
 
-void ContextState::sendGradients(int peer, int64_t messageId, std::vector<Tensor> grads) {
-  outstanding_.push_back(layer_.sendBackward(peer, id_, passId_, messageId, passRetain_, grads, passCall_));
+int64_t contextIdOf(const ContextState& ctx) { return ctx.id(); }
+
+ContextState* passOnThisThread() { return tPass; }
+
+void sendGradients(ContextState& ctx, int peer, int64_t messageId, std::vector<Tensor> grads) {
+  ctx.outstanding_.push_back(
+      ctx.layer().sendBackward(peer, ctx.id(), ctx.passId_, messageId, ctx.passRetain_, grads, ctx.passCall_));
 }
 
 namespace {

@@ -1,141 +1,26 @@
-#include "rref/rref.h"
-
-#include <map>
-#include <mutex>
-#include <set>
+// The RRef layer's protocol: RRefContext (rref/rref_context.h) creating, using, forking and
+// deleting references, the owner's and the users' bookkeeping, frames that carry references,
+// peer failures and the end of the job (rpc/protocol.capnp, "Remote references"). The
+// remote-class table is in remote_class.cpp, the entry points of the RRef<T> templates and the
+// reference codec in rref_codec.cpp.
+//
+// Threads: the weft.rref.* handlers, incoming frames, peer failures and shutdown run on the
+// agent's loop thread; values are built and methods run on its handler pool; a handle is
+// created, sent and released on whichever thread does so. The tables are under mutex_.
 #include <sstream>
-#include <unordered_map>
 
 #include "common/logging.h"
+#include "rref/rref_context.h"
 
 namespace weft::rref {
 
 namespace {
-
-const std::string kCreate = "weft.rref.create";
-const std::string kCall = "weft.rref.call";
-const std::string kFetch = "weft.rref.fetch";
-const std::string kFork = "weft.rref.fork";
-const std::string kAccept = "weft.rref.accept";
-const std::string kDelete = "weft.rref.delete";
-const std::string kToHere = "RRef::toHere";
-
-constexpr int kRankBits = 48;
-
-int creatorOf(uint64_t id) { return static_cast<int>(id >> kRankBits); }
-
-std::string idString(uint64_t id) {
-  return std::to_string(creatorOf(id)) + ":" + std::to_string(id & ((uint64_t{1} << kRankBits) - 1));
-}
 
 // Bookkeeping messages go out even while the shutdown barrier runs, and never time out: only
 // the peer's death ends them.
 const rpc::CallOptions kControl{.timeout = std::chrono::milliseconds(0), .duringShutdown = true};
 
 }  // namespace
-
-// ---- the owner's side of one reference ---------------------------------------------------
-
-struct OwnerRecord {
-  uint64_t id = 0;
-  Promise<rpc::HeldValue> promise;
-  Future<rpc::HeldValue> value = promise.getFuture();
-  bool created = false;  // the create arrived (or this worker is building it); false: a placeholder
-  const ClassInfo* cls = nullptr;                // set when a remote object is built
-  std::unordered_map<uint64_t, int> forks;      // fork id -> the rank holding it
-  std::vector<RRefCore*> local;                 // handles on this worker
-};
-
-// ---- the layer's per-agent state ---------------------------------------------------------
-
-// The handles one frame carries, taken over when it arrives; decoding picks them up.
-struct RRefInbox {
-  std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<RRefCore>> cores;
-};
-
-class RRefContext final : public rpc::AgentExtension, public std::enable_shared_from_this<RRefContext> {
- public:
-  explicit RRefContext(rpc::Agent& agent) : agent_(agent) {}
-
-  void registerFunctions();
-
-  void onIncomingFrame(int peer, rpc::IncomingFrame& frame) override;
-  void onPeerFailed(int rank, const Status& why) override;
-  void onShutdownBegin() override;
-  bool busy() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return !pendingUsers_.empty() || !pendingChildren_.empty();
-  }
-  void onClosed() override;
-
-  rpc::Agent& agent() { return agent_; }
-  rpc::Agent& agentWhileOpen(const RRefCore& core) {
-    WEFT_ENFORCE(!closed_, StateError, "RRef ", idString(core.id), ": the agent that holds it has shut down");
-    return agent_;
-  }
-  int self() const { return agent_.rank(); }
-  uint64_t newId() {
-    return (static_cast<uint64_t>(agent_.rank()) << kRankBits) | counter_.fetch_add(1, std::memory_order_relaxed);
-  }
-
-  std::shared_ptr<RRefCore> create(const rpc::WorkerRef& to, const std::string& typeName, detail::CreateKind kind,
-                                   const std::string& name, uint64_t index, unsigned n,
-                                   const std::function<void(rpc::EncodeContext&, capnp::List<rpc::wire::Value>::Builder)>& fill);
-  std::shared_ptr<RRefCore> makeOwned(rpc::HeldValue value);
-  void release(RRefCore& core);
-  void check(const RRefCore& core);
-  void encodeRef(const std::shared_ptr<RRefCore>& core, rpc::wire::Value::Builder out, rpc::EncodeContext& enc);
-  DebugCounts counts() const;
-
-  mutable std::mutex mutex_;
-
- private:
-  std::shared_ptr<RRefCore> makeCore(uint64_t id, uint64_t fork, int owner, std::string typeName);
-  // The record of an id this worker owns; a placeholder when another worker created it and its
-  // create has not arrived yet; null when this worker created it and it is gone. Under mutex_.
-  std::shared_ptr<OwnerRecord> recordFor(uint64_t id);
-  // recordFor for a use sent by a holder (a call, a fetch, a fork): NotFoundError, which the
-  // caller receives, when the value is gone. Under mutex_.
-  std::shared_ptr<OwnerRecord> requireRecord(uint64_t id) {
-    auto rec = recordFor(id);
-    WEFT_ENFORCE(rec != nullptr, NotFoundError, "RRef ", idString(id), " does not exist on worker '", agent_.name(), "'");
-    return rec;
-  }
-  // Drops the record from the table when nothing holds it any more. Under mutex_.
-  void maybeErase(const std::shared_ptr<OwnerRecord>& rec);
-  void confirm(const std::shared_ptr<RRefCore>& core, const Status& error);
-  void sendDelete(uint64_t id, uint64_t fork, int owner);
-
-  Future<rpc::HeldValue> onCreate(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame);
-  Future<rpc::HeldValue> onCall(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame);
-  Future<rpc::HeldValue> onFetch(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame);
-  Future<rpc::HeldValue> onFork(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame);
-  Future<rpc::HeldValue> onAccept(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame);
-  Future<rpc::HeldValue> onDelete(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame);
-  // Runs `body` on the handler pool once rec's value exists; its errors carry the owner and label.
-  Future<rpc::HeldValue> whenBuilt(
-      const std::shared_ptr<OwnerRecord>& rec, const std::string& label,
-      std::function<Future<rpc::HeldValue>(const rpc::HeldValue& value, const OwnerRecord& rec)> body);
-  void build(const std::shared_ptr<OwnerRecord>& rec, Future<rpc::HeldValue> value, const std::string& label);
-  void scan(int peer, rpc::wire::Value::Reader v, RRefInbox& inbox, uint32_t depth, uint32_t maxDepth);
-  void adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& inbox);
-  Status originError(const std::exception_ptr& e, const std::string& label) const;
-
-  rpc::Agent& agent_;
-  std::atomic<uint64_t> counter_{1};
-  std::atomic<bool> closed_{false};
-  bool shuttingDown_ = false;                                               // under mutex_
-  std::unordered_map<uint64_t, std::shared_ptr<OwnerRecord>> owned_;        // under mutex_
-  std::unordered_map<uint64_t, RRefCore*> users_;                           // fork -> live handle
-  std::unordered_map<uint64_t, std::shared_ptr<RRefCore>> pendingUsers_;   // not yet confirmed
-  struct Child {
-    std::shared_ptr<RRefCore> parent;  // kept alive until the child is accepted (G2)
-    int dest = -1;
-  };
-  std::unordered_map<uint64_t, Child> pendingChildren_;  // child fork -> its parent handle
-  std::set<int> deadPeers_;
-  std::optional<DebugCounts> atClose_;
-};
 
 // ---- handles ------------------------------------------------------------------------------
 
@@ -845,90 +730,7 @@ std::string DebugCounts::toString() const {
 
 DebugCounts debugCounts(rpc::Agent& agent) { return agent.extension<RRefContext>().counts(); }
 
-// ---- class declarations ---------------------------------------------------------------------
-
-namespace {
-
-struct ClassTable {
-  std::mutex mutex;
-  std::unordered_map<std::string, const ClassInfo*> byName;
-};
-
-ClassTable& classTable() {
-  static ClassTable t;
-  return t;
-}
-
-}  // namespace
-
-const ClassInfo* findClass(std::string_view name) {
-  auto& t = classTable();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  auto it = t.byName.find(std::string(name));
-  return it == t.byName.end() ? nullptr : it->second;
-}
-
 namespace detail {
-
-bool registerClass(const ClassInfo& info) {
-  auto& t = classTable();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  auto [it, inserted] = t.byName.emplace(info.name, &info);
-  WEFT_CHECK(inserted || it->second->type == info.type)
-      << "WEFT_REMOTE_CLASS: two different classes are declared as '" << info.name << "'";
-  return true;
-}
-
-std::shared_ptr<RRefCore> create(rpc::Agent& agent, const rpc::WorkerRef& to, const std::string& typeName,
-                                 CreateKind kind, const std::string& name, uint64_t index, unsigned n,
-                                 const std::function<void(rpc::EncodeContext&, capnp::List<rpc::wire::Value>::Builder)>& fill) {
-  return agent.extension<RRefContext>().create(to, typeName, kind, name, index, n, fill);
-}
-
-std::shared_ptr<RRefCore> makeOwned(rpc::Agent& agent, rpc::HeldValue value) {
-  return agent.extension<RRefContext>().makeOwned(std::move(value));
-}
-
-void check(const std::shared_ptr<RRefCore>& core) {
-  WEFT_ENFORCE(core != nullptr, InvalidArgumentError, "RRef: the handle is empty");
-  core->ctx->check(*core);
-}
-
-rpc::Agent& agentOf(const RRefCore& core) { return core.ctx->agentWhileOpen(core); }
-const std::string& callFunction() { return kCall; }
-const std::string& fetchFunction() { return kFetch; }
-const std::string& toHereLabel() { return kToHere; }
-uint64_t callFunctionId() {
-  static const uint64_t id = rpc::nameId(kCall);
-  return id;
-}
-uint64_t fetchFunctionId() {
-  static const uint64_t id = rpc::nameId(kFetch);
-  return id;
-}
-
-void writeTarget(rpc::EncodeContext& enc, rpc::wire::Value::Builder out, uint64_t id, const std::string& method) {
-  rpc::encodeValue(std::make_tuple(id, method), out, enc);
-}
-
-Future<rpc::HeldValue> ownerValue(const RRefCore& core) { return core.record->value; }
-
-void encodeRef(const std::shared_ptr<RRefCore>& core, rpc::wire::Value::Builder out, rpc::EncodeContext& enc) {
-  WEFT_ENFORCE(core != nullptr, InvalidArgumentError, "RRef: an empty handle cannot be sent");
-  core->ctx->encodeRef(core, out, enc);
-}
-
-std::shared_ptr<RRefCore> decodeRef(rpc::wire::Value::Reader in, rpc::DecodeContext& dec, const std::string& typeName) {
-  auto d = in.getRref();
-  const RRefInbox* inbox = dec.frame() ? dec.frame()->attachment<RRefInbox>() : nullptr;
-  if (inbox == nullptr) throw ProtocolError("a reference in a frame not marked as carrying references");
-  auto it = inbox->cores.find({d.getRrefId(), d.getForkId()});
-  if (it == inbox->cores.end()) throw ProtocolError("a reference the frame did not announce");
-  if (it->second->typeName != typeName) {
-    throw ProtocolError("expected RRef<" + typeName + ">, got RRef<" + it->second->typeName + ">");
-  }
-  return it->second;
-}
 
 bool installLayer() {
   return rpc::Agent::installExtension(typeTag<RRefContext>(), [](rpc::Agent& agent) -> std::shared_ptr<rpc::AgentExtension> {
