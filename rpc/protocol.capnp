@@ -9,9 +9,10 @@
 # Vocabulary
 #
 # A *worker* is one process of a weft job, known by a unique name and a rank in [0, worldSize).
-# A *connection* joins two workers over a reliable, ordered byte stream (TCP, a shared-memory
-# ring, an in-memory pipe). Either side may have opened it; the opener is the *initiator*, the
-# other the *acceptor*. Once the handshake is done the connection is symmetric: both sides send
+# A *connection* joins two workers over a reliable, ordered byte stream (TCP between two
+# workers; a worker's connection to itself stays in memory), on which nothing below relies
+# beyond order and reliability. Either side may have opened it; the opener is the *initiator*,
+# the other the *acceptor*. Once the handshake is done the connection is symmetric: both sides send
 # calls, responses, cancels and heartbeats on it. In the comments below "sender" and "receiver"
 # are those of the message being documented.
 #
