@@ -59,9 +59,9 @@
 //    bytes that arrive in such a read, together with their frame's preamble, are copied once
 //    from it: at most readChunkBytes per frame, counted by stagedTensorBytes(). With
 //    readChunkBytes = kPreambleBytes no tensor byte is ever staged, at the cost of one more
-//    read() per frame. feed() is for bytes already in memory (in-memory transports, tests, the
-//    fuzzer): it copies each byte once into its final place, tensor bytes straight into their
-//    Storage.
+//    read() per frame. feed() is for bytes already in memory (a worker's loopback to itself,
+//    object collectives, tests, the fuzzer): it copies each byte once into its final place,
+//    tensor bytes straight into their Storage.
 //
 // Threading: a FrameWriter, OutgoingFrame and FrameDecoder belong to one thread at a time (the
 // loop thread for a decoder). An IncomingFrame may be moved to another thread and read there.
@@ -144,8 +144,8 @@ class OutgoingFrame {
   std::span<const std::span<const std::byte>> spans() const { return spans_; }
   uint64_t byteSize() const { return byteSize_; }
   size_t bufferCount() const { return storages_.size(); }
-  // Appends the frame's bytes to out: a copy, for coalescing small frames into one write and
-  // for in-memory transports and tests.
+  // Appends the frame's bytes to out: a copy, for coalescing small frames into one write,
+  // for a worker's loopback to itself, object collectives and tests.
   void appendTo(std::vector<std::byte>& out) const;
 
  private:

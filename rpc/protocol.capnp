@@ -9,9 +9,10 @@
 # Vocabulary
 #
 # A *worker* is one process of a weft job, known by a unique name and a rank in [0, worldSize).
-# A *connection* joins two workers over a reliable, ordered byte stream (TCP, a shared-memory
-# ring, an in-memory pipe). Either side may have opened it; the opener is the *initiator*, the
-# other the *acceptor*. Once the handshake is done the connection is symmetric: both sides send
+# A *connection* joins two workers over a reliable, ordered byte stream (TCP between two
+# workers; a worker's connection to itself stays in memory), on which nothing below relies
+# beyond order and reliability. Either side may have opened it; the opener is the *initiator*,
+# the other the *acceptor*. Once the handshake is done the connection is symmetric: both sides send
 # calls, responses, cancels and heartbeats on it. In the comments below "sender" and "receiver"
 # are those of the message being documented.
 #
@@ -69,12 +70,14 @@
 # from a newer peer) is a protocol error at that receiver, never silently ignored. An
 # incompatible change bumps the protocol version carried in the frame preamble and in `Hello`.
 #
-# Messages planned after version 1, to be appended in this order:
-#   - remote references (rref/): rrefUserDelete, rrefForkRequest, rrefChildAccept,
-#     rrefOwnerConfirm, plus `Call.target` to address a method on an owned object and a
-#     `Value.rref` descriptor (worker id, local id, type name);
-#   - distributed autograd (dist_autograd/): carried by reserved functions (weft.autograd.*,
-#     see the end of this file), like remote references.
+# The layers above rpc add no message kinds: remote references (rref/) and distributed
+# autograd (dist_autograd/) travel as calls to reserved functions (weft.rref.*, weft.autograd.*),
+# which reuse the call ids, timeouts, cancellation and failure handling of calls, and which
+# the receiver runs on its loop thread in arrival order. What they add to this file is data
+# inside calls and responses: `Value.rref` (RRefDesc), `callFlagHasRrefs`,
+# `Response.hasRrefs` and `AutogradInfo`. A method of an owned object is addressed by the
+# arguments of weft.rref.call. See "Remote references" and "Distributed autograd" at the end
+# of this file.
 
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("weft::rpc::wire");

@@ -12,9 +12,8 @@
 // optionally preceded by `const rpc::CallContext&`, and returning the declared
 // result R, or Future<R>: then the reply is sent when that future completes, and
 // the pool thread that ran the body is free at once. This is how a handler makes
-// nested calls without blocking a thread (a pool of 2 threads serves calls 8
-// levels deep across 3 workers). A body returning the wrong type does not
-// compile.
+// nested calls without blocking a thread: how deep calls nest is not bounded
+// by the size of the pool. A body returning the wrong type does not compile.
 //
 // Bodies run on the agent's handler pool (Options::numWorkerThreads threads),
 // several at a time: a body that touches shared state locks it. An exception
@@ -23,8 +22,9 @@
 // the exception's message (typed weft errors keep their type: a body throwing
 // InvalidArgumentError makes the caller's get() throw InvalidArgumentError).
 //
-// There is no global registry: each Agent owns one and serves exactly what was
-// bound to it. impl() after Agent::start() is a StateError; binding a name
+// There is no global registry of bodies: each Agent owns one and serves exactly
+// what was bound to it. (Declarations are process-wide: a Function, a remote
+// class, a layer's extension factory; docs/design.md, "Extension points".) impl() after Agent::start() is a StateError; binding a name
 // twice, or two names with the same 64-bit id, is an InvalidArgumentError.
 //
 // Thread-safety: impl() is for the thread setting up the agent, before start();

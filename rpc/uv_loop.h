@@ -1,10 +1,12 @@
 // UvLoop: one libuv event loop running on a thread of its own, and the one way
 // other threads hand it work (post).
 //
-// weft keeps every socket, timer and protocol table of a process on a loop
-// thread; other threads never touch that state, they post a task that does.
-// The rendezvous store (server and client) runs on a UvLoop, and the Agent's
-// transport shares the same kind of loop:
+// weft keeps every socket and timer of a process on a loop thread; other
+// threads never touch them, they post a task that does. (State that callers
+// reach on the latency path, such as an Agent's per-peer call tables and a
+// connection's write queue, is guarded by a mutex instead: docs/design.md,
+// "Threads".) The rendezvous store (server and client) runs on a UvLoop, and
+// the Agent's transport shares the same kind of loop:
 //
 //   weft::rpc::UvLoop loop("weft-store");
 //   loop.post([&] { uv_timer_init(loop.raw(), &timer); ... });   // any thread; runs on the loop

@@ -19,9 +19,8 @@ namespace {
 constexpr double kParallelGemmWork = 1 << 19;
 // Larger products are cut into about kBlockLen rows or columns per block, at
 // least 2 and at most kMaxBlocks blocks. BLAS repacks the operand the blocks
-// share for each block, so a block costs time even on one thread: a 512^3
-// float32 product took 1% more CPU time in two 256-row blocks than in one
-// call, 5% more in four 128-row blocks.
+// share for each block, so a block costs time even on one thread, the more
+// so the smaller the blocks: blocks stay large, and few.
 constexpr int64_t kBlockLen = 256;
 constexpr int64_t kMaxBlocks = 16;
 // Blocks start on multiples of this many elements (a cache line of float32).

@@ -221,7 +221,7 @@ void lstmLayerForward(DType type, const LstmLayerGeometry& g, const void* x, con
     gemm(type, {x, false, I}, {wIh, true, I}, T_ * N, G, I, 1.0, beta, gates, G);
     // The recurrence, each chunk of batch rows on its own. Its products read
     // wHh^T stored as such: BLAS handles these small [rows, H] x [H, 4H]
-    // products about twice as fast untransposed (no packing of B per call).
+    // products faster untransposed (no packing of B per call).
     std::unique_ptr<T[]> wHhT(new T[static_cast<size_t>(H * G)]);
     const T* pw = static_cast<const T*>(wHh);
     for (int64_t r = 0; r < G; ++r) {

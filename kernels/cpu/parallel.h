@@ -11,8 +11,8 @@
 // In a training process (a main thread and RPC handler threads running
 // kernels, beside communication threads, often several processes per
 // machine) those spinning workers take the CPUs that the next kernel, another
-// process or a collective's network thread needs: a 2-process DDP step on two
-// cores took twice as long with OpenMP's workers as without.
+// process or a collective's network thread needs, and a DDP step slows down
+// most where CPUs are fewest.
 //
 // The pool: numThreads() - 1 worker threads (the caller is the first thread of
 // every job), started on first use. Tasks are handed out one at a time, so a

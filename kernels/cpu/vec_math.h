@@ -1,8 +1,8 @@
 // Vectorised float32 exp, sigmoid and tanh for the CPU kernels, written once
 // over GCC vector types and compiled for the widest instruction set the CPU
 // has (AVX-512, AVX2 + FMA, or SSE2, which every x86-64 CPU has), chosen once
-// per process. glibc's scalar expf / tanhf cost 10-20 ns a call and do not
-// vectorise; these cost well under 1 ns a value.
+// per process. glibc's scalar expf / tanhf are a function call per value and
+// do not vectorise; these process a whole vector register per step.
 //
 //   vecmath::sigmoidRow(in, out, n);                 // out[i] = sigmoid(in[i])
 //   vecmath::tanhRow(in, out, n, vecmath::Isa::Sse2);  // a given instruction set
