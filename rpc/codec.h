@@ -1,5 +1,11 @@
 // Codec<T>: how a C++ value becomes a wire::Value (rpc/protocol.capnp) and comes back, checked
-// against the type the receiver declared.
+// against the type the receiver declared. Include this header for every codec: it holds the trait,
+// the per-frame contexts, the scalar, string, byte and tensor codecs and the argument functions,
+// and brings in the rest of the family:
+//   rpc/codec_containers.h   std::vector, std::map, std::unordered_map, std::optional, std::tuple,
+//                            std::pair
+//   rpc/codec_record.h       WEFT_CODEC_FIELDS structs
+// (rpc/codec.cpp: kind names and decoding errors; rpc/codec_tensor.cpp: tensors and the contexts.)
 //
 //   struct Point { double x; double y; std::string label; };
 //   WEFT_CODEC_FIELDS(Point, x, y, label);           // namespace scope, the struct's namespace
@@ -16,7 +22,8 @@
 //   // a mismatch throws ProtocolError: "plot: argument 1: element 0: field 'label': expected
 //   // string, got int"
 //
-// Types and their wire form (Value union member):
+// Types and their wire form (Value union member), by the header that defines their codec:
+//  rpc/codec.h
 //   bool                                  boolean
 //   signed integers (int8_t..int64_t)     int      (range-checked against the declared type)
 //   unsigned integers (uint8_t..uint64_t) uint     (range-checked likewise)
@@ -27,11 +34,13 @@
 //   std::string                           text
 //   std::vector<uint8_t>, <std::byte>     bytes
 //   Tensor                                tensor   (an undefined Tensor is `none`)
+//  rpc/codec_containers.h
 //   std::vector<T>, T arithmetic          intList / uintList / float32List / float64List / boolList
 //   std::vector<T>, other T               list
 //   std::map / std::unordered_map<K, V>   map      (duplicate keys are rejected)
 //   std::optional<T>                      none, or T's own form (T may not itself be an optional)
 //   std::tuple<...> / std::pair<A, B>     tuple    (the element count must match)
+//  rpc/codec_record.h
 //   WEFT_CODEC_FIELDS structs             record   (type name and field count must match)
 // Plain char types have no codec (their signedness differs between platforms): use int8_t,
 // uint8_t or std::string.
@@ -47,12 +56,12 @@
 //
 // Decoding is driven by the declared type, never by the bytes: the receiver compares the union
 // member with the one its type maps to and throws ProtocolError naming the path to the value
-// ("element 3: key: ...", "field 'label': ...") and both kinds. Hostile input is bounded:
+// ("element 3: entry 0: key: ...", "field 'label': ...") and both kinds. Hostile input is bounded:
 // nesting beyond FrameLimits::maxNesting is rejected (recursive structs can nest at run time),
 // list lengths are bounded by the frame's bytes and Cap'n Proto's traversal limit, malformed
 // pointers surface as ProtocolError ("malformed value: ..."), never as a crash.
 //
-// Extension point: a type outside this file gets a codec by specialising Codec (see the
+// Extension point: a type outside these files gets a codec by specialising Codec (see the
 // `Codec` comment below), e.g. RRef<T> in rref/ with a `Value.rref` member appended to the
 // schema. Per-frame state such a codec needs (the RRef fork bookkeeping of one message) is
 // attached to the Encode/DecodeContext by the layer that owns it and found by type:
@@ -69,8 +78,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -291,11 +298,6 @@ concept WireArithmetic = WireInteger<T> || std::same_as<T, bool> || std::same_as
 template <class T>
 concept ByteLike = std::same_as<T, uint8_t> || std::same_as<T, std::byte>;
 
-template <class T>
-struct IsOptional : std::false_type {};
-template <class T>
-struct IsOptional<std::optional<T>> : std::true_type {};
-
 template <WireInteger T>
 std::string integerName() {
   return (std::is_signed_v<T> ? "int" : "uint") + std::to_string(8 * sizeof(T));
@@ -421,10 +423,10 @@ struct Codec<Tensor> {
   static Tensor decode(wire::Value::Reader in, DecodeContext& ctx) { return detail::decodeTensor(in, ctx); }
 };
 
-// ---- containers --------------------------------------------------------------------------
+// ---- one value ---------------------------------------------------------------------------
 
-// Encodes / decodes one value through its codec (the entry points containers and the argument
-// functions below use; Encodable checks the type has a codec).
+// Encodes / decodes one value through its codec (the entry points the container and record codecs
+// and the argument functions below use; Encodable checks the type has a codec).
 template <class T>
 void encodeValue(const T& v, wire::Value::Builder out, EncodeContext& ctx) {
   static_assert(Encodable<T>, "this type has no weft::rpc::Codec: see rpc/codec.h for the supported types");
@@ -435,280 +437,6 @@ T decodeValue(wire::Value::Reader in, DecodeContext& ctx) {
   static_assert(Encodable<T>, "this type has no weft::rpc::Codec: see rpc/codec.h for the supported types");
   return Codec<T>::decode(in, ctx);
 }
-
-template <class T>
-  requires(!detail::ByteLike<T>)
-struct Codec<std::vector<T>> {
-  static std::string typeName() { return "vector<" + Codec<T>::typeName() + ">"; }
-
-  static void encode(const std::vector<T>& v, wire::Value::Builder out, EncodeContext& ctx) {
-    auto n = static_cast<unsigned>(v.size());
-    if constexpr (std::same_as<T, bool>) {
-      auto list = out.initBoolList(n);
-      for (unsigned i = 0; i < n; ++i) list.set(i, v[i]);
-    } else if constexpr (detail::WireInteger<T> && std::is_signed_v<T>) {
-      auto list = out.initIntList(n);
-      for (unsigned i = 0; i < n; ++i) list.set(i, v[i]);
-    } else if constexpr (detail::WireInteger<T>) {
-      auto list = out.initUintList(n);
-      for (unsigned i = 0; i < n; ++i) list.set(i, v[i]);
-    } else if constexpr (std::same_as<T, float>) {
-      auto list = out.initFloat32List(n);
-      for (unsigned i = 0; i < n; ++i) list.set(i, v[i]);
-    } else if constexpr (std::same_as<T, double>) {
-      auto list = out.initFloat64List(n);
-      for (unsigned i = 0; i < n; ++i) list.set(i, v[i]);
-    } else {
-      auto list = out.initList(n);
-      for (unsigned i = 0; i < n; ++i) encodeValue(v[i], list[i], ctx);
-    }
-  }
-
-  static std::vector<T> decode(wire::Value::Reader in, DecodeContext& ctx) {
-    if constexpr (std::same_as<T, bool>) {
-      return decodePacked<wire::Value::BOOL_LIST>(in, [](auto r) { return r.getBoolList(); });
-    } else if constexpr (detail::WireInteger<T> && std::is_signed_v<T>) {
-      return decodePacked<wire::Value::INT_LIST>(in, [](auto r) { return r.getIntList(); });
-    } else if constexpr (detail::WireInteger<T>) {
-      return decodePacked<wire::Value::UINT_LIST>(in, [](auto r) { return r.getUintList(); });
-    } else if constexpr (std::same_as<T, float>) {
-      return decodePacked<wire::Value::FLOAT32_LIST>(in, [](auto r) { return r.getFloat32List(); });
-    } else if constexpr (std::same_as<T, double>) {
-      return decodePacked<wire::Value::FLOAT64_LIST>(in, [](auto r) { return r.getFloat64List(); });
-    } else {
-      if (in.which() != wire::Value::LIST) throwKindMismatch(typeName(), in);
-      DecodeContext::NestingGuard guard(ctx);
-      auto list = in.getList();
-      std::vector<T> out;
-      out.reserve(list.size());
-      for (unsigned i = 0; i < list.size(); ++i) {
-        out.push_back(detail::decodingAt(detail::At{"element", i}, [&] { return decodeValue<T>(list[i], ctx); }));
-      }
-      return out;
-    }
-  }
-
- private:
-  template <wire::Value::Which kKind, class Get>
-  static std::vector<T> decodePacked(wire::Value::Reader in, Get get) {
-    if (in.which() != kKind) throwKindMismatch(typeName(), in);
-    auto list = get(in);
-    std::vector<T> out(list.size());
-    for (unsigned i = 0; i < list.size(); ++i) {
-      auto v = list[i];
-      if constexpr (detail::WireInteger<T>) {
-        if (!std::in_range<T>(v)) {
-          detail::decodingAt(detail::At{"element", i},
-                             [&] { detail::throwOutOfRange(Codec<T>::typeName().c_str(), std::to_string(v)); });
-        }
-      }
-      out[i] = static_cast<T>(v);
-    }
-    return out;
-  }
-};
-
-namespace detail {
-template <class M>
-struct MapCodec {
-  using K = typename M::key_type;
-  using V = typename M::mapped_type;
-
-  static void encode(const M& m, wire::Value::Builder out, EncodeContext& ctx) {
-    auto list = out.initMap(static_cast<unsigned>(m.size()));
-    unsigned i = 0;
-    for (const auto& [k, v] : m) {
-      auto entry = list[i++];
-      encodeValue(k, entry.initKey(), ctx);
-      encodeValue(v, entry.initValue(), ctx);
-    }
-  }
-  static M decode(const std::string& typeName, wire::Value::Reader in, DecodeContext& ctx) {
-    if (in.which() != wire::Value::MAP) throwKindMismatch(typeName, in);
-    DecodeContext::NestingGuard guard(ctx);
-    auto list = in.getMap();
-    M out;
-    for (unsigned i = 0; i < list.size(); ++i) {
-      auto entry = list[i];
-      detail::decodingAt(detail::At{"entry", i}, [&] {
-        K k = detail::decodingAt(detail::Label{"key"}, [&] { return decodeValue<K>(entry.getKey(), ctx); });
-        V v = detail::decodingAt(detail::Label{"value"}, [&] { return decodeValue<V>(entry.getValue(), ctx); });
-        if (!out.try_emplace(std::move(k), std::move(v)).second) {
-          throw ProtocolError("duplicate key in " + typeName);
-        }
-      });
-    }
-    return out;
-  }
-};
-}  // namespace detail
-
-template <class K, class V, class Cmp, class Alloc>
-struct Codec<std::map<K, V, Cmp, Alloc>> {
-  using M = std::map<K, V, Cmp, Alloc>;
-  static std::string typeName() { return "map<" + Codec<K>::typeName() + ", " + Codec<V>::typeName() + ">"; }
-  static void encode(const M& m, wire::Value::Builder out, EncodeContext& ctx) { detail::MapCodec<M>::encode(m, out, ctx); }
-  static M decode(wire::Value::Reader in, DecodeContext& ctx) { return detail::MapCodec<M>::decode(typeName(), in, ctx); }
-};
-
-template <class K, class V, class Hash, class Eq, class Alloc>
-struct Codec<std::unordered_map<K, V, Hash, Eq, Alloc>> {
-  using M = std::unordered_map<K, V, Hash, Eq, Alloc>;
-  static std::string typeName() {
-    return "unordered_map<" + Codec<K>::typeName() + ", " + Codec<V>::typeName() + ">";
-  }
-  static void encode(const M& m, wire::Value::Builder out, EncodeContext& ctx) { detail::MapCodec<M>::encode(m, out, ctx); }
-  static M decode(wire::Value::Reader in, DecodeContext& ctx) { return detail::MapCodec<M>::decode(typeName(), in, ctx); }
-};
-
-template <class T>
-struct Codec<std::optional<T>> {
-  static_assert(!detail::IsOptional<T>::value,
-                "std::optional<std::optional<T>> cannot cross the wire: both empty states would read as `none`");
-  static std::string typeName() { return "optional<" + Codec<T>::typeName() + ">"; }
-  static void encode(const std::optional<T>& v, wire::Value::Builder out, EncodeContext& ctx) {
-    if (v) {
-      encodeValue(*v, out, ctx);
-    } else {
-      out.setNone();
-    }
-  }
-  static std::optional<T> decode(wire::Value::Reader in, DecodeContext& ctx) {
-    if (in.which() == wire::Value::NONE) return std::nullopt;
-    return decodeValue<T>(in, ctx);
-  }
-};
-
-namespace detail {
-template <class Tuple>
-struct TupleCodec {
-  static constexpr size_t kSize = std::tuple_size_v<Tuple>;
-
-  static void encode(const Tuple& t, wire::Value::Builder out, EncodeContext& ctx) {
-    auto list = out.initTuple(kSize);
-    [&]<size_t... I>(std::index_sequence<I...>) {
-      (encodeValue(std::get<I>(t), list[I], ctx), ...);
-    }(std::make_index_sequence<kSize>());
-  }
-  static Tuple decode(const std::string& typeName, wire::Value::Reader in, DecodeContext& ctx) {
-    if (in.which() != wire::Value::TUPLE) throwKindMismatch(typeName, in);
-    auto list = in.getTuple();
-    if (list.size() != kSize) {
-      throw ProtocolError("expected " + typeName + " (" + std::to_string(kSize) + " elements), got a tuple of " +
-                          std::to_string(list.size()));
-    }
-    DecodeContext::NestingGuard guard(ctx);
-    return [&]<size_t... I>(std::index_sequence<I...>) {
-      // Braced initialisation evaluates the elements in order.
-      return Tuple{detail::decodingAt(detail::At{"element", I}, [&] {
-        return decodeValue<std::tuple_element_t<I, Tuple>>(list[I], ctx);
-      })...};
-    }(std::make_index_sequence<kSize>());
-  }
-};
-}  // namespace detail
-
-template <class... Ts>
-struct Codec<std::tuple<Ts...>> {
-  static std::string typeName() {
-    std::string s = "tuple<";
-    ((s += Codec<Ts>::typeName() + ", "), ...);
-    if constexpr (sizeof...(Ts) > 0) s.resize(s.size() - 2);
-    return s + ">";
-  }
-  static void encode(const std::tuple<Ts...>& v, wire::Value::Builder out, EncodeContext& ctx) {
-    detail::TupleCodec<std::tuple<Ts...>>::encode(v, out, ctx);
-  }
-  static std::tuple<Ts...> decode(wire::Value::Reader in, DecodeContext& ctx) {
-    return detail::TupleCodec<std::tuple<Ts...>>::decode(typeName(), in, ctx);
-  }
-};
-
-template <class A, class B>
-struct Codec<std::pair<A, B>> {
-  static std::string typeName() { return "pair<" + Codec<A>::typeName() + ", " + Codec<B>::typeName() + ">"; }
-  static void encode(const std::pair<A, B>& v, wire::Value::Builder out, EncodeContext& ctx) {
-    detail::TupleCodec<std::pair<A, B>>::encode(v, out, ctx);
-  }
-  static std::pair<A, B> decode(wire::Value::Reader in, DecodeContext& ctx) {
-    return detail::TupleCodec<std::pair<A, B>>::decode(typeName(), in, ctx);
-  }
-};
-
-// ---- user structs ------------------------------------------------------------------------
-
-// WEFT_CODEC_FIELDS(Type, field, ...) gives a struct a codec: its listed fields, in order, as a
-// `record`. Write it at namespace scope in the namespace of Type (it defines functions found by
-// argument-dependent lookup), after the struct, listing up to 32 public fields. Type must be
-// default-constructible (decoding fills a default-constructed value); unlisted fields keep
-// their default. Each field's type needs a codec; a field may be another such struct.
-//
-//   namespace app {
-//   struct Batch { Tensor x; std::vector<int64_t> labels; std::optional<std::string> tag; };
-//   WEFT_CODEC_FIELDS(Batch, x, labels, tag);
-//   }
-//
-// A class template, or a type whose fields are private, can provide the same three functions
-// by hand (see the macro): weftCodecFieldRefs(T&) and (const T&) returning std::tie of the
-// fields, and weftCodecRecordInfo(const T*) returning {type name, "field1, field2"}.
-struct RecordInfo {
-  const char* typeName;
-  const char* fieldNames;  // comma-separated, as written in WEFT_CODEC_FIELDS
-};
-
-namespace detail {
-// The name of field i of a record ("label"), from RecordInfo::fieldNames.
-std::string recordFieldName(const RecordInfo& info, size_t i);
-}  // namespace detail
-
-template <class T>
-concept CodecRecord = std::is_class_v<T> && requires(T& v, const T& c) {
-  { weftCodecFieldRefs(v) };
-  { weftCodecFieldRefs(c) };
-  { weftCodecRecordInfo(static_cast<const T*>(nullptr)) } -> std::same_as<RecordInfo>;
-};
-
-template <CodecRecord T>
-struct Codec<T> {
-  static RecordInfo info() { return weftCodecRecordInfo(static_cast<const T*>(nullptr)); }
-  static std::string typeName() { return info().typeName; }
-
-  static void encode(const T& v, wire::Value::Builder out, EncodeContext& ctx) {
-    auto refs = weftCodecFieldRefs(v);
-    constexpr size_t n = std::tuple_size_v<decltype(refs)>;
-    auto record = out.initRecord();
-    record.setTypeName(info().typeName);
-    auto fields = record.initFields(n);
-    [&]<size_t... I>(std::index_sequence<I...>) {
-      (encodeValue(std::get<I>(refs), fields[I], ctx), ...);
-    }(std::make_index_sequence<n>());
-  }
-
-  static T decode(wire::Value::Reader in, DecodeContext& ctx) {
-    if (in.which() != wire::Value::RECORD) throwKindMismatch("struct " + typeName(), in);
-    auto record = in.getRecord();
-    auto name = record.getTypeName();
-    if (std::string_view(name.cStr(), name.size()) != info().typeName) {
-      throw ProtocolError("expected struct " + typeName() + ", got struct " + std::string(name.cStr(), name.size()));
-    }
-    T v{};
-    auto refs = weftCodecFieldRefs(v);
-    constexpr size_t n = std::tuple_size_v<decltype(refs)>;
-    auto fields = record.getFields();
-    if (fields.size() != n) {
-      throw ProtocolError("expected struct " + typeName() + " with " + std::to_string(n) + " fields, got " +
-                          std::to_string(fields.size()));
-    }
-    DecodeContext::NestingGuard guard(ctx);
-    [&]<size_t... I>(std::index_sequence<I...>) {
-      ((std::get<I>(refs) = detail::decodingAt([] { return "field '" + detail::recordFieldName(info(), I) + "'"; }, [&] {
-          return decodeValue<std::remove_cvref_t<std::tuple_element_t<I, decltype(refs)>>>(fields[I], ctx);
-        })),
-       ...);
-    }(std::make_index_sequence<n>());
-    return v;
-  }
-};
 
 // ---- arguments and results -----------------------------------------------------------------
 
@@ -771,64 +499,7 @@ T decodeResult(std::string_view function, wire::Value::Reader in, DecodeContext&
 
 }  // namespace weft::rpc
 
-// ---- WEFT_CODEC_FIELDS machinery ---------------------------------------------------------------
-
-#define WEFT_CODEC_DETAIL_FIELD(obj, f) obj.f
-#define WEFT_CODEC_DETAIL_FE1(m, o, x) m(o, x)
-#define WEFT_CODEC_DETAIL_FE2(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE1(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE3(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE2(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE4(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE3(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE5(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE4(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE6(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE5(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE7(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE6(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE8(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE7(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE9(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE8(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE10(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE9(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE11(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE10(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE12(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE11(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE13(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE12(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE14(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE13(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE15(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE14(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE16(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE15(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE17(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE16(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE18(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE17(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE19(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE18(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE20(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE19(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE21(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE20(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE22(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE21(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE23(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE22(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE24(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE23(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE25(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE24(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE26(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE25(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE27(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE26(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE28(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE27(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE29(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE28(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE30(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE29(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE31(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE30(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_FE32(m, o, x, ...) m(o, x), WEFT_CODEC_DETAIL_FE31(m, o, __VA_ARGS__)
-#define WEFT_CODEC_DETAIL_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, \
-                               _19, _20, _21, _22, _23, _24, _25, _26, _27, _28, _29, _30, _31, _32, NAME, ...)  \
-  NAME
-#define WEFT_CODEC_DETAIL_FOR_EACH(m, o, ...)                                                                   \
-  WEFT_CODEC_DETAIL_PICK(__VA_ARGS__, WEFT_CODEC_DETAIL_FE32, WEFT_CODEC_DETAIL_FE31, WEFT_CODEC_DETAIL_FE30, \
-                         WEFT_CODEC_DETAIL_FE29, WEFT_CODEC_DETAIL_FE28, WEFT_CODEC_DETAIL_FE27,              \
-                         WEFT_CODEC_DETAIL_FE26, WEFT_CODEC_DETAIL_FE25, WEFT_CODEC_DETAIL_FE24,              \
-                         WEFT_CODEC_DETAIL_FE23, WEFT_CODEC_DETAIL_FE22, WEFT_CODEC_DETAIL_FE21,              \
-                         WEFT_CODEC_DETAIL_FE20, WEFT_CODEC_DETAIL_FE19, WEFT_CODEC_DETAIL_FE18,              \
-                         WEFT_CODEC_DETAIL_FE17, WEFT_CODEC_DETAIL_FE16, WEFT_CODEC_DETAIL_FE15,              \
-                         WEFT_CODEC_DETAIL_FE14, WEFT_CODEC_DETAIL_FE13, WEFT_CODEC_DETAIL_FE12,              \
-                         WEFT_CODEC_DETAIL_FE11, WEFT_CODEC_DETAIL_FE10, WEFT_CODEC_DETAIL_FE9,               \
-                         WEFT_CODEC_DETAIL_FE8, WEFT_CODEC_DETAIL_FE7, WEFT_CODEC_DETAIL_FE6,                 \
-                         WEFT_CODEC_DETAIL_FE5, WEFT_CODEC_DETAIL_FE4, WEFT_CODEC_DETAIL_FE3,                 \
-                         WEFT_CODEC_DETAIL_FE2, WEFT_CODEC_DETAIL_FE1)(m, o, __VA_ARGS__)
-
-#define WEFT_CODEC_FIELDS(Type, ...)                                                                   \
-  inline auto weftCodecFieldRefs(Type& weftValue) {                                                    \
-    return std::tie(WEFT_CODEC_DETAIL_FOR_EACH(WEFT_CODEC_DETAIL_FIELD, weftValue, __VA_ARGS__));      \
-  }                                                                                                    \
-  inline auto weftCodecFieldRefs(const Type& weftValue) {                                              \
-    return std::tie(WEFT_CODEC_DETAIL_FOR_EACH(WEFT_CODEC_DETAIL_FIELD, weftValue, __VA_ARGS__));      \
-  }                                                                                                    \
-  inline ::weft::rpc::RecordInfo weftCodecRecordInfo(const Type*) { return {#Type, #__VA_ARGS__}; }    \
-  static_assert(std::is_default_constructible_v<Type>,                                                 \
-                "WEFT_CODEC_FIELDS: " #Type " must be default-constructible (decoding fills a default value)")
+// The rest of the family. Each of these includes this file first, so including either alone
+// brings the whole family too.
+#include "rpc/codec_containers.h"
+#include "rpc/codec_record.h"
