@@ -10,7 +10,7 @@
 // The three paths alternate within each iteration, so that drift in machine load hits them alike.
 // The direct path is Gloo used the way Gloo's own benchmarks use it, on its default device; with
 // --batch-device its device is made the way weft makes its own (the loop thread under SCHED_BATCH,
-// collectives/gloo_device.h), so that the ratio leaves out what that policy saves. On a machine
+// collectives/gloo/detail/device.h), so that the ratio leaves out what that policy saves. On a machine
 // whose CPUs are busy with other work that is a lot: Gloo's TCP event-loop thread busy-polls a
 // socket while the thread that posted the next operation holds the connection's lock, and when
 // both share a CPU the poster only gets it back at the next scheduler tick (4 ms at HZ=250). With
@@ -32,9 +32,9 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
-#include "collectives/gloo_device.h"
-#include "collectives/gloo_store.h"
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/detail/device.h"
+#include "collectives/gloo/detail/group.h"
+#include "collectives/gloo/detail/store.h"
 #include "bench/two_process.h"
 #include "rpc/store.h"
 #include "tensor/tensor.h"

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "collectives/ddp.h"
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/process_group_gloo.h"
 #include "nn/linear.h"
 #include "nn/optim.h"
 #include "bench/two_process.h"
@@ -37,7 +37,6 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using weft::Tensor;
 using weft::collectives::DistributedDataParallel;
-using weft::collectives::ProcessGroupGloo;
 using weft::collectives::ReduceOp;
 using weft::collectives::Work;
 
@@ -110,7 +109,7 @@ int runRank(int rank, uint16_t port, const Config& cfg) {
   cc.port = port;
   cc.timeout = 30s;
   weft::rpc::StoreClient store(cc);
-  auto pg = ProcessGroupGloo::create(store, rank, 2, {.timeout = 60s, .checkCalls = cfg.check});
+  auto pg = weft::collectives::createGlooGroup(store, rank, 2, {.timeout = 60s, .checkCalls = cfg.check});
 
   // Four replicas of the same model: DDP (default 25 MiB buckets: one bucket), DDP with 256 KiB
   // buckets (4 buckets), the per-parameter loop, and no communication.

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/gloo/detail/group.h"
 #include "common/error.h"
 #include "common/future.h"
 #include "common/logging.h"
@@ -118,9 +119,9 @@ class OwnedStore {
 
 }  // namespace
 
-std::unique_ptr<ProcessGroupGloo> init() { return init(rpc::Options::fromEnv()); }
+std::unique_ptr<ProcessGroup> init() { return init(rpc::Options::fromEnv()); }
 
-std::unique_ptr<ProcessGroupGloo> init(const rpc::Options& opt, ProcessGroupGloo::Options options) {
+std::unique_ptr<ProcessGroup> init(const rpc::Options& opt, GlooOptions options) {
   opt.validate();
   if (options.hostname.empty()) options.hostname = opt.localAddress();
   auto store = std::make_shared<OwnedStore>(opt);
@@ -129,11 +130,11 @@ std::unique_ptr<ProcessGroupGloo> init(const rpc::Options& opt, ProcessGroupGloo
   return group;
 }
 
-std::unique_ptr<ProcessGroupGloo> init(rpc::Agent& agent, ProcessGroupGloo::Options options) {
+std::unique_ptr<ProcessGroup> init(rpc::Agent& agent, GlooOptions options) {
   WEFT_ENFORCE(agent.started(), StateError, "collectives::init: the agent of worker '", agent.name(),
                "' is not started; call agent.start() first (the group joins through the agent's store)");
   if (options.hostname.empty()) options.hostname = agent.options().localAddress();
-  return ProcessGroupGloo::create(agent.store(), agent.rank(), agent.worldSize(), std::move(options));
+  return createGlooGroup(agent.store(), agent.rank(), agent.worldSize(), std::move(options));
 }
 
 }  // namespace weft::collectives

@@ -25,13 +25,13 @@
 // all: every collective then works as on one rank (allReduce, broadcast, ...
 // leave the tensor as it is, allGather copies the input). Every rank of the
 // job calls init once; it returns when every rank has joined (Gloo's full
-// mesh is connected), or throws as the ProcessGroupGloo constructor does
-// (TimeoutError naming the ranks that never joined, after the group's
-// timeout). The group is ProcessGroupGloo "default" unless
-// ProcessGroupGloo::Options::name says otherwise. Its connections bind the
-// address rpc::Options::localAddress() gives (WEFT_SOCKET_IFNAME or
+// mesh is connected), or throws as createGlooGroup does (TimeoutError naming
+// the ranks that never joined, after the group's timeout). The group is the
+// gloo group (collectives/gloo/process_group_gloo.h) "default" unless
+// GlooOptions::name says otherwise. Its connections bind the address
+// rpc::Options::localAddress() gives (WEFT_SOCKET_IFNAME or
 // Options::socketIfname, else the local address of the route to the master
-// address) unless ProcessGroupGloo::Options::hostname names one.
+// address) unless GlooOptions::hostname names one.
 //
 // The store. init(opt) builds the rendezvous store itself: rank 0 serves it
 // (on opt.masterAddr:opt.masterPort; a lone process on any free port of
@@ -63,7 +63,7 @@
 
 #include <memory>
 
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/process_group_gloo.h"
 #include "rpc/options.h"
 
 namespace weft::rpc {
@@ -73,12 +73,12 @@ class Agent;
 namespace weft::collectives {
 
 // init(rpc::Options::fromEnv()).
-std::unique_ptr<ProcessGroupGloo> init();
+std::unique_ptr<ProcessGroup> init();
 // Joins the job `opt` places this process in (rank, world size, store address
 // and timeouts; opt is validate()d: InvalidArgumentError naming the field).
-std::unique_ptr<ProcessGroupGloo> init(const rpc::Options& opt, ProcessGroupGloo::Options options = {});
+std::unique_ptr<ProcessGroup> init(const rpc::Options& opt, GlooOptions options = {});
 // The group of the agent's job, through the agent's store (rank and world size
 // are the agent's).
-std::unique_ptr<ProcessGroupGloo> init(rpc::Agent& agent, ProcessGroupGloo::Options options = {});
+std::unique_ptr<ProcessGroup> init(rpc::Agent& agent, GlooOptions options = {});
 
 }  // namespace weft::collectives

@@ -28,6 +28,29 @@ std::string rankList(const std::vector<int>& ranks) {
   return s + "]";
 }
 
+void ProcessGroup::checkLike(const Tensor& t, const Tensor& ref, const char* op, const std::string& what,
+                             const std::string& refWhat) const {
+  checkTensor(t, op, what);
+  WEFT_ENFORCE(t.dtype() == ref.dtype() && t.shape() == ref.shape(), InvalidArgumentError, op, ": ", what, " (",
+               dtypeName(t.dtype()), ", shape ", shapeString(t.shape()), ") must have the dtype and shape of ",
+               refWhat, " (", dtypeName(ref.dtype()), ", shape ", shapeString(ref.shape()), ")");
+}
+
+void ProcessGroup::prepareOutputs(std::vector<Tensor>& outputs, const Tensor& input, const char* op) const {
+  if (outputs.empty()) outputs.resize(static_cast<size_t>(size_));
+  WEFT_ENFORCE(outputs.size() == static_cast<size_t>(size_), InvalidArgumentError, op, ": expected ", size_,
+               " output tensors (one per rank), got ", outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].defined()) outputs[i] = empty(input.shape(), {.dtype = input.dtype(), .device = input.device()});
+    checkLike(outputs[i], input, op, "outputs[" + std::to_string(i) + "]", "the input");
+  }
+}
+
+std::exception_ptr ProcessGroup::destroyedBefore(const Work& work, const char* notStarted) {
+  return std::make_exception_ptr(
+      StateError(work.description() + ": the process group was destroyed before " + notStarted));
+}
+
 void ProcessGroup::checkRoot(int root, const char* op) const {
   WEFT_ENFORCE(root >= 0 && root < size_, InvalidArgumentError, op, ": root ", root,
                " is not a rank of a group of size ", size_);

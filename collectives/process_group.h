@@ -1,6 +1,8 @@
 // ProcessGroup: collective communication among a fixed set of processes (the
 // ranks 0..size-1 of a group), the data-parallel side of weft next to RPC.
-// Backends: gloo (CPU tensors over TCP, collectives/process_group_gloo.h).
+// Backends, one folder each, whose header declares its factory and options:
+// gloo (CPU tensors over TCP, collectives/gloo/process_group_gloo.h) and nccl
+// (CUDA tensors, collectives/nccl/process_group_nccl.h, in CUDA builds).
 //
 //   #include "collectives/init.h"
 //   auto pg = collectives::init();                        // the job from the environment (collectives/init.h)
@@ -14,7 +16,7 @@
 //   Work r = pg->irecvAny(buf, 7); r.wait(); int from = r.sourceRank();
 //   auto evens = pg->newGroup({0, 2});                    // every rank calls; null where not a member
 //
-// Set-up by hand (a store of one's own) is in process_group_gloo.h; objects
+// Set-up by hand (a store of one's own) is in gloo/process_group_gloo.h; objects
 // rather than tensors move with collectives/object_collectives.h.
 //
 // Reduce ops: Sum, Avg (the sum divided by size(); floating dtypes only),
@@ -75,8 +77,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -191,6 +197,16 @@ class ProcessGroup {
 
  protected:
   // What every backend checks the same way (InvalidArgumentError naming `op`).
+  // checkTensor: a tensor this backend can take (defined, contiguous, on its
+  // device); `what` names the argument ("tensor", "outputs[2]").
+  virtual void checkTensor(const Tensor& t, const char* op, const std::string& what) const = 0;
+  // checkTensor, and the dtype and shape of `ref` (described as `refWhat`).
+  void checkLike(const Tensor& t, const Tensor& ref, const char* op, const std::string& what,
+                 const std::string& refWhat) const;
+  // The per-rank outputs of allGather / gather: an empty vector is resized to
+  // size(), undefined entries are allocated like `input` (on its device), and
+  // each is checkLike the input.
+  void prepareOutputs(std::vector<Tensor>& outputs, const Tensor& input, const char* op) const;
   void checkRoot(int root, const char* op) const;
   // role: "source" or "destination"; a rank may not send to or receive from itself.
   void checkPeer(int peer, const char* op, const char* role) const;
@@ -208,10 +224,33 @@ class ProcessGroup {
   // A group name: 1 to 64 characters from [A-Za-z0-9_.-]; backend names the class for the message.
   static void checkGroupName(const char* backend, const std::string& name);
 
+  // A backend's destructor, for the ops queued for the group's thread but not
+  // started: under `mutex`, sets `stopping` (the backend refuses ops from
+  // then on) and takes every op out of `queue`, then wakes the thread
+  // (`wake`) and fails each op's Work with StateError "<op>: the process
+  // group was destroyed before <notStarted>" once `drop(op)` has released
+  // what the op holds. Op has a member `Work work`.
+  template <class Op, class Drop>
+  static void cancelQueued(std::mutex& mutex, std::deque<Op>& queue, bool& stopping, std::condition_variable& wake,
+                           const char* notStarted, Drop&& drop) {
+    std::deque<Op> cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+      cancelled.swap(queue);
+    }
+    wake.notify_all();
+    for (Op& op : cancelled) {
+      drop(op);
+      op.work.fail(destroyedBefore(op.work, notStarted));
+    }
+  }
+
   const int rank_;
   const int size_;
 
  private:
+  static std::exception_ptr destroyedBefore(const Work& work, const char* notStarted);
   void checkSubgroupRanks(const std::vector<int>& ranks) const;
   std::atomic<int> nextSubgroup_{0};
 };

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "collectives/ddp.h"
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/process_group_gloo.h"
 #include "common/error.h"
 #include "common/future.h"
 #include "dist_autograd/dist_autograd.h"
@@ -330,8 +330,8 @@ int runTrainerRank(rpc::Agent& agent, const Flags& flags, Signals& signals) {
   const int rank = agent.rank();
   {
     // The two trainers' own group, made from the job's store under its own name.
-    auto group = collectives::ProcessGroupGloo::create(agent.store(), rank, kMaster,
-                                                       {.timeout = 60s, .name = "ddp_rpc_trainers"});
+    auto group = collectives::createGlooGroup(agent.store(), rank, kMaster,
+                                              {.timeout = 60s, .name = "ddp_rpc_trainers"});
     Start start = app::awaitPeers(agent, signals.start.getFuture(), othersThan(rank), "waiting for the master");
     try {
       signals.report.setValue(train(agent, *group, flags, start));

@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
 
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeoutSeconds * 1000));
     // The process group, with the rendezvous store rank 0 serves, in one call; none in local mode.
-    std::unique_ptr<collectives::ProcessGroupGloo> pg;
+    std::unique_ptr<collectives::ProcessGroup> pg;
     if (flags.mode != Mode::Local) {
       pg = collectives::init(options, {.timeout = timeout, .checkCalls = flags.checkCalls, .name = "fashion_mnist"});
     }

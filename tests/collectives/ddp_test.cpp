@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "collectives/ddp.h"
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/detail/group.h"
 #include "common/error.h"
 #include "nn/linear.h"
 #include "rpc/store.h"

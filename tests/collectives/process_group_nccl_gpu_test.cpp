@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/process_group_nccl.h"
+#include "collectives/nccl/detail/group.h"
 #include "common/error.h"
 #include "rpc/store.h"
 #include "text_util.h"

@@ -17,8 +17,8 @@
 #include <gloo/transport/tcp/address.h>
 #include <gloo/types.h>
 
-#include "collectives/gloo_store.h"
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/detail/group.h"
+#include "collectives/gloo/detail/store.h"
 #include "common/error.h"
 #include "rpc/store.h"
 #include "text_util.h"

@@ -57,7 +57,7 @@ foreach(path
     include/weft/rpc/agent.h
     include/weft/rpc/transport/connection.h
     include/weft/rpc/protocol.capnp.h
-    include/weft/collectives/process_group_gloo.h
+    include/weft/collectives/gloo/process_group_gloo.h
     include/weft/kernels/cpu/parallel.h)
   if(NOT EXISTS ${prefix}/${path})
     fail("cmake --install did not install ${path}")

@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "collectives/ddp.h"
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/detail/group.h"
 #include "common/error.h"
 #include "dist_autograd/dist_autograd.h"
 #include "mp_worker.h"

@@ -67,9 +67,9 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
-#include "collectives/gloo_call_check.h"
-#include "collectives/gloo_device.h"
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/detail/call_check.h"
+#include "collectives/gloo/detail/device.h"
+#include "collectives/gloo/detail/group.h"
 #include "common/error.h"
 #include "rpc/options.h"
 #include "rpc/store.h"

@@ -60,7 +60,6 @@ namespace {
 using namespace std::chrono_literals;
 using weft::DType;
 using weft::Tensor;
-using weft::collectives::ProcessGroupGloo;
 using weft::collectives::ReduceOp;
 
 int gRank = 0;

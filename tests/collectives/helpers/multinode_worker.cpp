@@ -6,7 +6,7 @@
 //   weftrun -n 2 --nnodes 2 --node-rank 1 --master-addr 10.213.1.1 --master-port 29500 multinode_worker job
 //
 // Scenarios (a world of 4, ranks 0 and 1 on node 0, 2 and 3 on node 1):
-//   job   an Agent (rank 0 serves the store) and a ProcessGroupGloo on its store: an allReduce of
+//   job   an Agent (rank 0 serves the store) and a gloo process group on its store: an allReduce of
 //         rank + 1 (10 everywhere), a send/recv with the same local rank on the other node, an RPC
 //         call to that rank (it answers with its node and address) and an RRef to an object built
 //         on the next rank, read with rpcSync. Prints "rank R address A", "rank R allreduce V",
@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/process_group_gloo.h"
 #include "common/error.h"
 #include "rpc/agent.h"
 #include "rpc/options.h"
@@ -34,7 +34,7 @@ namespace multinode {
 
 using namespace std::chrono_literals;
 using weft::Tensor;
-using weft::collectives::ProcessGroupGloo;
+using weft::collectives::ProcessGroup;
 using weft::rpc::Agent;
 using weft::rpc::Options;
 using namespace weft::testing;  // say, prefix, require, sayStarted, sayShutdown, workerMain
@@ -57,7 +57,7 @@ inline const weft::Function<std::string(int64_t)> whereAreYou{"multinode_worker.
 
 int otherNodePeer(int rank) { return (rank + kPerNode) % kWorld; }
 
-void allReduce(ProcessGroupGloo& pg, int rank) {
+void allReduce(ProcessGroup& pg, int rank) {
   Tensor t = weft::full({3}, static_cast<double>(rank + 1));
   pg.allReduce(t).wait();
   const double expected = kWorld * (kWorld + 1) / 2.0;
@@ -81,7 +81,7 @@ int runJob() {
   const int rank = opt.rank;
   say(prefix(rank) + "address " + address);
 
-  auto pg = ProcessGroupGloo::create(agent.store(), rank, kWorld, {.timeout = kGroupTimeout});
+  auto pg = weft::collectives::createGlooGroup(agent.store(), rank, kWorld, {.timeout = kGroupTimeout});
   allReduce(*pg, rank);
 
   const int peer = otherNodePeer(rank);
@@ -116,7 +116,7 @@ int runGroup() {
   std::unique_ptr<weft::rpc::StoreServer> server;
   if (opt.rank == 0) server = std::make_unique<weft::rpc::StoreServer>(weft::rpc::StoreServer::configFor(opt));
   weft::rpc::StoreClient store(weft::rpc::StoreClient::configFor(opt));
-  auto pg = ProcessGroupGloo::create(store, opt.rank, kWorld, {.timeout = kGroupTimeout});
+  auto pg = weft::collectives::createGlooGroup(store, opt.rank, kWorld, {.timeout = kGroupTimeout});
   allReduce(*pg, opt.rank);
   pg->barrier().wait();
   say(prefix(opt.rank) + "done");

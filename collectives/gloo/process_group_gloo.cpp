@@ -1,4 +1,5 @@
-#include "collectives/process_group_gloo.h"
+#include "collectives/gloo/process_group_gloo.h"
+#include "collectives/gloo/detail/group.h"
 
 #include <unistd.h>
 
@@ -29,8 +30,8 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
-#include "collectives/gloo_call_check.h"
-#include "collectives/gloo_device.h"
+#include "collectives/gloo/detail/call_check.h"
+#include "collectives/gloo/detail/device.h"
 #include "common/error.h"
 #include "rpc/options.h"
 
@@ -51,23 +52,6 @@ using gloo_detail::timeoutUntil;
 using Millis = std::chrono::milliseconds;
 
 // ---- argument checks ---------------------------------------------------------------
-
-void checkTensor(const Tensor& t, const char* op, const std::string& what) {
-  WEFT_ENFORCE(t.defined(), InvalidArgumentError, op, ": ", what, " is an undefined tensor");
-  WEFT_ENFORCE(t.device().isCpu(), InvalidArgumentError, op, ": ", what,
-               " must be a CPU tensor for the gloo backend, got one on ", t.device().str(), " of shape ",
-               shapeString(t.shape()));
-  WEFT_ENFORCE(t.isContiguous(), InvalidArgumentError, op, ": ", what, " must be contiguous, got shape ",
-               shapeString(t.shape()), " with strides ", shapeString(t.strides()));
-}
-
-void checkLike(const Tensor& t, const Tensor& ref, const char* op, const std::string& what,
-               const std::string& refWhat) {
-  checkTensor(t, op, what);
-  WEFT_ENFORCE(t.dtype() == ref.dtype() && t.shape() == ref.shape(), InvalidArgumentError, op, ": ", what, " (",
-               dtypeName(t.dtype()), ", shape ", shapeString(t.shape()), ") must have the dtype and shape of ",
-               refWhat, " (", dtypeName(ref.dtype()), ", shape ", shapeString(ref.shape()), ")");
-}
 
 void checkReducible(DType t, ReduceOp op, const char* name) {
   bool ok = t == DType::Float32 || t == DType::Float64 || t == DType::Int64 || t == DType::Int32 ||
@@ -134,7 +118,6 @@ void divideInPlace(void* data, DType t, size_t n, int by) {
 
 uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.rawData()); }
 
-// The address peers reach this rank at (see Options::hostname).
 // ---- progress posting -------------------------------------------------------------
 
 // Posts the number of the last collective this rank started to the store, so
@@ -504,18 +487,9 @@ ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
 }
 
 ProcessGroupGloo::Impl::~Impl() {
-  std::deque<Task> cancelled;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-    cancelled.swap(queue_);
-  }
-  queued_.notify_all();
-  for (Task& t : cancelled) {
+  ProcessGroupGloo::cancelQueued(mutex_, queue_, stopping_, queued_, "the collective ran", [this](Task& t) {
     if (t.outgoing) exchange_->abandon(std::move(t.outgoing));
-    t.work.fail(std::make_exception_ptr(
-        StateError(describe(t.header) + ": the process group was destroyed before the collective ran")));
-  }
+  });
   if (collectiveThread_.joinable()) collectiveThread_.join();
 
   std::deque<std::unique_ptr<Transfer>> dropped;
@@ -1069,6 +1043,10 @@ void ProcessGroupGloo::Impl::waitTransfers() {
 
 // ==== ProcessGroupGloo ==========================================================================
 
+std::unique_ptr<ProcessGroup> createGlooGroup(rpc::StoreClient& store, int rank, int size, GlooOptions options) {
+  return ProcessGroupGloo::create(store, rank, size, std::move(options));
+}
+
 std::unique_ptr<ProcessGroupGloo> ProcessGroupGloo::create(rpc::StoreClient& store, int rank, int size,
                                                            Options options) {
   return std::make_unique<ProcessGroupGloo>(store, rank, size, std::move(options));
@@ -1093,6 +1071,15 @@ const ProcessGroupGloo::Options& ProcessGroupGloo::options() const { return impl
 int64_t ProcessGroupGloo::collectivesStarted() const { return impl_->started_.load(std::memory_order_relaxed); }
 int64_t ProcessGroupGloo::fusedCollectives() const { return impl_->fused_.load(std::memory_order_relaxed); }
 size_t ProcessGroupGloo::fusedLimit() const { return impl_->fusedLimit_; }
+
+void ProcessGroupGloo::checkTensor(const Tensor& t, const char* op, const std::string& what) const {
+  WEFT_ENFORCE(t.defined(), InvalidArgumentError, op, ": ", what, " is an undefined tensor");
+  WEFT_ENFORCE(t.device().isCpu(), InvalidArgumentError, op, ": ", what,
+               " must be a CPU tensor for the gloo backend, got one on ", t.device().str(), " of shape ",
+               shapeString(t.shape()));
+  WEFT_ENFORCE(t.isContiguous(), InvalidArgumentError, op, ": ", what, " must be contiguous, got shape ",
+               shapeString(t.shape()), " with strides ", shapeString(t.strides()));
+}
 
 Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
   checkTensor(tensor, "broadcast", "tensor");
@@ -1161,17 +1148,6 @@ Work ProcessGroupGloo::reduce(const Tensor& tensor, int root, ReduceOp op) {
 }
 
 namespace {
-// Checks (and allocates undefined entries of) the per-rank outputs of allGather / gather.
-void prepareOutputs(std::vector<Tensor>& outputs, const Tensor& input, int size, const char* op) {
-  if (outputs.empty()) outputs.resize(static_cast<size_t>(size));
-  WEFT_ENFORCE(outputs.size() == static_cast<size_t>(size), InvalidArgumentError, op, ": expected ", size,
-               " output tensors (one per rank), got ", outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!outputs[i].defined()) outputs[i] = empty(input.shape(), {.dtype = input.dtype()});
-    checkLike(outputs[i], input, op, "outputs[" + std::to_string(i) + "]", "the input");
-  }
-}
-
 // Copies rank i's chunk of `flat` into outputs[i].
 void unpack(const std::vector<uint8_t>& flat, const std::vector<Tensor>& outputs, size_t nbytes) {
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -1182,7 +1158,7 @@ void unpack(const std::vector<uint8_t>& flat, const std::vector<Tensor>& outputs
 
 Work ProcessGroupGloo::allGather(std::vector<Tensor>& outputs, const Tensor& input) {
   checkTensor(input, "allGather", "input");
-  prepareOutputs(outputs, input, size_, "allGather");
+  prepareOutputs(outputs, input, "allGather");
   CallHeader h{OpCode::AllGather, 0, static_cast<int64_t>(input.dtype()), input.numel(), -1, -1};
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
@@ -1214,7 +1190,7 @@ Work ProcessGroupGloo::gather(std::vector<Tensor>& outputs, const Tensor& input,
   checkTensor(input, "gather", "input");
   checkRoot(root, "gather");
   if (rank_ == root) {
-    prepareOutputs(outputs, input, size_, "gather");
+    prepareOutputs(outputs, input, "gather");
   } else {
     WEFT_ENFORCE(outputs.empty(), InvalidArgumentError, "gather: only the root (rank ", root,
                  ") passes outputs; rank ", rank_, " passed ", outputs.size());

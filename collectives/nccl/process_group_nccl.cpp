@@ -1,4 +1,5 @@
-#include "collectives/process_group_nccl.h"
+#include "collectives/nccl/process_group_nccl.h"
+#include "collectives/nccl/detail/group.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -116,25 +117,6 @@ void divideOnHost(void* data, DType t, size_t n, int by) {
 }
 
 // ---- argument checks ------------------------------------------------------------------
-
-void checkTensor(const Tensor& t, int device, const char* op, const std::string& what) {
-  WEFT_ENFORCE(t.defined(), InvalidArgumentError, op, ": ", what, " is an undefined tensor");
-  WEFT_ENFORCE(t.device().isCuda(), InvalidArgumentError, op, ": ", what,
-               " must be a CUDA tensor for the nccl backend (use the gloo backend for CPU tensors), got one on ",
-               t.device().str(), " of shape ", shapeString(t.shape()));
-  WEFT_ENFORCE(t.device().index == device, InvalidArgumentError, op, ": ", what, " is on ", t.device().str(),
-               " but this rank's nccl group uses cuda:", device);
-  WEFT_ENFORCE(t.isContiguous(), InvalidArgumentError, op, ": ", what, " must be contiguous, got shape ",
-               shapeString(t.shape()), " with strides ", shapeString(t.strides()));
-}
-
-void checkLike(const Tensor& t, const Tensor& ref, int device, const char* op, const std::string& what,
-               const std::string& refWhat) {
-  checkTensor(t, device, op, what);
-  WEFT_ENFORCE(t.dtype() == ref.dtype() && t.shape() == ref.shape(), InvalidArgumentError, op, ": ", what, " (",
-               dtypeName(t.dtype()), ", shape ", shapeString(t.shape()), ") must have the dtype and shape of ",
-               refWhat, " (", dtypeName(ref.dtype()), ", shape ", shapeString(ref.shape()), ")");
-}
 
 void checkReducible(DType t, ReduceOp op, const char* name) {
   WEFT_ENFORCE(t != DType::Bool, InvalidArgumentError, name,
@@ -282,18 +264,7 @@ ProcessGroupNccl::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
 }
 
 ProcessGroupNccl::Impl::~Impl() {
-  std::deque<Task> cancelled;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-    cancelled.swap(queue_);
-  }
-  queued_.notify_all();
-  for (Task& t : cancelled) {
-    t.work.fail(std::make_exception_ptr(
-        StateError(t.work.description() + ": the process group was destroyed before the op was launched")));
-    release(t);
-  }
+  ProcessGroupNccl::cancelQueued(mutex_, queue_, stopping_, queued_, "the op was launched", [](Task& t) { release(t); });
   if (thread_.joinable()) thread_.join();  // it finishes the launched ops, bounded by the timeout
   DeviceGuard guard(device_);
   if (comm_ != nullptr) {
@@ -540,6 +511,10 @@ void ProcessGroupNccl::Impl::fatal(Task& first, std::exception_ptr error, const 
 
 // ==== ProcessGroupNccl ===========================================================================
 
+std::unique_ptr<ProcessGroup> createNcclGroup(rpc::StoreClient& store, int rank, int size, NcclOptions options) {
+  return ProcessGroupNccl::create(store, rank, size, std::move(options));
+}
+
 std::unique_ptr<ProcessGroupNccl> ProcessGroupNccl::create(rpc::StoreClient& store, int rank, int size,
                                                            Options options) {
   return std::make_unique<ProcessGroupNccl>(store, rank, size, std::move(options));
@@ -561,8 +536,20 @@ const std::string& ProcessGroupNccl::name() const { return impl_->name_; }
 const ProcessGroupNccl::Options& ProcessGroupNccl::options() const { return impl_->options_; }
 int ProcessGroupNccl::device() const { return impl_->device_; }
 
+void ProcessGroupNccl::checkTensor(const Tensor& t, const char* op, const std::string& what) const {
+  const int device = impl_->device_;
+  WEFT_ENFORCE(t.defined(), InvalidArgumentError, op, ": ", what, " is an undefined tensor");
+  WEFT_ENFORCE(t.device().isCuda(), InvalidArgumentError, op, ": ", what,
+               " must be a CUDA tensor for the nccl backend (use the gloo backend for CPU tensors), got one on ",
+               t.device().str(), " of shape ", shapeString(t.shape()));
+  WEFT_ENFORCE(t.device().index == device, InvalidArgumentError, op, ": ", what, " is on ", t.device().str(),
+               " but this rank's nccl group uses cuda:", device);
+  WEFT_ENFORCE(t.isContiguous(), InvalidArgumentError, op, ": ", what, " must be contiguous, got shape ",
+               shapeString(t.shape()), " with strides ", shapeString(t.strides()));
+}
+
 Work ProcessGroupNccl::broadcast(const Tensor& tensor, int root) {
-  checkTensor(tensor, device(), "broadcast", "tensor");
+  checkTensor(tensor, "broadcast", "tensor");
   checkRoot(root, "broadcast");
   return impl_->submit("broadcast", true, {tensor}, [tensor, root](ncclComm_t comm, cudaStream_t s) {
     if (tensor.numel() == 0) return;
@@ -573,7 +560,7 @@ Work ProcessGroupNccl::broadcast(const Tensor& tensor, int root) {
 }
 
 Work ProcessGroupNccl::allReduce(const Tensor& tensor, ReduceOp op) {
-  checkTensor(tensor, device(), "allReduce", "tensor");
+  checkTensor(tensor, "allReduce", "tensor");
   checkReducible(tensor.dtype(), op, "allReduce");
   Impl::FinishFn finish;
   if (!kNcclHasAvg && op == ReduceOp::Avg) {
@@ -591,7 +578,7 @@ Work ProcessGroupNccl::allReduce(const Tensor& tensor, ReduceOp op) {
 }
 
 Work ProcessGroupNccl::reduce(const Tensor& tensor, int root, ReduceOp op) {
-  checkTensor(tensor, device(), "reduce", "tensor");
+  checkTensor(tensor, "reduce", "tensor");
   checkRoot(root, "reduce");
   checkReducible(tensor.dtype(), op, "reduce");
   Impl::FinishFn finish;
@@ -609,22 +596,9 @@ Work ProcessGroupNccl::reduce(const Tensor& tensor, int root, ReduceOp op) {
       std::move(finish));
 }
 
-namespace {
-// Checks (and allocates undefined entries of) the per-rank outputs of allGather / gather.
-void prepareOutputs(std::vector<Tensor>& outputs, const Tensor& input, int size, int device, const char* op) {
-  if (outputs.empty()) outputs.resize(static_cast<size_t>(size));
-  WEFT_ENFORCE(outputs.size() == static_cast<size_t>(size), InvalidArgumentError, op, ": expected ", size,
-               " output tensors (one per rank), got ", outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!outputs[i].defined()) outputs[i] = empty(input.shape(), {.dtype = input.dtype(), .device = input.device()});
-    checkLike(outputs[i], input, device, op, "outputs[" + std::to_string(i) + "]", "the input");
-  }
-}
-}  // namespace
-
 Work ProcessGroupNccl::allGather(std::vector<Tensor>& outputs, const Tensor& input) {
-  checkTensor(input, device(), "allGather", "input");
-  prepareOutputs(outputs, input, size_, device(), "allGather");
+  checkTensor(input, "allGather", "input");
+  prepareOutputs(outputs, input, "allGather");
   Tensor flat = empty({static_cast<int64_t>(size_) * input.numel()}, {.dtype = input.dtype(), .device = input.device()});
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
@@ -641,8 +615,8 @@ Work ProcessGroupNccl::allGather(std::vector<Tensor>& outputs, const Tensor& inp
 }
 
 Work ProcessGroupNccl::allGatherInto(const Tensor& output, const Tensor& input) {
-  checkTensor(input, device(), "allGatherInto", "input");
-  checkTensor(output, device(), "allGatherInto", "output");
+  checkTensor(input, "allGatherInto", "input");
+  checkTensor(output, "allGatherInto", "output");
   WEFT_ENFORCE(output.dtype() == input.dtype() && output.numel() == input.numel() * size_, InvalidArgumentError,
                "allGatherInto: output (", dtypeName(output.dtype()), ", shape ", shapeString(output.shape()),
                ") must hold ", size_, " x ", input.numel(), " elements of ", dtypeName(input.dtype()),
@@ -656,10 +630,10 @@ Work ProcessGroupNccl::allGatherInto(const Tensor& output, const Tensor& input) 
 }
 
 Work ProcessGroupNccl::gather(std::vector<Tensor>& outputs, const Tensor& input, int root) {
-  checkTensor(input, device(), "gather", "input");
+  checkTensor(input, "gather", "input");
   checkRoot(root, "gather");
   if (rank_ == root) {
-    prepareOutputs(outputs, input, size_, device(), "gather");
+    prepareOutputs(outputs, input, "gather");
   } else {
     WEFT_ENFORCE(outputs.empty(), InvalidArgumentError, "gather: only the root (rank ", root,
                  ") passes outputs; rank ", rank_, " passed ", outputs.size());
@@ -687,13 +661,13 @@ Work ProcessGroupNccl::gather(std::vector<Tensor>& outputs, const Tensor& input,
 }
 
 Work ProcessGroupNccl::scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) {
-  checkTensor(output, device(), "scatter", "output");
+  checkTensor(output, "scatter", "output");
   checkRoot(root, "scatter");
   if (rank_ == root) {
     WEFT_ENFORCE(inputs.size() == static_cast<size_t>(size_), InvalidArgumentError, "scatter: the root passes ", size_,
                  " inputs (one per rank), got ", inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
-      checkLike(inputs[i], output, device(), "scatter", "inputs[" + std::to_string(i) + "]", "the output");
+      checkLike(inputs[i], output, "scatter", "inputs[" + std::to_string(i) + "]", "the output");
     }
   } else {
     WEFT_ENFORCE(inputs.empty(), InvalidArgumentError, "scatter: only the root (rank ", root,
@@ -720,12 +694,12 @@ Work ProcessGroupNccl::scatter(const Tensor& output, const std::vector<Tensor>& 
 }
 
 Work ProcessGroupNccl::reduceScatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
-  checkTensor(output, device(), "reduceScatter", "output");
+  checkTensor(output, "reduceScatter", "output");
   checkReducible(output.dtype(), op, "reduceScatter");
   WEFT_ENFORCE(inputs.size() == static_cast<size_t>(size_), InvalidArgumentError, "reduceScatter: expected ", size_,
                " inputs (one per rank), got ", inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    checkLike(inputs[i], output, device(), "reduceScatter", "inputs[" + std::to_string(i) + "]", "the output");
+    checkLike(inputs[i], output, "reduceScatter", "inputs[" + std::to_string(i) + "]", "the output");
   }
   Tensor flat = empty({static_cast<int64_t>(size_) * output.numel()}, {.dtype = output.dtype(), .device = output.device()});
   std::vector<Tensor> keep = inputs;
@@ -749,8 +723,8 @@ Work ProcessGroupNccl::reduceScatter(const Tensor& output, const std::vector<Ten
 }
 
 Work ProcessGroupNccl::allToAll(const Tensor& output, const Tensor& input) {
-  checkTensor(input, device(), "allToAll", "input");
-  checkLike(output, input, device(), "allToAll", "output", "the input");
+  checkTensor(input, "allToAll", "input");
+  checkLike(output, input, "allToAll", "output", "the input");
   WEFT_ENFORCE(input.dim() >= 1 && input.size(0) % size_ == 0, InvalidArgumentError,
                "allToAll: dim 0 of the input (shape ", shapeString(input.shape()), ") must split into ", size_,
                " equal chunks");
@@ -780,7 +754,7 @@ Work ProcessGroupNccl::barrier() {
 }
 
 Work ProcessGroupNccl::isend(const Tensor& tensor, int dst, uint32_t tag) {
-  checkTensor(tensor, device(), "isend", "tensor");
+  checkTensor(tensor, "isend", "tensor");
   checkTag(tag, "isend");
   checkPeer(dst, "isend", "destination");
   return impl_->submit("send to rank " + std::to_string(dst), false, {tensor},
@@ -791,7 +765,7 @@ Work ProcessGroupNccl::isend(const Tensor& tensor, int dst, uint32_t tag) {
 }
 
 Work ProcessGroupNccl::irecv(const Tensor& tensor, int src, uint32_t tag) {
-  checkTensor(tensor, device(), "irecv", "tensor");
+  checkTensor(tensor, "irecv", "tensor");
   checkTag(tag, "irecv");
   checkPeer(src, "irecv", "source");
   Work w = impl_->submit("recv from rank " + std::to_string(src), false, {tensor},
@@ -804,7 +778,7 @@ Work ProcessGroupNccl::irecv(const Tensor& tensor, int src, uint32_t tag) {
 }
 
 Work ProcessGroupNccl::irecvFrom(const Tensor& tensor, const std::vector<int>& srcs, uint32_t tag) {
-  checkTensor(tensor, device(), "irecvFrom", "tensor");
+  checkTensor(tensor, "irecvFrom", "tensor");
   WEFT_ENFORCE(!srcs.empty(), InvalidArgumentError, "irecvFrom: the list of source ranks is empty");
   WEFT_ENFORCE(srcs.size() == 1, InvalidArgumentError, "irecvFrom: the nccl backend cannot receive from any of ",
                rankList(srcs), " (NCCL has no any-source receive); name one source rank, or use the gloo backend");

@@ -1,5 +1,8 @@
-// ProcessGroupGloo: the ProcessGroup of CPU tensors, over Gloo's TCP transport
-// (Debian's libgloo), with rendezvous through weft's store.
+// The gloo backend: the ProcessGroup of CPU tensors, over Gloo's TCP transport
+// (Debian's libgloo), with rendezvous through weft's store. This header is the
+// whole of its interface: createGlooGroup and GlooOptions; the group is used
+// through ProcessGroup (collectives/process_group.h). Its internals live in
+// collectives/gloo/detail/.
 //
 // collectives::init() (collectives/init.h) builds the store and the group in
 // one call; by hand, with a store of one's own:
@@ -8,25 +11,24 @@
 //   std::unique_ptr<rpc::StoreServer> server;              // or use agent.store() when an Agent runs
 //   if (opt.rank == 0) server = std::make_unique<rpc::StoreServer>(rpc::StoreServer::configFor(opt));
 //   rpc::StoreClient store(rpc::StoreClient::configFor(opt));
-//   auto pg = collectives::ProcessGroupGloo::create(store, opt.rank, opt.worldSize,
-//                                                   {.timeout = std::chrono::seconds(60)});
+//   auto pg = collectives::createGlooGroup(store, opt.rank, opt.worldSize,
+//                                          {.timeout = std::chrono::seconds(60)});
 //   Tensor g = ones({1024});
 //   pg->allReduce(g).wait();                                // g == worldSize everywhere
 //   auto pair = pg->newGroup({0, 1});                       // every rank calls it
 //
-// Rendezvous. The constructor is collective: every rank of the group builds
-// its ProcessGroupGloo with the same name, size and options. Each rank binds
-// its Gloo connections to Options::hostname (by default the address
-// WEFT_SOCKET_IFNAME names, else the local address of the route to the
-// store's host; see Options::hostname), puts their addresses under
-// "weft/pg/<name>/" in the store and connects to every other rank (one TCP
-// connection per pair, Gloo's full mesh), all under one deadline,
-// Options::timeout from the start of the rendezvous. It returns once
-// connected to all. A rank that cannot reach an address a peer gave (refused,
+// Rendezvous. createGlooGroup is collective: every rank of the group calls it
+// with the same name, size and options. Each rank binds its Gloo connections
+// to GlooOptions::hostname (by default the address WEFT_SOCKET_IFNAME names,
+// else the local address of the route to the store's host; see
+// GlooOptions::hostname), puts their addresses under "weft/pg/<name>/" in
+// the store and connects to every other rank (one TCP connection per pair,
+// Gloo's full mesh), all under one deadline, GlooOptions::timeout from the
+// start of the rendezvous. It returns once connected to all. A rank that cannot reach an address a peer gave (refused,
 // no route) fails at once, and so does every other rank of the group:
 // DisconnectedError naming the ranks, the address, the time taken and
 // WEFT_SOCKET_IFNAME. Ranks that have not joined or connected by the
-// deadline give TimeoutError naming them (gloo_detail::MeshContext).
+// deadline give TimeoutError naming them (gloo/detail/device.h).
 // Sub-groups live under "weft/pg/<name>/sub<k>[r0,r1,...]/" and reuse the
 // parent's Gloo device.
 //
@@ -63,8 +65,8 @@
 // per round trip of 1 to 1024 float32 against 0.26-0.43 ms for bare Gloo
 // transfers, alike within the noise at 1 MiB and 16 MiB.
 //
-// Timeouts. Options::timeout bounds each op from the moment it starts running
-// (a collective waiting behind others in the queue is not yet timed). A
+// Timeouts. GlooOptions::timeout bounds each op from the moment it starts
+// running (a collective waiting behind others in the queue is not yet timed). A
 // collective that times out asks the store what the other ranks were doing:
 // every rank records the number of the last collective it started, and a
 // thread of the group posts it with the rank's wall-clock time to
@@ -80,7 +82,7 @@
 // last post (a rank stalled inside the collective stops posting). Ages across
 // hosts assume their clocks agree.
 //
-// Call checking (Options::checkCalls, on by default). Each collective starts
+// Call checking (GlooOptions::checkCalls, on by default). Each collective starts
 // with one call exchange: every rank sends every other rank a message with its
 // call header (op, sequence number, dtype, element count, root, reduce op), so
 // every rank learns what each rank called. A mismatch fails that collective on
@@ -93,8 +95,8 @@
 // DisconnectedError, a timeout a TimeoutError; each leaves the group unusable
 // (the transport's state is unknown after it).
 //
-// Small collectives travel whole in the exchange (fusedLimit(), about
-// kFusedSendBytes / (size() - 1) bytes: 256 KiB for 2 ranks, 128 KiB for 3):
+// Small collectives travel whole in the exchange (up to about
+// 256 KiB / (size() - 1) bytes: 256 KiB for 2 ranks, 128 KiB for 3):
 // an allReduce appends its tensor to its header and every rank reduces the
 // ranks' copies locally, in rank order (every rank gets the same bits); a
 // broadcast's root appends its tensor; a barrier is the exchange itself. One
@@ -116,102 +118,43 @@
 // 0.76x at 256 KiB, 1.16x at 1 MiB (the header round in front of the ring),
 // 0.99-1.07x from 4 MiB up.
 //
-// Destruction. The destructor fails collectives still queued with StateError,
-// waits for the one running (bounded by the timeout), aborts the wait of
-// pending point-to-point transfers (StateError), then closes the connections.
-// Peers see their later ops fail with DisconnectedError.
+// Destruction. Destroying the group fails collectives still queued with
+// StateError, waits for the one running (bounded by the timeout), aborts the
+// wait of pending point-to-point transfers (StateError), then closes the
+// connections. Peers see their later ops fail with DisconnectedError.
 #pragma once
 
 #include <chrono>
-#include <cstddef>
-#include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "collectives/process_group.h"
 #include "rpc/store.h"
 
 namespace weft::collectives {
 
-class ProcessGroupGloo final : public ProcessGroup {
- public:
-  struct Options {
-    // Bound of rendezvous and of each op; must be > 0. PyTorch's default.
-    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-    // Exchange and compare call headers before each collective (see "Call
-    // checking"); every rank of the group passes the same value.
-    bool checkCalls = true;
-    // The address (or a name resolving to it) this rank's connections bind and
-    // peers reach it at. Empty: the address the WEFT_SOCKET_IFNAME variable
-    // names (an interface or an address of this machine), else 127.0.0.1 when
-    // the store is on a loopback address (the whole job is on this machine),
-    // else the local address of this machine's route to the store's host
-    // (rpc::localAddressFor, rpc/socket_address.h).
-    std::string hostname{};
-    // Names the group in the store and in messages; unique among the groups
-    // built on one store ([A-Za-z0-9_.-], 1 to 64 characters).
-    std::string name = "default";
-  };
-
-  // The constructor, returning the group as a unique_ptr.
-  static std::unique_ptr<ProcessGroupGloo> create(rpc::StoreClient& store, int rank, int size, Options options);
-  static std::unique_ptr<ProcessGroupGloo> create(rpc::StoreClient& store, int rank, int size) {
-    return create(store, rank, size, Options{});
-  }
-
-  // See "Rendezvous". `store` must outlive the group. InvalidArgumentError for
-  // a bad rank, size or option.
-  ProcessGroupGloo(rpc::StoreClient& store, int rank, int size, Options options);
-  ~ProcessGroupGloo() override;
-
-  std::string backendName() const override { return "gloo"; }
-  const std::string& name() const override;
-  const Options& options() const;
-
-  Work broadcast(const Tensor& tensor, int root) override;
-  Work allReduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
-  Work reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum) override;
-  Work allGather(std::vector<Tensor>& outputs, const Tensor& input) override;
-  Work allGatherInto(const Tensor& output, const Tensor& input) override;
-  Work gather(std::vector<Tensor>& outputs, const Tensor& input, int root) override;
-  Work scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) override;
-  // Runs as one allreduce of the concatenated inputs, of which each rank keeps
-  // its chunk (Gloo has no reduce-scatter for unbound buffers).
-  Work reduceScatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::Sum) override;
-  Work allToAll(const Tensor& output, const Tensor& input) override;
-  Work barrier() override;
-
-  Work isend(const Tensor& tensor, int dst, uint32_t tag = 0) override;
-  Work irecv(const Tensor& tensor, int src, uint32_t tag = 0) override;
-  Work irecvFrom(const Tensor& tensor, const std::vector<int>& srcs, uint32_t tag = 0) override;
-
-  std::unique_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks) override;
-
-  // Collectives started by this rank so far (the next one is numbered this).
-  int64_t collectivesStarted() const;
-  // Collectives that the call exchange carried whole (see "Call checking").
-  int64_t fusedCollectives() const;
-
-  // The most bytes of collective data a rank sends in one call exchange, over
-  // all its peers (see "Call checking"; chosen by measurement).
-  static constexpr size_t kFusedSendBytes = size_t{256} << 10;
-  // The largest allReduce or broadcast, in bytes, that the call exchange
-  // carries whole in this group: kFusedSendBytes / (size() - 1), rounded down
-  // to a multiple of 64 (kFusedSendBytes in a group of one).
-  size_t fusedLimit() const;
-
-  // Keeps `owned` alive as long as this group or a sub-group made from it
-  // after this call lives, and destroys it after their connections are
-  // closed (collectives::init gives the group the store it owns).
-  void keepAlive(std::shared_ptr<void> owned);
-
-  class Impl;
-
- private:
-  ProcessGroupGloo(std::unique_ptr<Impl> impl, int rank, int size);
-  std::vector<std::shared_ptr<void>> owned_;  // before impl_: destroyed after it
-  std::unique_ptr<Impl> impl_;
+struct GlooOptions {
+  // Bound of rendezvous and of each op; must be > 0. PyTorch's default.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Exchange and compare call headers before each collective (see "Call
+  // checking"); every rank of the group passes the same value.
+  bool checkCalls = true;
+  // The address (or a name resolving to it) this rank's connections bind and
+  // peers reach it at. Empty: the address the WEFT_SOCKET_IFNAME variable
+  // names (an interface or an address of this machine), else 127.0.0.1 when
+  // the store is on a loopback address (the whole job is on this machine),
+  // else the local address of this machine's route to the store's host
+  // (rpc::localAddressFor, rpc/socket_address.h).
+  std::string hostname{};
+  // Names the group in the store and in messages; unique among the groups
+  // built on one store ([A-Za-z0-9_.-], 1 to 64 characters).
+  std::string name = "default";
 };
+
+// This rank's group of `size` ranks, once every rank has joined (see
+// "Rendezvous"). `store` must outlive the group. InvalidArgumentError for a
+// bad rank, size or option; TimeoutError / DisconnectedError as described
+// under "Rendezvous".
+std::unique_ptr<ProcessGroup> createGlooGroup(rpc::StoreClient& store, int rank, int size, GlooOptions options = {});
 
 }  // namespace weft::collectives

@@ -1,4 +1,4 @@
-#include "collectives/gloo_device.h"
+#include "collectives/gloo/detail/device.h"
 
 #include <netinet/in.h>
 #include <pthread.h>

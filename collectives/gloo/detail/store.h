@@ -1,5 +1,5 @@
 // GlooStore: Gloo's rendezvous store interface (gloo::rendezvous::Store) over
-// weft's store client, so that Gloo contexts find each other through the same
+// weft's store client, internal to the gloo backend, so that Gloo contexts find each other through the same
 // store as the RPC agents. Every key is put under a prefix, one per process
 // group, so that groups (and Gloo's own keys, which are just rank numbers)
 // never collide.
@@ -9,7 +9,7 @@
 //   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
 //   ctx->connectFullMesh(gs, device);           // Gloo sets/waits/gets "<prefix><rank>"
 //
-// Errors are weft's (store.h): TimeoutError naming the keys still missing,
+// Errors are weft's (rpc/store.h): TimeoutError naming the keys still missing,
 // DisconnectedError when the store is gone; they pass through Gloo unchanged.
 // Threads: as StoreClient (any thread but the store's loop thread).
 #pragma once

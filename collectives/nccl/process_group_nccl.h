@@ -1,27 +1,31 @@
-// ProcessGroupNccl: the ProcessGroup of CUDA tensors, over NCCL, with the
+// The nccl backend: the ProcessGroup of CUDA tensors, over NCCL, with the
 // rendezvous of NCCL's unique id through weft's store. Built when weft is
 // configured with CUDA and NCCL is found (the macro WEFT_HAVE_NCCL is then
 // defined for users of weft::collectives); the gloo backend
-// (process_group_gloo.h) serves CPU tensors.
+// (gloo/process_group_gloo.h) serves CPU tensors. This header is the whole of
+// its interface: createNcclGroup and NcclOptions; the group is used through
+// ProcessGroup (collectives/process_group.h). Its internals live in
+// collectives/nccl/detail/.
 //
 //   rpc::StoreClient store(rpc::StoreClient::configFor(opt));   // rank 0 serves the store
-//   auto pg = collectives::ProcessGroupNccl::create(store, opt.rank, opt.worldSize,
-//                                                   {.timeout = std::chrono::seconds(60)});
-//   Tensor g = ones({1024}).to(Device::cuda(pg->device()));
+//   const int device = opt.effectiveLocalRank();
+//   auto pg = collectives::createNcclGroup(store, opt.rank, opt.worldSize,
+//                                          {.timeout = std::chrono::seconds(60), .device = device});
+//   Tensor g = ones({1024}).to(Device::cuda(device));
 //   pg->allReduce(g, ReduceOp::Avg).wait();                  // g now holds the average on every rank
 //   std::vector<Tensor> parts;                               // allocated on the group's device
 //   pg->allGather(parts, g).wait();
 //
-// Rendezvous. The constructor is collective over the group's ranks: rank 0
+// Rendezvous. createNcclGroup is collective over the group's ranks: rank 0
 // creates an ncclUniqueId and puts it (hex) under "weft/pg-nccl/<name>/id" in
 // the store; the others read it from there. Each rank then builds the group's
-// one NCCL communicator on its device, bounded by Options::timeout: a rank
+// one NCCL communicator on its device, bounded by NcclOptions::timeout: a rank
 // that never joins is a TimeoutError naming the ranks that have not posted
 // "weft/pg-nccl/<name>/joined/<rank>". Sub-groups (newGroup) rendezvous the
 // same way under "weft/pg-nccl/<name>/sub<k>[r0,r1,...]/" with a
 // communicator of their own.
 //
-// Device. Options::device is the CUDA device of this rank (-1, the default:
+// Device. NcclOptions::device is the CUDA device of this rank (-1, the default:
 // rank % the number of visible devices). Every tensor passed must be a
 // contiguous tensor on that device; outputs allocated for the caller
 // (allGather, gather) are put there too.
@@ -61,7 +65,7 @@
 // Errors. Bad arguments throw InvalidArgumentError at the call, naming the op
 // and the argument, as the gloo backend does; a CPU tensor says to use the
 // gloo backend. From Work::wait():
-//  - TimeoutError: the op had not completed Options::timeout after it was
+//  - TimeoutError: the op had not completed NcclOptions::timeout after it was
 //    launched; names the op, its sequence number and the group. The
 //    communicator is then aborted (ncclCommAbort) and the group is unusable.
 //  - DisconnectedError / Error: NCCL reported an asynchronous error (a
@@ -72,9 +76,9 @@
 // that call different collectives, or the same with different sizes, wait
 // until the timeout or produce wrong results.
 //
-// Destruction. Fails queued ops with StateError, waits (bounded by the
-// timeout) for launched ones, then destroys the communicator (aborts it when
-// an op did not finish).
+// Destruction. Destroying the group fails queued ops with StateError, waits
+// (bounded by the timeout) for launched ones, then destroys the communicator
+// (aborts it when an op did not finish).
 //
 // Verification. This backend is compiled and linked against NCCL in this
 // project's CUDA builds; its tests (tests/collectives/process_group_nccl_gpu_test.cpp,
@@ -83,68 +87,27 @@
 #pragma once
 
 #include <chrono>
-#include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "collectives/process_group.h"
 #include "rpc/store.h"
 
 namespace weft::collectives {
 
-class ProcessGroupNccl final : public ProcessGroup {
- public:
-  struct Options {
-    // Bound of rendezvous and of each op from its launch; must be > 0.
-    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-    // Names the group in the store and in messages; unique among the nccl
-    // groups built on one store ([A-Za-z0-9_.-], 1 to 64 characters).
-    std::string name = "default";
-    // This rank's CUDA device; -1: rank % the number of visible devices.
-    int device = -1;
-  };
-
-  static std::unique_ptr<ProcessGroupNccl> create(rpc::StoreClient& store, int rank, int size, Options options);
-  static std::unique_ptr<ProcessGroupNccl> create(rpc::StoreClient& store, int rank, int size) {
-    return create(store, rank, size, Options{});
-  }
-
-  // See "Rendezvous". `store` must outlive the group. InvalidArgumentError for
-  // a bad rank, size or option; Error when no CUDA device is visible.
-  ProcessGroupNccl(rpc::StoreClient& store, int rank, int size, Options options);
-  ~ProcessGroupNccl() override;
-
-  std::string backendName() const override { return "nccl"; }
-  const std::string& name() const override;
-  const Options& options() const;
-  // The CUDA device this rank's tensors live on.
-  int device() const;
-
-  Work broadcast(const Tensor& tensor, int root) override;
-  Work allReduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
-  Work reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum) override;
-  Work allGather(std::vector<Tensor>& outputs, const Tensor& input) override;
-  Work allGatherInto(const Tensor& output, const Tensor& input) override;
-  Work gather(std::vector<Tensor>& outputs, const Tensor& input, int root) override;
-  Work scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) override;
-  Work reduceScatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::Sum) override;
-  Work allToAll(const Tensor& output, const Tensor& input) override;
-  Work barrier() override;
-
-  // tag must be 0 (see "Point to point").
-  Work isend(const Tensor& tensor, int dst, uint32_t tag = 0) override;
-  Work irecv(const Tensor& tensor, int src, uint32_t tag = 0) override;
-  // Exactly one source (see "Point to point").
-  Work irecvFrom(const Tensor& tensor, const std::vector<int>& srcs, uint32_t tag = 0) override;
-
-  std::unique_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks) override;
-
-  class Impl;
-
- private:
-  ProcessGroupNccl(std::unique_ptr<Impl> impl, int rank, int size);
-  std::unique_ptr<Impl> impl_;
+struct NcclOptions {
+  // Bound of rendezvous and of each op from its launch; must be > 0.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Names the group in the store and in messages; unique among the nccl
+  // groups built on one store ([A-Za-z0-9_.-], 1 to 64 characters).
+  std::string name = "default";
+  // This rank's CUDA device; -1: rank % the number of visible devices.
+  int device = -1;
 };
+
+// This rank's group of `size` ranks, once every rank has joined (see
+// "Rendezvous"). `store` must outlive the group. InvalidArgumentError for a
+// bad rank, size or option; Error when no CUDA device is visible.
+std::unique_ptr<ProcessGroup> createNcclGroup(rpc::StoreClient& store, int rank, int size, NcclOptions options = {});
 
 }  // namespace weft::collectives

@@ -1,7 +1,7 @@
 // The Gloo TCP device the gloo backend runs on, and the SIGPIPE guard every
 // thread that writes to Gloo's sockets needs: internal to the gloo backend
-// (process_group_gloo.cpp) and to bench/collectives_bench, whose direct Gloo
-// baseline runs on a device made the same way.
+// (gloo/process_group_gloo.cpp) and to bench/collectives_bench, whose direct
+// Gloo baseline runs on a device made the same way.
 //
 //   auto device = gloo_detail::createTcpDevice("127.0.0.1");   // loop thread: SCHED_BATCH, SIGPIPE blocked
 //   gloo_detail::blockSigpipeOnThisThread();                   // a thread that posts Gloo ops

@@ -1,4 +1,4 @@
-#include "collectives/gloo_call_check.h"
+#include "collectives/gloo/detail/call_check.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "collectives/gloo_store.h"
+#include "collectives/gloo/detail/store.h"
 
 #include <utility>
 

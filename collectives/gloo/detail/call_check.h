@@ -1,4 +1,4 @@
-// The call check of the gloo backend (process_group_gloo.h, "Call
+// The call check of the gloo backend (gloo/process_group_gloo.h, "Call
 // checking"), internal to it: CallHeader, what one rank called, and
 // CallExchange, the one round of messages in which every rank of a group
 // sends every other rank its header, with the data of a small collective
@@ -29,7 +29,7 @@
 // collectives build theirs from prefixes 1 to 8 in the top byte, user
 // point-to-point tags are below 2^32. Every rank runs the same sequence of
 // exchanges (one per collective with checkCalls on; one per small collective
-// in any case, see process_group_gloo.h), so k agrees.
+// in any case, see gloo/process_group_gloo.h), so k agrees.
 //
 // Early messages. A bare header leaves when its op is issued (post), not when
 // the op reaches the front of the group's queue (finish): by the time the
