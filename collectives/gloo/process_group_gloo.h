@@ -60,10 +60,8 @@
 // sizes, and leave the group usable. Costs: every receive posts 16 KiB of
 // staging; a send completes once the verdict is back (one more crossing); a
 // receive of more than 16 KiB takes one more crossing than a bare Gloo
-// transfer, a smaller one a copy. Measured (2 processes on the shared 2-core
-// host at load 12-16, so within wide noise; ping-pong medians): 0.18-0.5 ms
-// per round trip of 1 to 1024 float32 against 0.26-0.43 ms for bare Gloo
-// transfers, alike within the noise at 1 MiB and 16 MiB.
+// transfer, a smaller one a copy (small data rides in the header's message
+// so that a small transfer costs what a bare Gloo one does).
 //
 // Timeouts. GlooOptions::timeout bounds each op from the moment it starts
 // running (a collective waiting behind others in the queue is not yet timed). A
@@ -109,14 +107,10 @@
 // for the largest message any rank may send, so ranks that called different
 // things never overrun each other. The exchange keeps staging memory of its
 // own: about 1.5 MiB in a group of 2 ranks, under 1 MiB in larger ones.
-//
-// Measured on one shared 2-core host (bench/collectives_bench, 2 processes,
-// medians of 5 runs of the median allReduce, against a direct Gloo ring
-// allreduce in the same run): 0.4-0.6x from 1 KiB to 256 KiB and 0.25-0.83x
-// from 1 MiB to 64 MiB against Gloo on its default device; against Gloo on a
-// SCHED_BATCH device like this group's (--batch-device), 0.5x up to 64 KiB,
-// 0.76x at 256 KiB, 1.16x at 1 MiB (the header round in front of the ring),
-// 0.99-1.07x from 4 MiB up.
+// bench/collectives_bench compares the group's allReduce with a direct Gloo
+// ring allreduce in the same run (--batch-device for a device like this
+// group's): the exchange makes small collectives cheaper than Gloo's own,
+// and the header round in front of the ring is the one cost at mid sizes.
 //
 // Destruction. Destroying the group fails collectives still queued with
 // StateError, waits for the one running (bounded by the timeout), aborts the
