@@ -210,11 +210,14 @@ TEST_CASE("rref: shutdown with handles still held leaves every table empty") {
 
 namespace rreftest {
 
+std::atomic<int> blockBodies{0};  // Slow::block bodies started
+
 class Slow {
  public:
   explicit Slow(int64_t ms) : value_(ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
   int64_t value() const { return value_; }
   int64_t block(int64_t ms) const {
+    ++blockBodies;
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return ms;
   }
@@ -267,8 +270,10 @@ TEST_CASE("rref: the owner's death fails every handle and every pending call pro
   CHECK(s.rpcSync(&Slow::value) == 0);
   RRef<Tensor> t = g.agent(0).remote(1, addT, weft::ones({2}), weft::ones({2}));
   RRef<Tensor> onTwo = g.agent(2).sync(1, makeLocal, int64_t{2});
+  const int started = rreftest::blockBodies.load();
   Future<int64_t> pending = s.rpcAsync(&Slow::block, int64_t{5000});
-  std::this_thread::sleep_for(50ms);
+  // The call is in flight: its body runs at the owner.
+  REQUIRE(eventually([&] { return rreftest::blockBodies.load() == started + 1; }, 5s));
   auto t0 = std::chrono::steady_clock::now();
   // The owner closes every connection at once (its own shutdown then waits for the blocked body).
   std::thread closer([&] { g.agent(1).shutdown({.graceful = false}); });
