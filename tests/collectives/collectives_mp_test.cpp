@@ -194,7 +194,7 @@ TEST_CASE("20 back-to-back small allReduces on 2 processes all complete with the
 }
 
 TEST_CASE("point-to-point transfers of different sizes fail on both sides with ProtocolError saying both sizes, "
-          "never abort, and leave the group usable; empty any-source receives work") {
+          "never abort, and leave the group usable (empty any-source receives work)") {
   MpJob job = workerJob("p2p_size", 3);
   auto results = finish(job, 60s);
   for (int r = 0; r < 3; ++r) {
