@@ -40,7 +40,9 @@ bool namesRank(const std::string& text, int r) {
 
 }  // namespace
 
-TEST_CASE("chaos: parameter_server survivors fail naming the lost peer, or finish") {
+TEST_SUITE_BEGIN("chaos");
+
+TEST_CASE("parameter_server survivors fail naming the lost peer, or finish") {
   Scenario s;
   s.label = "parameter_server";
   s.argv = {WEFT_PARAMETER_SERVER, "--max-batches", "30", "--log-interval", "1000"};
@@ -50,7 +52,7 @@ TEST_CASE("chaos: parameter_server survivors fail naming the lost peer, or finis
   runMany(s);
 }
 
-TEST_CASE("chaos: ddp_rpc survivors fail naming the lost peer, or finish") {
+TEST_CASE("ddp_rpc survivors fail naming the lost peer, or finish") {
   Scenario s;
   s.label = "ddp_rpc";
   s.argv = {WEFT_DDP_RPC, "--batches", "20", "--log-interval", "1000"};
@@ -63,7 +65,7 @@ TEST_CASE("chaos: ddp_rpc survivors fail naming the lost peer, or finish") {
   runMany(s);
 }
 
-TEST_CASE("chaos: rnn survivors fail naming the lost peer, or finish") {
+TEST_CASE("rnn survivors fail naming the lost peer, or finish") {
   Scenario s;
   s.label = "rnn";
   s.argv = {WEFT_RNN, "--iterations", "300", "--log-interval", "1000"};
@@ -73,7 +75,7 @@ TEST_CASE("chaos: rnn survivors fail naming the lost peer, or finish") {
   runMany(s);
 }
 
-TEST_CASE("chaos: rl survivors fail naming the lost peer, or finish") {
+TEST_CASE("rl survivors fail naming the lost peer, or finish") {
   Scenario s;
   s.label = "rl";
   s.argv = {WEFT_RL, "--max-episodes", "30", "--log-interval", "1000"};
@@ -83,7 +85,7 @@ TEST_CASE("chaos: rl survivors fail naming the lost peer, or finish") {
   runMany(s);
 }
 
-TEST_CASE("chaos: a DDP job over Gloo fails naming the lost rank, or finishes") {
+TEST_CASE("a DDP job over Gloo fails naming the lost rank, or finishes") {
   Scenario s;
   s.label = "fashion_mnist ddp";
   s.argv = {WEFT_FASHION_MNIST_DP, "--mode", "ddp", "--epochs", "1", "--batch-size", "60", "--max-batches", "120", "--log-interval", "1000",
@@ -94,3 +96,5 @@ TEST_CASE("chaos: a DDP job over Gloo fails naming the lost rank, or finishes") 
   s.faultWindow = 4.0;
   runMany(s);
 }
+
+TEST_SUITE_END();

@@ -4,7 +4,7 @@
 // fused limit (the data carried by the call exchange or not) with every op and dtype; a rank that
 // never calls (the others time out naming it), mismatched shapes, sizes and dtypes, a rank killed
 // with SIGKILL (the others name it), and back-to-back
-// small allReduces (no scheduler-tick stall per op; Gloo's loop thread under SCHED_BATCH), point-to-point
+// small allReduces (Gloo's loop thread under SCHED_BATCH), point-to-point
 // transfers whose sizes differ (a typed error on both sides, the group usable after), a peer that breaks
 // the protocol (ProtocolError, no abort). Every wait is
 // bounded and every process is checked to be gone at the end.
@@ -177,27 +177,24 @@ TEST_CASE("a rank killed with SIGKILL makes the others' next collective fail pro
   }
 }
 
-TEST_CASE("20 back-to-back small allReduces on 2 processes take well under 20 ms and Gloo's loop thread runs "
-          "SCHED_BATCH") {
+TEST_CASE("20 back-to-back small allReduces on 2 processes all complete with the right values, and Gloo's "
+          "loop thread runs SCHED_BATCH") {
   MpJob job = workerJob("b2b", 2);
   auto results = finish(job, 30s);
   for (int r = 0; r < 2; ++r) {
     const auto& res = results[static_cast<size_t>(r)];
     checkClean(res, r);
     const std::string p = rankPrefix(r);
-    // Without the policy, a busy machine stalls each op about one scheduler tick (4 ms): 20 ops,
-    // 80 ms or more. The fastest of 5 rounds is bounded generously against noise.
-    long long best = numberAfter(res.out, p + "b2b_best_us ");
-    MESSAGE("rank " << r << ": 20 back-to-back allReduces, rounds (us):" << restOfLine(res.out, p + "b2b_rounds_us"));
-    CHECK(best > 0);
-    CHECK(best < 20000);
+    // Without the policy, a busy machine stalls each op about one scheduler tick (4 ms);
+    // bench/collectives_bench --sizes 40 --back-to-back 20 measures what it saves.
+    CHECK(numberAfter(res.out, p + "b2b_checked ") == 5 * 20);
     CHECK(numberAfter(res.out, p + "batch_threads ") >= 1);
     CHECK(numberAfter(res.out, p + "main_policy ") == 0);  // the creating thread's policy is restored
   }
 }
 
 TEST_CASE("point-to-point transfers of different sizes fail on both sides with ProtocolError saying both sizes, "
-          "never abort, and leave the group usable; empty any-source receives work") {
+          "never abort, and leave the group usable (empty any-source receives work)") {
   MpJob job = workerJob("p2p_size", 3);
   auto results = finish(job, 60s);
   for (int r = 0; r < 3; ++r) {

@@ -56,6 +56,8 @@ long long field(const std::string& out, int rank, const std::string& first, cons
 
 }  // namespace
 
+TEST_SUITE_BEGIN("ddp");
+
 TEST_CASE("ddp on 3 processes: averaged gradients, overlapping buckets, bit-identical replicas, noSync, "
           "findUnusedParameters") {
   constexpr int kWorld = 3;
@@ -116,7 +118,7 @@ TEST_CASE("ddp on 3 processes: after the first pass the buckets follow rank 0's 
   }
 }
 
-TEST_CASE("ddp: a rank running one synced pass more than the other fails after the group timeout naming "
+TEST_CASE("a rank running one synced pass more than the other fails after the group timeout naming "
           "the allreduce and the missing rank") {
   auto results = runDdpJob("mismatch", 2, 20s);
   const std::string& out = results[0].out;
@@ -148,3 +150,5 @@ TEST_CASE("ddp inside a distributed autograd context: averaged gradients land in
     CHECK(contains(out, p + "shutdown graceful 1"));
   }
 }
+
+TEST_SUITE_END();

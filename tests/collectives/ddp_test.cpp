@@ -174,7 +174,9 @@ std::string errorOf(const std::function<void()>& fn) {
 
 }  // namespace
 
-TEST_CASE("ddp: bad options and modules without trainable parameters are refused") {
+TEST_SUITE_BEGIN("ddp");
+
+TEST_CASE("bad options and modules without trainable parameters are refused") {
   DdpRanks ranks(1);
   auto net = std::make_shared<Net>(1);
   CHECK_THROWS_AS(Ddp(net, ranks[0], {.bucketCapBytes = 0}), InvalidArgumentError);
@@ -184,7 +186,7 @@ TEST_CASE("ddp: bad options and modules without trainable parameters are refused
   CHECK(contains(errorOf([&] { Ddp(net, ranks[0]); }), "has no parameter that requires grad"));
 }
 
-TEST_CASE("ddp: buckets hold parameters in reverse order up to the cap, split by dtype") {
+TEST_CASE("buckets hold parameters in reverse order up to the cap, split by dtype") {
   DdpRanks ranks(1);
   auto net = std::make_shared<Net>(1);
   // fc1.weight 128 B, fc1.bias 32 B, fc2.weight 96 B, fc2.bias 12 B.
@@ -210,7 +212,7 @@ TEST_CASE("ddp: buckets hold parameters in reverse order up to the cap, split by
   CHECK(split.parameters().size() == 4);
 }
 
-TEST_CASE("ddp: construction copies rank 0's parameters and buffers to every rank") {
+TEST_CASE("construction copies rank 0's parameters and buffers to every rank") {
   DdpRanks ranks(3);
   std::vector<std::shared_ptr<Net>> nets;
   for (int r = 0; r < 3; ++r) nets.push_back(std::make_shared<Net>(10 + static_cast<uint64_t>(r)));
@@ -227,7 +229,7 @@ TEST_CASE("ddp: construction copies rank 0's parameters and buffers to every ran
   }
 }
 
-TEST_CASE("ddp: backward leaves in .grad the average of the ranks' gradients, added to what .grad held") {
+TEST_CASE("backward leaves in .grad the average of the ranks' gradients, added to what .grad held") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
   std::vector<std::unique_ptr<Ddp>> ddps(2);
@@ -258,7 +260,7 @@ TEST_CASE("ddp: backward leaves in .grad the average of the ranks' gradients, ad
   for (size_t i = 0; i < params.size(); ++i) CHECK(allclose(params[i].grad(), g0[i] + g1[i], 0, 2e-6));
 }
 
-TEST_CASE("ddp: on a group of one, the gradient is the local one") {
+TEST_CASE("on a group of one, the gradient is the local one") {
   DdpRanks ranks(1);
   auto net = std::make_shared<Net>(3);
   Ddp ddp(net, ranks[0]);
@@ -268,7 +270,7 @@ TEST_CASE("ddp: on a group of one, the gradient is the local one") {
   for (size_t i = 0; i < params.size(); ++i) CHECK(params[i].grad().toVector<float>() == want[i].toVector<float>());
 }
 
-TEST_CASE("ddp: passes under noSync accumulate without communication and the next synced pass reduces the sum") {
+TEST_CASE("passes under noSync accumulate without communication and the next synced pass reduces the sum") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
   std::vector<std::unique_ptr<Ddp>> ddps(2);
@@ -317,7 +319,7 @@ TEST_CASE("ddp: passes under noSync accumulate without communication and the nex
   }
 }
 
-TEST_CASE("ddp: a parameter without a gradient fails the pass naming it unless findUnusedParameters") {
+TEST_CASE("a parameter without a gradient fails the pass naming it unless findUnusedParameters") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1, true), std::make_shared<Net>(2, true)};
   for (auto& n : nets) n->useExtra = false;
@@ -338,7 +340,7 @@ TEST_CASE("ddp: a parameter without a gradient fails the pass naming it unless f
   }
 }
 
-TEST_CASE("ddp: findUnusedParameters reduces zeros for a parameter one rank did not use") {
+TEST_CASE("findUnusedParameters reduces zeros for a parameter one rank did not use") {
   DdpRanks ranks(2);
   for (bool throughDdpForward : {true, false}) {
     CAPTURE(throughDdpForward);
@@ -369,7 +371,7 @@ TEST_CASE("ddp: findUnusedParameters reduces zeros for a parameter one rank did 
   }
 }
 
-TEST_CASE("ddp: the first bucket is launched before backward reaches the first layer, buckets in order") {
+TEST_CASE("the first bucket is launched before backward reaches the first layer, buckets in order") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<Net>> nets = {std::make_shared<Net>(1), std::make_shared<Net>(2)};
   std::vector<std::unique_ptr<Ddp>> ddps(2);
@@ -400,7 +402,7 @@ TEST_CASE("ddp: the first bucket is launched before backward reaches the first l
   }
 }
 
-TEST_CASE("ddp: a rank running one synced pass more than the others fails with the group's timeout, not a hang") {
+TEST_CASE("a rank running one synced pass more than the others fails with the group's timeout, not a hang") {
   for (bool broadcastBuffers : {false, true}) {
     CAPTURE(broadcastBuffers);
     DdpRanks ranks(2, 1000ms);
@@ -436,7 +438,7 @@ TEST_CASE("ddp: a rank running one synced pass more than the others fails with t
   }
 }
 
-TEST_CASE("ddp: after the first synced pass the buckets follow the order gradients arrived on rank 0, on every "
+TEST_CASE("after the first synced pass the buckets follow the order gradients arrived on rank 0, on every "
           "rank, and later passes launch their first bucket sooner") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<Swapped>> nets = {std::make_shared<Swapped>(1), std::make_shared<Swapped>(2)};
@@ -503,7 +505,7 @@ TEST_CASE("ddp: after the first synced pass the buckets follow the order gradien
   }
 }
 
-TEST_CASE("ddp: with rebuildBuckets off the buckets keep reverse parameter order") {
+TEST_CASE("with rebuildBuckets off the buckets keep reverse parameter order") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<Swapped>> nets = {std::make_shared<Swapped>(1), std::make_shared<Swapped>(2)};
   std::vector<std::unique_ptr<Ddp>> ddps(2);
@@ -523,7 +525,7 @@ TEST_CASE("ddp: with rebuildBuckets off the buckets keep reverse parameter order
   }
 }
 
-TEST_CASE("ddp: each synced forward gives every rank rank 0's buffers, while noSync, grad-disabled forwards and "
+TEST_CASE("each synced forward gives every rank rank 0's buffers, while noSync, grad-disabled forwards and "
           "broadcastBuffers off leave each rank its own") {
   DdpRanks ranks(3);
   auto scales = [](const std::vector<std::shared_ptr<Swapped>>& nets) {
@@ -578,7 +580,7 @@ TEST_CASE("ddp: each synced forward gives every rank rank 0's buffers, while noS
   }
 }
 
-TEST_CASE("ddp: a forward with two inputs gives every rank the gradient of one process over the whole batch") {
+TEST_CASE("a forward with two inputs gives every rank the gradient of one process over the whole batch") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<TwoTower>> nets = {std::make_shared<TwoTower>(1), std::make_shared<TwoTower>(2)};
   ranks.onEachRank([&](int r) {
@@ -603,7 +605,7 @@ TEST_CASE("ddp: a forward with two inputs gives every rank the gradient of one p
   }
 }
 
-TEST_CASE("ddp: findUnusedParameters looks through every tensor of a multi-input forward's pair result") {
+TEST_CASE("findUnusedParameters looks through every tensor of a multi-input forward's pair result") {
   DdpRanks ranks(2);
   std::vector<std::shared_ptr<TwoTower>> nets = {std::make_shared<TwoTower>(1), std::make_shared<TwoTower>(2)};
   ranks.onEachRank([&](int r) {
@@ -636,10 +638,12 @@ TEST_CASE("ddp: findUnusedParameters looks through every tensor of a multi-input
   }
 }
 
-TEST_CASE("ddp: a multi-input forward naming another module type is an InvalidArgumentError") {
+TEST_CASE("a multi-input forward naming another module type is an InvalidArgumentError") {
   DdpRanks ranks(1);
   Ddp ddp(std::make_shared<Net>(3), ranks[0]);
   Tensor a = zeros({1, 4}), b = zeros({1, 2});
   CHECK_THROWS_WITH_AS(ddp.forward<TwoTower>(a, b), doctest::Contains("the module (Net) is not of the type named by M"),
                        InvalidArgumentError);
 }
+
+TEST_SUITE_END();

@@ -85,7 +85,7 @@ TEST_CASE("a job of 3 processes set up with collectives::init alone: object coll
   runJob(3);
 }
 
-TEST_CASE("collectives::init(agent) joins through the agent's store, next to its RPC; before start() it is a "
+TEST_CASE("collectives::init(agent) joins through the agent's store, next to its RPC, and before start() is a "
           "StateError") {
   MpJob job({INIT_WORKER_PATH, "agent"}, 3, [](int) { return weft::testing::fastFailureSettings(2); });
   auto results = job.finish(60s);

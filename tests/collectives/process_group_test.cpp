@@ -208,7 +208,7 @@ TEST_CASE("destroying a group fails its queued collectives with StateError") {
   CHECK(contains(errorOf([&] { queued.wait(); }), "destroyed before the collective ran"));
 }
 
-TEST_CASE("sub-groups have their own ranks and store prefix; non-members get none") {
+TEST_CASE("sub-groups have their own ranks and store prefix, and non-members get none") {
   Ranks ranks(3);
   std::vector<std::future<std::unique_ptr<ProcessGroup>>> subs;
   for (int r = 0; r < 3; ++r) {
@@ -380,7 +380,7 @@ TEST_CASE("a peer's address in the store that Gloo cannot take fails the rendezv
   CHECK(contains(error, "ProcessGroupGloo: group 'default' (rank 0 of 2): rank 1 posted 3 bytes of addresses"));
 }
 
-TEST_CASE("int32 and uint8 reduce with sum, max, min and product; bool, int32 and uint8 move by broadcast and "
+TEST_CASE("int32 and uint8 reduce with sum, max, min and product, and bool, int32 and uint8 move by broadcast and "
           "allGather") {
   Ranks ranks(3);
   // Small tensors go through the fused exchange, the large ones through Gloo's ring: test both.

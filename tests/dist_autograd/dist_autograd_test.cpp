@@ -111,7 +111,9 @@ Tensor input() { return weft::fromVector(std::vector<double>{1.0, 2.0, -3.0}).re
 
 using namespace datest;
 
-TEST_CASE("dist_autograd: a call and its reply are recorded and backward reaches both workers") {
+TEST_SUITE_BEGIN("dist_autograd");
+
+TEST_CASE("a call and its reply are recorded and backward reaches both workers") {
   Job job;
   Tensor x = input();
   Tensor gx, gw1;
@@ -139,7 +141,7 @@ TEST_CASE("dist_autograd: a call and its reply are recorded and backward reaches
   CHECK_THROWS_AS(weft::dist_autograd::gradients(job.agent(1), id), weft::NotFoundError);
 }
 
-TEST_CASE("dist_autograd: a reply alone is recorded when the arguments need no grad") {
+TEST_CASE("a reply alone is recorded when the arguments need no grad") {
   Job job;
   Tensor x = weft::fromVector(std::vector<double>{1.0, 2.0, 3.0});
   Context ctx(job.agent(0));
@@ -151,7 +153,7 @@ TEST_CASE("dist_autograd: a reply alone is recorded when the arguments need no g
   CHECK(weft::allclose(g, x, 1e-12, 0));
 }
 
-TEST_CASE("dist_autograd: a chain through a handler's nested call matches the local gradient") {
+TEST_CASE("a chain through a handler's nested call matches the local gradient") {
   Job job;
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -172,7 +174,7 @@ TEST_CASE("dist_autograd: a chain through a handler's nested call matches the lo
   CHECK(weft::dist_autograd::gradients(job.agent(1), ctx.id()).empty());
 }
 
-TEST_CASE("dist_autograd: a parameter passed as an argument keeps its identity") {
+TEST_CASE("a parameter passed as an argument keeps its identity") {
   Job job;
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -187,14 +189,14 @@ TEST_CASE("dist_autograd: a parameter passed as an argument keeps its identity")
   CHECK(weft::allclose(ctx.gradients().at(x), lx.grad(), 1e-12, 0));
 }
 
-TEST_CASE("dist_autograd: handlers run inside the caller's context") {
+TEST_CASE("handlers run inside the caller's context") {
   Job job;
   CHECK(job.agent(0).sync(1, contextHere) == 0);
   Context ctx(job.agent(0));
   CHECK(job.agent(0).sync(1, contextHere) == ctx.id());
 }
 
-TEST_CASE("dist_autograd: retainGraph allows another pass and gradients accumulate") {
+TEST_CASE("retainGraph allows another pass and gradients accumulate") {
   Job job;
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -208,7 +210,7 @@ TEST_CASE("dist_autograd: retainGraph allows another pass and gradients accumula
   CHECK_THROWS_WITH_AS(ctx.backward({loss}), doctest::Contains("a second time"), weft::StateError);
 }
 
-TEST_CASE("dist_autograd: a remote backward that throws fails backward naming the worker") {
+TEST_CASE("a remote backward that throws fails backward naming the worker") {
   Job job;
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -222,7 +224,7 @@ TEST_CASE("dist_autograd: a remote backward that throws fails backward naming th
   }
 }
 
-TEST_CASE("dist_autograd: RRef creation and toHere are recorded") {
+TEST_CASE("RRef creation and toHere are recorded") {
   Job job;
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -237,7 +239,7 @@ TEST_CASE("dist_autograd: RRef creation and toHere are recorded") {
   CHECK(weft::allclose(weft::dist_autograd::gradients(job.agent(1), ctx.id()).at(job.w(1)), lw.grad(), 1e-12, 0));
 }
 
-TEST_CASE("dist_autograd: contexts do not nest and need a started agent") {
+TEST_CASE("contexts do not nest and need a started agent") {
   Job job(2);
   Context ctx(job.agent(0));
   CHECK_THROWS_AS(Context(job.agent(0)), weft::StateError);
@@ -245,7 +247,7 @@ TEST_CASE("dist_autograd: contexts do not nest and need a started agent") {
   CHECK_THROWS_AS(ctx.backward({input()}), weft::InvalidArgumentError);  // a leaf without history is fine, a 3-vector is not
 }
 
-TEST_CASE("dist_autograd: leaving a context releases it on every worker it reached, transitively") {
+TEST_CASE("leaving a context releases it on every worker it reached, transitively") {
   Job job;
   {
     Context ctx(job.agent(0));
@@ -263,7 +265,7 @@ TEST_CASE("dist_autograd: leaving a context releases it on every worker it reach
   }
 }
 
-TEST_CASE("dist_autograd: malformed autograd fields from a peer are protocol errors, not crashes") {
+TEST_CASE("malformed autograd fields from a peer are protocol errors, not crashes") {
   Job job(2);
   weft::rpc::Agent& a = job.agent(0);
   auto send = [&](int64_t contextId, int64_t messageId, uint32_t n, uint32_t slot) {
@@ -294,7 +296,7 @@ TEST_CASE("dist_autograd: malformed autograd fields from a peer are protocol err
   }
 }
 
-TEST_CASE("dist_autograd: a context whose peer died is released with a clear error") {
+TEST_CASE("a context whose peer died is released with a clear error") {
   Job job(3);
   Context ctx(job.agent(0));
   Tensor y = job.agent(0).sync(1, scaleByW, input());
@@ -305,7 +307,7 @@ TEST_CASE("dist_autograd: a context whose peer died is released with a clear err
   CHECK(weft::dist_autograd::debugCounts(job.agent(0)).contexts == 0);
 }
 
-TEST_CASE("dist_autograd: messages per pass are one backward request per recv node") {
+TEST_CASE("messages per pass are one backward request per recv node") {
   Job job(2);
   Context ctx(job.agent(0));
   auto before = weft::dist_autograd::messageCounts(job.agent(0)).backwardRequests +
@@ -317,7 +319,7 @@ TEST_CASE("dist_autograd: messages per pass are one backward request per recv no
   CHECK(after - before == 2);
 }
 
-TEST_CASE("dist_autograd: a tensor also sent in a call whose result is unused still gets its gradient") {
+TEST_CASE("a tensor also sent in a call whose result is unused still gets its gradient") {
   Job job(2);
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -331,7 +333,7 @@ TEST_CASE("dist_autograd: a tensor also sent in a call whose result is unused st
   CHECK(weft::allclose(ctx.gradients().at(job.w(0)), lw.grad(), 1e-12, 0));
 }
 
-TEST_CASE("dist_autograd: a callback queued during backward hands its gradient to the context") {
+TEST_CASE("a callback queued during backward hands its gradient to the context") {
   Job job(2);
   Tensor x = input();
   Tensor w = job.w(0);
@@ -363,7 +365,7 @@ class SettledHook {
 
 }  // namespace
 
-TEST_CASE("dist_autograd: a peer dying between two steps of backward fails it with DisconnectedError naming "
+TEST_CASE("a peer dying between two steps of backward fails it with DisconnectedError naming "
           "the peer") {
   Job job(2);
   Context ctx(job.agent(0));
@@ -386,7 +388,7 @@ TEST_CASE("dist_autograd: a peer dying between two steps of backward fails it wi
   CHECK_THROWS_AS(ctx.backward({y.sum()}), weft::DisconnectedError);
 }
 
-TEST_CASE("dist_autograd: backward runs in a handler of a worker with one handler thread, its pass needing "
+TEST_CASE("backward runs in a handler of a worker with one handler thread, its pass needing "
           "that worker") {
   Job job(3, [](int, weft::rpc::Options& o) { o.numWorkerThreads = 1; });
   SUBCASE("one handler") {
@@ -420,7 +422,7 @@ TEST_CASE("dist_autograd: backward runs in a handler of a worker with one handle
   CHECK(job.drained());
 }
 
-TEST_CASE("dist_autograd: backward on the agent's loop thread is a StateError, and the context stays usable") {
+TEST_CASE("backward on the agent's loop thread is a StateError, and the context stays usable") {
   Job job(2);
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -431,7 +433,7 @@ TEST_CASE("dist_autograd: backward on the agent's loop thread is a StateError, a
   CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach(), 1e-12, 0));
 }
 
-TEST_CASE("dist_autograd: backward from inside a backward pass is a StateError") {
+TEST_CASE("backward from inside a backward pass is a StateError") {
   Job job(2);
   Tensor x = input();
   Tensor w = job.w(0);
@@ -453,7 +455,7 @@ TEST_CASE("dist_autograd: backward from inside a backward pass is a StateError")
   CHECK(weft::allclose(ctx.gradients().at(w), x.detach() * job.w(1).detach(), 1e-12, 0));
 }
 
-TEST_CASE("dist_autograd: a second backward on a context whose pass is running is a StateError") {
+TEST_CASE("a second backward on a context whose pass is running is a StateError") {
   Job job(2);
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -477,7 +479,7 @@ TEST_CASE("dist_autograd: a second backward on a context whose pass is running i
   CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach(), 1e-12, 0));
 }
 
-TEST_CASE("dist_autograd: a local backward reaching a received tensor's recv node is a StateError") {
+TEST_CASE("a local backward reaching a received tensor's recv node is a StateError") {
   Job job(2);
   Tensor x = input();
   Context ctx(job.agent(0));
@@ -487,3 +489,5 @@ TEST_CASE("dist_autograd: a local backward reaching a received tensor's recv nod
   ctx.backward({y.sum()});
   CHECK(weft::allclose(ctx.gradients().at(x), job.w(1).detach(), 1e-12, 0));
 }
+
+TEST_SUITE_END();

@@ -262,7 +262,6 @@ TEST_CASE("a worker killed with bytes unread in its socket (a reset): the pendin
       [](const std::string& out, const std::string&) { return contains(out, "rank 0 calling\n"); }, 10s);
   if (!calling) dump();
   REQUIRE(calling);
-  std::this_thread::sleep_for(20ms);  // the call's bytes reach the stopped victim's socket
   long long killedAtNs = steadyNowNs();
   REQUIRE(::kill(victim.pid(), SIGKILL) == 0);
 

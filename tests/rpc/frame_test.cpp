@@ -512,7 +512,7 @@ TEST_CASE("randomly corrupted frames never crash the decoder or the value decodi
 
 // ---- benchmark -------------------------------------------------------------------------------
 
-TEST_CASE("benchmark: encode and decode a frame carrying a 64 MiB tensor" * doctest::skip()) {
+TEST_CASE("encode and decode a frame carrying a 64 MiB tensor" * doctest::test_suite("benchmark") * doctest::skip()) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const size_t n = size_t{64} << 20;

@@ -105,7 +105,9 @@ std::string countsOf(AgentGroup& g) {
 
 }  // namespace
 
-TEST_CASE("rref: remote class, method calls, pipelining and deletion") {
+TEST_SUITE_BEGIN("rref");
+
+TEST_CASE("remote class, method calls, pipelining and deletion") {
   AgentGroup g(2);
   bindAll(g);
   g.start();
@@ -133,7 +135,7 @@ TEST_CASE("rref: remote class, method calls, pipelining and deletion") {
   CHECK(allEmpty(g));
 }
 
-TEST_CASE("rref: remote() of a function, toHere, localValue on the owner") {
+TEST_CASE("remote() of a function, toHere, localValue on the owner") {
   AgentGroup g(2);
   bindAll(g);
   g.start();
@@ -149,7 +151,7 @@ TEST_CASE("rref: remote() of a function, toHere, localValue on the owner") {
   CHECK_MESSAGE(eventually([&] { return allEmpty(g); }, 5s), countsOf(g));
 }
 
-TEST_CASE("rref: a constructor that throws surfaces at the first use") {
+TEST_CASE("a constructor that throws surfaces at the first use") {
   AgentGroup g(2);
   bindAll(g);
   g.start();
@@ -163,7 +165,7 @@ TEST_CASE("rref: a constructor that throws surfaces at the first use") {
   }
 }
 
-TEST_CASE("rref: forks owner to user, user to owner, user to third worker") {
+TEST_CASE("forks owner to user, user to owner, user to third worker") {
   AgentGroup g(3);
   bindAll(g);
   g.start();
@@ -194,7 +196,7 @@ TEST_CASE("rref: forks owner to user, user to owner, user to third worker") {
   CHECK(allEmpty(g));
 }
 
-TEST_CASE("rref: shutdown with handles still held leaves every table empty") {
+TEST_CASE("shutdown with handles still held leaves every table empty") {
   AgentGroup g(3);
   bindAll(g);
   g.start();
@@ -210,11 +212,14 @@ TEST_CASE("rref: shutdown with handles still held leaves every table empty") {
 
 namespace rreftest {
 
+std::atomic<int> blockBodies{0};  // Slow::block bodies started
+
 class Slow {
  public:
   explicit Slow(int64_t ms) : value_(ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
   int64_t value() const { return value_; }
   int64_t block(int64_t ms) const {
+    ++blockBodies;
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return ms;
   }
@@ -226,7 +231,7 @@ WEFT_REMOTE_CLASS(Slow, WEFT_CONSTRUCTORS((int64_t)), value, block);
 
 }  // namespace rreftest
 
-TEST_CASE("rref: calls and toHere sent before the object exists wait for it at the owner") {
+TEST_CASE("calls and toHere sent before the object exists wait for it at the owner") {
   AgentGroup g(2);
   bindAll(g);
   g.start();
@@ -240,7 +245,7 @@ TEST_CASE("rref: calls and toHere sent before the object exists wait for it at t
   CHECK(std::chrono::steady_clock::now() - t0 >= 300ms);
 }
 
-TEST_CASE("rref: several threads use one handle at once") {
+TEST_CASE("several threads use one handle at once") {
   AgentGroup g(2, [](int, weft::rpc::Options& o) { o.numWorkerThreads = 4; });
   bindAll(g);
   g.start();
@@ -259,7 +264,7 @@ TEST_CASE("rref: several threads use one handle at once") {
   CHECK(c.rpcSync(&Counter::get) == 800);
 }
 
-TEST_CASE("rref: the owner's death fails every handle and every pending call promptly") {
+TEST_CASE("the owner's death fails every handle and every pending call promptly") {
   AgentGroup g(3);
   bindAll(g);
   g.start();
@@ -267,8 +272,10 @@ TEST_CASE("rref: the owner's death fails every handle and every pending call pro
   CHECK(s.rpcSync(&Slow::value) == 0);
   RRef<Tensor> t = g.agent(0).remote(1, addT, weft::ones({2}), weft::ones({2}));
   RRef<Tensor> onTwo = g.agent(2).sync(1, makeLocal, int64_t{2});
+  const int started = rreftest::blockBodies.load();
   Future<int64_t> pending = s.rpcAsync(&Slow::block, int64_t{5000});
-  std::this_thread::sleep_for(50ms);
+  // The call is in flight: its body runs at the owner.
+  REQUIRE(eventually([&] { return rreftest::blockBodies.load() == started + 1; }, 5s));
   auto t0 = std::chrono::steady_clock::now();
   // The owner closes every connection at once (its own shutdown then waits for the blocked body).
   std::thread closer([&] { g.agent(1).shutdown({.graceful = false}); });
@@ -287,7 +294,7 @@ TEST_CASE("rref: the owner's death fails every handle and every pending call pro
   closer.join();
 }
 
-TEST_CASE("rref: misuse is a clear error") {
+TEST_CASE("misuse is a clear error") {
   AgentGroup g(2);
   bindAll(g);
   g.start();
@@ -303,3 +310,5 @@ TEST_CASE("rref: misuse is a clear error") {
   RRef<Tensor> bad = g.agent(0).remote(1, addT, weft::ones({2}), weft::ones({3}));
   CHECK_THROWS_WITH_AS(bad.toHere(), doctest::Contains("in 'rref_test.add'"), weft::InvalidArgumentError);
 }
+
+TEST_SUITE_END();

@@ -5,6 +5,8 @@ using namespace weft;
 using weft::testing::gradcheck;
 using weft::testing::kF64;
 
+TEST_SUITE_BEGIN("autograd");
+
 TEST_CASE("a leaf's gradient accumulates across two backward passes") {
   Tensor x = fromVector<float>({1, 2, 3}).requiresGrad_();
   mul(x, x).sum().backward();
@@ -169,7 +171,7 @@ TEST_CASE("sum over leading, trailing and middle dims agrees with a manual sum")
   CHECK(x.transpose(0, 2).sum({0}).shape() == Shape{3, 2});
 }
 
-TEST_CASE("autograd: a queued callback runs after the pass and may hand a leaf a replacement gradient") {
+TEST_CASE("a queued callback runs after the pass and may hand a leaf a replacement gradient") {
   Tensor w = weft::fromVector(std::vector<float>{1.0f, 2.0f}).requiresGrad_();
   Tensor y = (w * w).sum();
   std::vector<std::string> order;
@@ -191,3 +193,5 @@ TEST_CASE("autograd: a queued callback runs after the pass and may hand a leaf a
   CHECK_THROWS_AS(weft::autograd::queueCallback([] {}), weft::StateError);
   CHECK_THROWS_AS(weft::autograd::accumulateLeafGradient(w, w), weft::StateError);
 }
+
+TEST_SUITE_END();

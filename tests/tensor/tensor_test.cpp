@@ -79,9 +79,12 @@ TEST_CASE("integer division by zero is an error, not a crash") {
   CHECK_THROWS_WITH_AS(div(a, b), doctest::Contains("division by zero"), InvalidArgumentError);
 }
 
-TEST_CASE("a CUDA allocation without a device is a clear error") {
-  if (kernels::cudaDeviceCount() > 0) return;
-  CHECK_THROWS_AS(zeros({2}, {.device = Device::cuda(0)}), InvalidArgumentError);
+TEST_CASE("a CUDA allocation on a device that is not there is a clear error") {
+  // cuda:0 without a device (or without CUDA), the first index past the last device with one.
+  const int missing = kernels::cudaDeviceCount();
+  const std::string named = "cannot allocate on cuda:" + std::to_string(missing);
+  CHECK_THROWS_WITH_AS(zeros({2}, {.device = Device::cuda(missing)}), doctest::Contains(named.c_str()),
+                       InvalidArgumentError);
 }
 
 TEST_CASE("freed large CPU buffers are reused by the next allocation of the same size") {

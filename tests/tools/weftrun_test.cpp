@@ -166,7 +166,7 @@ TEST_CASE("variables inherited by weftrun are replaced for the ranks, and others
   CHECK(env[1]["WEFT_RESTART_COUNT"] == "0");
 }
 
-TEST_CASE("--socket-ifname reaches the ranks as WEFT_SOCKET_IFNAME; without it an inherited value passes through") {
+TEST_CASE("--socket-ifname reaches the ranks as WEFT_SOCKET_IFNAME, and without it an inherited value passes through") {
   {
     Subprocess p(weftrun({"-n", "2", "--tag-output", "--socket-ifname", "eth7", kProbe, "env"}),
                  {"WEFT_SOCKET_IFNAME=lo"});

@@ -27,7 +27,8 @@
 //   reset             two ranks; rank 1 is the victim: it prints "rank 1 victim ready" and sleeps.
 //                     Rank 0 prints "rank 0 waiting for SIGUSR1", and on SIGUSR1 (the test
 //                     has stopped the victim meanwhile, so the call's bytes stay unread in its
-//                     socket) calls `hang` on it, prints "calling", and when the call fails
+//                     socket) calls `hang` on it, prints "calling" once the call's frame is
+//                     written, and when the call fails
 //                     prints "disconnected at_ns ..." as in kill, and "stall_ms <ms>"
 //   freeze            every rank calls the next, prints "rank R ready", waits for SIGUSR1 (the
 //                     test stops and resumes every rank meanwhile), calls the next rank 20
@@ -250,8 +251,13 @@ int reset(Agent& agent) {
     say(prefix(agent) + "no SIGUSR1");
     return 3;
   }
+  const uint64_t written = agent.stats().framesWritten;
   Future<int32_t> pending = agent.async(1, hang, {.timeout = 0ms}, 30000);
   auto failedAt = completionTime(pending);
+  // Once the call's frame is written, its bytes sit unread in the stopped victim's socket.
+  for (auto until = Clock::now() + 10s; agent.stats().framesWritten == written && Clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
   say(prefix(agent) + "calling");
   if (!pending.waitFor(40s)) {
     say(prefix(agent) + "the call to the victim never failed");
