@@ -12,12 +12,13 @@
 //   auto g = autograd::grad({y}, {w});              // returns, .grad untouched
 //   { NoGradGuard ng; w.add_(w.grad(), -0.1); }     // update without recording
 //
-// Op authors record history with `recordOp`, passing the op's backward rule
-// (each op's rule sits beside its forward, in tensor/ops_*.cpp, views.cpp and
-// tensor.cpp). Hooks: Node::registerPreHook sees (and may replace) the
-// gradients flowing into a node; registerPostHook sees what it produced. On a
-// leaf's AccumulateGrad node a pre-hook sees each incoming gradient before it
-// is accumulated, which is what DDP and distributed autograd build on.
+// Op authors record history with `recordOp`; the ops of tensor/ do it through
+// their gradient rules, one function per op, one file per op family (see
+// tensor/grad_rules/grad_rules.h). Hooks: Node::registerPreHook sees (and may
+// replace) the gradients flowing into a node; registerPostHook sees what it
+// produced. On a leaf's AccumulateGrad node a pre-hook sees each incoming
+// gradient before it is accumulated, which is what DDP and distributed
+// autograd build on.
 //
 // Threading: a backward pass runs on the calling thread. Grad mode is
 // thread-local. Two backward passes over disjoint graphs may run on different

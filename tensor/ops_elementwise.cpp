@@ -1,4 +1,4 @@
-// Elementwise ops and their backward rules (one rule per op, next to it).
+// Elementwise ops; their gradient rules are in grad_rules/elementwise.cpp.
 #include "tensor/ops_elementwise.h"
 
 #include <algorithm>
@@ -7,9 +7,8 @@
 #include <type_traits>
 
 #include "kernels/cpu/elementwise.h"
-#include "tensor/autograd.h"
+#include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_utils.h"
-#include "tensor/ops_reduce.h"
 
 namespace weft {
 
@@ -93,27 +92,9 @@ Tensor unaryForward(UnaryOp op, const char* name, const Tensor& a, double p0 = 0
   return out;
 }
 
-// Records the backward of a unary op through kernels::cpu::unaryBackward.
-// saveInput/saveOutput say which of x and y the derivative reads.
-void recordUnary(UnaryOp op, const char* name, const Tensor& a, const Tensor& out, bool saveInput, bool saveOutput,
-                 double p0 = 0, double p1 = 0) {
-  if (!anyRequiresGrad({&a})) return;
-  SavedTensor x(saveInput ? a : Tensor()), y(saveOutput ? out : Tensor());
-  recordOp(name, {a}, {out}, [op, name, x, y, p0, p1](const std::vector<Tensor>& g) {
-    Tensor xi = x.unpack(name), yo = y.unpack(name);
-    if (xi.defined()) xi = xi.contiguous();
-    Tensor go = g[0].contiguous();
-    Tensor gx = emptyLike(go);
-    kernels::cpu::unaryBackward(op, go.dtype(), xi.defined() ? xi.rawData() : nullptr,
-                                yo.defined() ? yo.rawData() : nullptr, go.rawData(), gx.rawData(), go.numel(), p0, p1);
-    return std::vector<Tensor>{gx};
-  });
-}
-
-Tensor unaryOp(UnaryOp op, const char* name, const Tensor& a, bool saveInput, bool saveOutput, double p0 = 0,
-               double p1 = 0) {
+Tensor unaryOp(UnaryOp op, const char* name, const Tensor& a, double p0 = 0, double p1 = 0) {
   Tensor out = unaryForward(op, name, a, p0, p1);
-  recordUnary(op, name, a, out, saveInput, saveOutput, p0, p1);
+  grad_rules::unaryBackward(op, name, a, out, p0, p1);
   return out;
 }
 
@@ -122,120 +103,63 @@ Tensor unaryOp(UnaryOp op, const char* name, const Tensor& a, bool saveInput, bo
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   Tensor bb = alpha == 1.0 ? b : mul(b, alpha);
   Tensor out = binaryForward(BinaryOp::Add, "add", a, bb);
-  if (anyRequiresGrad({&a, &b})) {
-    Shape as = a.shape(), bs = b.shape();
-    recordOp("AddBackward", {a, bb}, {out}, [as, bs](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{sumTo(g[0], as), sumTo(g[0], bs)};
-    });
-  }
+  grad_rules::addBackward(a, bb, out);
   return out;
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
   Tensor bb = alpha == 1.0 ? b : mul(b, alpha);
   Tensor out = binaryForward(BinaryOp::Sub, "sub", a, bb);
-  if (anyRequiresGrad({&a, &b})) {
-    Shape as = a.shape(), bs = b.shape();
-    recordOp("SubBackward", {a, bb}, {out}, [as, bs](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{sumTo(g[0], as), sumTo(neg(g[0]), bs)};
-    });
-  }
+  grad_rules::subBackward(a, bb, out);
   return out;
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binaryForward(BinaryOp::Mul, "mul", a, b);
-  if (anyRequiresGrad({&a, &b})) {
-    SavedTensor sa(b.requiresGrad() ? a : Tensor()), sb(a.requiresGrad() ? b : Tensor());
-    Shape as = a.shape(), bs = b.shape();
-    recordOp("MulBackward", {a, b}, {out}, [sa, sb, as, bs](const std::vector<Tensor>& g) {
-      Tensor va = sa.unpack("MulBackward"), vb = sb.unpack("MulBackward");
-      return std::vector<Tensor>{vb.defined() ? sumTo(mul(g[0], vb), as) : Tensor(),
-                                 va.defined() ? sumTo(mul(g[0], va), bs) : Tensor()};
-    });
-  }
+  grad_rules::mulBackward(a, b, out);
   return out;
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = binaryForward(BinaryOp::Div, "div", a, b);
-  if (anyRequiresGrad({&a, &b})) {
-    SavedTensor sa(b.requiresGrad() ? a : Tensor()), sb(b);
-    Shape as = a.shape(), bs = b.shape();
-    recordOp("DivBackward", {a, b}, {out}, [sa, sb, as, bs](const std::vector<Tensor>& g) {
-      Tensor va = sa.unpack("DivBackward"), vb = sb.unpack("DivBackward");
-      Tensor ga = sumTo(div(g[0], vb), as);
-      Tensor gb = va.defined() ? sumTo(neg(div(mul(g[0], va), mul(vb, vb))), bs) : Tensor();
-      return std::vector<Tensor>{ga, gb};
-    });
-  }
+  grad_rules::divBackward(a, b, out);
   return out;
 }
 
-Tensor add(const Tensor& a, double b) { return unaryOp(UnaryOp::AddScalar, "AddScalarBackward", a, false, false, b); }
-Tensor mul(const Tensor& a, double b) { return unaryOp(UnaryOp::MulScalar, "MulScalarBackward", a, false, false, b); }
+Tensor add(const Tensor& a, double b) { return unaryOp(UnaryOp::AddScalar, "AddScalarBackward", a, b); }
+Tensor mul(const Tensor& a, double b) { return unaryOp(UnaryOp::MulScalar, "MulScalarBackward", a, b); }
 
-namespace {
-
-// Gradient routing for maximum/minimum: to the winner, split equally on ties.
-Tensor selectMask(const Tensor& winner, const Tensor& loser, DType dt) {
-  NoGradGuard ng;
-  Tensor w = gt(winner, loser).to(dt);
-  Tensor tie = eq(winner, loser).to(dt);
-  return add(w, mul(tie, 0.5));
-}
-
-Tensor extremum(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
-  Tensor out = binaryForward(op, name, a, b);
-  if (anyRequiresGrad({&a, &b})) {
-    SavedTensor sa(a), sb(b);
-    Shape as = a.shape(), bs = b.shape();
-    bool isMax = op == BinaryOp::Maximum;
-    recordOp(name, {a, b}, {out}, [sa, sb, as, bs, isMax, name](const std::vector<Tensor>& g) {
-      Tensor va = sa.unpack(name), vb = sb.unpack(name);
-      Tensor ma = isMax ? selectMask(va, vb, g[0].dtype()) : selectMask(vb, va, g[0].dtype());
-      Tensor ga = mul(g[0], ma);
-      Tensor gb = sub(g[0], ga);
-      return std::vector<Tensor>{sumTo(ga, as), sumTo(gb, bs)};
-    });
-  }
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  Tensor out = binaryForward(BinaryOp::Maximum, "MaximumBackward", a, b);
+  grad_rules::maximumBackward(a, b, out);
   return out;
 }
 
-}  // namespace
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  Tensor out = binaryForward(BinaryOp::Minimum, "MinimumBackward", a, b);
+  grad_rules::minimumBackward(a, b, out);
+  return out;
+}
 
-Tensor maximum(const Tensor& a, const Tensor& b) { return extremum(BinaryOp::Maximum, "MaximumBackward", a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return extremum(BinaryOp::Minimum, "MinimumBackward", a, b); }
-
-Tensor neg(const Tensor& a) { return unaryOp(UnaryOp::Neg, "NegBackward", a, false, false); }
-Tensor exp(const Tensor& a) { return unaryOp(UnaryOp::Exp, "ExpBackward", a, false, true); }
-Tensor log(const Tensor& a) { return unaryOp(UnaryOp::Log, "LogBackward", a, true, false); }
-Tensor sqrt(const Tensor& a) { return unaryOp(UnaryOp::Sqrt, "SqrtBackward", a, false, true); }
-Tensor abs(const Tensor& a) { return unaryOp(UnaryOp::Abs, "AbsBackward", a, true, false); }
-Tensor square(const Tensor& a) { return unaryOp(UnaryOp::Square, "SquareBackward", a, true, false); }
-Tensor relu(const Tensor& a) { return unaryOp(UnaryOp::Relu, "ReluBackward", a, true, false); }
-Tensor tanh(const Tensor& a) { return unaryOp(UnaryOp::Tanh, "TanhBackward", a, false, true); }
-Tensor sigmoid(const Tensor& a) { return unaryOp(UnaryOp::Sigmoid, "SigmoidBackward", a, false, true); }
-Tensor gelu(const Tensor& a) { return unaryOp(UnaryOp::Gelu, "GeluBackward", a, true, false); }
+Tensor neg(const Tensor& a) { return unaryOp(UnaryOp::Neg, "NegBackward", a); }
+Tensor exp(const Tensor& a) { return unaryOp(UnaryOp::Exp, "ExpBackward", a); }
+Tensor log(const Tensor& a) { return unaryOp(UnaryOp::Log, "LogBackward", a); }
+Tensor sqrt(const Tensor& a) { return unaryOp(UnaryOp::Sqrt, "SqrtBackward", a); }
+Tensor abs(const Tensor& a) { return unaryOp(UnaryOp::Abs, "AbsBackward", a); }
+Tensor square(const Tensor& a) { return unaryOp(UnaryOp::Square, "SquareBackward", a); }
+Tensor relu(const Tensor& a) { return unaryOp(UnaryOp::Relu, "ReluBackward", a); }
+Tensor tanh(const Tensor& a) { return unaryOp(UnaryOp::Tanh, "TanhBackward", a); }
+Tensor sigmoid(const Tensor& a) { return unaryOp(UnaryOp::Sigmoid, "SigmoidBackward", a); }
+Tensor gelu(const Tensor& a) { return unaryOp(UnaryOp::Gelu, "GeluBackward", a); }
 
 Tensor pow(const Tensor& a, double exponent) {
   if (exponent == 2.0) return square(a);
-  return unaryOp(UnaryOp::PowScalar, "PowBackward", a, true, false, exponent);
+  return unaryOp(UnaryOp::PowScalar, "PowBackward", a, exponent);
 }
 
 Tensor pow(const Tensor& a, const Tensor& e) {
   Tensor out = binaryForward(BinaryOp::Pow, "pow", a, e);
-  if (anyRequiresGrad({&a, &e})) {
-    SavedTensor sa(a), se(e), so(out);
-    Shape as = a.shape(), es = e.shape();
-    bool needE = e.requiresGrad();
-    recordOp("PowTensorBackward", {a, e}, {out}, [sa, se, so, as, es, needE](const std::vector<Tensor>& g) {
-      Tensor va = sa.unpack("PowTensorBackward"), ve = se.unpack("PowTensorBackward");
-      Tensor ga = sumTo(mul(g[0], mul(ve, pow(va, sub(ve, onesLike(ve))))), as);
-      Tensor ge = needE ? sumTo(mul(g[0], mul(so.unpack("PowTensorBackward"), log(va))), es) : Tensor();
-      return std::vector<Tensor>{ga, ge};
-    });
-  }
+  grad_rules::powTensorBackward(a, e, out);
   return out;
 }
 
@@ -252,7 +176,7 @@ Tensor clamp(const Tensor& a, double min, double max) {
       max = std::clamp(max, lo, hi);
     });
   }
-  return unaryOp(UnaryOp::Clamp, "ClampBackward", a, true, false, min, max);
+  return unaryOp(UnaryOp::Clamp, "ClampBackward", a, min, max);
 }
 
 namespace {
@@ -297,8 +221,7 @@ Tensor operator+(double a, const Tensor& b) { return add(b, a); }
 Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
 Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
 Tensor operator/(double a, const Tensor& b) {
-  return unaryOp(UnaryOp::MulScalar, "MulScalarBackward",
-                 unaryOp(UnaryOp::Reciprocal, "ReciprocalBackward", b, false, true), false, false, a);
+  return unaryOp(UnaryOp::MulScalar, "MulScalarBackward", unaryOp(UnaryOp::Reciprocal, "ReciprocalBackward", b), a);
 }
 
 }  // namespace weft

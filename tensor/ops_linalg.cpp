@@ -1,104 +1,21 @@
-// Matrix products and their backward rules. Every product, forward and
-// backward, is one (batched) GEMM on the operands' own storage: a transposed
-// view reaches BLAS as a transpose flag, and only a matrix whose strides BLAS
-// cannot express (no unit-stride dimension) is copied first.
+// Matrix products; their gradient rules are in grad_rules/linalg.cpp. Every
+// product, forward and backward, is one (batched) GEMM on the operands' own
+// storage (see tensor/batched_gemm.h).
 #include "tensor/ops_linalg.h"
-
-#include <algorithm>
-#include <tuple>
-#include <utility>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reduce.h"
-#include "tensor/autograd.h"
+#include "tensor/batched_gemm.h"
+#include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_utils.h"
 #include "tensor/ops_elementwise.h"
 
 namespace weft {
 namespace {
 
-using kernels::cpu::MatrixOperand;
-
-// Row-major ([rows, cols] with unit column stride) or the transpose of a
-// row-major [cols, rows]; false when neither describes the strides.
-bool blasLayout(int64_t rows, int64_t cols, int64_t rowStride, int64_t colStride, MatrixOperand& out) {
-  if ((cols <= 1 || colStride == 1) && (rows <= 1 || rowStride >= std::max<int64_t>(cols, 1))) {
-    out.trans = false;
-    out.ld = rows <= 1 ? std::max<int64_t>(cols, 1) : rowStride;
-    return true;
-  }
-  if ((rows <= 1 || rowStride == 1) && (cols <= 1 || colStride >= std::max<int64_t>(rows, 1))) {
-    out.trans = true;
-    out.ld = cols <= 1 ? std::max<int64_t>(rows, 1) : colStride;
-    return true;
-  }
-  return false;
-}
-
-// t's strides over the leading (batch) dimensions, aligned to `batch` from
-// the right; 0 where t has no such dimension or repeats a size-1 one.
-Shape batchStrides(const Tensor& t, const Shape& batch) {
-  const Shape& shape = t.shape();
-  const Shape& strides = t.strides();
-  int64_t nb = static_cast<int64_t>(batch.size()), tb = static_cast<int64_t>(shape.size()) - 2;
-  Shape st(nb, 0);
-  for (int64_t i = nb - tb; i < nb; ++i) {
-    int64_t d = i - (nb - tb);
-    st[i] = shape[d] == 1 ? 0 : strides[d];
-  }
-  return st;
-}
-
-// The last two entries of a shape or strides vector (a matrix's rows, cols).
-std::pair<int64_t, int64_t> lastTwo(const Shape& v) { return {v[v.size() - 2], v[v.size() - 1]}; }
-
-// A tensor [..., rows, cols] as GEMM reads it: one matrix per batch element.
-struct GemmInput {
-  Tensor keep;        // owns the data: the tensor itself, or its contiguous copy
-  MatrixOperand mat;  // the matrix of one batch element
-  Shape strides;      // batch strides over the product's batch shape
-  MatrixOperand maybeTransposed(bool t) const { return {mat.data, mat.trans != t, mat.ld}; }
-};
-
-GemmInput gemmInput(const Tensor& t, const Shape& batch) {
-  GemmInput in;
-  in.keep = t;
-  auto [rows, cols] = lastTwo(t.shape());
-  auto [rowStride, colStride] = lastTwo(t.strides());
-  if (!blasLayout(rows, cols, rowStride, colStride, in.mat)) {
-    in.keep = t.detach().contiguous();
-    std::tie(rowStride, colStride) = lastTwo(in.keep.strides());
-    blasLayout(rows, cols, rowStride, colStride, in.mat);
-  }
-  in.mat.data = in.keep.rawData();
-  if (!batch.empty()) in.strides = batchStrides(in.keep, batch);
-  return in;
-}
-
-// Returns r[resultShape] with r[i] = op(x[i]) · op(y[i]) for every i of
-// `batch` (x, y broadcast over it); op transposes when xT / yT. A result
-// batch dimension of size 1 (or missing) that `batch` stretches is summed
-// over, which is how gradients reach broadcast operands.
-Tensor batchedGemm(const Tensor& x, bool xT, const Tensor& y, bool yT, const Shape& batch, const Shape& resultShape) {
-  size_t nd = resultShape.size();
-  int64_t m = resultShape[nd - 2], n = resultShape[nd - 1];
-  auto [xRows, xCols] = lastTwo(x.shape());
-  int64_t k = xT ? xRows : xCols;
-  DType dt = x.dtype();
-  GemmInput gx = gemmInput(x, batch), gy = gemmInput(y, batch);
-  Tensor r = empty(resultShape, {.dtype = dt});
-  if (batch.empty()) {
-    kernels::cpu::gemm(dt, gx.maybeTransposed(xT), gy.maybeTransposed(yT), m, n, k, 1.0, 0.0, r.rawData(), n);
-    return r;
-  }
-  Shape rStrides = batchStrides(r, batch);
-  bool accumulates = false;
-  for (size_t i = 0; i < batch.size(); ++i) accumulates |= rStrides[i] == 0 && batch[i] > 1;
-  if (accumulates) r.zero_();
-  kernels::cpu::gemmBatched(dt, batch, gx.maybeTransposed(xT), gx.strides, gy.maybeTransposed(yT), gy.strides,
-                            m, n, k, 1.0, accumulates ? 1.0 : 0.0, r.rawData(), rStrides, n);
-  return r;
-}
+using detail::batchedGemm;
+using detail::GemmInput;
+using detail::gemmInput;
 
 void checkGemmKind(const char* op, const Tensor& a, const Tensor& b) {
   detail::checkSameKind(op, a, b);
@@ -120,19 +37,7 @@ Tensor product(const char* name, const Tensor& a, const Tensor& b, const Shape& 
   outShape.push_back(a.size(-2));
   outShape.push_back(b.size(-1));
   Tensor out = batchedGemm(a, false, b, false, batch, outShape);
-  if (anyRequiresGrad({&a, &b})) {
-    bool needA = a.requiresGrad(), needB = b.requiresGrad();
-    SavedTensor sa(needB ? a : Tensor()), sb(needA ? b : Tensor());
-    Shape aShape = a.shape(), bShape = b.shape();
-    recordOp(name, {a, b}, {out},
-             [name, needA, needB, sa, sb, aShape, bShape, batch](const std::vector<Tensor>& g) {
-               Tensor ga, gb;
-               // dA = dC · B^T, dB = A^T · dC, per batch element.
-               if (needA) ga = batchedGemm(g[0], false, sb.unpack(name), true, batch, aShape);
-               if (needB) gb = batchedGemm(sa.unpack(name), true, g[0], false, batch, bShape);
-               return std::vector<Tensor>{ga, gb};
-             });
-  }
+  grad_rules::productBackward(name, a, b, out, batch);
   return out;
 }
 
@@ -216,40 +121,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // out = x2 · W^T (+ bias already in out)
   kernels::cpu::gemm(x.dtype(), xIn.mat, wIn.maybeTransposed(true), rows, outF, in, 1.0, beta, out.rawData(), outF);
 
-  if (anyRequiresGrad({&x, &weight, &bias})) {
-    bool needX = x.requiresGrad(), needW = weight.requiresGrad(), hasBias = bias.defined();
-    bool needB = hasBias && bias.requiresGrad();
-    SavedTensor sx(needW ? xIn.keep : Tensor()), sw(needX ? wIn.keep : Tensor());
-    Shape xShape = x.shape(), wShape = weight.shape();
-    DType dt = x.dtype();
-    std::vector<Tensor> inputs{x, weight};
-    if (bias.defined()) inputs.push_back(bias);
-    recordOp("LinearBackward", inputs, {out},
-             [needX, needW, needB, hasBias, sx, sw, xShape, wShape, dt, rows, in, outF](const std::vector<Tensor>& g) {
-               Tensor g2 = g[0].contiguous();
-               MatrixOperand gm{g2.rawData(), false, outF};
-               std::vector<Tensor> grads(hasBias ? 3 : 2);
-               if (needX) {  // dx = g · W
-                 Tensor w = sw.unpack("LinearBackward");
-                 Tensor gx = empty(xShape, {.dtype = dt});
-                 kernels::cpu::gemm(dt, gm, gemmInput(w, {}).mat, rows, in, outF, 1.0, 0.0, gx.rawData(), in);
-                 grads[0] = gx;
-               }
-               if (needW) {  // dW = g^T · x
-                 GemmInput xs = gemmInput(sx.unpack("LinearBackward"), {});
-                 Tensor gw = empty(wShape, {.dtype = dt});
-                 kernels::cpu::gemm(dt, {g2.rawData(), true, outF}, xs.mat, outF, in, rows, 1.0, 0.0, gw.rawData(),
-                                    in);
-                 grads[1] = gw;
-               }
-               if (needB) {  // db = column sums of g
-                 Tensor gb = empty({outF}, {.dtype = dt});
-                 kernels::cpu::sumCols(dt, g2.rawData(), rows, outF, gb.rawData());
-                 grads[2] = gb;
-               }
-               return grads;
-             });
-  }
+  grad_rules::linearBackward(x, weight, bias, out, xIn.keep, wIn.keep, rows, in, outF);
   return out;
 }
 

@@ -1,13 +1,14 @@
-// Losses declared in tensor/ops_nn.h: nllLoss, crossEntropy, mseLoss, and
-// their backward rules. crossEntropy is nllLoss(logSoftmax(x, 1)) computed as
-// one op: its forward keeps the log-probabilities and its backward produces
-// the gradient of the logits in a single pass (softmax minus one-hot), so a
-// training step pays for two tensors of the logits' size, not four.
+// Losses declared in tensor/ops_nn.h: nllLoss, crossEntropy, mseLoss; their
+// gradient rules are in grad_rules/loss.cpp. crossEntropy is
+// nllLoss(logSoftmax(x, 1)) computed as one op: its forward keeps the
+// log-probabilities and its backward produces the gradient of the logits in a
+// single pass (softmax minus one-hot), so a training step pays for two tensors
+// of the logits' size, not four.
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/loss.h"
 #include "kernels/cpu/softmax.h"
-#include "tensor/autograd.h"
+#include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_utils.h"
 #include "tensor/ops_nn.h"
 
@@ -74,12 +75,6 @@ Tensor nllReduce(DType dt, const void* logProbs, const ClassLayout& l, int64_t i
   return out;
 }
 
-// How the loss gradient reaches each element: per element (None) or one
-// value times `scale` (1 for Sum, 1/count for Mean).
-double reductionScale(Reduction r, int64_t count) {
-  return r == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
-}
-
 }  // namespace
 
 Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction r, int64_t ignoreIndex) {
@@ -87,25 +82,7 @@ Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction r, int64_t i
   Tensor x = input.contiguous();
   kernels::cpu::NllTotals totals;
   Tensor out = nllReduce(input.dtype(), x.numel() > 0 ? x.rawData() : nullptr, l, ignoreIndex, r, totals);
-  if (anyRequiresGrad({&input})) {
-    SavedTensor savedTarget(l.target);
-    Shape inShape = input.shape();
-    int64_t N = l.N, C = l.C, D = l.D;
-    double scale = reductionScale(r, totals.count);
-    bool perElement = r == Reduction::None;
-    recordOp("NllLossBackward", {input}, {out},
-             [savedTarget, inShape, N, C, D, ignoreIndex, scale, perElement](const std::vector<Tensor>& g) {
-               Tensor t = savedTarget.unpack("NllLossBackward");
-               Tensor go = g[0].contiguous();
-               Tensor gi = empty(inShape, {.dtype = go.dtype()});
-               if (gi.numel() > 0) {
-                 kernels::cpu::nllLossBackward(go.dtype(), t.data<int64_t>(), N, C, D, ignoreIndex,
-                                               go.numel() > 0 ? go.rawData() : nullptr, perElement, scale,
-                                               gi.rawData());
-               }
-               return std::vector<Tensor>{gi};
-             });
-  }
+  grad_rules::nllLossBackward(input, out, l.target, l.N, l.C, l.D, ignoreIndex, r, totals.count);
   return out;
 }
 
@@ -119,25 +96,7 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& target, Reduction r, int
   }
   Tensor out = nllReduce(logits.dtype(), logProbs.numel() > 0 ? logProbs.rawData() : nullptr, l, ignoreIndex, r,
                          totals);
-  if (anyRequiresGrad({&logits})) {
-    SavedTensor savedTarget(l.target), savedLogProbs(logProbs);
-    int64_t N = l.N, C = l.C, D = l.D;
-    double scale = reductionScale(r, totals.count);
-    bool perElement = r == Reduction::None;
-    recordOp("CrossEntropyBackward", {logits}, {out},
-             [savedTarget, savedLogProbs, N, C, D, ignoreIndex, scale, perElement](const std::vector<Tensor>& g) {
-               Tensor t = savedTarget.unpack("CrossEntropyBackward");
-               Tensor lp = savedLogProbs.unpack("CrossEntropyBackward");
-               Tensor go = g[0].contiguous();
-               Tensor gi = emptyLike(lp);
-               if (gi.numel() > 0) {
-                 kernels::cpu::crossEntropyBackward(go.dtype(), lp.rawData(), t.data<int64_t>(), N, C, D, ignoreIndex,
-                                                    go.numel() > 0 ? go.rawData() : nullptr, perElement, scale,
-                                                    gi.rawData());
-               }
-               return std::vector<Tensor>{gi};
-             });
-  }
+  grad_rules::crossEntropyBackward(logits, out, l.target, logProbs, l.N, l.C, l.D, ignoreIndex, r, totals.count);
   return out;
 }
 
@@ -162,25 +121,7 @@ Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction r) {
     out = empty({}, {.dtype = dt});
     kernels::cpu::fill(dt, out.rawData(), 1, r == Reduction::Sum ? total : total / static_cast<double>(n));
   }
-  if (anyRequiresGrad({&input, &target})) {
-    SavedTensor savedInput(x), savedTarget(t);
-    bool wantInput = input.requiresGrad(), wantTarget = target.requiresGrad();
-    double scale = reductionScale(r, n);
-    bool perElement = r == Reduction::None;
-    recordOp("MseLossBackward", {input, target}, {out},
-             [savedInput, savedTarget, wantInput, wantTarget, scale, perElement](const std::vector<Tensor>& g) {
-               Tensor xi = savedInput.unpack("MseLossBackward"), ti = savedTarget.unpack("MseLossBackward");
-               Tensor go = g[0].contiguous();
-               Tensor gx = wantInput ? emptyLike(xi) : Tensor();
-               Tensor gt = wantTarget ? emptyLike(ti) : Tensor();
-               if (xi.numel() > 0) {
-                 kernels::cpu::mseLossBackward(xi.dtype(), xi.rawData(), ti.rawData(), xi.numel(), go.rawData(),
-                                               perElement, scale, wantInput ? gx.rawData() : nullptr,
-                                               wantTarget ? gt.rawData() : nullptr);
-               }
-               return std::vector<Tensor>{gx, gt};
-             });
-  }
+  grad_rules::mseLossBackward(input, target, out, x, t, r);
   return out;
 }
 

@@ -1,5 +1,6 @@
 // Neural-network ops (embedding, embeddingBag, conv2d, maxPool2d, dropout,
-// lstmCell, lstmLayer) and their backward rules. Losses are in ops_loss.cpp.
+// lstmCell, lstmLayer); their gradient rules are in grad_rules/nn.cpp. Losses
+// are in ops_loss.cpp.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "kernels/cpu/reduce.h"
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
+#include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_utils.h"
 #include "tensor/ops.h"
 
@@ -54,19 +56,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   outShape.push_back(dim);
   Tensor out = empty(outShape, like(weight));
   kernels::cpu::embeddingForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(), n, out.rawData());
-  if (anyRequiresGrad({&weight})) {
-    SavedTensor si(idx);
-    Shape wShape = weight.shape();
-    DType dt = weight.dtype();
-    recordOp("EmbeddingBackward", {weight}, {out}, [si, wShape, dt](const std::vector<Tensor>& g) {
-      Tensor ix = si.unpack("EmbeddingBackward");
-      Tensor go = g[0].contiguous();
-      Tensor gw = zeros(wShape, {.dtype = dt});
-      kernels::cpu::embeddingBackward(dt, go.rawData(), ix.data<int64_t>(), ix.numel(), wShape[0], wShape[1],
-                                      gw.rawData());
-      return std::vector<Tensor>{gw};
-    });
-  }
+  grad_rules::embeddingBackward(weight, out, idx);
   return out;
 }
 
@@ -149,35 +139,7 @@ Tensor embeddingBag(const Tensor& weight, const Tensor& indices, const Tensor& o
                                     psw.defined() ? psw.rawData() : nullptr, out.rawData(),
                                     argmax.defined() ? argmax.data<int64_t>() : nullptr);
 
-  if (anyRequiresGrad({&weight, &perSampleWeights})) {
-    bool needW = weight.requiresGrad(), needPsw = perSampleWeights.defined() && perSampleWeights.requiresGrad();
-    SavedTensor si(idx), sp(needW ? psw : Tensor()), sw(needPsw ? w : Tensor());
-    Shape wShape = weight.shape(), pShape = indices.shape();
-    DType dt = weight.dtype();
-    recordOp("EmbeddingBagBackward", {weight, perSampleWeights}, {out},
-             [needW, needPsw, si, sp, sw, argmax, starts, reduce, wShape, pShape, dt](const std::vector<Tensor>& g) {
-               const char* name = "EmbeddingBagBackward";
-               Tensor ix = si.unpack(name), go = g[0].contiguous();
-               int64_t nb = static_cast<int64_t>(starts.size()) - 1;
-               std::vector<Tensor> grads(2);
-               if (needW) {
-                 Tensor p = sp.unpack(name);
-                 Tensor gw = zeros(wShape, {.dtype = dt});
-                 kernels::cpu::embeddingBagBackward(dt, go.rawData(), ix.data<int64_t>(), starts.data(), nb, reduce,
-                                                    p.defined() ? p.rawData() : nullptr,
-                                                    argmax.defined() ? argmax.data<int64_t>() : nullptr, wShape[0],
-                                                    wShape[1], gw.rawData());
-                 grads[0] = gw;
-               }
-               if (needPsw) {
-                 Tensor gp = empty(pShape, {.dtype = dt});
-                 kernels::cpu::embeddingBagSampleWeightsBackward(dt, go.rawData(), sw.unpack(name).rawData(), wShape[1],
-                                                                 ix.data<int64_t>(), starts.data(), nb, gp.rawData());
-                 grads[1] = gp;
-               }
-               return grads;
-             });
-  }
+  grad_rules::embeddingBagBackward(weight, perSampleWeights, out, w, idx, psw, argmax, std::move(starts), reduce);
   return out;
 }
 
@@ -217,31 +179,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pa
   Tensor out = empty({geo.batch, geo.outChannels, geo.outH, geo.outW}, like(x));
   kernels::cpu::conv2dForward(x.dtype(), geo, xc.rawData(), wc.rawData(), bc.defined() ? bc.rawData() : nullptr,
                               out.rawData());
-  if (anyRequiresGrad({&x, &weight, &bias})) {
-    bool needX = x.requiresGrad(), needW = weight.requiresGrad(), hasBias = bias.defined();
-    bool needB = hasBias && bias.requiresGrad();
-    SavedTensor sx(needW ? xc : Tensor()), sw2(needX ? wc : Tensor());
-    Shape xShape = x.shape(), wShape = weight.shape();
-    DType dt = x.dtype();
-    std::vector<Tensor> inputs{x, weight};
-    if (hasBias) inputs.push_back(bias);
-    recordOp("Conv2dBackward", inputs, {out},
-             [needX, needW, needB, hasBias, sx, sw2, geo, xShape, wShape, dt](const std::vector<Tensor>& g) {
-               Tensor go = g[0].contiguous();
-               Tensor xv = sx.unpack("Conv2dBackward"), wv = sw2.unpack("Conv2dBackward");
-               Tensor gx = needX ? empty(xShape, {.dtype = dt}) : Tensor();
-               Tensor gw = needW ? empty(wShape, {.dtype = dt}) : Tensor();
-               Tensor gb = needB ? empty({wShape[0]}, {.dtype = dt}) : Tensor();
-               kernels::cpu::conv2dBackward(dt, geo, xv.defined() ? xv.rawData() : nullptr,
-                                            wv.defined() ? wv.rawData() : nullptr, go.rawData(),
-                                            gx.defined() ? gx.rawData() : nullptr,
-                                            gw.defined() ? gw.rawData() : nullptr,
-                                            gb.defined() ? gb.rawData() : nullptr);
-               std::vector<Tensor> grads{gx, gw};
-               if (hasBias) grads.push_back(gb);
-               return grads;
-             });
-  }
+  grad_rules::conv2dBackward(x, weight, bias, out, xc, wc, geo);
   return out;
 }
 
@@ -274,18 +212,7 @@ Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t paddin
   if (out.numel() > 0) {
     kernels::cpu::maxPool2dForward(x.dtype(), geo, xc.rawData(), out.rawData(), argmax.data<int64_t>());
   }
-  if (anyRequiresGrad({&x})) {
-    Shape xShape = x.shape();
-    DType dt = x.dtype();
-    recordOp("MaxPool2dBackward", {x}, {out}, [argmax, geo, xShape, dt](const std::vector<Tensor>& g) {
-      Tensor go = g[0].contiguous();
-      Tensor gx = zeros(xShape, {.dtype = dt});
-      if (go.numel() > 0) {
-        kernels::cpu::maxPool2dBackward(dt, geo, go.rawData(), argmax.data<int64_t>(), gx.rawData());
-      }
-      return std::vector<Tensor>{gx};
-    });
-  }
+  grad_rules::maxPool2dBackward(x, out, argmax, geo);
   return out;
 }
 
@@ -337,10 +264,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
       for (int64_t i = 0; i < len; ++i) po[b + i] = px[b + i] * m[b + i];
     }
   });
-  if (anyRequiresGrad({&x})) {
-    recordOp("DropoutBackward", {x}, {out},
-             [mask](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], mask)}; });
-  }
+  grad_rules::dropoutBackward(x, out, mask);
   return out;
 }
 
@@ -407,52 +331,7 @@ std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tenso
   Tensor cNew = empty({N, H}, like(x)), hNew = empty({N, H}, like(x));
   kernels::cpu::lstmCellForward(dt, N, H, gates.rawData(), cc.rawData(), cNew.rawData(), hNew.rawData());
 
-  std::vector<Tensor> inputs{x, h, c, wIh, wHh, bIh, bHh};
-  if (anyRequiresGrad(inputs)) {
-    std::vector<bool> need(inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) need[i] = inputs[i].defined() && inputs[i].requiresGrad();
-    SavedTensor sx(need[3] ? xc : Tensor()), sh(need[4] ? hc : Tensor()), sc(cc), scn(cNew);
-    SavedTensor swi(need[0] ? wi : Tensor()), swh(need[1] ? wh : Tensor());
-    recordOp("LstmCellBackward", inputs, {hNew, cNew},
-             [need, sx, sh, sc, scn, swi, swh, gates, N, in, H, dt](const std::vector<Tensor>& g) {
-               const char* name = "LstmCellBackward";
-               Tensor gh = g[0].contiguous(), gc = g[1].contiguous();
-               Tensor dGates = empty({N, 4 * H}, {.dtype = dt}), gcPrev = empty({N, H}, {.dtype = dt});
-               kernels::cpu::lstmCellBackward(dt, N, H, gates.rawData(), sc.unpack(name).rawData(),
-                                              scn.unpack(name).rawData(), gh.rawData(), gc.rawData(), dGates.rawData(),
-                                              gcPrev.rawData());
-               kernels::cpu::MatrixOperand dg{dGates.rawData(), false, 4 * H}, dgT{dGates.rawData(), true, 4 * H};
-               std::vector<Tensor> grads(7);
-               if (need[0]) {  // dx = dGates · wIh
-                 grads[0] = empty({N, in}, {.dtype = dt});
-                 kernels::cpu::gemm(dt, dg, {swi.unpack(name).rawData(), false, in}, N, in, 4 * H, 1.0, 0.0,
-                                    grads[0].rawData(), in);
-               }
-               if (need[1]) {  // dh = dGates · wHh
-                 grads[1] = empty({N, H}, {.dtype = dt});
-                 kernels::cpu::gemm(dt, dg, {swh.unpack(name).rawData(), false, H}, N, H, 4 * H, 1.0, 0.0,
-                                    grads[1].rawData(), H);
-               }
-               if (need[2]) grads[2] = gcPrev;
-               if (need[3]) {  // dwIh = dGates^T · x
-                 grads[3] = empty({4 * H, in}, {.dtype = dt});
-                 kernels::cpu::gemm(dt, dgT, {sx.unpack(name).rawData(), false, in}, 4 * H, in, N, 1.0, 0.0,
-                                    grads[3].rawData(), in);
-               }
-               if (need[4]) {  // dwHh = dGates^T · h
-                 grads[4] = empty({4 * H, H}, {.dtype = dt});
-                 kernels::cpu::gemm(dt, dgT, {sh.unpack(name).rawData(), false, H}, 4 * H, H, N, 1.0, 0.0,
-                                    grads[4].rawData(), H);
-               }
-               if (need[5] || need[6]) {  // both biases receive the column sums of dGates
-                 Tensor gb = empty({4 * H}, {.dtype = dt});
-                 kernels::cpu::sumCols(dt, dGates.rawData(), N, 4 * H, gb.rawData());
-                 if (need[5]) grads[5] = gb;
-                 if (need[6]) grads[6] = need[5] ? gb.clone() : gb;
-               }
-               return grads;
-             });
-  }
+  grad_rules::lstmCellBackward({x, h, c, wIh, wHh, bIh, bHh}, hNew, cNew, xc, hc, cc, wi, wh, gates);
   return {hNew, cNew};
 }
 
@@ -477,43 +356,8 @@ LstmLayerOutput lstmLayer(const Tensor& x, const Tensor& h0, const Tensor& c0, c
   result.h = hs.select(0, T - 1).clone();
   result.c = cs.select(0, T - 1).clone();
 
-  std::vector<Tensor> inputs{x, h0, c0, wIh, wHh, bIh, bHh};
-  if (anyRequiresGrad(inputs)) {
-    std::vector<bool> need(inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) need[i] = inputs[i].defined() && inputs[i].requiresGrad();
-    // hs and cs are this node's own buffers; `output` is hs itself, so an
-    // in-place write to it is caught by the saved version.
-    SavedTensor sx(need[3] ? xc : Tensor()), sh0(hc), sc0(cc), swi(need[0] ? wi : Tensor()), swh(wh), shs(hs);
-    recordOp("LstmLayerBackward", inputs, {result.output, result.h, result.c},
-             [need, sx, sh0, sc0, swi, swh, shs, gates, cs, geo, dt](const std::vector<Tensor>& g) {
-               const char* name = "LstmLayerBackward";
-               Tensor gOut = g[0].contiguous(), ghT = g[1].contiguous(), gcT = g[2].contiguous();
-               Tensor xs = sx.unpack(name), h0s = sh0.unpack(name), c0s = sc0.unpack(name);
-               Tensor wIhs = swi.unpack(name), wHhs = swh.unpack(name), hss = shs.unpack(name);
-               const Shape state{geo.batch, geo.hidden}, gateShape{4 * geo.hidden};
-               std::vector<Tensor> grads(7);
-               grads[1] = empty(state, {.dtype = dt});
-               grads[2] = empty(state, {.dtype = dt});
-               if (need[0]) grads[0] = empty({geo.steps, geo.batch, geo.input}, {.dtype = dt});
-               if (need[3]) grads[3] = empty({4 * geo.hidden, geo.input}, {.dtype = dt});
-               if (need[4]) grads[4] = empty({4 * geo.hidden, geo.hidden}, {.dtype = dt});
-               Tensor gb = need[5] || need[6] ? empty(gateShape, {.dtype = dt}) : Tensor();
-               Tensor dGates = empty({geo.steps, geo.batch, 4 * geo.hidden}, {.dtype = dt});
-               auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
-               kernels::cpu::lstmLayerBackward(
-                   dt, geo,
-                   {.x = raw(xs), .h0 = h0s.rawData(), .c0 = c0s.rawData(), .wIh = raw(wIhs), .wHh = wHhs.rawData(),
-                    .gates = gates.rawData(), .hs = hss.rawData(), .cs = cs.rawData()},
-                   {.output = gOut.rawData(), .hLast = ghT.rawData(), .cLast = gcT.rawData()}, dGates.rawData(),
-                   {.x = raw(grads[0]), .h0 = grads[1].rawData(), .c0 = grads[2].rawData(), .wIh = raw(grads[3]),
-                    .wHh = raw(grads[4]), .bias = raw(gb)});
-               if (!need[1]) grads[1] = Tensor();
-               if (!need[2]) grads[2] = Tensor();
-               if (need[5]) grads[5] = gb;
-               if (need[6]) grads[6] = need[5] ? gb.clone() : gb;
-               return grads;
-             });
-  }
+  grad_rules::lstmLayerBackward({x, h0, c0, wIh, wHh, bIh, bHh}, {result.output, result.h, result.c}, xc, hc, cc, wi,
+                                wh, gates, hs, cs, geo);
   return result;
 }
 

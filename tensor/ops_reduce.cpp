@@ -1,4 +1,4 @@
-// Reductions and softmax, with their backward rules.
+// Reductions and softmax; their gradient rules are in grad_rules/reduce.cpp.
 #include "tensor/ops_reduce.h"
 
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/softmax.h"
 #include "tensor/autograd.h"
+#include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_utils.h"
 #include "tensor/ops_elementwise.h"
 
@@ -79,12 +80,7 @@ Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepDim) {
     return sumForward(a.to(DType::Int64), dims, keepDim);
   }
   Tensor out = sumForward(a, dims, keepDim);
-  if (anyRequiresGrad({&a})) {
-    Shape inShape = a.shape(), kept = reducedShape(a, dims, true);
-    recordOp("SumBackward", {a}, {out}, [inShape, kept](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{g[0].reshape(kept).expand(inShape).contiguous()};
-    });
-  }
+  grad_rules::sumBackward(a, out, dims);
   return out;
 }
 
@@ -124,20 +120,8 @@ Tensor sumTo(const Tensor& a, const Shape& shape) {
 
 namespace {
 
-// A contiguous tensor seen as [outer, size, inner] around dimension `dim`
-// (already wrapped); a 0-D tensor is [1, 1, 1].
-struct AxisView {
-  int64_t outer = 1, size = 1, inner = 1;
-};
-
-AxisView axisView(const Shape& shape, int64_t dim) {
-  AxisView v;
-  if (shape.empty()) return v;
-  for (int64_t d = 0; d < dim; ++d) v.outer *= shape[d];
-  v.size = shape[dim];
-  for (size_t d = dim + 1; d < shape.size(); ++d) v.inner *= shape[d];
-  return v;
-}
+using detail::AxisView;
+using detail::axisView;
 
 Shape reducedAlong(const Shape& shape, int64_t dim, bool keepDim) {
   Shape out = shape;
@@ -162,16 +146,7 @@ Tensor extremumAll(const Tensor& a, bool isMax) {
   Tensor x = a.contiguous();
   Tensor out = empty({}, {.dtype = a.dtype()});
   kernels::cpu::extremumForward(kernelType(a.dtype()), x.rawData(), 1, x.numel(), 1, isMax, out.rawData(), nullptr);
-  if (anyRequiresGrad({&a})) {
-    const char* name = isMax ? "MaxBackward" : "MinBackward";
-    SavedTensor input(a), result(out);
-    recordOp(name, {a}, {out}, [input, result, name](const std::vector<Tensor>& g) {
-      Tensor xi = input.unpack(name), yo = result.unpack(name);
-      // Every element equal to the extremum gets an equal share.
-      Tensor mask = eq(xi, yo).to(xi.dtype());
-      return std::vector<Tensor>{mul(mask, div(g[0], sum(mask)))};
-    });
-  }
+  grad_rules::extremumAllBackward(isMax, a, out);
   return out;
 }
 
@@ -192,21 +167,7 @@ std::pair<Tensor, Tensor> extremumAlong(const Tensor& a, int64_t dim, bool keepD
     kernels::cpu::extremumForward(kernelType(a.dtype()), x.rawData(), v.outer, v.size, v.inner, isMax,
                                   wantValues ? values.rawData() : nullptr, indices.data<int64_t>());
   }
-  if (wantValues && anyRequiresGrad({&a})) {
-    const char* name = isMax ? "MaxDimBackward" : "MinDimBackward";
-    SavedTensor where(indices);
-    Shape inShape = a.shape();
-    recordOp(name, {a}, {values}, [where, inShape, v, name](const std::vector<Tensor>& g) {
-      Tensor idx = where.unpack(name);
-      Tensor go = g[0].contiguous();
-      Tensor gi = empty(inShape, {.dtype = go.dtype()});
-      if (gi.numel() > 0) {
-        kernels::cpu::extremumBackward(go.dtype(), go.rawData(), idx.data<int64_t>(), v.outer, v.size, v.inner,
-                                       gi.rawData());
-      }
-      return std::vector<Tensor>{gi};
-    });
-  }
+  if (wantValues) grad_rules::extremumAlongBackward(isMax, a, values, indices, v);
   return {values, indices};
 }
 
@@ -245,20 +206,7 @@ Tensor softmaxImpl(const Tensor& a, int64_t dim, bool log) {
   Tensor x = a.contiguous();
   Tensor out = empty(a.shape(), {.dtype = a.dtype()});
   if (out.numel() > 0) kernels::cpu::softmaxForward(a.dtype(), x.rawData(), v.outer, v.size, v.inner, log, out.rawData());
-  if (anyRequiresGrad({&a})) {
-    const char* name = log ? "LogSoftmaxBackward" : "SoftmaxBackward";
-    SavedTensor result(out);
-    recordOp(name, {a}, {out}, [result, v, log, name](const std::vector<Tensor>& g) {
-      Tensor y = result.unpack(name);
-      Tensor go = g[0].contiguous();
-      Tensor gi = emptyLike(y);
-      if (gi.numel() > 0) {
-        kernels::cpu::softmaxBackward(y.dtype(), y.rawData(), go.rawData(), v.outer, v.size, v.inner, log,
-                                      gi.rawData());
-      }
-      return std::vector<Tensor>{gi};
-    });
-  }
+  grad_rules::softmaxBackward(log, a, out, v);
   return out;
 }
 

@@ -1,12 +1,12 @@
-// Joining (cat, stack), splitting (split, chunk) and gathering (indexSelect),
-// with their backward rules. split and chunk return views of their input that
-// share one backward node.
+// Joining (cat, stack), splitting (split, chunk) and gathering (indexSelect).
+// split and chunk return views of their input that share one backward node.
+// Their gradient rules are in grad_rules/shape.cpp.
 #include "tensor/ops_shape.h"
 
 #include <algorithm>
 
 #include "kernels/cpu/index.h"
-#include "tensor/autograd.h"
+#include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_utils.h"
 
 namespace weft {
@@ -64,10 +64,7 @@ std::vector<Tensor> splitBySizes(const Tensor& a, const std::vector<int64_t>& si
     pieces.push_back(viewOf(a, sh, a.strides(), a.storageOffset() + start * a.strides()[dim]));
     start += len;
   }
-  if (anyRequiresGrad({&a})) {
-    recordOp("SplitBackward", {a}, pieces,
-             [dim](const std::vector<Tensor>& g) { return std::vector<Tensor>{cat(g, dim)}; });
-  }
+  grad_rules::splitBackward(a, pieces, dim);
   return pieces;
 }
 
@@ -97,18 +94,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     for (size_t k = 0; k < sizes.size(); ++k) rows[k] = sizes[k] * inner;
     joinInto(tensors, rows, outer, out);
   }
-  if (anyRequiresGrad(tensors)) {
-    recordOp("CatBackward", tensors, {out}, [sizes, dim](const std::vector<Tensor>& g) {
-      std::vector<Tensor> grads;
-      grads.reserve(sizes.size());
-      int64_t start = 0;
-      for (int64_t len : sizes) {
-        grads.push_back(g[0].narrow(dim, start, len));
-        start += len;
-      }
-      return grads;
-    });
-  }
+  grad_rules::catBackward(tensors, out, std::move(sizes), dim);
   return out;
 }
 
@@ -126,15 +112,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
     int64_t outer = productOf(first.shape(), 0, dim), inner = productOf(first.shape(), dim, first.shape().size());
     joinInto(tensors, std::vector<int64_t>(tensors.size(), inner), outer, out);
   }
-  if (anyRequiresGrad(tensors)) {
-    int64_t count = static_cast<int64_t>(tensors.size());
-    recordOp("StackBackward", tensors, {out}, [count, dim](const std::vector<Tensor>& g) {
-      std::vector<Tensor> grads;
-      grads.reserve(count);
-      for (int64_t k = 0; k < count; ++k) grads.push_back(g[0].select(dim, k));
-      return grads;
-    });
-  }
+  grad_rules::stackBackward(tensors, out, dim);
   return out;
 }
 
@@ -206,21 +184,7 @@ Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
     Tensor x = a.contiguous();
     kernels::cpu::indexSelectForward(a.dtype(), x.rawData(), outer, size, inner, ip, n, out.rawData());
   }
-  if (anyRequiresGrad({&a})) {
-    SavedTensor savedIndex(idx);
-    Shape inShape = a.shape();
-    recordOp("IndexSelectBackward", {a}, {out},
-             [savedIndex, inShape, outer, size, inner, n](const std::vector<Tensor>& g) {
-               Tensor ix = savedIndex.unpack("IndexSelectBackward");
-               Tensor go = g[0].contiguous();
-               Tensor gi = empty(inShape, {.dtype = go.dtype()});
-               if (gi.numel() > 0) {
-                 kernels::cpu::indexSelectBackward(go.dtype(), go.rawData(), outer, size, inner,
-                                                   ix.data<int64_t>(), n, gi.rawData());
-               }
-               return std::vector<Tensor>{gi};
-             });
-  }
+  grad_rules::indexSelectBackward(a, out, idx, outer, size, inner);
   return out;
 }
 

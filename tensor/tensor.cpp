@@ -11,6 +11,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/device.h"
 #include "tensor/autograd.h"
+#include "tensor/grad_rules/grad_rules.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 
@@ -203,11 +204,7 @@ Tensor Tensor::to(DType t) const {
                device().str(), " tensors is not supported yet; convert on the CPU");
   Tensor out = empty(shape(), {.dtype = t});
   if (numel()) kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), t, out.rawData());
-  if (anyRequiresGrad({this}) && isFloating(t)) {
-    DType from = dtype();
-    recordOp("ToDTypeBackward", {*this}, {out},
-             [from](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(from)}; });
-  }
+  grad_rules::toDTypeBackward(*this, out);
   return out;
 }
 
@@ -217,11 +214,7 @@ Tensor Tensor::to(Device d) const {
   Tensor out = empty(shape(), {.dtype = dtype(), .device = d});
   int idx = d.isCuda() ? d.index : device().index;
   kernels::deviceMemcpy(out.rawData(), src.rawData(), nbytes(), idx);
-  if (anyRequiresGrad({this})) {
-    Device from = device();
-    recordOp("ToDeviceBackward", {*this}, {out},
-             [from](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(from)}; });
-  }
+  grad_rules::toDeviceBackward(*this, out);
   return out;
 }
 

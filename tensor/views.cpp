@@ -1,10 +1,11 @@
-// View operations: new shape/strides over the same storage, each with its
-// backward rule. contiguous() and clone() copy.
+// View operations: new shape/strides over the same storage. contiguous() and
+// clone() copy. Their gradient rules are in grad_rules/views.cpp.
 #include <algorithm>
 #include <numeric>
 
 #include "kernels/cpu/copy.h"
 #include "tensor/autograd.h"
+#include "tensor/grad_rules/grad_rules.h"
 #include "tensor/ops.h"
 
 namespace weft {
@@ -66,14 +67,6 @@ bool viewStrides(const Shape& oldShape, const Shape& oldStrides, const Shape& ne
   return viewD == -1;
 }
 
-void recordReshapeBack(const Tensor& in, const Tensor& out, const char* name) {
-  if (!anyRequiresGrad({&in})) return;
-  Shape inShape = in.shape();
-  recordOp(name, {in}, {out}, [inShape](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{g[0].reshape(inShape)};
-  });
-}
-
 }  // namespace
 
 Tensor Tensor::view(Shape s) const {
@@ -83,7 +76,7 @@ Tensor Tensor::view(Shape s) const {
                " is incompatible with the strides ", strides(), " of a tensor of shape ", shape(),
                "; use reshape() (which copies when needed)");
   Tensor out = viewOf(*this, s, st, storageOffset());
-  recordReshapeBack(*this, out, "ViewBackward");
+  grad_rules::viewBackward(*this, out);
   return out;
 }
 
@@ -103,10 +96,7 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   std::swap(sh[d0], sh[d1]);
   std::swap(st[d0], st[d1]);
   Tensor out = viewOf(*this, sh, st, storageOffset());
-  if (anyRequiresGrad({this})) {
-    recordOp("TransposeBackward", {*this}, {out},
-             [d0, d1](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].transpose(d0, d1)}; });
-  }
+  grad_rules::transposeBackward(*this, out, d0, d1);
   return out;
 }
 
@@ -130,10 +120,7 @@ Tensor Tensor::permute(Shape dims) const {
     inverse[d] = i;
   }
   Tensor out = viewOf(*this, sh, st, storageOffset());
-  if (anyRequiresGrad({this})) {
-    recordOp("PermuteBackward", {*this}, {out},
-             [inverse](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].permute(inverse)}; });
-  }
+  grad_rules::permuteBackward(*this, out, inverse);
   return out;
 }
 
@@ -146,16 +133,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   Shape sh = shape();
   sh[d] = length;
   Tensor out = viewOf(*this, sh, strides(), storageOffset() + start * strides()[d]);
-  if (anyRequiresGrad({this})) {
-    Shape inShape = shape();
-    DType dt = dtype();
-    Device dev = device();
-    recordOp("NarrowBackward", {*this}, {out}, [inShape, dt, dev, d, start, length](const std::vector<Tensor>& g) {
-      Tensor gi = zeros(inShape, {.dtype = dt, .device = dev});
-      gi.narrow(d, start, length).copy_(g[0]);
-      return std::vector<Tensor>{gi};
-    });
-  }
+  grad_rules::narrowBackward(*this, out, d, start, length);
   return out;
 }
 
@@ -171,16 +149,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   sh.erase(sh.begin() + d);
   st.erase(st.begin() + d);
   Tensor out = viewOf(*this, sh, st, off);
-  if (anyRequiresGrad({this})) {
-    Shape inShape = shape();
-    DType dt = dtype();
-    Device dev = device();
-    recordOp("SelectBackward", {*this}, {out}, [inShape, dt, dev, d, index](const std::vector<Tensor>& g) {
-      Tensor gi = zeros(inShape, {.dtype = dt, .device = dev});
-      gi.select(d, index).copy_(g[0]);
-      return std::vector<Tensor>{gi};
-    });
-  }
+  grad_rules::selectBackward(*this, out, d, index);
   return out;
 }
 
@@ -204,11 +173,7 @@ Tensor Tensor::expand(Shape s) const {
   }
   if (s == shape()) return *this;
   Tensor out = viewOf(*this, s, st, storageOffset());
-  if (anyRequiresGrad({this})) {
-    Shape inShape = shape();
-    recordOp("ExpandBackward", {*this}, {out},
-             [inShape](const std::vector<Tensor>& g) { return std::vector<Tensor>{sumTo(g[0], inShape)}; });
-  }
+  grad_rules::expandBackward(*this, out);
   return out;
 }
 
@@ -253,9 +218,7 @@ Tensor Tensor::clone() const {
   } else if (numel()) {
     kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), dtype(), out.rawData());
   }
-  if (anyRequiresGrad({this})) {
-    recordOp("CloneBackward", {*this}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
-  }
+  grad_rules::cloneBackward(*this, out);
   return out;
 }
 
