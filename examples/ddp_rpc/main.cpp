@@ -99,7 +99,10 @@ TrainerReport train(rpc::Agent& agent, collectives::ProcessGroup& group, const F
       window.add(lossValue, static_cast<double>(correct), static_cast<double>(batch.bags));
     }
     if (epoch == 1) report.firstEpochLoss = epochStats.meanLoss();
-    if (epoch == flags.epochs) report.lastEpochLoss = epochStats.meanLoss(), report.lastEpochAccuracy = epochStats.accuracy();
+    if (epoch == flags.epochs) {
+      report.lastEpochLoss = epochStats.meanLoss();
+      report.lastEpochAccuracy = epochStats.accuracy();
+    }
     if (epoch % flags.logInterval == 0 || epoch == flags.epochs) {
       say("%s: epoch %" PRId64 "/%" PRId64 " iteration %" PRId64 " loss %.4f accuracy %.3f %.1f iterations/s\n", name,
           epoch, flags.epochs, iteration, window.meanLoss(), window.accuracy(), window.batchesPerSecond());

@@ -51,7 +51,8 @@ inline std::vector<RRef<Tensor>> parameterRRefs(const RRef<ParameterServer>& ps)
 
 // The dropout seed of one batch, from the run's seed, the trainer and the batch.
 inline int64_t batchSeed(uint64_t seed, int rank, int64_t iteration) {
-  return app::nonNegative(app::splitmix64(seed ^ (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(iteration)));
+  return app::nonNegative(
+      app::splitmix64(seed ^ (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(iteration)));
 }
 
 }  // namespace weft::examples::parameter_server
