@@ -1,6 +1,6 @@
 // What the example programs share for reporting a run: a clock, the per-iteration metrics CSV
-// file, the progress window behind the periodic "loss ... accuracy ... per second" lines, and the
-// name of each process's metrics file.
+// file, the progress window behind the periodic "loss ... accuracy ... per second" lines, the
+// name of each process's metrics file, and a progress bar for a terminal.
 //
 //   app::CsvFile csv(app::taggedPath(flags.metrics, rank == 1 ? "" : ".trainer_2"),
 //                    "iteration,epoch,loss,accuracy,seconds");
@@ -17,8 +17,10 @@
 // Header-only; it needs common/error.h.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -99,5 +101,17 @@ struct Window {
   double batchesPerSecond() const { return static_cast<double>(batches) / secondsSince(start); }
   void reset() { *this = Window{}; }
 };
+
+// "\repoch E [#####     ]  40% loss L" on stdout, rewritten in place: for a terminal only (the
+// caller checks isatty), and wiped with clearProgressBar() before the next whole line.
+inline void printProgressBar(int64_t epoch, int64_t done, int64_t total, double loss) {
+  const int width = 30;
+  int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  std::printf("\repoch %lld [%.*s%*s] %3lld%% loss %.4f", static_cast<long long>(epoch), filled,
+              "##############################", width - filled, "", static_cast<long long>(100 * done / total), loss);
+  std::fflush(stdout);
+}
+
+inline void clearProgressBar() { std::printf("\r%*s\r", 70, ""); }
 
 }  // namespace weft::examples::app
