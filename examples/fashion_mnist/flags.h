@@ -1,10 +1,12 @@
 // The command line of the fashion_mnist example (main.cpp): its flags, their defaults and their
-// checks, read through the examples' shared FlagReader, and the gradient modes.
+// checks, read through the examples' shared FlagReader, the gradient modes, and the checks of
+// the job's size against them.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "common/error.h"
 #include "data/data.h"
 #include "examples/common/app.h"
 #include "examples/fashion_mnist_mlp/mlp.h"
@@ -94,6 +96,19 @@ inline Flags parseFlags(int argc, char** argv) {
   if (!(f.bucketCapMb > 0)) usage("--bucket-cap-mb must be positive");
   if (!(f.timeoutSeconds > 0)) usage("--timeout must be positive");
   return f;
+}
+
+// The checks of the job against the flags: --mode local only in a world of one, and a global
+// batch that splits evenly over the processes (Error naming the problem otherwise).
+inline void checkWorld(const Flags& flags, int world) {
+  if (flags.mode == Mode::Local && world != 1) {
+    throw Error(std::string("--mode local is the single-process baseline; this job has ") + std::to_string(world) +
+                " processes (use --mode ddp or --mode allreduce, or weftrun -n 1)");
+  }
+  if (flags.batchSize % world != 0) {
+    throw Error("--batch-size " + std::to_string(flags.batchSize) + " is the global batch and must split evenly over the " +
+                std::to_string(world) + " processes (each takes batch / " + std::to_string(world) + ")");
+  }
 }
 
 }  // namespace weft::examples::fashion_mnist

@@ -47,14 +47,7 @@ int main(int argc, char** argv) {
   try {
     const rpc::Options options = rpc::Options::fromEnv();
     const int world = options.worldSize, rank = options.rank;
-    if (flags.mode == Mode::Local && world != 1) {
-      throw Error(std::string("--mode local is the single-process baseline; this job has ") + std::to_string(world) +
-                  " processes (use --mode ddp or --mode allreduce, or weftrun -n 1)");
-    }
-    if (flags.batchSize % world != 0) {
-      throw Error("--batch-size " + std::to_string(flags.batchSize) + " is the global batch and must split evenly over the " +
-                  std::to_string(world) + " processes (each takes batch / " + std::to_string(world) + ")");
-    }
+    checkWorld(flags, world);
     const int64_t localBatch = flags.batchSize / world;
     app::checkFashionMnistFiles(flags.dataDir);
     const int threads = threadsPerProcess(flags.threads, kernels::cpu::numThreads());
@@ -143,11 +136,8 @@ int main(int argc, char** argv) {
       reduceValues(pg.get(), slowest, ReduceOp::Max);
       trainSeconds += slowest[0];
       trainSamples += epochSums[2];
-      // Each rank tests its own slice of the test split; the counts are summed.
-      const int64_t n = test.size(), begin = n * rank / world, end = n * (rank + 1) / world;
-      std::vector<double> counts{static_cast<double>(mlp::countCorrect(*model, test, begin, end - begin))};
-      reduceValues(pg.get(), counts, ReduceOp::Sum);
-      testAccuracy = counts[0] / static_cast<double>(n);
+      // Each rank tests its own slice of the test split; the counts are summed over the group.
+      testAccuracy = groupTestAccuracy(*model, test, rank, world, pg.get());
       if (rank == 0) {
         say("epoch %" PRId64 ": loss %.4f  train accuracy %.4f  test accuracy %.4f  time %.2f s (%.0f samples/s)\n",
             epoch, epochSums[0] / static_cast<double>(std::max<int64_t>(batch, 1) * world),

@@ -1,6 +1,7 @@
 // What the fashion_mnist example (main.cpp) does across its processes besides the training step:
-// sums and maxima of a few numbers over the group, the allreduce mode's gradient averaging and
-// initial broadcast, and the final check that the replicas are bit-identical.
+// sums and maxima of a few numbers over the group, the test accuracy, the allreduce mode's
+// gradient averaging and initial broadcast, and the final check that the replicas are
+// bit-identical.
 //
 //   std::vector<double> counts{correct};
 //   reduceValues(pg, counts, ReduceOp::Sum);       // pg null (local mode): unchanged
@@ -17,7 +18,9 @@
 
 #include "collectives/process_group.h"
 #include "common/error.h"
+#include "data/data.h"
 #include "nn/nn.h"
+#include "examples/fashion_mnist_mlp/mlp.h"
 #include "tensor/ops.h"
 
 namespace weft::examples::fashion_mnist {
@@ -30,6 +33,16 @@ inline void reduceValues(collectives::ProcessGroup* group, std::vector<double>& 
   std::copy(values.begin(), values.end(), t.data<double>());
   group->allReduce(t, op).wait();
   std::copy(t.data<double>(), t.data<double>() + t.numel(), values.begin());
+}
+
+// The fraction of the test split the model classifies right: each rank tests its own slice, the
+// counts are summed over the group.
+inline double groupTestAccuracy(nn::Module& model, const data::TensorDataset& test, int rank, int world,
+                                collectives::ProcessGroup* group) {
+  const int64_t n = test.size(), begin = n * rank / world, end = n * (rank + 1) / world;
+  std::vector<double> counts{static_cast<double>(fashion_mnist_mlp::countCorrect(model, test, begin, end - begin))};
+  reduceValues(group, counts, collectives::ReduceOp::Sum);
+  return counts[0] / static_cast<double>(n);
 }
 
 // allreduce mode, at the start: every replica takes rank 0's parameters, as DDP's construction does.
