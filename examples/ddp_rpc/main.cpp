@@ -127,12 +127,7 @@ void runTrainerRank(rpc::Agent& agent, const Flags& flags, TrainerCall& call) {
   auto group = collectives::ProcessGroupGloo::create(agent.store(), agent.rank(), kMaster,
                                                      {.timeout = 60s, .name = "ddp_rpc_trainers"});
   Start start = app::awaitPeers(agent, call.start.getFuture(), othersThan(agent.rank()), "waiting for the master");
-  try {
-    call.report.setValue(train(agent, *group, flags, start));
-  } catch (...) {
-    call.report.setError(std::current_exception());
-    throw;
-  }
+  call.answer([&] { return train(agent, *group, flags, start); });
   group->barrier().wait();
 }
 

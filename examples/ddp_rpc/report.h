@@ -6,7 +6,7 @@
 //   TrainerCall call;
 //   bindTrainerCall(agent, call);                                  // trainers, before agent.start()
 //   Start start = app::awaitPeers(agent, call.start.getFuture(), ...);
-//   call.report.setValue(report);                                  // answers the master's call
+//   call.answer([&] { return train(...); });                       // answers the master's call
 //   bool identical = printSummary(reports[0], reports[1], target, wall, tableChange(initial, now));  // master
 #pragma once
 
@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -62,6 +63,18 @@ struct Start {
 struct TrainerCall {
   Promise<Start> start;           // set when the master's call arrives
   Promise<TrainerReport> report;  // the call's answer, set when the training is over
+
+  // Answers the master's call with what `train()` returns, or with the error it throws (which
+  // is then thrown on here too).
+  template <class Train>
+  void answer(Train&& train) {
+    try {
+      report.setValue(train());
+    } catch (...) {
+      report.setError(std::current_exception());
+      throw;
+    }
+  }
 };
 
 inline void bindTrainerCall(rpc::Agent& agent, TrainerCall& call) {
