@@ -25,11 +25,12 @@
 namespace weft::examples::app {
 
 // Prints "<program>: <err>" and the usage "usage: <launcher> <program> <synopsis>" to stderr, and
-// exits with status 2 (a bad command line). `synopsis` ends with its own newline and may span
-// several lines.
+// exits with status 2 (a bad command line). `launcher` is empty for a program run alone;
+// `synopsis` ends with its own newline and may span several lines.
 [[noreturn]] inline void exitWithUsage(const char* program, const std::string& err, const char* launcher,
                                        const char* synopsis) {
-  std::fprintf(stderr, "%s: %s\nusage: %s %s %s", program, err.c_str(), launcher, program, synopsis);
+  std::fprintf(stderr, "%s: %s\nusage: %s%s%s %s", program, err.c_str(), launcher, *launcher ? " " : "", program,
+               synopsis);
   std::exit(2);
 }
 

@@ -9,7 +9,7 @@
 //   Tensor logits = dec.rpcSync(&Decoder::forward, lstmOutput, dropoutSeed); // [T, N, nhid] -> [T, N, ntoken]
 //
 // Dropout masks come from Generator(dropoutSeed), so a run is reproducible and a local replay of a
-// batch (the gradient check in main.cpp) draws the same masks. The classes hold no other state
+// batch (the gradient check, gradient_check.h) draws the same masks. The classes hold no other state
 // that forward changes; calls may run on several handler threads at once.
 #pragma once
 
@@ -22,8 +22,15 @@
 #include "nn/linear.h"
 #include "rref/remote_class.h"
 #include "tensor/tensor.h"
+#include "examples/common/seed.h"
 
 namespace weft::examples::rnn {
+
+// The dropout seed of one (iteration, site) pair, from the run's seed; the sites are 1 (the
+// embedding), 2 (the LSTM) and 3 (the decoder).
+inline int64_t dropoutSeed(uint64_t seed, int64_t iteration, uint64_t site) {
+  return app::nonNegative(app::splitmix64(seed ^ (site << 48) ^ static_cast<uint64_t>(iteration)));
+}
 
 // "float32" / "float64"; InvalidArgumentError naming the value otherwise.
 DType parseDType(const std::string& name);
