@@ -36,6 +36,12 @@
 //
 // Thread-safety: post, call, inLoopThread and stop may be called from any
 // thread; raw() only on the loop thread.
+//
+// Loop-thread functions. In rpc/, a function that must run on the loop thread
+// (it touches state only the loop owns) has a name ending in OnLoop, and its
+// first line is WEFT_DCHECK_ON_LOOP(loop): in debug and sanitizer builds it
+// aborts, naming the function, when called from another thread (compiled out
+// otherwise; common/error.h, WEFT_DCHECK).
 #pragma once
 
 #include <atomic>
@@ -171,3 +177,6 @@ std::invoke_result_t<F&> UvLoop::call(F&& fn) {
 }
 
 }  // namespace weft::rpc
+
+// Checks that the caller runs on `loop`'s thread (see "Loop-thread functions" above).
+#define WEFT_DCHECK_ON_LOOP(loop) WEFT_DCHECK((loop).inLoopThread()) << __func__ << " off the loop thread"
