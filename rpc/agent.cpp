@@ -569,7 +569,7 @@ void Agent::Impl::trackStallsOnLoop(Clock::time_point now) {
   for (auto& pp : peers_) {
     Peer& peer = *pp;
     if (!peer.conn || peer.conn->isLoopback()) continue;
-    auto heard = peer.conn->lastHeard();
+    auto heard = peer.conn->lastHeardOnLoop();
     if (heard > peer.heardAt) {
       peer.heardAt = heard;
       peer.stalledAtHeard = stalled_;
@@ -600,7 +600,7 @@ void Agent::Impl::checkHeartbeatsOnLoop(Clock::time_point now) {
     auto window = options_.heartbeatInterval * options_.heartbeatMisses;
     // Bytes waiting in the socket are word from the peer, read later in this turn of the loop
     // (unless they stay unread: then the window's second round decides).
-    if (silent > window && (silent > 2 * window || !peer.conn->hasUnreadBytes())) {
+    if (silent > window && (silent > 2 * window || !peer.conn->hasUnreadBytesOnLoop())) {
       peer.conn->fail(Status::disconnected("no message from '" + peer.name + "' for " + seconds(silent) +
                                            " (heartbeat)"));
       continue;

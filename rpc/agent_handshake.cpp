@@ -83,6 +83,8 @@ void Agent::Impl::start() {
   }
 }
 
+// Between slices of a wait in start(): stops it when the job cannot form (another
+// worker failed to start) or this agent is being shut down.
 void Agent::Impl::checkStartAborted() {
   WEFT_ENFORCE(!shuttingDown_, StateError, "Agent::start: worker '", name_,
                "' was shut down while starting");
@@ -129,7 +131,7 @@ void Agent::Impl::listen() {
     startTickingOnLoop();
     Peer& self = *peers_[options_.rank];
     self.conn = Connection::loopback(loop_, FrameLimits{}, handlersFor(&self, nullptr), "self");
-    self.conn->start();
+    self.conn->startOnLoop();
     self.alive = true;
   });
   auto endpoint = [](const std::string& host, uint16_t port) {
@@ -320,7 +322,7 @@ void Agent::Impl::connectTo(int r, Clock::time_point deadline) {
     hs->conn = Connection::create(loop_, fd, handshakeLimits(), handlersFor(nullptr, hs),
                                   "connection to " + peerLabel(r), &counters_);
     handshakes_.insert(hs);
-    hs->conn->start();
+    hs->conn->startOnLoop();
     FrameWriter w(64);
     auto hello = w.message().initHello();
     fillIdentity(hello);
@@ -345,7 +347,7 @@ void Agent::Impl::onAcceptedOnLoop(int fd, std::string who) {
   hs->conn = Connection::create(loop_, fd, handshakeLimits(), handlersFor(nullptr, hs),
                                 "connection from " + who, &counters_);
   handshakes_.insert(hs);
-  hs->conn->start();
+  hs->conn->startOnLoop();
 }
 
 // Returns the peer the connection now belongs to, once the handshake completes.
@@ -440,7 +442,7 @@ Agent::Impl::Peer* Agent::Impl::attachOnLoop(const std::shared_ptr<Handshake>& r
                                              const std::string& name) {
   WEFT_DCHECK_ON_LOOP(loop_);
   auto conn = record->conn;
-  conn->setLimits(FrameLimits{});
+  conn->setLimitsOnLoop(FrameLimits{});
   conn->setDescription("connection with '" + name + "' (rank " + std::to_string(p.rank) + ")");
   {
     std::lock_guard<std::mutex> lock(p.mutex);

@@ -82,7 +82,7 @@ class Agent::Impl {
     // Loop thread.
     uint64_t pingSequence = 0;
     Clock::time_point lastPing{};
-    // The latest Connection::lastHeard() the tick has seen, and Impl::stalled_ then.
+    // The latest Connection::lastHeardOnLoop() the tick has seen, and Impl::stalled_ then.
     Clock::time_point heardAt{};
     Clock::duration stalledAtHeard{};
     Promise<void> connected;  // completed by the handshake

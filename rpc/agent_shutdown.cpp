@@ -398,7 +398,7 @@ ShutdownReport Agent::Impl::shutdown(ShutdownOptions opts) {
   loop_.call([this] { closeAllOnLoop(); });
   pool_.stop();
   loop_.call([this] {
-    if (listener_) listener_->close();
+    if (listener_) listener_->closeOnLoop();
     stopTickingOnLoop();
   });
   store_.reset();
