@@ -2,7 +2,11 @@
 //
 // Two kinds of failure, two macros:
 //  - a bug in weft (an invariant broken): WEFT_CHECK(cond) << values; prints
-//    file:line and the values, then aborts.
+//    file:line and the values, then aborts. WEFT_DCHECK(cond) << values is the
+//    same check where it runs too often to pay for in an optimised build: it is
+//    compiled in where NDEBUG is not defined (Debug) or WEFT_DEBUG_CHECKS is
+//    (the sanitizer build, WEFT_SANITIZE=ON, defines it), and compiled out
+//    otherwise (Release, RelWithDebInfo), cond and values unevaluated.
 //  - bad input from a user or a peer: WEFT_ENFORCE(cond, ErrorType, parts...)
 //    throws ErrorType with the parts concatenated; the message must name the
 //    operation and the offending shapes / ids / values.
@@ -135,6 +139,15 @@ class CheckFailure {
   if (cond) {            \
   } else                 \
     ::weft::detail::CheckFailure(__FILE__, __LINE__, #cond)
+
+#if !defined(NDEBUG) || defined(WEFT_DEBUG_CHECKS)
+#define WEFT_DCHECK(cond) WEFT_CHECK(cond)
+#else
+#define WEFT_DCHECK(cond) \
+  if (true) {             \
+  } else                  \
+    ::weft::detail::CheckFailure(__FILE__, __LINE__, #cond)
+#endif
 
 #define WEFT_ENFORCE(cond, ErrorType, ...)                    \
   do {                                                        \

@@ -38,6 +38,15 @@
 //
 // Thread-safety: post, call, inLoopThread and stop may be called from any
 // thread; raw() only on the loop thread.
+//
+// Loop-thread functions. In the agent and its transport (rpc/agent*.cpp,
+// rpc/transport/), a function that must run on the loop thread
+// (it touches state only the loop owns) has a name ending in OnLoop, and its
+// first line is WEFT_DCHECK_ON_LOOP(loop): in debug and sanitizer builds it
+// aborts, naming the function, when called from another thread (compiled out
+// otherwise; common/error.h, WEFT_DCHECK); a few keep a WEFT_CHECK, on in
+// every build, instead (Connection::startOnLoop, closeNowOnLoop). libuv's
+// callbacks run on the loop by construction.
 #pragma once
 
 #include <atomic>
@@ -173,3 +182,6 @@ std::invoke_result_t<F&> UvLoop::call(F&& fn) {
 }
 
 }  // namespace weft::rpc
+
+// Checks that the caller runs on `loop`'s thread (see "Loop-thread functions" above).
+#define WEFT_DCHECK_ON_LOOP(loop) WEFT_DCHECK((loop).inLoopThread()) << __func__ << " off the loop thread"

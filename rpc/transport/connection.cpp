@@ -50,7 +50,7 @@ WriteBatch::~WriteBatch() {
   while (!connections_.empty()) {
     auto list = std::move(connections_);
     connections_.clear();
-    for (auto& c : list) c->flushFromLoop();
+    for (auto& c : list) c->flushOnLoop();
   }
   tlsBatch = nullptr;
 }
@@ -101,14 +101,14 @@ Connection::Connection(UvLoop& loop, int fd, FrameLimits limits, Handlers handle
 }
 
 Connection::~Connection() {
-  // Normally closed through closeNow on the loop (which closes the fd in the
+  // Normally closed through closeNowOnLoop (which closes the fd in the
   // poll handle's close callback, or here below when it never had one).
   if (fdOwned_) ::close(fd_);
 }
 
-void Connection::start() {
-  WEFT_CHECK(loop_.inLoopThread()) << "Connection::start off the loop thread";
-  WEFT_CHECK(!started_) << "Connection::start twice";
+void Connection::startOnLoop() {
+  WEFT_CHECK(loop_.inLoopThread()) << "Connection::startOnLoop off the loop thread";
+  WEFT_CHECK(!started_) << "Connection::startOnLoop twice";
   started_ = true;
   lastReceived_ = std::chrono::steady_clock::now();
   lastHeard_ = lastReceived_;
@@ -118,7 +118,7 @@ void Connection::start() {
   if (rc != 0) {
     delete poll_;
     poll_ = nullptr;
-    closeNow(Status::disconnected(std::string("cannot watch the socket: ") + uv_strerror(rc)));
+    closeNowOnLoop(Status::disconnected(std::string("cannot watch the socket: ") + uv_strerror(rc)));
     return;
   }
   poll_->data = this;
@@ -146,7 +146,7 @@ bool Connection::send(OutgoingFrame frame) {
     bytes.reserve(frame.byteSize());
     frame.appendTo(bytes);
     return loop_.post([self = shared_from_this(), bytes = std::move(bytes)]() mutable {
-      self->deliverLoopback(std::move(bytes));
+      self->deliverLoopbackOnLoop(std::move(bytes));
     });
   }
   std::unique_lock<std::mutex> lock(writeMutex_);
@@ -162,7 +162,7 @@ bool Connection::send(OutgoingFrame frame) {
   if (ThreadPool::underLoad()) {
     flushPosted_ = true;
     lock.unlock();
-    if (!loop_.post([self = shared_from_this()] { self->flushFromLoop(); })) {
+    if (!loop_.post([self = shared_from_this()] { self->flushOnLoop(); })) {
       lock.lock();
       flushPosted_ = false;
       flushLocked(lock);
@@ -173,7 +173,8 @@ bool Connection::send(OutgoingFrame frame) {
   return true;
 }
 
-void Connection::flushFromLoop() {
+void Connection::flushOnLoop() {
+  WEFT_DCHECK_ON_LOOP(loop_);
   std::unique_lock<std::mutex> lock(writeMutex_);
   inBatch_ = false;
   flushPosted_ = false;
@@ -230,9 +231,9 @@ void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
       std::string why = std::string("write failed: ") + std::strerror(err);
       lock.unlock();
       if (loop_.inLoopThread()) {
-        closeNow(Status::disconnected(why));
+        closeNowOnLoop(Status::disconnected(why));
       } else {
-        loop_.post([self = shared_from_this(), why] { self->closeNow(Status::disconnected(why)); });
+        loop_.post([self = shared_from_this(), why] { self->closeNowOnLoop(Status::disconnected(why)); });
       }
       lock.lock();
       return;
@@ -282,7 +283,7 @@ void Connection::updatePollLocked() {
   if (rc != 0) {
     // An unwatched socket would never be read again: close (writeMutex_ is held here).
     std::string why = std::string("cannot watch the socket: ") + uv_strerror(rc);
-    loop_.post([self = shared_from_this(), why] { self->closeNow(Status::disconnected(why)); });
+    loop_.post([self = shared_from_this(), why] { self->closeNowOnLoop(Status::disconnected(why)); });
   }
 }
 
@@ -295,13 +296,13 @@ void Connection::onPoll(uv_poll_s* handle, int status, int events) {
     // status, UV_EBADF from libuv 1.44, and libuv has stopped the handle
     // either way: nothing more can be read or written. Deliver the frames that
     // arrived before the error, then close, naming the socket's error.
-    while (!self->closed() && self->onReadable()) {
+    while (!self->closed() && self->onReadableOnLoop()) {
     }
-    if (!self->closed()) self->closeNow(Status::disconnected(self->socketError(status)));
+    if (!self->closed()) self->closeNowOnLoop(Status::disconnected(self->socketError(status)));
     return;
   }
-  if (events & UV_WRITABLE) self->onWritable();
-  if ((events & UV_READABLE) && !self->closed()) self->onReadable();
+  if (events & UV_WRITABLE) self->onWritableOnLoop();
+  if ((events & UV_READABLE) && !self->closed()) self->onReadableOnLoop();
 }
 
 std::string Connection::socketError(int pollStatus) const {
@@ -313,7 +314,8 @@ std::string Connection::socketError(int pollStatus) const {
   return std::string("socket error: ") + uv_strerror(pollStatus);
 }
 
-void Connection::onWritable() {
+void Connection::onWritableOnLoop() {
+  WEFT_DCHECK_ON_LOOP(loop_);
   std::unique_lock<std::mutex> lock(writeMutex_);
   awaitingWritable_ = false;
   uint64_t before = bytesWritten_;
@@ -323,7 +325,8 @@ void Connection::onWritable() {
   if (!closed_ && pollWritable_ != awaitingWritable_) updatePollLocked();
 }
 
-bool Connection::onReadable() {
+bool Connection::onReadableOnLoop() {
+  WEFT_DCHECK_ON_LOOP(loop_);
   WriteBatch batch;
   lastReceived_ = std::chrono::steady_clock::now();
   lastHeard_ = lastReceived_;
@@ -333,7 +336,7 @@ bool Connection::onReadable() {
     ssize_t n = ::read(fd_, dst.data(), dst.size());
     if (n > 0) {
       Status s = decoder_.commitRead(static_cast<size_t>(n));
-      deliverFrames();
+      deliverFramesOnLoop();
       if (!s.ok()) {
         fail(s);
         return false;
@@ -343,43 +346,46 @@ bool Connection::onReadable() {
     }
     if (n == 0) {
       Status end = decoder_.endOfStream();
-      closeNow(end.ok() ? Status::disconnected("connection closed by the peer")
+      closeNowOnLoop(end.ok() ? Status::disconnected("connection closed by the peer")
                         : end);
       return false;
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-    closeNow(Status::disconnected(std::string("read failed: ") + std::strerror(errno)));
+    closeNowOnLoop(Status::disconnected(std::string("read failed: ") + std::strerror(errno)));
     return false;
   }
   return true;
 }
 
-bool Connection::hasUnreadBytes() const {
+bool Connection::hasUnreadBytesOnLoop() const {
+  WEFT_DCHECK_ON_LOOP(loop_);
   int pending = 0;
   return fd_ >= 0 && !closed() && ::ioctl(fd_, FIONREAD, &pending) == 0 && pending > 0;
 }
 
-void Connection::deliverFrames() {
+void Connection::deliverFramesOnLoop() {
+  WEFT_DCHECK_ON_LOOP(loop_);
   while (auto frame = decoder_.next()) {
     if (closeReported_) return;
     handlers_.onFrame(*this, std::move(*frame));
   }
 }
 
-void Connection::deliverLoopback(std::vector<std::byte> bytes) {
+void Connection::deliverLoopbackOnLoop(std::vector<std::byte> bytes) {
+  WEFT_DCHECK_ON_LOOP(loop_);
   if (closeReported_) return;
   WriteBatch batch;
   Status s = decoder_.feed(bytes);
-  deliverFrames();
-  if (!s.ok()) closeNow(s);
+  deliverFramesOnLoop();
+  if (!s.ok()) closeNowOnLoop(s);
 }
 
 void Connection::close(Status why) {
   if (loop_.inLoopThread()) {
-    closeNow(std::move(why));
+    closeNowOnLoop(std::move(why));
   } else {
-    loop_.post([self = shared_from_this(), why = std::move(why)]() mutable { self->closeNow(std::move(why)); });
+    loop_.post([self = shared_from_this(), why = std::move(why)]() mutable { self->closeNowOnLoop(std::move(why)); });
   }
 }
 
@@ -395,7 +401,7 @@ void Connection::fail(Status why) {
         self->flushLocked(lock);
       }
     }
-    self->closeNow(std::move(why));
+    self->closeNowOnLoop(std::move(why));
   };
   if (loop_.inLoopThread()) {
     run();
@@ -411,7 +417,7 @@ void Connection::closeGracefully() {
     self->closing_ = true;
     if (self->fd_ < 0) {
       lock.unlock();
-      self->closeNow(Status::disconnected("closed"));
+      self->closeNowOnLoop(Status::disconnected("closed"));
       return;
     }
     if (self->queue_.empty()) self->afterDrainLocked();
@@ -423,8 +429,8 @@ void Connection::closeGracefully() {
   }
 }
 
-void Connection::closeNow(Status why) {
-  WEFT_CHECK(loop_.inLoopThread()) << "Connection::closeNow off the loop thread";
+void Connection::closeNowOnLoop(Status why) {
+  WEFT_CHECK(loop_.inLoopThread()) << "Connection::closeNowOnLoop off the loop thread";
   {
     std::lock_guard<std::mutex> lock(writeMutex_);
     if (closed_) return;

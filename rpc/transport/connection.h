@@ -5,7 +5,7 @@
 //       .onFrame = [](transport::Connection& c, rpc::IncomingFrame f) { ... },   // loop thread
 //       .onClosed = [](transport::Connection& c, const Status& why) { ... }},    // loop thread, once
 //       "worker1 (rank 1)");
-//   loop.post([c] { c->start(); });
+//   loop.post([c] { c->startOnLoop(); });
 //   c->send(std::move(frame));                                                  // any thread
 //
 // Reading. The socket is watched with a uv_poll handle on the owning loop; on
@@ -39,11 +39,11 @@
 // reports Status{disconnected} naming the error. So does a failed read or
 // write; nothing leaves a dead socket unwatched until the next heartbeat.
 //
-// Liveness. lastReceived() is when bytes last arrived; lastHeard() also counts
-// the moment a full socket took more bytes (the peer's process read what was
-// queued, so a peer busy reading a long stream is heard although its own
-// frames wait behind it); hasUnreadBytes() tells whether bytes are waiting in
-// the socket, not yet read.
+// Liveness. lastReceivedOnLoop() is when bytes last arrived; lastHeardOnLoop()
+// also counts the moment a full socket took more bytes (the peer's process read
+// what was queued, so a peer busy reading a long stream is heard although its
+// own frames wait behind it); hasUnreadBytesOnLoop() tells whether bytes are
+// waiting in the socket, not yet read.
 //
 // Closing. close(status) closes at once (queued frames are dropped); fail(status)
 // writes an Abort first; closeGracefully() writes what is queued, half-closes
@@ -54,8 +54,9 @@
 // Statuses say what happened ("connection closed by the peer", "frame 3: ...");
 // the owner adds description() where it reports them.
 //
-// Thread-safety: send, close, fail and closeGracefully from any thread; start,
-// setLimits, lastReceived, lastHeard and hasUnreadBytes on the loop thread.
+// Thread-safety: send, close, fail and closeGracefully from any thread; the
+// functions whose names end in OnLoop on the loop thread (rpc/uv_loop.h,
+// "Loop-thread functions").
 #pragma once
 
 #include <sys/uio.h>
@@ -122,8 +123,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Starts watching the socket. Loop thread; once.
-  void start();
+  // Starts watching the socket. Once.
+  void startOnLoop();
 
   // Queues frame for writing (see "Writing"); false when the connection is
   // closed or closing (the frame is dropped).
@@ -141,14 +142,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Names the connection in later log lines and statuses (e.g. once the peer has
   // said who it is).
   void setDescription(std::string description);
-  // Loop thread. See FrameDecoder::setLimits.
-  void setLimits(const FrameLimits& limits) { decoder_.setLimits(limits); }
-  // Loop thread: when bytes last arrived (or the connection started).
-  std::chrono::steady_clock::time_point lastReceived() const { return lastReceived_; }
-  // Loop thread: when bytes last arrived, or the socket, full, took more.
-  std::chrono::steady_clock::time_point lastHeard() const { return lastHeard_; }
-  // Loop thread: bytes have arrived that the connection has not read yet.
-  bool hasUnreadBytes() const;
+  // See FrameDecoder::setLimits.
+  void setLimitsOnLoop(const FrameLimits& limits) {
+    WEFT_DCHECK_ON_LOOP(loop_);
+    decoder_.setLimits(limits);
+  }
+  // When bytes last arrived (or the connection started).
+  std::chrono::steady_clock::time_point lastReceivedOnLoop() const {
+    WEFT_DCHECK_ON_LOOP(loop_);
+    return lastReceived_;
+  }
+  // When bytes last arrived, or the socket, full, took more.
+  std::chrono::steady_clock::time_point lastHeardOnLoop() const {
+    WEFT_DCHECK_ON_LOOP(loop_);
+    return lastHeard_;
+  }
+  // Bytes have arrived that the connection has not read yet.
+  bool hasUnreadBytesOnLoop() const;
 
  private:
   friend class WriteBatch;
@@ -158,18 +168,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   static void onPoll(uv_poll_s* handle, int status, int events);
   // Reads until the socket is drained or a fairness budget is spent; true in
   // the latter case (more may be waiting).
-  bool onReadable();
+  bool onReadableOnLoop();
   // "socket error: <the socket's pending error, else the poll status>".
   std::string socketError(int pollStatus) const;
-  void onWritable();
-  void deliverLoopback(std::vector<std::byte> bytes);
-  void deliverFrames();
+  void onWritableOnLoop();
+  void deliverLoopbackOnLoop(std::vector<std::byte> bytes);
+  void deliverFramesOnLoop();
   // Writes from the queue until it is empty or the socket is full. writeMutex_ held.
   void flushLocked(std::unique_lock<std::mutex>& lock);
-  // Loop thread: flushes and, when the queue stays non-empty, watches for writable.
-  void flushFromLoop();
+  // Flushes and, when the queue stays non-empty, watches for writable.
+  void flushOnLoop();
   void updatePollLocked();
-  void closeNow(Status why);
+  void closeNowOnLoop(Status why);
   void afterDrainLocked();
 
   UvLoop& loop_;

@@ -58,10 +58,10 @@ Listener::Listener(UvLoop& loop, const std::string& host, uint16_t port, AcceptF
 Listener::~Listener() {
   if (fd_ < 0) return;
   if (loop_.inLoopThread()) {
-    close();
+    closeOnLoop();
   } else {
     try {
-      loop_.call([this] { close(); });
+      loop_.call([this] { closeOnLoop(); });
     } catch (const StateError&) {
       // The loop has stopped and closed our handles itself.
       ::close(fd_);
@@ -69,7 +69,8 @@ Listener::~Listener() {
   }
 }
 
-void Listener::close() {
+void Listener::closeOnLoop() {
+  WEFT_DCHECK_ON_LOOP(loop_);
   if (fd_ < 0) return;
   uv_poll_stop(poll_);
   uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_s*>(h); });
@@ -92,13 +93,14 @@ void Listener::onPoll(uv_poll_s* handle, int status, int) {
     WEFT_LOG_LIMITED(*self->log_, Warn, "the listener")
         << "rpc: error on the listening socket (" << (err != 0 ? std::strerror(err) : uv_strerror(status))
         << "); pausing the listener for 100 ms";
-    self->pause();
+    self->pauseOnLoop();
     return;
   }
-  self->acceptAll();
+  self->acceptAllOnLoop();
 }
 
-void Listener::pause() {
+void Listener::pauseOnLoop() {
+  WEFT_DCHECK_ON_LOOP(loop_);
   uv_poll_stop(poll_);
   uv_timer_start(pause_, [](uv_timer_s* t) {
     auto* l = static_cast<Listener*>(t->data);
@@ -107,7 +109,8 @@ void Listener::pause() {
   }, 100, 0);
 }
 
-void Listener::acceptAll() {
+void Listener::acceptAllOnLoop() {
+  WEFT_DCHECK_ON_LOOP(loop_);
   for (int i = 0; i < 256 && fd_ >= 0; ++i) {
     sockaddr_storage peer{};
     socklen_t len = sizeof(peer);
@@ -118,7 +121,7 @@ void Listener::acceptAll() {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         WEFT_LOG_LIMITED(*log_, Warn, "the listener")
             << "rpc: cannot accept a connection (" << std::strerror(errno) << "); pausing the listener for 100 ms";
-        pause();
+        pauseOnLoop();
         return;
       }
       WEFT_LOG_LIMITED(*log_, Warn, "the listener") << "rpc: accept failed: " << std::strerror(errno);

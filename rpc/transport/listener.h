@@ -12,7 +12,7 @@
 // it likewise, then it tries again. Each such failure is logged through a
 // rate limiter (common/logging.h): the owner's, else the listener's own.
 //
-// Thread-safety: construct and close on the loop thread (or through
+// Thread-safety: construct and closeOnLoop on the loop thread (or through
 // UvLoop::call); port() from any thread.
 #pragma once
 
@@ -39,19 +39,19 @@ class Listener {
   // Binds and listens; throws weft::Error naming the address when it cannot.
   Listener(UvLoop& loop, const std::string& host, uint16_t port, AcceptFn onAccept,
            logging::RateLimiter* log = nullptr);
-  ~Listener();  // close()
+  ~Listener();  // closeOnLoop()
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
   uint16_t port() const { return port_; }
-  // Stops listening and closes the socket. Loop thread; idempotent.
-  void close();
+  // Stops listening and closes the socket. Idempotent.
+  void closeOnLoop();
 
  private:
   static void onPoll(uv_poll_s* handle, int status, int events);
-  void acceptAll();
+  void acceptAllOnLoop();
   // Stops watching the socket for 100 ms.
-  void pause();
+  void pauseOnLoop();
 
   UvLoop& loop_;
   int fd_ = -1;

@@ -538,10 +538,11 @@ std::vector<HostileCase> handshakeCases() {
 
 // Ranks 0 and 1 are real agents; rank 2 is played by the test over raw
 // connections, so that it can speak to rank 0 as an established peer. It
-// registers in the rendezvous store the way Agent::start does (rpc/agent.cpp:
-// the key "weft/worker/<rank>" holds "<name>\n<host:port>"), reads the others'
-// addresses from it, dials both, completes the handshakes by hand and enters
-// the barrier that ends every worker's start.
+// registers in the rendezvous store the way Agent::start does
+// (rpc/agent_handshake.cpp, claimIdentity: the key "weft/worker/<rank>" holds
+// "<name>\n<host:port>"), reads the others' addresses from it, dials both,
+// completes the handshakes by hand and enters the barrier that ends every
+// worker's start.
 class ImpostorWorld {
  public:
   static constexpr const char* kName = "impostor";

@@ -75,7 +75,7 @@ std::shared_ptr<transport::Connection> startConnection(UvLoop& loop, int fd, Pro
        },
        .onClosed = [closed](transport::Connection&, const Status& why) mutable { closed.trySetValue(why); }},
       "test connection");
-  loop.call([&] { c->start(); });
+  loop.call([&] { c->startOnLoop(); });
   return c;
 }
 
@@ -187,13 +187,13 @@ TEST_CASE("a peer that reads from a full socket is heard, though it sends nothin
   ::setsockopt(pair.ours, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
   Promise<Status> closed;
   auto c = startConnection(loop, pair.release(), closed);
-  auto heard = [&] { return loop.call([&] { return c->lastHeard(); }); };
+  auto heard = [&] { return loop.call([&] { return c->lastHeardOnLoop(); }); };
 
   // Fill the socket: frames queue until the peer reads.
   for (uint64_t s = 0; s < 200000; ++s) REQUIRE(c->send(ping(s)));
   std::this_thread::sleep_for(100ms);
   auto before = heard();
-  CHECK(loop.call([&] { return c->lastReceived(); }) <= before);
+  CHECK(loop.call([&] { return c->lastReceivedOnLoop(); }) <= before);
 
   // The peer reads (and never writes): the queue drains, and that counts as hearing from it.
   std::vector<char> buf(1 << 16);
