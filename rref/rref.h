@@ -26,7 +26,9 @@
 // arguments must convert to its parameters (checked at compile time). A rpc::CallOptions may come
 // first: ps.rpcAsync({.timeout = 2s}, &PS::forward, x). toHere(timeout) returns a copy of the
 // value (on the owner itself, the value); localValue() returns the owner's object itself and is
-// an InvalidArgumentError anywhere else.
+// an InvalidArgumentError anywhere else. Calls run on the owner's handler pool, so calls in
+// flight together (an rpcAsync, then another call before it completed) run in no set order, as
+// calls of one agent do; wait for a call's future before one that must follow it.
 //
 // Lifetime. Handles are cheap to copy (shared within a process) and may be sent to any worker
 // inside any argument or result, nested in vectors, maps, optionals and WEFT_CODEC_FIELDS
