@@ -44,6 +44,7 @@
 #include "rpc/agent.h"
 #include "rpc/codec.h"
 #include "rpc/store.h"
+#include "mp_worker.h"
 
 namespace demo {
 struct Stats {
@@ -71,15 +72,6 @@ void say(const std::string& line) {
 }
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("rank " + std::to_string(gRank) + ": " + what); }
-
-std::string errorLine(const std::exception& e) {
-  std::string type = "Error";
-  if (dynamic_cast<const weft::ProtocolError*>(&e)) type = "ProtocolError";
-  else if (dynamic_cast<const weft::StateError*>(&e)) type = "StateError";
-  else if (dynamic_cast<const weft::InvalidArgumentError*>(&e)) type = "InvalidArgumentError";
-  else if (dynamic_cast<const weft::TimeoutError*>(&e)) type = "TimeoutError";
-  return type + ": " + e.what();
-}
 
 void expectValues(const Tensor& x, const std::vector<double>& want, const std::string& what) {
   if (x.numel() != static_cast<int64_t>(want.size())) fail(what + ": " + std::to_string(x.numel()) + " elements");
@@ -196,8 +188,8 @@ void runJob() {
       weft::collectives::allGatherObject(*pg, std::string("text"));
     }
     say("mismatch unexpected success");
-  } catch (const std::exception& e) {
-    say("mismatch " + errorLine(e));
+  } catch (const std::exception&) {
+    say("mismatch " + weft::testing::describe(std::current_exception()));
   }
   std::vector<int64_t> ranks = weft::collectives::allGatherObject(*pg, int64_t{me});
   for (int r = 0; r < W; ++r) {
@@ -236,8 +228,8 @@ void runAgent() {
   try {
     weft::collectives::init(agent);
     say("before_start unexpected success");
-  } catch (const std::exception& e) {
-    say("before_start " + errorLine(e));
+  } catch (const std::exception&) {
+    say("before_start " + weft::testing::describe(std::current_exception()));
   }
   agent.start();
   const int W = agent.worldSize();
