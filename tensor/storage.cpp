@@ -80,7 +80,58 @@ class LargeBlockCache {
   size_t cached_ = 0;
 };
 
+// Live and peak bytes per device: slot 0 is the CPU, 1 + i is cuda:i.
+constexpr int kCountedCudaDevices = 16;
+struct ByteCounter {
+  std::atomic<size_t> live{0};
+  std::atomic<size_t> peak{0};
+};
+ByteCounter gCounters[1 + kCountedCudaDevices];
+
+ByteCounter* counterFor(Device d) {
+  if (d.isCpu()) return &gCounters[0];
+  if (d.index < 0 || d.index >= kCountedCudaDevices) return nullptr;
+  return &gCounters[1 + d.index];
+}
+
+void countAlloc(Device d, size_t n) {
+  ByteCounter* c = counterFor(d);
+  if (!c || n == 0) return;
+  size_t now = c->live.fetch_add(n, std::memory_order_relaxed) + n;
+  size_t peak = c->peak.load(std::memory_order_relaxed);
+  while (now > peak && !c->peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void countFree(Device d, size_t n) {
+  ByteCounter* c = counterFor(d);
+  if (!c || n == 0) return;
+  c->live.fetch_sub(n, std::memory_order_relaxed);
+}
+
+ByteCounter& checkedCounter(Device d, const char* op) {
+  ByteCounter* c = counterFor(d);
+  WEFT_ENFORCE(c != nullptr, InvalidArgumentError, op, ": device ", d.str(), " is not counted (CUDA indices below ",
+               kCountedCudaDevices, ")");
+  return *c;
+}
+
 }  // namespace
+
+Storage::Storage(void* data, size_t nbytes, Device device, Deleter deleter)
+    : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {
+  countAlloc(device_, nbytes_);
+}
+
+Storage::MemoryStats Storage::memoryStats(Device device) {
+  ByteCounter& c = checkedCounter(device, "Storage::memoryStats");
+  return {c.live.load(std::memory_order_relaxed), c.peak.load(std::memory_order_relaxed)};
+}
+
+void Storage::resetPeakBytes(Device device) {
+  ByteCounter& c = checkedCounter(device, "Storage::resetPeakBytes");
+  c.peak.store(c.live.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   if (device.isCuda()) {
@@ -120,6 +171,7 @@ std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device,
 }
 
 Storage::~Storage() {
+  countFree(device_, nbytes_);
   if (deleter_ && data_) deleter_(data_);
 }
 

@@ -36,6 +36,21 @@ class Storage {
   // Frees the kept buffers (returns how many bytes that was) / the bytes kept now.
   static size_t releaseCachedMemory();
   static size_t cachedBytes();
+
+  // Bytes held by live storages on `device` (every Storage counts its
+  // nbytes() from construction to destruction, wrapped ones included; the
+  // kept buffers above do not count), and the most that was held at once
+  // since the process started or the last resetPeakBytes(device). Counters
+  // are process-wide and lock-free; a CUDA index at or past 16 is an
+  // InvalidArgumentError. What activation checkpointing and ZeRO report as
+  // "memory held by tensors".
+  struct MemoryStats {
+    size_t liveBytes = 0;
+    size_t peakBytes = 0;
+  };
+  static MemoryStats memoryStats(Device device = Device::cpu());
+  // Sets the peak to the bytes live now.
+  static void resetPeakBytes(Device device = Device::cpu());
   // Adopts memory allocated elsewhere (e.g. a receive buffer); `deleter` runs
   // when the last reference goes.
   static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Device device, Deleter deleter);
@@ -52,8 +67,7 @@ class Storage {
   void bumpVersion() { version_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
-  Storage(void* data, size_t nbytes, Device device, Deleter deleter)
-      : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+  Storage(void* data, size_t nbytes, Device device, Deleter deleter);
 
   void* data_;
   size_t nbytes_;

@@ -87,6 +87,29 @@ TEST_CASE("a CUDA allocation on a device that is not there is a clear error") {
                        InvalidArgumentError);
 }
 
+TEST_CASE("live and peak bytes count what tensors hold, not the kept buffers") {
+  const Storage::MemoryStats before = Storage::memoryStats();
+  Storage::resetPeakBytes();
+  CHECK(Storage::memoryStats().peakBytes == before.liveBytes);
+  {
+    Tensor a = empty({1000}, {.dtype = DType::Float64});  // 8,000 bytes
+    Tensor view = a.narrow(0, 10, 20);                    // shares a's storage
+    CHECK(Storage::memoryStats().liveBytes == before.liveBytes + 8000);
+    {
+      Tensor b = empty({3 << 20}, {.dtype = DType::Float32});  // 12 MiB, kept for reuse once freed
+      CHECK(Storage::memoryStats().liveBytes == before.liveBytes + 8000 + (size_t{12} << 20));
+    }
+    CHECK(Storage::memoryStats().liveBytes == before.liveBytes + 8000);
+  }
+  const Storage::MemoryStats after = Storage::memoryStats();
+  CHECK(after.liveBytes == before.liveBytes);
+  CHECK(after.peakBytes == before.liveBytes + 8000 + (size_t{12} << 20));
+  Storage::resetPeakBytes();
+  CHECK(Storage::memoryStats().peakBytes == before.liveBytes);
+  CHECK_THROWS_AS(Storage::memoryStats(Device::cuda(16)), InvalidArgumentError);
+  Storage::releaseCachedMemory();
+}
+
 TEST_CASE("freed large CPU buffers are reused by the next allocation of the same size") {
   Storage::releaseCachedMemory();
   CHECK(Storage::cachedBytes() == 0);
