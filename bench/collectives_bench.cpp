@@ -108,7 +108,7 @@ int runRank(int rank, uint16_t port, const Config& cfg) {
   // The direct path: a Gloo context of its own, used the way Gloo's own benchmarks do.
   std::shared_ptr<gloo::transport::Device> device;
   if (cfg.batchDevice) {
-    device = weft::collectives::gloo_detail::createTcpDevice("127.0.0.1");
+    device = weft::collectives::detail::createTcpDevice("127.0.0.1");
   } else {
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";

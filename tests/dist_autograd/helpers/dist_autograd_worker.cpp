@@ -3,7 +3,7 @@
 // place through rpc::Options::fromEnv and plays the part of its rank in the job it is given. It
 // prints one line per event, in a form the tests parse ("rank R <phrase> key value ...").
 //
-//   WEFT_RANK=0 WEFT_WORLD_SIZE=3 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 da_worker graphs
+//   WEFT_RANK=0 WEFT_WORLD_SIZE=3 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 dist_autograd_worker graphs
 //
 // Every worker holds one parameter, a 4x4 float64 leaf drawn from a generator seeded with
 // 1000 + rank, and serves functions that compute with it (tanh(x @ w) and variations). Rank 0
@@ -16,7 +16,7 @@
 //              "rank 0 scenario <name> failed <ErrorType>: <message>". "grads" counts the
 //              gradients compared with the local reference (on every worker: each reads its own
 //              context's gradients through dist_autograd::gradients in the registered function
-//              da_worker.report), "maxrel" is the largest relative difference among them (each
+//              dist_autograd_worker.report), "maxrel" is the largest relative difference among them (each
 //              must be at most 1e-6), "drained_ms" how long after the context ended every
 //              worker's dist_autograd::debugCounts was empty (bounded by 5 s):
 //                chain        0 -> 1 -> 2 -> 0 through nested calls, the loss on 0; released with
@@ -182,15 +182,15 @@ struct GradReport {
 };
 WEFT_CODEC_FIELDS(GradReport, entries, weight, affine, dotGradSet);
 
-inline const weft::Function<Tensor(Tensor)> layerFn{"da_worker.layer"};
-inline const weft::Function<Tensor(Tensor, std::vector<int64_t>)> hopFn{"da_worker.hop"};
-inline const weft::Function<Tensor(Tensor, Tensor)> combineFn{"da_worker.combine"};
-inline const weft::Function<Tensor(Tensor)> layerSumFn{"da_worker.layerSum"};
-inline const weft::Function<Tensor(Tensor, Tensor)> useParamFn{"da_worker.useParam"};
-inline const weft::Function<Tensor(Tensor)> explodeFn{"da_worker.explode"};
-inline const weft::Function<Tensor(Tensor)> stallFn{"da_worker.stall"};
-inline const weft::Function<GradReport(int64_t)> reportFn{"da_worker.report"};
-inline const weft::Function<std::vector<uint64_t>()> countsFn{"da_worker.counts"};
+inline const weft::Function<Tensor(Tensor)> layerFn{"dist_autograd_worker.layer"};
+inline const weft::Function<Tensor(Tensor, std::vector<int64_t>)> hopFn{"dist_autograd_worker.hop"};
+inline const weft::Function<Tensor(Tensor, Tensor)> combineFn{"dist_autograd_worker.combine"};
+inline const weft::Function<Tensor(Tensor)> layerSumFn{"dist_autograd_worker.layerSum"};
+inline const weft::Function<Tensor(Tensor, Tensor)> useParamFn{"dist_autograd_worker.useParam"};
+inline const weft::Function<Tensor(Tensor)> explodeFn{"dist_autograd_worker.explode"};
+inline const weft::Function<Tensor(Tensor)> stallFn{"dist_autograd_worker.stall"};
+inline const weft::Function<GradReport(int64_t)> reportFn{"dist_autograd_worker.report"};
+inline const weft::Function<std::vector<uint64_t>()> countsFn{"dist_autograd_worker.counts"};
 
 // 2x, recorded as an op whose backward rule throws.
 Tensor explodingOp(const Tensor& x) {
@@ -832,7 +832,7 @@ int settledKillJob(Agent& agent) {
 
 int main(int argc, char** argv) {
   using namespace daworker;
-  return weft::testing::workerMain("da_worker", {"graphs", "kill", "settled-kill"}, argc, argv, [](const std::string& job) {
+  return weft::testing::workerMain("dist_autograd_worker", {"graphs", "kill", "settled-kill"}, argc, argv, [](const std::string& job) {
     weft::rpc::Options options = weft::rpc::Options::fromEnv();
     State st;
     st.rank = options.rank;
