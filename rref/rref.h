@@ -73,12 +73,12 @@ class RRef;
 
 namespace rref {
 
-class RRefContext;
+class RRefExtension;
 struct OwnerRecord;
 
 // One handle as this worker holds it, shared by all copies of an RRef<T>.
 struct RRefCore {
-  std::shared_ptr<RRefContext> ctx;
+  std::shared_ptr<RRefExtension> ctx;
   uint64_t id = 0;
   uint64_t fork = 0;  // this worker's fork; 0 on the owner
   int owner = -1;
