@@ -238,10 +238,10 @@ int runClient(const Args& args) {
   std::printf("  final losses: local %.4f, distributed %.4f (from %.4f)\n", lastLocal, lastDist, first);
 
   // Messages per distributed iteration.
-  da::flushReleases(agent).get();
-  std::vector<uint64_t> s0 = agent.sync(0, serverCounters), c0 = counters(agent);
+  da::flushReleasesAsync(agent).get();
+  std::vector<uint64_t> s0 = agent.call(0, serverCounters), c0 = counters(agent);
   for (int i = 0; i < args.messageIters; ++i) distStep();
-  std::vector<uint64_t> s1 = agent.sync(0, serverCounters), c1 = counters(agent);
+  std::vector<uint64_t> s1 = agent.call(0, serverCounters), c1 = counters(agent);
   // The trainer's own serverCounters call is one of its calls sent.
   double n = args.messageIters;
   double calls = (static_cast<double>(c1[0] - c0[0]) - 1 + static_cast<double>(s1[0] - s0[0])) / n;

@@ -875,7 +875,7 @@ Context::~Context() {
   }
 }
 
-Future<void> Context::release() {
+Future<void> Context::releaseAsync() {
   if (!releaseStarted_) {
     releaseStarted_ = true;
     released_ = layerOf(agent_).release(state_, true);
@@ -1031,6 +1031,6 @@ DebugCounts debugCounts(rpc::Agent& agent) { return layerOf(agent).counts(); }
 
 MessageCounts messageCounts(rpc::Agent& agent) { return layerOf(agent).messages(); }
 
-Future<void> flushReleases(rpc::Agent& agent) { return layerOf(agent).flushAll(); }
+Future<void> flushReleasesAsync(rpc::Agent& agent) { return layerOf(agent).flushAll(); }
 
 }  // namespace weft::dist_autograd
