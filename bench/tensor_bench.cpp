@@ -16,7 +16,7 @@
 #include <cstring>
 #include <string>
 
-#include "bench/bench_util.h"
+#include "bench/median_time.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "dist_autograd/dist_autograd.h"
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rpc/uv_loop.h"
 #include "rref/rref.h"
-#include "text_util.h"
+#include "captured_text.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "weft_test.h"

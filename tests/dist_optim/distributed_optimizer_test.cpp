@@ -21,10 +21,10 @@
 #include "dist_optim/distributed_optimizer.h"
 #include "nn/linear.h"
 #include "nn/optim.h"
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rref/remote_module.h"
 #include "tensor/autograd.h"
-#include "text_util.h"
+#include "captured_text.h"
 #include "weft_test.h"
 
 using namespace std::chrono_literals;

@@ -43,12 +43,12 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "rpc/agent.h"
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rpc/codec.h"
 #include "rpc/frame.h"
 #include "rpc/store.h"
-#include "log_util.h"
-#include "text_util.h"
+#include "rate_limited_log.h"
+#include "captured_text.h"
 
 using namespace weft;
 using namespace weft::rpc;

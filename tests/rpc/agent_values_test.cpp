@@ -1,7 +1,7 @@
 // The Agent's calls carry values of every codec type both ways (scalars at their extremes,
 // strings, containers, records, tensors from 0 B to 64 MiB, views and shared storage), by
 // rank and by name, and an argument that does not decode as the callee declared it is a
-// ProtocolError. Every agent of a job lives in this process (tests/rpc/agent_util.h) and
+// ProtocolError. Every agent of a job lives in this process (tests/rpc/agent_group.h) and
 // they talk over real TCP on 127.0.0.1.
 #include "rpc/agent_functions.h"
 

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "nn/layers.h"
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rref/remote_module.h"
 #include "tensor/autograd.h"
 #include "weft_test.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace std::chrono_literals;
 using weft::EmbeddingBagMode;

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rref/rref.h"
 #include "weft_test.h"
 
