@@ -77,29 +77,18 @@ struct Args {
 
 Args parseArgs(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) bench::fail(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--quick") {
-      a.iters = 120;
-      a.blocks = 3;
-      a.messageIters = 50;
-    } else if (arg == "--batch") {
-      a.batch = std::stoll(next());
-    } else if (arg == "--hidden") {
-      a.hidden = std::stoll(next());
-    } else if (arg == "--iters") {
-      a.iters = std::stoi(next());
-    } else if (arg == "--placement") {
-      a.placement = bench::parsePlacement(next());
-    } else {
-      bench::fail("unknown argument " + arg);
-    }
-  }
-  if (a.batch <= 0 || a.hidden <= 0 || a.iters < a.blocks) bench::fail("sizes and --iters must be positive");
+  bench::Flags flags;
+  flags.onSwitch("--quick", [&] {
+    a.iters = 120;
+    a.blocks = 3;
+    a.messageIters = 50;
+  });
+  flags.onValue("--batch", [&](const std::string& v) { a.batch = bench::intFlag("--batch", v, 1, 1 << 20); });
+  flags.onValue("--hidden", [&](const std::string& v) { a.hidden = bench::intFlag("--hidden", v, 1, 1 << 20); });
+  flags.onValue("--iters", [&](const std::string& v) { a.iters = bench::intFlag("--iters", v, 1, 1 << 30); });
+  flags.onValue("--placement", [&](const std::string& v) { a.placement = bench::parsePlacement(v); });
+  flags.parse(argc, argv);
+  if (a.iters < a.blocks) bench::fail("--iters must be at least " + std::to_string(a.blocks));
   return a;
 }
 

@@ -519,27 +519,16 @@ const char* kUsage =
 
 Args parseArgs(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--quick") {
-      a.quick = true;
-    } else if (arg == "--placement") {
-      a.placement = parsePlacement(value());
-    } else if (arg == "--only") {
-      std::string part = value();
-      if (part != "sync" && part != "async") fail("--only: '" + part + "' is not sync or async");
-      a.sync = part == "sync";
-      a.async = part == "async";
-    } else if (arg == "--sizes") {
-      a.sizes = parseSizeList(value());
-    } else {
-      fail("unknown argument '" + arg + "'");
-    }
-  }
+  Flags flags;
+  flags.onSwitch("--quick", [&] { a.quick = true; });
+  flags.onValue("--placement", [&](const std::string& v) { a.placement = parsePlacement(v); });
+  flags.onValue("--only", [&](const std::string& part) {
+    if (part != "sync" && part != "async") throw FlagError("--only: '" + part + "' is not sync or async");
+    a.sync = part == "sync";
+    a.async = part == "async";
+  });
+  flags.onValue("--sizes", [&](const std::string& v) { a.sizes = parseSizeList(v); });
+  flags.parse(argc, argv);
   return a;
 }
 

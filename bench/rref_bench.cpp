@@ -333,27 +333,18 @@ const char* kUsage =
 
 Args parseArgs(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--quick") {
-      a.quick = true;
-    } else if (arg == "--placement") {
-      a.placement = parsePlacement(value());
-    } else if (arg == "--only") {
-      std::string name = value();
-      auto it = std::find_if(std::begin(kOpNames), std::end(kOpNames), [&](const char* n) { return name == n; });
-      if (it == std::end(kOpNames)) fail("--only: '" + name + "' is not sync, remote, method or method-remote");
-      a.ops = {static_cast<Op>(it - std::begin(kOpNames))};
-    } else if (arg == "--sizes") {
-      a.sizes = parseSizeList(value());
-    } else {
-      fail("unknown argument '" + arg + "'");
+  Flags flags;
+  flags.onSwitch("--quick", [&] { a.quick = true; });
+  flags.onValue("--placement", [&](const std::string& v) { a.placement = parsePlacement(v); });
+  flags.onValue("--only", [&](const std::string& name) {
+    auto it = std::find_if(std::begin(kOpNames), std::end(kOpNames), [&](const char* n) { return name == n; });
+    if (it == std::end(kOpNames)) {
+      throw FlagError("--only: '" + name + "' is not sync, remote, method or method-remote");
     }
-  }
+    a.ops = {static_cast<Op>(it - std::begin(kOpNames))};
+  });
+  flags.onValue("--sizes", [&](const std::string& v) { a.sizes = parseSizeList(v); });
+  flags.parse(argc, argv);
   if (a.sizes.empty()) {
     a.sizes = {8, 64 * 1024};
     if (!a.quick) a.sizes.push_back(1 << 20);
