@@ -422,7 +422,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     }
     std::string message = "store: could not connect to the server at " + s->endpoint_ + " within " +
                           store::describeDuration(s->config_.connectTimeout) + " (" + std::to_string(s->attempts_) +
-                          " attemptOnLoop(s); last error: " + (s->lastError_.empty() ? "none" : s->lastError_) + ")";
+                          " attempt(s); last error: " + (s->lastError_.empty() ? "none" : s->lastError_) + ")";
     s->failConnectOnLoop(Status::timeout(message));
   }
 
@@ -481,14 +481,14 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       reconnecting_ = false;
       WEFT_LOG(Info) << "store: reconnected to the server at " << endpoint_ << " " << secondsSince(lostAt_)
                      << " after losing the connection (" << lostReason_ << "; " << attempts_
-                     << " attemptOnLoop(s)); sending its " << pending_.size() << " unanswered request(s) again";
+                     << " attempt(s)); sending its " << pending_.size() << " unanswered request(s) again";
       for (auto& entry : pending_) {
         if (state_ != State::Ready) break;  // lost again while sending
         sendOnLoop(entry.second, false);
       }
       return;
     }
-    WEFT_LOG(Debug) << "store: connected to " << endpoint_ << " after " << attempts_ << " attemptOnLoop(s)";
+    WEFT_LOG(Debug) << "store: connected to " << endpoint_ << " after " << attempts_ << " attempt(s)";
     connectPromise_->setValue(limits);
     connectPromise_.reset();
   }
@@ -522,10 +522,10 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   std::string lostDetailOnLoop() const {
     return "the connection was lost " + secondsSince(lostAt_) + " ago (" + lostReason_ + ")";
   }
-  // "3 attemptOnLoop(s); last error: ...)" (the caller opened the parenthesis).
+  // "3 attempt(s); last error: ...)" (the caller opened the parenthesis).
   std::string attemptsSoFarOnLoop() const {
     WEFT_DCHECK_ON_LOOP(loop_);
-    return std::to_string(attempts_) + " attemptOnLoop(s)" + (lastError_.empty() ? "" : "; last error: " + lastError_) + ")";
+    return std::to_string(attempts_) + " attempt(s)" + (lastError_.empty() ? "" : "; last error: " + lastError_) + ")";
   }
 
   // ---- requests -----------------------------------------------------------------------
