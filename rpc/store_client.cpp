@@ -398,7 +398,6 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   }
 
   static void onRetry(uv_timer_t* t) {
-    WEFT_DCHECK_ON_LOOP(loop_);
     Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
     if (s->state_ == State::Connecting && !s->socketOpen_) s->attemptOnLoop();
   }
@@ -477,7 +476,6 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     attemptTimeout_ = kFirstAttemptTimeout;
     stopConnectTimersOnLoop();
     if (reconnecting_) {
-    WEFT_DCHECK_ON_LOOP(loop_);
       reconnecting_ = false;
       WEFT_LOG(Info) << "store: reconnected to the server at " << endpoint_ << " " << secondsSince(lostAt_)
                      << " after losing the connection (" << lostReason_ << "; " << attempts_
@@ -520,6 +518,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   // "the connection was lost 1.2 s ago (the server closed the connection)"
   std::string lostDetailOnLoop() const {
+    WEFT_DCHECK_ON_LOOP(loop_);
     return "the connection was lost " + secondsSince(lostAt_) + " ago (" + lostReason_ + ")";
   }
   // "3 attempt(s); last error: ...)" (the caller opened the parenthesis).
@@ -668,6 +667,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // "lost the connection to the server at <endpoint> while waiting for
   // <what>: <detail>".
   void connectionLostOnLoop(StatusCode code, const std::string& detail) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (state_ == State::Closed) return;
     WEFT_LOG(Info) << "store: giving up on the server at " << endpoint_ << ": " << detail;
     setClosedOnLoop("lost: " + detail);
@@ -692,6 +692,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // which fail too (state_ is Closed by now).
   template <class Message>
   void failAllOnLoop(StatusCode code, Message message) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     std::map<uint64_t, Pending> failing;
     failing.swap(pending_);
     unsettled_.clear();
