@@ -108,7 +108,7 @@ int runRank(int rank, uint16_t port, const Config& cfg) {
   // The direct path: a Gloo context of its own, used the way Gloo's own benchmarks do.
   std::shared_ptr<gloo::transport::Device> device;
   if (cfg.batchDevice) {
-    device = weft::collectives::gloo_detail::createTcpDevice("127.0.0.1");
+    device = weft::collectives::detail::createTcpDevice("127.0.0.1");
   } else {
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";
@@ -206,26 +206,22 @@ int main(int argc, char** argv) {
     Config cfg;
     // Rank R > 0 gets "--rank R PORT" followed by rank 0's own arguments.
     const bool isOther = argc >= 4 && std::string(argv[1]) == "--rank";
-    for (int i = isOther ? 4 : 1; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "--sizes" && i + 1 < argc) {
-        cfg.sizes = parseSizes(argv[++i]);
-      } else if (arg == "--min-iters" && i + 1 < argc) {
-        cfg.minIters = std::max(1, std::stoi(argv[++i]));
-      } else if (arg == "--back-to-back" && i + 1 < argc) {
-        cfg.backToBack = std::stoi(argv[++i]);
-        if (cfg.backToBack < 1 || cfg.backToBack > 64) fail("--back-to-back takes 1 to 64");
-      } else if (arg == "--batch-device") {
-        cfg.batchDevice = true;
-      } else if (arg == "--world" && i + 1 < argc) {
-        cfg.world = std::stoi(argv[++i]);
-        if (cfg.world < 2 || cfg.world > 16) fail("--world takes 2 to 16");
-      } else {
-        std::fprintf(stderr,
-                     "usage: collectives_bench [--sizes 1K,64K,64M] [--min-iters N] [--back-to-back K] [--world N] "
-                     "[--batch-device]\n");
-        return 2;
-      }
+    weft::bench::Flags flags;
+    flags.onValue("--sizes", [&](const std::string& v) { cfg.sizes = parseSizes(v); });
+    flags.onValue("--min-iters", [&](const std::string& v) {
+      cfg.minIters = static_cast<int>(weft::bench::intFlag("--min-iters", v, 1, 1 << 30));
+    });
+    flags.onValue("--back-to-back", [&](const std::string& v) {
+      cfg.backToBack = static_cast<int>(weft::bench::intFlag("--back-to-back", v, 1, 64));
+    });
+    flags.onSwitch("--batch-device", [&] { cfg.batchDevice = true; });
+    flags.onValue("--world",
+                  [&](const std::string& v) { cfg.world = static_cast<int>(weft::bench::intFlag("--world", v, 2, 16)); });
+    if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "collectives_bench",
+                                        "usage: collectives_bench [--sizes 1K,64K,64M] [--min-iters N] "
+                                        "[--back-to-back K] [--world N] [--batch-device]\n",
+                                        isOther ? 4 : 1)) {
+      return 2;
     }
     for (int64_t s : cfg.sizes) {
       if (s < 4 || s % 4 != 0) fail("sizes must be positive multiples of 4 bytes");

@@ -190,18 +190,17 @@ int main(int argc, char** argv) {
     Config cfg;
     // Rank 1 gets "--rank1 PORT" followed by rank 0's own arguments.
     const bool isRank1 = argc >= 3 && std::string(argv[1]) == "--rank1";
-    for (int i = isRank1 ? 3 : 1; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "--iters" && i + 1 < argc) {
-        cfg.iters = std::max(1, std::stoi(argv[++i]));
-      } else if (arg == "--batch" && i + 1 < argc) {
-        cfg.batch = std::max(1, std::stoi(argv[++i]));
-      } else if (arg == "--no-check") {
-        cfg.check = false;
-      } else {
-        std::fprintf(stderr, "usage: ddp_bench [--iters N] [--batch B] [--no-check]\n");
-        return 2;
-      }
+    weft::bench::Flags flags;
+    flags.onValue("--iters", [&](const std::string& v) {
+      cfg.iters = static_cast<int>(weft::bench::intFlag("--iters", v, 1, 1 << 30));
+    });
+    flags.onValue("--batch", [&](const std::string& v) {
+      cfg.batch = static_cast<int>(weft::bench::intFlag("--batch", v, 1, 1 << 20));
+    });
+    flags.onSwitch("--no-check", [&] { cfg.check = false; });
+    if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "ddp_bench",
+                                        "usage: ddp_bench [--iters N] [--batch B] [--no-check]\n", isRank1 ? 3 : 1)) {
+      return 2;
     }
     if (isRank1) return runRank(1, static_cast<uint16_t>(std::stoi(argv[2])), cfg);
     // Rank 1: this program again, with "--rank1 PORT" before rank 0's own arguments.

@@ -77,29 +77,18 @@ struct Args {
 
 Args parseArgs(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) bench::fail(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--quick") {
-      a.iters = 120;
-      a.blocks = 3;
-      a.messageIters = 50;
-    } else if (arg == "--batch") {
-      a.batch = std::stoll(next());
-    } else if (arg == "--hidden") {
-      a.hidden = std::stoll(next());
-    } else if (arg == "--iters") {
-      a.iters = std::stoi(next());
-    } else if (arg == "--placement") {
-      a.placement = bench::parsePlacement(next());
-    } else {
-      bench::fail("unknown argument " + arg);
-    }
-  }
-  if (a.batch <= 0 || a.hidden <= 0 || a.iters < a.blocks) bench::fail("sizes and --iters must be positive");
+  bench::Flags flags;
+  flags.onSwitch("--quick", [&] {
+    a.iters = 120;
+    a.blocks = 3;
+    a.messageIters = 50;
+  });
+  flags.onValue("--batch", [&](const std::string& v) { a.batch = bench::intFlag("--batch", v, 1, 1 << 20); });
+  flags.onValue("--hidden", [&](const std::string& v) { a.hidden = bench::intFlag("--hidden", v, 1, 1 << 20); });
+  flags.onValue("--iters", [&](const std::string& v) { a.iters = bench::intFlag("--iters", v, 1, 1 << 30); });
+  flags.onValue("--placement", [&](const std::string& v) { a.placement = bench::parsePlacement(v); });
+  flags.parse(argc, argv);
+  if (a.iters < a.blocks) bench::fail("--iters must be at least " + std::to_string(a.blocks));
   return a;
 }
 
@@ -238,10 +227,10 @@ int runClient(const Args& args) {
   std::printf("  final losses: local %.4f, distributed %.4f (from %.4f)\n", lastLocal, lastDist, first);
 
   // Messages per distributed iteration.
-  da::flushReleases(agent).get();
-  std::vector<uint64_t> s0 = agent.sync(0, serverCounters), c0 = counters(agent);
+  da::flushReleasesAsync(agent).get();
+  std::vector<uint64_t> s0 = agent.call(0, serverCounters), c0 = counters(agent);
   for (int i = 0; i < args.messageIters; ++i) distStep();
-  std::vector<uint64_t> s1 = agent.sync(0, serverCounters), c1 = counters(agent);
+  std::vector<uint64_t> s1 = agent.call(0, serverCounters), c1 = counters(agent);
   // The trainer's own serverCounters call is one of its calls sent.
   double n = args.messageIters;
   double calls = (static_cast<double>(c1[0] - c0[0]) - 1 + static_cast<double>(s1[0] - s0[0])) / n;

@@ -32,7 +32,7 @@
 //
 // What is measured.
 //  1. sync round trip, for payloads 8 B, 1 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB.
-//     weft: agent.sync(0, echo, t) where t is a float32 tensor of bytes/4
+//     weft: agent.call(0, echo, t) where t is a float32 tensor of bytes/4
 //     elements and echo's handler returns the tensor it received (so the reply
 //     is written straight from the received storage). Baseline: the client
 //     writes an 8-byte length and the payload in one writev, the server reads
@@ -323,7 +323,7 @@ class RoundTrips {
   }
 
   void weft(bool check) {
-    Tensor r = agent_.sync(0, echo, payload_);
+    Tensor r = agent_.call(0, echo, payload_);
     if (r.nbytes() != bytes_ || r.dtype() != DType::Float32) {
       fail("weft: echo of " + formatBytes(bytes_) + " returned " + std::to_string(r.nbytes()) + " bytes");
     }
@@ -415,7 +415,7 @@ class AsyncPump : public std::enable_shared_from_this<AsyncPump> {
     int64_t v = next_.fetch_add(1, std::memory_order_relaxed);
     inFlight_.fetch_add(1);
     std::shared_ptr<AsyncPump> self = shared_from_this();
-    agent_.async(0, increment, v).onComplete([self, v](const Future<int64_t>& f) { self->completed(f, v); });
+    agent_.callAsync(0, increment, v).onComplete([self, v](const Future<int64_t>& f) { self->completed(f, v); });
   }
 
   void completed(const Future<int64_t>& f, int64_t v) {
@@ -471,7 +471,7 @@ double ratioOf(uint64_t frames, uint64_t writes) {
 }
 
 ThroughputRow measureThroughput(rpc::Agent& agent, int window, const RunConfig& cfg) {
-  auto serverBefore = agent.sync(0, writeCounters);
+  auto serverBefore = agent.call(0, writeCounters);
   rpc::AgentStats before = agent.stats();
   std::vector<double> rates;
   ThroughputRow row;
@@ -488,7 +488,7 @@ ThroughputRow measureThroughput(rpc::Agent& agent, int window, const RunConfig& 
     row.calls += r.calls;
   }
   rpc::AgentStats after = agent.stats();
-  auto serverAfter = agent.sync(0, writeCounters);
+  auto serverAfter = agent.call(0, writeCounters);
   if (serverBefore.size() != 2 || serverAfter.size() != 2) fail("writeCounters: expected two counters");
   row.callsPerSecond = median(rates);
   row.clientFramesPerWrite =
@@ -519,27 +519,16 @@ const char* kUsage =
 
 Args parseArgs(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--quick") {
-      a.quick = true;
-    } else if (arg == "--placement") {
-      a.placement = parsePlacement(value());
-    } else if (arg == "--only") {
-      std::string part = value();
-      if (part != "sync" && part != "async") fail("--only: '" + part + "' is not sync or async");
-      a.sync = part == "sync";
-      a.async = part == "async";
-    } else if (arg == "--sizes") {
-      a.sizes = parseSizeList(value());
-    } else {
-      fail("unknown argument '" + arg + "'");
-    }
-  }
+  Flags flags;
+  flags.onSwitch("--quick", [&] { a.quick = true; });
+  flags.onValue("--placement", [&](const std::string& v) { a.placement = parsePlacement(v); });
+  flags.onValue("--only", [&](const std::string& part) {
+    if (part != "sync" && part != "async") throw FlagError("--only: '" + part + "' is not sync or async");
+    a.sync = part == "sync";
+    a.async = part == "async";
+  });
+  flags.onValue("--sizes", [&](const std::string& v) { a.sizes = parseSizeList(v); });
+  flags.parse(argc, argv);
   return a;
 }
 

@@ -22,7 +22,7 @@
 // What is measured, for each payload (a float32 tensor of bytes/4 elements;
 // default 8 B, 64 KiB and 1 MiB, --quick: 8 B and 64 KiB), one blocking
 // operation at a time:
-//   sync           agent.sync(0, echo, x): the plain round trip (the baseline);
+//   sync           agent.call(0, echo, x): the plain round trip (the baseline);
 //   remote         agent.remote(0, echo, x).toHere(): the create message and the
 //                  fetch go out back to back; the RRef is dropped at the end of
 //                  each iteration, so its delete message is part of the steady
@@ -149,7 +149,7 @@ class Operations {
     Tensor r;
     switch (op) {
       case kSync:
-        r = agent_.sync(0, echo, payload_);
+        r = agent_.call(0, echo, payload_);
         break;
       case kRemote:
         r = agent_.remote(0, echo, payload_).toHere();  // the RRef is dropped here
@@ -275,7 +275,7 @@ void expectOwnerDrained(rpc::Agent& agent, const char* when) {
   auto deadline = Clock::now() + 10s;
   std::vector<uint64_t> c;
   for (;;) {
-    c = agent.sync(0, rrefCounts);
+    c = agent.call(0, rrefCounts);
     if (c.size() != 5) fail("rrefCounts: expected five counts");
     if (c[0] == 1 && c[1] == 1 && c[3] == 0 && c[4] == 0) return;
     if (Clock::now() >= deadline) break;
@@ -293,13 +293,13 @@ struct MessageRow {
 MessageRow countMessages(rpc::Agent& agent, const RRef<Echo>& object, Op op, int iterations) {
   Operations run(agent, object, 8);
   expectOwnerDrained(agent, kOpNames[op]);
-  std::vector<uint64_t> serverBefore = agent.sync(0, agentCounters);
+  std::vector<uint64_t> serverBefore = agent.call(0, agentCounters);
   rpc::AgentStats before = agent.stats();
   for (int i = 0; i < iterations; ++i) run.run(op, false);
   // The last iterations' deletes and their answers are in flight briefly; nothing else runs.
   std::this_thread::sleep_for(50ms);
   rpc::AgentStats after = agent.stats();
-  std::vector<uint64_t> serverAfter = agent.sync(0, agentCounters);
+  std::vector<uint64_t> serverAfter = agent.call(0, agentCounters);
   if (serverBefore.size() != 4 || serverAfter.size() != 4) fail("agentCounters: expected four counters");
   auto per = [&](double v) { return v / iterations; };
   MessageRow row;
@@ -333,27 +333,18 @@ const char* kUsage =
 
 Args parseArgs(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--quick") {
-      a.quick = true;
-    } else if (arg == "--placement") {
-      a.placement = parsePlacement(value());
-    } else if (arg == "--only") {
-      std::string name = value();
-      auto it = std::find_if(std::begin(kOpNames), std::end(kOpNames), [&](const char* n) { return name == n; });
-      if (it == std::end(kOpNames)) fail("--only: '" + name + "' is not sync, remote, method or method-remote");
-      a.ops = {static_cast<Op>(it - std::begin(kOpNames))};
-    } else if (arg == "--sizes") {
-      a.sizes = parseSizeList(value());
-    } else {
-      fail("unknown argument '" + arg + "'");
+  Flags flags;
+  flags.onSwitch("--quick", [&] { a.quick = true; });
+  flags.onValue("--placement", [&](const std::string& v) { a.placement = parsePlacement(v); });
+  flags.onValue("--only", [&](const std::string& name) {
+    auto it = std::find_if(std::begin(kOpNames), std::end(kOpNames), [&](const char* n) { return name == n; });
+    if (it == std::end(kOpNames)) {
+      throw FlagError("--only: '" + name + "' is not sync, remote, method or method-remote");
     }
-  }
+    a.ops = {static_cast<Op>(it - std::begin(kOpNames))};
+  });
+  flags.onValue("--sizes", [&](const std::string& v) { a.sizes = parseSizeList(v); });
+  flags.parse(argc, argv);
   if (a.sizes.empty()) {
     a.sizes = {8, 64 * 1024};
     if (!a.quick) a.sizes.push_back(1 << 20);

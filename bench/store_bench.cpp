@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/flags.h"
 #include "rpc/store.h"
 
 using namespace weft;
@@ -158,7 +159,10 @@ double pipelinedAdds(StoreClient& c, int total, int inFlight) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  weft::bench::Flags flags;
+  flags.onSwitch("--quick", [&] { quick = true; });
+  if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "store_bench", "usage: store_bench [--quick]\n")) return 2;
   int rounds = quick ? 2000 : 20000;
   int adds = quick ? 2000 : 20000;
   std::printf("store_bench: in-process server and client on 127.0.0.1, %u hardware threads\n",

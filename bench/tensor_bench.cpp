@@ -16,7 +16,8 @@
 #include <cstring>
 #include <string>
 
-#include "bench/bench_util.h"
+#include "bench/flags.h"
+#include "bench/median_time.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
@@ -103,7 +104,10 @@ double torchMlp(int64_t batch, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  weft::bench::Flags flags;
+  flags.onSwitch("--quick", [&] { quick = true; });
+  if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "tensor_bench", "usage: tensor_bench [--quick]\n")) return 2;
   std::printf("threads: weft kernels %d (the direct OpenBLAS baseline uses as many OpenMP threads)\n",
               kernels::cpu::numThreads());
   benchGemm(quick);

@@ -1,7 +1,7 @@
 // What weft's two-process benchmarks (rpc_bench, rref_bench) share: the bench
 // re-executes itself as its server (`/proc/self/exe --serve PORT CPU`, rank 0)
 // and measures from the client (this process, rank 1), both pinned to CPUs by
-// a placement, plus their argument parsing and output helpers.
+// a placement, plus their size lists and output helpers (flags: bench/flags.h).
 //
 //   int main(int argc, char** argv) {
 //     return bench::twoProcessMain(argc, argv, "my_bench", kUsage, serve, [](int n, char** arguments) {
@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/flags.h"
 #include "rpc/options.h"
 
 namespace weft::bench {

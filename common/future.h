@@ -298,7 +298,7 @@ class Future {
     if (state_->hasError()) state_->rethrow();
     if constexpr (!std::is_void_v<T>) return state_->value();
   }
-  // On a temporary (`T v = rpc.async(...).get();`): returns the value by
+  // On a temporary (`T v = rpc.callAsync(...).get();`): returns the value by
   // value, moved out when this is the only handle left, copied otherwise. A
   // move-only T is always moved out: it can be taken once, and other handles
   // then see the moved-from value.

@@ -51,7 +51,7 @@ const rpc::CallOptions kControl{.timeout = std::chrono::milliseconds(0), .during
 
 }  // namespace
 
-class DistAutograd;
+class DistAutogradExtension;
 
 // ---- contexts -----------------------------------------------------------------------------------
 
@@ -99,9 +99,9 @@ std::vector<std::pair<Tensor, Tensor>> GradientMap::items() const {
 // context's failure. No thread ever uses a task through the context after it was dropped.
 class ContextState : public std::enable_shared_from_this<ContextState> {
  public:
-  ContextState(DistAutograd& layer, int64_t id) : layer_(layer), id_(id) {}
+  ContextState(DistAutogradExtension& layer, int64_t id) : layer_(layer), id_(id) {}
 
-  DistAutograd& layer() { return layer_; }
+  DistAutogradExtension& layer() { return layer_; }
   int64_t id() const { return id_; }
 
   std::mutex mutex_;
@@ -192,7 +192,7 @@ class ContextState : public std::enable_shared_from_this<ContextState> {
   }
 
  private:
-  DistAutograd& layer_;
+  DistAutogradExtension& layer_;
   int64_t id_;
 };
 
@@ -200,7 +200,7 @@ namespace {
 
 // The context current on this thread and the layer (agent) it belongs to.
 struct Current {
-  DistAutograd* layer = nullptr;
+  DistAutogradExtension* layer = nullptr;
   std::shared_ptr<ContextState> state;
 };
 thread_local Current tCurrent;
@@ -268,9 +268,9 @@ Future<void> settleAll(std::vector<Future<void>> inputs, std::exception_ptr loca
 
 // ---- the layer ----------------------------------------------------------------------------------
 
-class DistAutograd final : public rpc::AgentExtension, public std::enable_shared_from_this<DistAutograd> {
+class DistAutogradExtension final : public rpc::AgentExtension, public std::enable_shared_from_this<DistAutogradExtension> {
  public:
-  explicit DistAutograd(rpc::Agent& agent) : agent_(agent) {}
+  explicit DistAutogradExtension(rpc::Agent& agent) : agent_(agent) {}
 
   void registerFunctions() {
     auto& reg = agent_.registry();
@@ -357,7 +357,7 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
   // What a recorded frame carries: its recv node, and the context its user code runs in.
   class FrameLink final : public rpc::FrameAutograd {
    public:
-    FrameLink(DistAutograd& layer, std::shared_ptr<ContextState> state, std::shared_ptr<RecvNode> recv)
+    FrameLink(DistAutogradExtension& layer, std::shared_ptr<ContextState> state, std::shared_ptr<RecvNode> recv)
         : layer_(layer), state_(std::move(state)), recv_(std::move(recv)) {}
     void link(Tensor& t, uint32_t slot) override {
       if (recv_) {
@@ -371,7 +371,7 @@ class DistAutograd final : public rpc::AgentExtension, public std::enable_shared
     }
 
    private:
-    DistAutograd& layer_;
+    DistAutogradExtension& layer_;
     std::shared_ptr<ContextState> state_;
     std::shared_ptr<RecvNode> recv_;
   };
@@ -813,11 +813,11 @@ void sendGradients(ContextState& ctx, int peer, int64_t messageId, std::vector<T
 
 namespace {
 
-DistAutograd& layerOf(rpc::Agent& agent) { return agent.extension<DistAutograd>(); }
+DistAutogradExtension& layerOf(rpc::Agent& agent) { return agent.extension<DistAutogradExtension>(); }
 
 bool installLayer() {
-  return rpc::Agent::installExtension(typeTag<DistAutograd>(), [](rpc::Agent& agent) -> std::shared_ptr<rpc::AgentExtension> {
-    auto layer = std::make_shared<DistAutograd>(agent);
+  return rpc::Agent::installExtension(typeTag<DistAutogradExtension>(), [](rpc::Agent& agent) -> std::shared_ptr<rpc::AgentExtension> {
+    auto layer = std::make_shared<DistAutogradExtension>(agent);
     layer->registerFunctions();
     return layer;
   });
@@ -858,7 +858,7 @@ Context::Context(rpc::Agent& agent) : agent_(agent), id_(0) {
   WEFT_ENFORCE(tCurrent.state == nullptr, StateError, "dist_autograd::Context: context ",
                idString(tCurrent.state ? tCurrent.state->id() : 0),
                " is already current on this thread; contexts do not nest");
-  DistAutograd& layer = layerOf(agent);
+  DistAutogradExtension& layer = layerOf(agent);
   state_ = layer.create();
   id_ = state_->id();
   tCurrent = Current{&layer, state_};
@@ -875,7 +875,7 @@ Context::~Context() {
   }
 }
 
-Future<void> Context::release() {
+Future<void> Context::releaseAsync() {
   if (!releaseStarted_) {
     releaseStarted_ = true;
     released_ = layerOf(agent_).release(state_, true);
@@ -902,7 +902,7 @@ void Context::backward(const std::vector<Tensor>& roots, const BackwardOptions& 
   WEFT_ENFORCE(tPass == nullptr, StateError, "dist_autograd::backward: context ", idString(id_),
                ": called inside a backward pass on this thread (a node's rule, a hook or a queued callback of ",
                "context ", idString(tPass != nullptr ? tPass->id() : 0), "); call it after that pass returns");
-  DistAutograd& layer = layerOf(agent_);
+  DistAutogradExtension& layer = layerOf(agent_);
   {
     std::lock_guard<std::mutex> lock(state_->mutex_);
     state_->throwIfUnusable();
@@ -1031,6 +1031,6 @@ DebugCounts debugCounts(rpc::Agent& agent) { return layerOf(agent).counts(); }
 
 MessageCounts messageCounts(rpc::Agent& agent) { return layerOf(agent).messages(); }
 
-Future<void> flushReleases(rpc::Agent& agent) { return layerOf(agent).flushAll(); }
+Future<void> flushReleasesAsync(rpc::Agent& agent) { return layerOf(agent).flushAll(); }
 
 }  // namespace weft::dist_autograd

@@ -11,7 +11,7 @@
 //   }                                                            // released on every worker it reached
 //
 // Recording. While a Context is current on a thread, every call that thread makes through its
-// agent (Agent::async/sync, remote(), toHere(), RRef method calls) carries the context's id. If
+// agent (Agent::callAsync/call, remote(), toHere(), RRef method calls) carries the context's id. If
 // the call's arguments hold tensors that require grad, the caller records a *send node* whose
 // inputs are those tensors, and the callee gives the tensors it decodes a *recv node* as their
 // grad function: they are not leaves, and their gradients flow back to the caller's tensors,
@@ -46,10 +46,10 @@
 // DisconnectedError naming that worker, whether its requests were still pending or already
 // answered (the context is released meanwhile, see "Release").
 //
-// Release. The destructor (or release()) drops the context here and on every worker it reached
+// Release. The destructor (or releaseAsync()) drops the context here and on every worker it reached
 // (transitively: a worker forwards the release to the workers it exchanged messages with in the
 // context). Releases to other workers are sent in batches, at the latest about 50 ms later;
-// release() sends them at once and returns a future that completes when every worker reached has
+// releaseAsync() sends them at once and returns a future that completes when every worker reached has
 // dropped the context. When a worker the context involves dies, the context is released at once
 // on its peers and using it (backward, gradients) raises DisconnectedError naming that worker.
 //
@@ -60,7 +60,7 @@
 // waits, that thread itself runs the backward requests that reach this worker (for its own pass
 // or any other), so backward() may be called on a handler thread, even when the agent has one
 // handler thread and the pass needs this worker again. Otherwise backward requests are served by
-// the handler threads like any call, so handlers blocked in sync() delay them.
+// the handler threads like any call, so handlers blocked in call() delay them.
 // backward() raises StateError, before starting anything, when called
 //   - on the agent's loop thread (where a continuation attached to a pending call's future runs):
 //     the loop delivers the answers the pass waits for, so it would wait for itself forever;
@@ -140,7 +140,7 @@ class Context {
   GradientMap gradients() const;
   // Releases the context everywhere now (idempotent); the future completes when every worker
   // it reached has dropped it (errors from dead workers are ignored).
-  Future<void> release();
+  Future<void> releaseAsync();
 
  private:
   rpc::Agent& agent_;
@@ -178,7 +178,7 @@ struct MessageCounts {
 MessageCounts messageCounts(rpc::Agent& agent);
 
 // Sends queued releases now (normally batched, see "Release").
-Future<void> flushReleases(rpc::Agent& agent);
+Future<void> flushReleasesAsync(rpc::Agent& agent);
 
 namespace detail {
 // Installs the layer on every Agent a program that includes this header builds.

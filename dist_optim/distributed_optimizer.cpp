@@ -129,7 +129,7 @@ namespace {
 
 using detail::LockTable;
 
-class OptimLayer final : public rpc::AgentExtension {
+class DistOptimExtension final : public rpc::AgentExtension {
  public:
   const std::shared_ptr<LockTable>& table() const { return table_; }
 
@@ -137,7 +137,7 @@ class OptimLayer final : public rpc::AgentExtension {
   std::shared_ptr<LockTable> table_ = std::make_shared<LockTable>();
 };
 
-LockTable& tableOf(rpc::Agent& agent) { return *agent.extension<OptimLayer>().table(); }
+LockTable& tableOf(rpc::Agent& agent) { return *agent.extension<DistOptimExtension>().table(); }
 
 rpc::Agent& agentOfParams(const nn::optim::OptimizerOptions& options, const std::vector<RRef<Tensor>>& params) {
   WEFT_ENFORCE(!params.empty(), InvalidArgumentError, "OwnerOptimizer(", nn::optim::optimizerName(options),
@@ -191,8 +191,8 @@ DebugCounts debugCounts(rpc::Agent& agent) { return tableOf(agent).counts(); }
 
 namespace detail {
 bool installLayer() {
-  return rpc::Agent::installExtension(typeTag<OptimLayer>(), [](rpc::Agent&) -> std::shared_ptr<rpc::AgentExtension> {
-    return std::make_shared<OptimLayer>();
+  return rpc::Agent::installExtension(typeTag<DistOptimExtension>(), [](rpc::Agent&) -> std::shared_ptr<rpc::AgentExtension> {
+    return std::make_shared<DistOptimExtension>();
   });
 }
 }  // namespace detail
@@ -223,7 +223,7 @@ OwnerOptimizer::OwnerOptimizer(nn::optim::OptimizerOptions options, std::vector<
     params_.push_back(std::move(p));
   }
   state_.resize(params_.size());
-  table_ = agent_.extension<OptimLayer>().table();
+  table_ = agent_.extension<DistOptimExtension>().table();
   std::vector<const TensorImpl*> order;
   order.reserve(params_.size());
   for (const Tensor& p : params_) order.push_back(p.impl());

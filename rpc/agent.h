@@ -8,14 +8,14 @@
 //   weft::rpc::Agent agent(weft::rpc::Options::fromEnv());
 //   agent.registry().impl(add, [](Tensor a, Tensor b) { return a + b; });
 //   agent.start();                                        // rendezvous + handshake with every peer
-//   Tensor c = agent.sync("worker1", add, a, b);          // blocks; throws the typed error
-//   weft::Future<Tensor> f = agent.async(1, add, {.timeout = 2s}, a, b);   // by rank, own timeout
+//   Tensor c = agent.call("worker1", add, a, b);          // blocks; throws the typed error
+//   weft::Future<Tensor> f = agent.callAsync(1, add, {.timeout = 2s}, a, b);   // by rank, own timeout
 //   agent.shutdown();                                     // graceful: serves until the whole job ends
 //
-// Calls. async(to, fn, args...) returns at once with a Future; sync(...) is
-// async(...).get(). `to` is a worker's name or rank. The arguments are checked
+// Calls. callAsync(to, fn, args...) returns at once with a Future; call(...) is
+// callAsync(...).get(). `to` is a worker's name or rank. The arguments are checked
 // against fn's declared parameters at compile time, converted to them, and
-// encoded on the calling thread before async returns: tensor bytes are then
+// encoded on the calling thread before callAsync returns: tensor bytes are then
 // read from the tensor's own storage when the frame is written (no copy, see
 // rpc/frame.h), so do not modify a tensor in place until its call has
 // completed. CallOptions come right after fn: {.timeout = 250ms}; 0 means no
@@ -46,8 +46,8 @@
 // path); otherwise it joins the queue, and the loop writes queued frames
 // together in one writev (coalescing: many small calls cost one system call).
 // Continuations attached to a call's future before it completes run on the loop
-// thread: keep them short and never block in them (call sync() there and the
-// loop waits for itself). Chaining a nested async() in a continuation is fine.
+// thread: keep them short and never block in them (call call() there and the
+// loop waits for itself). Chaining a nested callAsync() in a continuation is fine.
 //
 // Start. start() binds its listener to Options::listenHost() (by default the
 // address WEFT_SOCKET_IFNAME names, else the local address of the route to
@@ -111,7 +111,7 @@
 // shut down performs a non-graceful shutdown and logs a warning.
 //
 // Thread-safety: after start(), every method may be called from any thread,
-// including from handler bodies (which should prefer async() to sync()).
+// including from handler bodies (which should prefer callAsync() to call()).
 #pragma once
 
 #include <chrono>
@@ -250,7 +250,7 @@ class AgentExtension {
 
 namespace detail {
 
-// Receives the outcome of one outgoing call; built by Agent::async for the
+// Receives the outcome of one outgoing call; built by Agent::callAsync for the
 // declared result type. Exactly one of complete/fail is called, on the loop
 // thread or the thread that failed the call.
 class ResponseSink {
@@ -322,22 +322,22 @@ class Agent {
   uint16_t listenPort() const;
 
   template <class R, class... A>
-  Future<R> async(const WorkerRef& to, const Function<R(A...)>& fn,
+  Future<R> callAsync(const WorkerRef& to, const Function<R(A...)>& fn,
                   std::type_identity_t<const std::decay_t<A>&>... args) {
-    return async(to, fn, CallOptions{}, args...);
+    return callAsync(to, fn, CallOptions{}, args...);
   }
   template <class R, class... A>
-  Future<R> async(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
+  Future<R> callAsync(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
                   std::type_identity_t<const std::decay_t<A>&>... args);
 
   template <class R, class... A>
-  R sync(const WorkerRef& to, const Function<R(A...)>& fn, std::type_identity_t<const std::decay_t<A>&>... args) {
-    return async(to, fn, CallOptions{}, args...).get();
+  R call(const WorkerRef& to, const Function<R(A...)>& fn, std::type_identity_t<const std::decay_t<A>&>... args) {
+    return callAsync(to, fn, CallOptions{}, args...).get();
   }
   template <class R, class... A>
-  R sync(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
+  R call(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
          std::type_identity_t<const std::decay_t<A>&>... args) {
-    return async(to, fn, opts, args...).get();
+    return callAsync(to, fn, opts, args...).get();
   }
 
   // Remote references (defined in rref/rref.h, which a program using them includes):
@@ -354,7 +354,7 @@ class Agent {
   // wire::Call::Builder) writes (call.initArgs(n) and the values), and decodes the result as
   // R. Errors name `label` (default: the function), e.g. the remote method a reserved function
   // runs. `function` and `label` must outlive the call (static or declared names). Errors as
-  // for async().
+  // for callAsync().
   template <class R, class Fill>
   Future<R> callWith(const WorkerRef& to, const std::string& function, uint64_t functionId, const CallOptions& opts,
                      Fill&& fill, const std::string* label = nullptr);
@@ -428,7 +428,7 @@ Future<R> Agent::callWith(const WorkerRef& to, const std::string& function, uint
 }
 
 template <class R, class... A>
-Future<R> Agent::async(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
+Future<R> Agent::callAsync(const WorkerRef& to, const Function<R(A...)>& fn, const CallOptions& opts,
                        std::type_identity_t<const std::decay_t<A>&>... args) {
   return callWith<R>(to, fn.name(), fn.id(), opts, [&](EncodeContext& enc, wire::Call::Builder call) {
     encodeArguments(enc, call.initArgs(sizeof...(A)), args...);

@@ -12,7 +12,7 @@
 //   // the worker that serves it
 //   agent.registry().impl(add, [](Tensor a, Tensor b) { return a + b; });
 //   // a caller
-//   Tensor c = agent.sync("worker1", add, a, b);
+//   Tensor c = agent.call("worker1", add, a, b);
 //
 // The name is the function's identity on the wire: it travels as the 64-bit
 // FNV-1a hash rpc::nameId(name) (plus the name itself, for error messages and to

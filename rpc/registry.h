@@ -3,7 +3,7 @@
 //   weft::rpc::Agent agent(opt);
 //   agent.registry().impl(add, [](Tensor a, Tensor b) { return a + b; });
 //   agent.registry().impl(fetch, [&](int64_t id) -> weft::Future<Tensor> {   // answers later
-//     return agent.async("store", lookup, id);                               // a nested call
+//     return agent.callAsync("store", lookup, id);                               // a nested call
 //   });
 //   agent.registry().impl(whoami, [](const weft::rpc::CallContext& ctx) { return ctx.callerName; });
 //   agent.start();                                  // the registry is frozen from here on

@@ -116,7 +116,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       }
     };
     bool posted = loop_.post([self = shared_from_this(), id, p = std::move(p)]() mutable {
-      self->start(id, std::move(p));
+      self->startOnLoop(id, std::move(p));
     });
     if (!posted) {
       promise.setError(Status::disconnected("store: cannot send a request to the server at " + endpoint_ +
@@ -127,7 +127,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   // ---- connecting (loop thread) -------------------------------------------------------
 
-  void startConnect(Promise<store::Limits> connected) {
+  void startConnectOnLoop(Promise<store::Limits> connected) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     connectPromise_ = std::move(connected);
     uv_loop_t* loop = loop_.raw();
     for (uv_timer_t* t : {&connectTimer_, &retryTimer_, &replyTimer_, &attemptTimer_}) {
@@ -138,29 +139,31 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     if (config_.connectTimeout.count() > 0) {
       uv_timer_start(&connectTimer_, &Impl::onConnectDeadline, static_cast<uint64_t>(config_.connectTimeout.count()), 0);
     }
-    attempt();
+    attemptOnLoop();
   }
 
   // ---- closing (loop thread) -----------------------------------------------------------
 
-  void beginClose(Promise<void> done) {
+  void beginCloseOnLoop(Promise<void> done) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     closeWaiters_.push_back(std::move(done));
     if (!closing_) {
       closing_ = true;
-      setClosed("the client was closed");
-      failAll(StatusCode::Cancelled, [this](const Pending& p) {
+      setClosedOnLoop("the client was closed");
+      failAllOnLoop(StatusCode::Cancelled, [this](const Pending& p) {
+    WEFT_DCHECK_ON_LOOP(loop_);
         return "store: the client was closed while waiting for " + p.what + " (server " + endpoint_ + ")";
       });
       if (connectPromise_.has_value()) {
         connectPromise_->setError(Status::cancelled("store: the client was closed while connecting to " + endpoint_));
         connectPromise_.reset();
       }
-      closeSocket(false);
+      closeSocketOnLoop(false);
       for (uv_timer_t* t : {&connectTimer_, &retryTimer_, &replyTimer_, &attemptTimer_}) {
         uv_close(reinterpret_cast<uv_handle_t*>(t), &Impl::onHandleClosed);
       }
     }
-    maybeFinishClose();
+    maybeFinishCloseOnLoop();
   }
 
   // ---- operations (any thread) -------------------------------------------------------
@@ -343,7 +346,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   // ---- connection attempts -----------------------------------------------------------
 
-  void attempt() {
+  void attemptOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     ++attempts_;
     ++generation_;
     state_ = State::Connecting;
@@ -355,19 +359,19 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     connectRequest_.data = this;
     uv_timer_start(&attemptTimer_, &Impl::onAttemptTimeout, static_cast<uint64_t>(attemptTimeout_.count()), 0);
     int rc = uv_tcp_connect(&connectRequest_, &tcp_, address_.sockaddr(), &Impl::onConnected);
-    if (rc < 0) attemptFailed(uv_strerror(rc), rc == UV_ECONNREFUSED);
+    if (rc < 0) attemptFailedOnLoop(uv_strerror(rc), rc == UV_ECONNREFUSED);
   }
 
   static void onConnected(uv_connect_t* req, int status) {
     Impl* s = static_cast<Impl*>(req->data);
     if (status == UV_ECANCELED || s->state_ != State::Connecting) return;  // we closed the socket
-    if (status < 0) return s->attemptFailed(uv_strerror(status), status == UV_ECONNREFUSED);
+    if (status < 0) return s->attemptFailedOnLoop(uv_strerror(status), status == UV_ECONNREFUSED);
     uv_tcp_nodelay(&s->tcp_, 1);
     uv_os_fd_t fd;
     if (uv_fileno(reinterpret_cast<uv_handle_t*>(&s->tcp_), &fd) == 0) detectDeadPeers(fd);
     uv_read_start(reinterpret_cast<uv_stream_t*>(&s->tcp_), &Impl::onAlloc, &Impl::onRead);
     s->state_ = State::Handshaking;
-    s->write(std::make_shared<std::string>(FrameWriter(kHelloId, static_cast<uint8_t>(Op::Hello))
+    s->writeOnLoop(std::make_shared<std::string>(FrameWriter(kHelloId, static_cast<uint8_t>(Op::Hello))
                                                .u32(store::kMagic)
                                                .u16(store::kVersion)
                                                .str(s->config_.token)
@@ -379,22 +383,23 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // a delay (unless the connect deadline fires first). While reconnecting, a
   // refused connection is final: the host answered and nothing listens, so
   // the server (which is never restarted in place) is gone.
-  void attemptFailed(const std::string& error, bool refused = false) {
+  void attemptFailedOnLoop(const std::string& error, bool refused = false) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     lastError_ = error;
     uv_timer_stop(&attemptTimer_);
     if (reconnecting_ && refused) {
-      return connectionLost(StatusCode::Disconnected,
-                            lostDetail() + ", and reconnecting was refused (" + error +
+      return connectionLostOnLoop(StatusCode::Disconnected,
+                            lostDetailOnLoop() + ", and reconnecting was refused (" + error +
                                 "): the server no longer listens");
     }
     retryDelay_ = retryDelay_.count() == 0 ? kFirstRetryDelay : std::min(retryDelay_ * 2, kMaxRetryDelay);
     state_ = State::Connecting;
-    closeSocket(true);
+    closeSocketOnLoop(true);
   }
 
   static void onRetry(uv_timer_t* t) {
     Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
-    if (s->state_ == State::Connecting && !s->socketOpen_) s->attempt();
+    if (s->state_ == State::Connecting && !s->socketOpen_) s->attemptOnLoop();
   }
 
   static void onAttemptTimeout(uv_timer_t* t) {
@@ -402,7 +407,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     if (s->state_ != State::Connecting && s->state_ != State::Handshaking) return;
     milliseconds spent = s->attemptTimeout_;
     s->attemptTimeout_ = std::min(s->attemptTimeout_ * 2, kMaxAttemptTimeout);
-    s->attemptFailed(std::string(s->state_ == State::Connecting ? "no connection" : "no answer to the hello") +
+    s->attemptFailedOnLoop(std::string(s->state_ == State::Connecting ? "no connection" : "no answer to the hello") +
                      " within " + store::describeDuration(spent));
   }
 
@@ -410,34 +415,37 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
     if (s->state_ != State::Connecting && s->state_ != State::Handshaking) return;
     if (s->reconnecting_) {
-      return s->connectionLost(StatusCode::Disconnected,
-                               s->lostDetail() + ", and reconnecting did not succeed within " +
-                                   store::describeDuration(s->config_.connectTimeout) + " (" + s->attemptsSoFar());
+      return s->connectionLostOnLoop(StatusCode::Disconnected,
+                               s->lostDetailOnLoop() + ", and reconnecting did not succeed within " +
+                                   store::describeDuration(s->config_.connectTimeout) + " (" + s->attemptsSoFarOnLoop());
     }
     std::string message = "store: could not connect to the server at " + s->endpoint_ + " within " +
                           store::describeDuration(s->config_.connectTimeout) + " (" + std::to_string(s->attempts_) +
                           " attempt(s); last error: " + (s->lastError_.empty() ? "none" : s->lastError_) + ")";
-    s->failConnect(Status::timeout(message));
+    s->failConnectOnLoop(Status::timeout(message));
   }
 
-  void failConnect(const Status& status) {
-    setClosed(status.message());
-    closeSocket(false);
-    stopConnectTimers();
+  void failConnectOnLoop(const Status& status) {
+    WEFT_DCHECK_ON_LOOP(loop_);
+    setClosedOnLoop(status.message());
+    closeSocketOnLoop(false);
+    stopConnectTimersOnLoop();
     if (connectPromise_.has_value()) {
       connectPromise_->setError(status);
       connectPromise_.reset();
     }
   }
 
-  void stopConnectTimers() {
+  void stopConnectTimersOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (closing_) return;
     uv_timer_stop(&retryTimer_);
     uv_timer_stop(&connectTimer_);
     uv_timer_stop(&attemptTimer_);
   }
 
-  void handleHelloReply(BodyReader& r) {
+  void handleHelloReplyOnLoop(BodyReader& r) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     uint64_t id = r.u64("request id");
     WEFT_ENFORCE(id == kHelloId, ProtocolError, "store: a reply to request ", id, " before the hello reply");
     std::optional<StatusCode> code = statusCodeFromWire(r.u8("status"));
@@ -445,9 +453,9 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     if (*code != StatusCode::Ok) {
       std::string message(r.str("message", store::kMaxMessageBytes));
       if (reconnecting_) {
-        return connectionLost(*code, lostDetail() + ", and the server refused the reconnection: " + message);
+        return connectionLostOnLoop(*code, lostDetailOnLoop() + ", and the server refused the reconnection: " + message);
       }
-      failConnect(Status(*code, "store: the server at " + endpoint_ + " refused the connection: " + message));
+      failConnectOnLoop(Status(*code, "store: the server at " + endpoint_ + " refused the connection: " + message));
       return;
     }
     store::Limits limits;
@@ -457,8 +465,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     uint64_t serverId = r.u64("serverId");
     r.expectEnd("hello reply");
     if (reconnecting_ && serverId != serverId_) {
-      return connectionLost(StatusCode::Disconnected,
-                            lostDetail() + ", and the server that answered the reconnection is another one (the "
+      return connectionLostOnLoop(StatusCode::Disconnected,
+                            lostDetailOnLoop() + ", and the server that answered the reconnection is another one (the "
                                            "store was restarted: what it held is gone)");
     }
     serverId_ = serverId;
@@ -466,7 +474,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     state_ = State::Ready;
     connected_.store(true, std::memory_order_release);
     attemptTimeout_ = kFirstAttemptTimeout;
-    stopConnectTimers();
+    stopConnectTimersOnLoop();
     if (reconnecting_) {
       reconnecting_ = false;
       WEFT_LOG(Info) << "store: reconnected to the server at " << endpoint_ << " " << secondsSince(lostAt_)
@@ -474,7 +482,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
                      << " attempt(s)); sending its " << pending_.size() << " unanswered request(s) again";
       for (auto& entry : pending_) {
         if (state_ != State::Ready) break;  // lost again while sending
-        send(entry.second, false);
+        sendOnLoop(entry.second, false);
       }
       return;
     }
@@ -488,7 +496,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // The connection that was Ready is gone: reconnect, keeping every pending
   // request (each still bounded by its own deadline), for at most
   // connectTimeout.
-  void beginReconnect(const std::string& reason) {
+  void beginReconnectOnLoop(const std::string& reason) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     WEFT_LOG(Info) << "store: lost the connection to the server at " << endpoint_ << " (" << reason
                    << "); reconnecting";
     reconnecting_ = true;
@@ -504,21 +513,24 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       uv_timer_start(&connectTimer_, &Impl::onConnectDeadline, static_cast<uint64_t>(config_.connectTimeout.count()),
                      0);
     }
-    closeSocket(true);
+    closeSocketOnLoop(true);
   }
 
   // "the connection was lost 1.2 s ago (the server closed the connection)"
-  std::string lostDetail() const {
+  std::string lostDetailOnLoop() const {
+    WEFT_DCHECK_ON_LOOP(loop_);
     return "the connection was lost " + secondsSince(lostAt_) + " ago (" + lostReason_ + ")";
   }
   // "3 attempt(s); last error: ...)" (the caller opened the parenthesis).
-  std::string attemptsSoFar() const {
+  std::string attemptsSoFarOnLoop() const {
+    WEFT_DCHECK_ON_LOOP(loop_);
     return std::to_string(attempts_) + " attempt(s)" + (lastError_.empty() ? "" : "; last error: " + lastError_) + ")";
   }
 
   // ---- requests -----------------------------------------------------------------------
 
-  void start(uint64_t id, Pending p) {
+  void startOnLoop(uint64_t id, Pending p) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (state_ == State::Closed) {
       p.complete(Status::disconnected("store: cannot " + p.what + ": not connected to the server at " + endpoint_ +
                                       " (" + closeReason_ + ")"),
@@ -530,18 +542,19 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       Clock::time_point deadline = p.started + *p.replyTimeout;
       deadlines_.emplace(deadline, id);
       deadlineOf_[id] = deadline;
-      armReplyTimer();
+      armReplyTimerOnLoop();
     }
     if (p.kind == Kind::Update) unsettled_.insert(id);
     Pending& stored = pending_.emplace(id, std::move(p)).first->second;
     // While reconnecting it waits in pending_ and goes out once Ready.
-    if (state_ == State::Ready) send(stored, true);
+    if (state_ == State::Ready) sendOnLoop(stored, true);
   }
 
   // Writes a pending request on the current connection, refreshing the
   // fields that change between sends (store_protocol.h). `fresh`: sent as
   // soon as it was submitted.
-  void send(Pending& p, bool fresh) {
+  void sendOnLoop(Pending& p, bool fresh) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (p.kind == Kind::Update) {
       store::patchTrailingU64(*p.frame, *unsettled_.begin());
     } else if (p.kind == Kind::Waiting && !fresh && p.replyTimeout) {
@@ -550,10 +563,11 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       auto left = waitTimeout - std::chrono::duration_cast<milliseconds>(Clock::now() - p.started);
       store::patchTrailingU64(*p.frame, static_cast<uint64_t>(std::max<int64_t>(1, left.count())));
     }
-    write(p.frame);
+    writeOnLoop(p.frame);
   }
 
-  void write(std::shared_ptr<std::string> bytes) {
+  void writeOnLoop(std::shared_ptr<std::string> bytes) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     auto* w = new WriteRequest;
     w->client = this;
     w->generation = generation_;
@@ -563,7 +577,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1, &Impl::onWritten);
     if (rc < 0) {
       delete w;
-      connectionFailed(std::string("writing failed: ") + uv_strerror(rc));
+      connectionFailedOnLoop(std::string("writing failed: ") + uv_strerror(rc));
     }
   }
 
@@ -571,7 +585,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     std::unique_ptr<WriteRequest> w(static_cast<WriteRequest*>(req->data));
     // A write to a socket given up already says nothing about the current one.
     if (status < 0 && status != UV_ECANCELED && w->generation == w->client->generation_) {
-      w->client->connectionFailed(std::string("writing failed: ") + uv_strerror(status));
+      w->client->connectionFailedOnLoop(std::string("writing failed: ") + uv_strerror(status));
     }
   }
 
@@ -584,7 +598,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   static void onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t*) {
     Impl* s = self(reinterpret_cast<uv_handle_t*>(stream));
     if (nread < 0) {
-      s->connectionFailed(nread == UV_EOF ? "the server closed the connection"
+      s->connectionFailedOnLoop(nread == UV_EOF ? "the server closed the connection"
                                           : std::string("the connection failed: ") + uv_strerror(static_cast<int>(nread)));
       return;
     }
@@ -595,24 +609,25 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       while ((s->state_ == State::Handshaking || s->state_ == State::Ready) && s->in_.next(&body)) {
         BodyReader r(body.data(), body.size());
         if (s->state_ == State::Handshaking) {
-          s->handleHelloReply(r);
+          s->handleHelloReplyOnLoop(r);
         } else {
-          s->handleReply(r);
+          s->handleReplyOnLoop(r);
         }
       }
       s->in_.compact();
     } catch (const ProtocolError& e) {
       // Not a weft store, or a broken one: retrying will not help.
       if (s->state_ == State::Handshaking && !s->reconnecting_) {
-        s->failConnect(Status::protocol("store: the server at " + s->endpoint_ +
+        s->failConnectOnLoop(Status::protocol("store: the server at " + s->endpoint_ +
                                         " does not speak the store protocol: " + e.what()));
       } else {
-        s->connectionLost(StatusCode::Protocol, std::string("the server sent a malformed reply (") + e.what() + ")");
+        s->connectionLostOnLoop(StatusCode::Protocol, std::string("the server sent a malformed reply (") + e.what() + ")");
       }
     }
   }
 
-  void handleReply(BodyReader& r) {
+  void handleReplyOnLoop(BodyReader& r) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     uint64_t id = r.u64("request id");
     std::optional<StatusCode> code = statusCodeFromWire(r.u8("status"));
     WEFT_ENFORCE(code.has_value(), ProtocolError, "store: a reply carries an unknown status");
@@ -625,7 +640,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     Pending p = std::move(it->second);
     pending_.erase(it);
     unsettled_.erase(id);
-    forgetDeadline(id);
+    forgetDeadlineOnLoop(id);
     if (*code != StatusCode::Ok) {
       std::string message(r.str("message", store::kMaxMessageBytes));
       p.complete(Status(*code, std::move(message)), nullptr);
@@ -641,29 +656,32 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   }
 
   // A connection failure: retried while connecting, a reconnection once Ready.
-  void connectionFailed(const std::string& reason) {
+  void connectionFailedOnLoop(const std::string& reason) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (state_ == State::Closed) return;
-    if (state_ == State::Ready) return beginReconnect(reason);
-    attemptFailed(reason);
+    if (state_ == State::Ready) return beginReconnectOnLoop(reason);
+    attemptFailedOnLoop(reason);
   }
 
   // Final: the client is Closed and every pending call fails with
   // "lost the connection to the server at <endpoint> while waiting for
   // <what>: <detail>".
-  void connectionLost(StatusCode code, const std::string& detail) {
+  void connectionLostOnLoop(StatusCode code, const std::string& detail) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (state_ == State::Closed) return;
     WEFT_LOG(Info) << "store: giving up on the server at " << endpoint_ << ": " << detail;
-    setClosed("lost: " + detail);
-    closeSocket(false);
-    stopConnectTimers();
+    setClosedOnLoop("lost: " + detail);
+    closeSocketOnLoop(false);
+    stopConnectTimersOnLoop();
     reconnecting_ = false;
-    failAll(code, [&](const Pending& p) {
+    failAllOnLoop(code, [&](const Pending& p) {
       return "store: lost the connection to the server at " + endpoint_ + " while waiting for " + p.what + ": " +
              detail;
     });
   }
 
-  void setClosed(const std::string& reason) {
+  void setClosedOnLoop(const std::string& reason) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (state_ == State::Closed) return;
     state_ = State::Closed;
     closeReason_ = reason;
@@ -673,7 +691,8 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   // Fails every pending request; their continuations may submit new requests,
   // which fail too (state_ is Closed by now).
   template <class Message>
-  void failAll(StatusCode code, Message message) {
+  void failAllOnLoop(StatusCode code, Message message) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     std::map<uint64_t, Pending> failing;
     failing.swap(pending_);
     unsettled_.clear();
@@ -684,14 +703,16 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
 
   // ---- reply deadlines -----------------------------------------------------------------
 
-  void forgetDeadline(uint64_t id) {
+  void forgetDeadlineOnLoop(uint64_t id) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     auto it = deadlineOf_.find(id);
     if (it == deadlineOf_.end()) return;
     deadlines_.erase({it->second, id});
     deadlineOf_.erase(it);
   }
 
-  void armReplyTimer() {
+  void armReplyTimerOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (closing_) return;
     if (deadlines_.empty()) {
       uv_timer_stop(&replyTimer_);
@@ -706,7 +727,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     Clock::time_point now = Clock::now();
     while (!s->deadlines_.empty() && s->deadlines_.begin()->first <= now) {
       uint64_t id = s->deadlines_.begin()->second;
-      s->forgetDeadline(id);
+      s->forgetDeadlineOnLoop(id);
       auto it = s->pending_.find(id);
       if (it == s->pending_.end()) continue;
       Pending p = std::move(it->second);
@@ -714,9 +735,9 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
       s->unsettled_.erase(id);
       if (s->reconnecting_) {
         p.complete(Status::disconnected("store: lost the connection to the server at " + s->endpoint_ +
-                                        " while waiting for " + p.what + ": " + s->lostDetail() +
+                                        " while waiting for " + p.what + ": " + s->lostDetailOnLoop() +
                                         ", and reconnecting has not succeeded within the call's " +
-                                        store::describeDuration(*p.replyTimeout) + " (" + s->attemptsSoFar()),
+                                        store::describeDuration(*p.replyTimeout) + " (" + s->attemptsSoFarOnLoop()),
                    nullptr);
         continue;
       }
@@ -724,14 +745,15 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
                                  store::describeDuration(*p.replyTimeout)),
                  nullptr);
     }
-    s->armReplyTimer();
+    s->armReplyTimerOnLoop();
   }
 
   // ---- handles --------------------------------------------------------------------------
 
   // Closes the socket if open; with retry, the next attempt starts after the
   // retry delay once it is closed.
-  void closeSocket(bool retry) {
+  void closeSocketOnLoop(bool retry) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     retryAfterClose_ = retry;
     if (!socketOpen_ || socketClosing_) return;
     socketClosing_ = true;
@@ -746,16 +768,17 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
     if (s->retryAfterClose_ && !s->closing_ && s->state_ == State::Connecting) {
       uv_timer_start(&s->retryTimer_, &Impl::onRetry, static_cast<uint64_t>(s->retryDelay_.count()), 0);
     }
-    s->maybeFinishClose();
+    s->maybeFinishCloseOnLoop();
   }
 
   static void onHandleClosed(uv_handle_t* h) {
     Impl* s = self(h);
     --s->openHandles_;
-    s->maybeFinishClose();
+    s->maybeFinishCloseOnLoop();
   }
 
-  void maybeFinishClose() {
+  void maybeFinishCloseOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (!closing_ || openHandles_ > 0) return;
     std::vector<Promise<void>> waiters;
     waiters.swap(closeWaiters_);
@@ -770,6 +793,7 @@ class StoreClient::Impl : public std::enable_shared_from_this<Impl> {
   std::atomic<uint64_t> nextId_{kHelloId + 1};
   std::atomic<bool> connected_{false};
 
+  // Loop thread.
   State state_ = State::Connecting;
   std::string closeReason_;
   std::optional<Promise<store::Limits>> connectPromise_;
@@ -857,7 +881,7 @@ StoreClient::StoreClient(Config config, UvLoop* loop) : config_(std::move(config
   impl_ = std::make_shared<Impl>(*loop_, config_, *address, endpoint_);
   Promise<store::Limits> connected;
   Future<store::Limits> limits = connected.getFuture();
-  bool posted = loop_->post([impl = impl_, connected]() mutable { impl->startConnect(std::move(connected)); });
+  bool posted = loop_->post([impl = impl_, connected]() mutable { impl->startConnectOnLoop(std::move(connected)); });
   WEFT_ENFORCE(posted, StateError, "StoreClient: the event loop '", loop_->name(), "' has stopped");
   try {
     serverLimits_ = limits.get();
@@ -874,7 +898,7 @@ void StoreClient::close() {
   Promise<void> done;
   Future<void> closed = done.getFuture();
   // A loop that has stopped already closed our handles (see UvLoop::stop).
-  if (loop_->post([impl = impl_, done]() mutable { impl->beginClose(std::move(done)); })) closed.get();
+  if (loop_->post([impl = impl_, done]() mutable { impl->beginCloseOnLoop(std::move(done)); })) closed.get();
 }
 
 bool StoreClient::connected() const { return impl_->connected(); }

@@ -12,7 +12,7 @@
 //                 from here instead of being applied twice
 // A waiter is in watchers_ under exactly the keys in its `watching` list, in
 // deadlines_ iff it has a deadline, and in its connection's `waiters` set;
-// removeWaiter() takes it out of all four at once.
+// removeWaiterOnLoop() takes it out of all four at once.
 #include <uv.h>
 
 #include <algorithm>
@@ -77,7 +77,8 @@ class StoreServer::Impl {
   // ---- lifecycle (loop thread) --------------------------------------------------
 
   // Binds and listens; returns the bound port. Throws weft::Error.
-  uint16_t listen(const SocketAddress& address) {
+  uint16_t listenOnLoop(const SocketAddress& address) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     uv_loop_t* loop = loop_.raw();
     uv_tcp_init(loop, &listener_);
     listener_.data = this;
@@ -107,7 +108,8 @@ class StoreServer::Impl {
   // in flight, else once its replies are written (or kCloseFlushTimeout has
   // passed); requests still waiting are dropped unanswered. `done` completes
   // once every handle is closed.
-  void beginClose(Promise<void> done) {
+  void beginCloseOnLoop(Promise<void> done) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     closeWaiters_.push_back(std::move(done));
     if (!closing_) {
       closing_ = true;
@@ -120,11 +122,11 @@ class StoreServer::Impl {
         Connection& c = *conn;
         if (c.closing) continue;
         if (c.pendingWrites == 0) {
-          closeConnection(c);
+          closeConnectionOnLoop(c);
           continue;
         }
         std::vector<uint64_t> ids(c.waiters.begin(), c.waiters.end());
-        for (uint64_t w : ids) removeWaiter(w);
+        for (uint64_t w : ids) removeWaiterOnLoop(w);
         uv_read_stop(reinterpret_cast<uv_stream_t*>(&c.tcp));
         c.closeAfterWrites = true;
       }
@@ -133,10 +135,11 @@ class StoreServer::Impl {
                        0);
       }
     }
-    maybeFinishClose();
+    maybeFinishCloseOnLoop();
   }
 
-  Stats stats() const {
+  Stats statsOnLoop() const {
+    WEFT_DCHECK_ON_LOOP(loop_);
     Stats s;
     s.connections = connections_.size();
     s.keys = data_.size();
@@ -202,15 +205,16 @@ class StoreServer::Impl {
   static void onServerHandleClosed(uv_handle_t* h) {
     Impl* s = self(h);
     --s->openHandles_;
-    s->maybeFinishClose();
+    s->maybeFinishCloseOnLoop();
   }
 
   static void onCloseFlushTimeout(uv_timer_t* t) {
     Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
-    for (auto& [id, conn] : s->connections_) s->closeConnection(*conn);
+    for (auto& [id, conn] : s->connections_) s->closeConnectionOnLoop(*conn);
   }
 
-  void maybeFinishClose() {
+  void maybeFinishCloseOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (!closing_) return;
     if (connections_.empty() && timerOpen_) {
       timerOpen_ = false;
@@ -230,13 +234,14 @@ class StoreServer::Impl {
       // Under a flood (out of file descriptors) this repeats.
       WEFT_LOG_LIMITED(s->log_, Warn, "the listener") << "store: accepting a connection failed: "
                                                       << uv_strerror(status);
-      s->armLogFlush();
+      s->armLogFlushOnLoop();
       return;
     }
-    s->accept();
+    s->acceptOnLoop();
   }
 
-  void accept() {
+  void acceptOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (closing_) return;
     auto owned = std::make_unique<Connection>();
     Connection& c = *owned;
@@ -251,7 +256,7 @@ class StoreServer::Impl {
     int rc = uv_accept(reinterpret_cast<uv_stream_t*>(&listener_), reinterpret_cast<uv_stream_t*>(&c.tcp));
     if (rc < 0) {
       WEFT_LOG(Debug) << "store: accept failed: " << uv_strerror(rc);
-      closeConnection(c);
+      closeConnectionOnLoop(c);
       return;
     }
     sockaddr_storage peer{};
@@ -267,7 +272,7 @@ class StoreServer::Impl {
         WEFT_LOG(Warn) << "store: " << limits_.maxConnections
                        << " connections are open, the limit; closing new ones at once (first: " << c.peer << ")";
       }
-      closeConnection(c);
+      closeConnectionOnLoop(c);
       return;
     }
     uv_tcp_nodelay(&c.tcp, 1);
@@ -278,17 +283,19 @@ class StoreServer::Impl {
   }
 
   // Logs why (one line, a few per address and window: see log_) and closes.
-  void drop(Connection& c, const std::string& reason) {
+  void dropOnLoop(Connection& c, const std::string& reason) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (c.closing) return;
     ++droppedConnections_;
     WEFT_LOG_LIMITED(log_, Warn, logging::RateLimiter::hostOf(c.peer))
         << "store: closing the connection from " << c.peer << ": " << reason;
-    armLogFlush();
-    closeConnection(c);
+    armLogFlushOnLoop();
+    closeConnectionOnLoop(c);
   }
 
   // Makes sure the summary of the lines log_ holds back is written when its window ends.
-  void armLogFlush() {
+  void armLogFlushOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (!logTimerOpen_ || uv_is_active(reinterpret_cast<uv_handle_t*>(&logTimer_))) return;
     Clock::time_point due = log_.nextDue();
     if (due == Clock::time_point::max()) return;
@@ -299,10 +306,11 @@ class StoreServer::Impl {
   static void onLogTimer(uv_timer_t* t) {
     Impl* s = self(reinterpret_cast<uv_handle_t*>(t));
     s->log_.flush();
-    s->armLogFlush();
+    s->armLogFlushOnLoop();
   }
 
-  void closeConnection(Connection& c) {
+  void closeConnectionOnLoop(Connection& c) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (c.closing) return;
     c.closing = true;
     if (c.authenticated) {
@@ -313,7 +321,7 @@ class StoreServer::Impl {
       }
     }
     std::vector<uint64_t> ids(c.waiters.begin(), c.waiters.end());
-    for (uint64_t id : ids) removeWaiter(id);
+    for (uint64_t id : ids) removeWaiterOnLoop(id);
     uv_close(reinterpret_cast<uv_handle_t*>(&c.tcp), &Impl::onConnectionHandleClosed);
     uv_close(reinterpret_cast<uv_handle_t*>(&c.timer), &Impl::onConnectionHandleClosed);
   }
@@ -329,13 +337,13 @@ class StoreServer::Impl {
                      << " connection(s) were refused meanwhile";
       s->refusedSinceLimit_ = 0;
     }
-    s->maybeFinishClose();
+    s->maybeFinishCloseOnLoop();
   }
 
   static void onConnectionTimer(uv_timer_t* t) {
     Connection* c = connection(reinterpret_cast<uv_handle_t*>(t));
     const store::Limits& limits = c->server->limits_;
-    c->server->drop(*c, c->authenticated
+    c->server->dropOnLoop(*c, c->authenticated
                             ? "a request stayed incomplete for " + store::describeDuration(limits.frameTimeout)
                             : "no hello within " + store::describeDuration(limits.helloTimeout));
   }
@@ -353,26 +361,27 @@ class StoreServer::Impl {
       if (nread != UV_EOF) {
         WEFT_LOG_LIMITED(s->log_, Debug, logging::RateLimiter::hostOf(c->peer))
             << "store: connection from " << c->peer << " failed: " << uv_strerror(static_cast<int>(nread));
-        s->armLogFlush();
+        s->armLogFlushOnLoop();
       }
-      s->closeConnection(*c);
+      s->closeConnectionOnLoop(*c);
       return;
     }
     if (nread == 0 || c->closing) return;
     c->in.commit(static_cast<size_t>(nread));
-    s->processInput(*c);
+    s->processInputOnLoop(*c);
   }
 
-  void processInput(Connection& c) {
+  void processInputOnLoop(Connection& c) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     bool progressed = false;
     try {
       std::string_view body;
       while (!c.closing && !c.closeAfterWrites && c.in.next(&body)) {
-        handleRequest(c, body);
+        handleRequestOnLoop(c, body);
         progressed = true;
       }
     } catch (const ProtocolError& e) {
-      drop(c, e.what());
+      dropOnLoop(c, e.what());
       return;
     }
     if (c.closing || c.closeAfterWrites) return;
@@ -387,7 +396,8 @@ class StoreServer::Impl {
 
   // ---- replies ----------------------------------------------------------------------
 
-  void send(Connection& c, std::string bytes) {
+  void sendOnLoop(Connection& c, std::string bytes) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (c.closing) return;
     auto* w = new WriteRequest;
     w->conn = &c;
@@ -399,14 +409,14 @@ class StoreServer::Impl {
       delete w;
       WEFT_LOG_LIMITED(log_, Debug, logging::RateLimiter::hostOf(c.peer))
           << "store: writing to " << c.peer << " failed: " << uv_strerror(rc);
-      armLogFlush();
-      closeConnection(c);
+      armLogFlushOnLoop();
+      closeConnectionOnLoop(c);
       return;
     }
     ++c.pendingWrites;
     size_t backlog = uv_stream_get_write_queue_size(reinterpret_cast<uv_stream_t*>(&c.tcp));
     if (backlog > limits_.maxWriteBacklogBytes) {
-      drop(c, "it does not read its replies (" + std::to_string(backlog) + " bytes queued)");
+      dropOnLoop(c, "it does not read its replies (" + std::to_string(backlog) + " bytes queued)");
     }
   }
 
@@ -418,14 +428,17 @@ class StoreServer::Impl {
     if (status < 0) {
       WEFT_LOG_LIMITED(c.server->log_, Debug, logging::RateLimiter::hostOf(c.peer))
           << "store: writing to " << c.peer << " failed: " << uv_strerror(status);
-      c.server->armLogFlush();
-      c.server->closeConnection(c);
+      c.server->armLogFlushOnLoop();
+      c.server->closeConnectionOnLoop(c);
     } else if (c.closeAfterWrites && c.pendingWrites == 0) {
-      c.server->closeConnection(c);
+      c.server->closeConnectionOnLoop(c);
     }
   }
 
-  void replyOk(Connection& c, uint64_t id) { send(c, FrameWriter(id, 0).finish()); }
+  void replyOkOnLoop(Connection& c, uint64_t id) {
+    WEFT_DCHECK_ON_LOOP(loop_);
+    sendOnLoop(c, FrameWriter(id, 0).finish());
+  }
 
   static std::string errorFrame(uint64_t id, const Status& s) {
     std::string_view message = s.message();
@@ -433,26 +446,30 @@ class StoreServer::Impl {
     return FrameWriter(id, static_cast<uint8_t>(s.code())).str(message).finish();
   }
 
-  void replyError(Connection& c, uint64_t id, const Status& s) { send(c, errorFrame(id, s)); }
+  void replyErrorOnLoop(Connection& c, uint64_t id, const Status& s) {
+    WEFT_DCHECK_ON_LOOP(loop_);
+    sendOnLoop(c, errorFrame(id, s));
+  }
 
   // ---- requests ---------------------------------------------------------------------
 
-  void handleRequest(Connection& c, std::string_view body) {
+  void handleRequestOnLoop(Connection& c, std::string_view body) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     BodyReader r(body.data(), body.size());
     uint64_t id = r.u64("request id");
     uint8_t rawOp = r.u8("op");
     WEFT_ENFORCE(c.authenticated || rawOp == static_cast<uint8_t>(Op::Hello), ProtocolError, "store: a ",
                  store::opName(rawOp), " request before the hello");
     switch (static_cast<Op>(rawOp)) {
-      case Op::Hello: return handleHello(c, id, r);
-      case Op::Set: return handleUpdate(c, id, Op::Set, r);
-      case Op::Get: return handleGet(c, id, r);
-      case Op::Wait: return handleWait(c, id, r);
-      case Op::Check: return handleCheck(c, id, r);
-      case Op::Add: return handleUpdate(c, id, Op::Add, r);
-      case Op::CompareSet: return handleUpdate(c, id, Op::CompareSet, r);
-      case Op::Delete: return handleUpdate(c, id, Op::Delete, r);
-      case Op::NumKeys: return handleNumKeys(c, id, r);
+      case Op::Hello: return handleHelloOnLoop(c, id, r);
+      case Op::Set: return handleUpdateOnLoop(c, id, Op::Set, r);
+      case Op::Get: return handleGetOnLoop(c, id, r);
+      case Op::Wait: return handleWaitOnLoop(c, id, r);
+      case Op::Check: return handleCheckOnLoop(c, id, r);
+      case Op::Add: return handleUpdateOnLoop(c, id, Op::Add, r);
+      case Op::CompareSet: return handleUpdateOnLoop(c, id, Op::CompareSet, r);
+      case Op::Delete: return handleUpdateOnLoop(c, id, Op::Delete, r);
+      case Op::NumKeys: return handleNumKeysOnLoop(c, id, r);
     }
     throw ProtocolError("store: unknown op " + std::to_string(rawOp));
   }
@@ -467,13 +484,15 @@ class StoreServer::Impl {
   static Status emptyKey(Op op) {
     return Status::invalidArgument("store: " + store::opName(static_cast<uint8_t>(op)) + " with an empty key");
   }
-  bool refuseEmptyKey(Connection& c, uint64_t id, std::string_view key, Op op) {
+  bool refuseEmptyKeyOnLoop(Connection& c, uint64_t id, std::string_view key, Op op) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (!key.empty()) return false;
-    replyError(c, id, emptyKey(op));
+    replyErrorOnLoop(c, id, emptyKey(op));
     return true;
   }
 
-  void handleHello(Connection& c, uint64_t id, BodyReader& r) {
+  void handleHelloOnLoop(Connection& c, uint64_t id, BodyReader& r) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     WEFT_ENFORCE(!c.authenticated, ProtocolError, "store: a second hello on one connection");
     uint32_t magic = r.u32("magic");
     WEFT_ENFORCE(magic == store::kMagic, ProtocolError, "store: not a weft store client (hello magic ", magic, ")");
@@ -498,11 +517,11 @@ class StoreServer::Impl {
       ++droppedConnections_;
       WEFT_LOG_LIMITED(log_, Warn, logging::RateLimiter::hostOf(c.peer))
           << "store: refusing the connection from " << c.peer << ": " << refusal;
-      armLogFlush();
+      armLogFlushOnLoop();
       uv_read_stop(reinterpret_cast<uv_stream_t*>(&c.tcp));
-      replyError(c, id, Status::protocol(refusal));
+      replyErrorOnLoop(c, id, Status::protocol(refusal));
       c.closeAfterWrites = true;
-      if (c.pendingWrites == 0) closeConnection(c);
+      if (c.pendingWrites == 0) closeConnectionOnLoop(c);
       return;
     }
     c.authenticated = true;
@@ -510,7 +529,7 @@ class StoreServer::Impl {
     uv_timer_stop(&c.timer);
     auto known = clients_.find(clientId);
     if (known == clients_.end()) {
-      forgetClientsBeyondLimit();
+      forgetClientsBeyondLimitOnLoop();
       known = clients_.emplace(clientId, Client{}).first;
     } else if (known->second.conn != nullptr) {
       // The client reconnected while its old connection still looks open
@@ -519,10 +538,10 @@ class StoreServer::Impl {
       Connection& old = *known->second.conn;
       WEFT_LOG(Info) << "store: a client reconnected from " << c.peer << "; closing its previous connection from "
                      << old.peer;
-      closeConnection(old);
+      closeConnectionOnLoop(old);
     }
     known->second.conn = &c;
-    send(c, FrameWriter(id, 0)
+    sendOnLoop(c, FrameWriter(id, 0)
                 .u32(limits_.maxKeyBytes)
                 .u32(limits_.maxValueBytes)
                 .u32(limits_.maxKeysPerRequest)
@@ -532,7 +551,8 @@ class StoreServer::Impl {
 
   // Makes room for one more client record by forgetting the clients
   // disconnected longest (connected ones are bounded by maxConnections).
-  void forgetClientsBeyondLimit() {
+  void forgetClientsBeyondLimitOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     while (clients_.size() >= limits_.maxKnownClients) {
       auto oldest = clients_.end();
       for (auto it = clients_.begin(); it != clients_.end(); ++it) {
@@ -547,7 +567,8 @@ class StoreServer::Impl {
 
   // ---- updates: applied at most once per (client, request id) ----------------------------
 
-  void handleUpdate(Connection& c, uint64_t id, Op op, BodyReader& r) {
+  void handleUpdateOnLoop(Connection& c, uint64_t id, Op op, BodyReader& r) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     // The whole request is read (and checked) before anything is applied.
     std::string key(readKey(r));
     std::string value;     // Set: the value; CompareSet: the desired value
@@ -567,25 +588,26 @@ class StoreServer::Impl {
     // The record of a connected client is never forgotten; emplace only
     // guards the invariant.
     Client& client = clients_.try_emplace(c.clientId).first->second;
-    forgetSettled(client, settled);
+    forgetSettledOnLoop(client, settled);
     auto kept = client.replies.find(id);
     if (kept != client.replies.end()) {
       WEFT_LOG(Debug) << "store: answering a repeated " << store::opName(static_cast<uint8_t>(op)) << " (request "
                       << id << ") from " << c.peer << " with the reply already made";
-      return send(c, kept->second);
+      return sendOnLoop(c, kept->second);
     }
     std::string reply;
     switch (op) {
-      case Op::Set: reply = applySet(id, key, value); break;
-      case Op::Add: reply = applyAdd(id, key, delta); break;
-      case Op::CompareSet: reply = applyCompareSet(id, key, expected, value); break;
-      default: reply = applyDelete(id, key); break;
+      case Op::Set: reply = applySetOnLoop(id, key, value); break;
+      case Op::Add: reply = applyAddOnLoop(id, key, delta); break;
+      case Op::CompareSet: reply = applyCompareSetOnLoop(id, key, expected, value); break;
+      default: reply = applyDeleteOnLoop(id, key); break;
     }
-    keepReply(client, id, reply, c.peer);
-    send(c, std::move(reply));
+    keepReplyOnLoop(client, id, reply, c.peer);
+    sendOnLoop(c, std::move(reply));
   }
 
-  void forgetSettled(Client& client, uint64_t settled) {
+  void forgetSettledOnLoop(Client& client, uint64_t settled) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     auto end = client.replies.lower_bound(settled);
     for (auto it = client.replies.begin(); it != end; ++it) {
       client.replyBytes -= it->second.size();
@@ -594,7 +616,8 @@ class StoreServer::Impl {
     client.replies.erase(client.replies.begin(), end);
   }
 
-  void keepReply(Client& client, uint64_t id, const std::string& reply, const std::string& peer) {
+  void keepReplyOnLoop(Client& client, uint64_t id, const std::string& reply, const std::string& peer) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     client.replies.emplace(id, reply);
     client.replyBytes += reply.size();
     ++keptReplies_;
@@ -613,46 +636,51 @@ class StoreServer::Impl {
     }
   }
 
-  void handleGet(Connection& c, uint64_t id, BodyReader& r) {
+  void handleGetOnLoop(Connection& c, uint64_t id, BodyReader& r) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     std::string_view key = readKey(r);
     std::chrono::milliseconds timeout = readTimeout(r);
     r.expectEnd("get");
-    if (refuseEmptyKey(c, id, key, Op::Get)) return;
+    if (refuseEmptyKeyOnLoop(c, id, key, Op::Get)) return;
     auto it = data_.find(std::string(key));
-    if (it != data_.end()) return send(c, FrameWriter(id, 0).str(it->second).finish());
-    addWaiter(c, id, Op::Get, {std::string(key)}, timeout);
+    if (it != data_.end()) return sendOnLoop(c, FrameWriter(id, 0).str(it->second).finish());
+    addWaiterOnLoop(c, id, Op::Get, {std::string(key)}, timeout);
   }
 
-  void handleWait(Connection& c, uint64_t id, BodyReader& r) {
+  void handleWaitOnLoop(Connection& c, uint64_t id, BodyReader& r) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     std::vector<std::string> keys = r.keys(limits_.maxKeysPerRequest, limits_.maxKeyBytes);
     std::chrono::milliseconds timeout = readTimeout(r);
     r.expectEnd("wait");
     for (const std::string& k : keys) {
-      if (refuseEmptyKey(c, id, k, Op::Wait)) return;
+      if (refuseEmptyKeyOnLoop(c, id, k, Op::Wait)) return;
     }
     std::sort(keys.begin(), keys.end());
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
     bool all = std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return data_.count(k) > 0; });
-    if (all) return replyOk(c, id);
-    addWaiter(c, id, Op::Wait, std::move(keys), timeout);
+    if (all) return replyOkOnLoop(c, id);
+    addWaiterOnLoop(c, id, Op::Wait, std::move(keys), timeout);
   }
 
-  void handleCheck(Connection& c, uint64_t id, BodyReader& r) {
+  void handleCheckOnLoop(Connection& c, uint64_t id, BodyReader& r) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     std::vector<std::string> keys = r.keys(limits_.maxKeysPerRequest, limits_.maxKeyBytes);
     r.expectEnd("check");
     bool all = std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return data_.count(k) > 0; });
-    send(c, FrameWriter(id, 0).u8(all ? 1 : 0).finish());
+    sendOnLoop(c, FrameWriter(id, 0).u8(all ? 1 : 0).finish());
   }
 
   // The apply* functions change the store and return the reply frame.
-  std::string applySet(uint64_t id, const std::string& key, std::string_view value) {
+  std::string applySetOnLoop(uint64_t id, const std::string& key, std::string_view value) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (key.empty()) return errorFrame(id, emptyKey(Op::Set));
-    Status s = storeValue(key, value);
+    Status s = storeValueOnLoop(key, value);
     if (!s.ok()) return errorFrame(id, s);
     return FrameWriter(id, 0).finish();
   }
 
-  std::string applyAdd(uint64_t id, const std::string& key, int64_t delta) {
+  std::string applyAddOnLoop(uint64_t id, const std::string& key, int64_t delta) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (key.empty()) return errorFrame(id, emptyKey(Op::Add));
     int64_t current = 0;
     auto it = data_.find(key);
@@ -670,13 +698,14 @@ class StoreServer::Impl {
                                                     std::to_string(delta) + ") overflows " +
                                                     std::to_string(current)));
     }
-    Status s = storeValue(key, std::to_string(sum));
+    Status s = storeValueOnLoop(key, std::to_string(sum));
     if (!s.ok()) return errorFrame(id, s);
     return FrameWriter(id, 0).i64(sum).finish();
   }
 
-  std::string applyCompareSet(uint64_t id, const std::string& key, std::string_view expected,
+  std::string applyCompareSetOnLoop(uint64_t id, const std::string& key, std::string_view expected,
                               std::string_view desired) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (key.empty()) return errorFrame(id, emptyKey(Op::CompareSet));
     auto it = data_.find(key);
     bool swap = it == data_.end() ? expected.empty() : it->second == expected;
@@ -684,12 +713,13 @@ class StoreServer::Impl {
       std::string_view current = it == data_.end() ? expected : std::string_view(it->second);
       return FrameWriter(id, 0).str(current).finish();
     }
-    Status s = storeValue(key, desired);
+    Status s = storeValueOnLoop(key, desired);
     if (!s.ok()) return errorFrame(id, s);
     return FrameWriter(id, 0).str(desired).finish();
   }
 
-  std::string applyDelete(uint64_t id, const std::string& key) {
+  std::string applyDeleteOnLoop(uint64_t id, const std::string& key) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     auto it = data_.find(key);
     bool existed = it != data_.end();
     if (existed) {
@@ -699,13 +729,15 @@ class StoreServer::Impl {
     return FrameWriter(id, 0).u8(existed ? 1 : 0).finish();
   }
 
-  void handleNumKeys(Connection& c, uint64_t id, BodyReader& r) {
+  void handleNumKeysOnLoop(Connection& c, uint64_t id, BodyReader& r) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     r.expectEnd("numKeys");
-    send(c, FrameWriter(id, 0).i64(static_cast<int64_t>(data_.size())).finish());
+    sendOnLoop(c, FrameWriter(id, 0).i64(static_cast<int64_t>(data_.size())).finish());
   }
 
   // Stores value under key within maxStoredBytes, then wakes the key's waiters.
-  Status storeValue(const std::string& key, std::string_view value) {
+  Status storeValueOnLoop(const std::string& key, std::string_view value) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     auto it = data_.find(key);
     uint64_t before = it == data_.end() ? 0 : key.size() + it->second.size();
     uint64_t after = key.size() + value.size();
@@ -720,16 +752,17 @@ class StoreServer::Impl {
     } else {
       it->second.assign(value.data(), value.size());
     }
-    notify(key);
+    notifyOnLoop(key);
     return Status();
   }
 
   // ---- waiters ----------------------------------------------------------------------
 
-  void addWaiter(Connection& c, uint64_t requestId, Op op, std::vector<std::string> keys,
+  void addWaiterOnLoop(Connection& c, uint64_t requestId, Op op, std::vector<std::string> keys,
                  std::chrono::milliseconds timeout) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (c.waiters.size() >= limits_.maxWaitersPerConnection) {
-      return replyError(c, requestId,
+      return replyErrorOnLoop(c, requestId,
                         Status::invalidArgument("store: " + std::to_string(c.waiters.size()) +
                                                 " requests of this connection are waiting already, the limit"));
     }
@@ -741,16 +774,17 @@ class StoreServer::Impl {
     w.keys = std::move(keys);
     w.timeout = timeout;
     c.waiters.insert(id);
-    watchMissing(id, w);
+    watchMissingOnLoop(id, w);
     if (timeout.count() > 0) {
       w.deadline = Clock::now() + timeout;
       deadlines_.emplace(*w.deadline, id);
-      armDeadlineTimer();
+      armDeadlineTimerOnLoop();
     }
   }
 
   // Registers w under each of its keys that does not exist; returns how many.
-  size_t watchMissing(uint64_t id, Waiter& w) {
+  size_t watchMissingOnLoop(uint64_t id, Waiter& w) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     for (const std::string& k : w.keys) {
       if (data_.count(k)) continue;
       watchers_[k].push_back(id);
@@ -762,7 +796,8 @@ class StoreServer::Impl {
   // key now exists: waiters that have seen all their keys set are answered if
   // all of them still exist (a wait needs them at the same time), re-registered
   // under the missing ones otherwise.
-  void notify(const std::string& key) {
+  void notifyOnLoop(const std::string& key) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     auto it = watchers_.find(key);
     if (it == watchers_.end()) return;
     std::vector<uint64_t> ids = std::move(it->second);
@@ -772,18 +807,19 @@ class StoreServer::Impl {
       if (wit == waiters_.end()) continue;
       Waiter& w = wit->second;
       w.watching.erase(std::find(w.watching.begin(), w.watching.end(), key));
-      if (!w.watching.empty() || watchMissing(id, w) > 0) continue;
+      if (!w.watching.empty() || watchMissingOnLoop(id, w) > 0) continue;
       Connection& c = *w.conn;
       if (w.op == Op::Get) {
-        send(c, FrameWriter(w.requestId, 0).str(data_.at(w.keys[0])).finish());
+        sendOnLoop(c, FrameWriter(w.requestId, 0).str(data_.at(w.keys[0])).finish());
       } else {
-        replyOk(c, w.requestId);
+        replyOkOnLoop(c, w.requestId);
       }
-      removeWaiter(id);
+      removeWaiterOnLoop(id);
     }
   }
 
-  void removeWaiter(uint64_t id) {
+  void removeWaiterOnLoop(uint64_t id) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     auto it = waiters_.find(id);
     if (it == waiters_.end()) return;
     Waiter& w = it->second;
@@ -799,7 +835,8 @@ class StoreServer::Impl {
     waiters_.erase(it);
   }
 
-  void armDeadlineTimer() {
+  void armDeadlineTimerOnLoop() {
+    WEFT_DCHECK_ON_LOOP(loop_);
     if (closing_) return;
     if (deadlines_.empty()) {
       uv_timer_stop(&deadlineTimer_);
@@ -815,12 +852,13 @@ class StoreServer::Impl {
     Clock::time_point now = Clock::now();
     while (!s->deadlines_.empty() && s->deadlines_.begin()->first <= now) {
       uint64_t id = s->deadlines_.begin()->second;
-      s->expire(id);
+      s->expireOnLoop(id);
     }
-    s->armDeadlineTimer();
+    s->armDeadlineTimerOnLoop();
   }
 
-  void expire(uint64_t id) {
+  void expireOnLoop(uint64_t id) {
+    WEFT_DCHECK_ON_LOOP(loop_);
     Waiter& w = waiters_.at(id);
     std::string message =
         w.op == Op::Get
@@ -828,8 +866,8 @@ class StoreServer::Impl {
                   store::describeDuration(w.timeout) + ": the key was not set"
             : "store: wait timed out after " + store::describeDuration(w.timeout) +
                   "; missing keys: " + store::describeKeys(w.watching);
-    replyError(*w.conn, w.requestId, Status::timeout(message));
-    removeWaiter(id);
+    replyErrorOnLoop(*w.conn, w.requestId, Status::timeout(message));
+    removeWaiterOnLoop(id);
   }
 
   UvLoop& loop_;
@@ -837,6 +875,7 @@ class StoreServer::Impl {
   const store::Limits limits_;
   const uint64_t serverId_;  // tells a client that reconnects whether this server is the one it knew
 
+  // Loop thread.
   // The lines a client can repeat at will (connections dropped, refused or failed), per
   // address; logTimer_ writes their summary when it is due.
   logging::RateLimiter log_{"store"};
@@ -898,7 +937,7 @@ StoreServer::StoreServer(Config config, UvLoop* loop) : config_(std::move(config
   loop_ = loop;
   impl_ = std::make_unique<Impl>(*loop_, config_);
   try {
-    port_ = loop_->call([&] { return impl_->listen(address); });
+    port_ = loop_->call([&] { return impl_->listenOnLoop(address); });
   } catch (...) {
     close();
     throw;
@@ -908,7 +947,7 @@ StoreServer::StoreServer(Config config, UvLoop* loop) : config_(std::move(config
 StoreServer::~StoreServer() { close(); }
 
 StoreServer::Stats StoreServer::stats() const {
-  return loop_->call([&] { return impl_->stats(); });
+  return loop_->call([&] { return impl_->statsOnLoop(); });
 }
 
 void StoreServer::close() {
@@ -916,7 +955,7 @@ void StoreServer::close() {
   Future<void> closed = done.getFuture();
   WEFT_CHECK(!loop_->inLoopThread()) << "StoreServer::close() would block its own event loop";
   // A loop that has stopped already closed our handles (see UvLoop::stop).
-  if (loop_->post([this, done]() mutable { impl_->beginClose(std::move(done)); })) closed.get();
+  if (loop_->post([this, done]() mutable { impl_->beginCloseOnLoop(std::move(done)); })) closed.get();
 }
 
 }  // namespace weft::rpc

@@ -7,8 +7,8 @@
 namespace weft::rpc {
 
 namespace {
-thread_local bool tlsUnderLoad = false;
-thread_local bool tlsOnPool = false;
+thread_local bool tUnderLoad = false;
+thread_local bool tOnPool = false;
 }  // namespace
 
 ThreadPool::ThreadPool(std::string name, int threads) : name_(std::move(name)) {
@@ -37,7 +37,7 @@ bool ThreadPool::post(Task task) {
 }
 
 void ThreadPool::stop() {
-  WEFT_CHECK(!tlsOnPool) << "ThreadPool::stop called on a pool thread";
+  WEFT_CHECK(!tOnPool) << "ThreadPool::stop called on a pool thread";
   std::lock_guard<std::mutex> stopLock(stopMutex_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -49,10 +49,10 @@ void ThreadPool::stop() {
   }
 }
 
-bool ThreadPool::underLoad() { return tlsUnderLoad; }
+bool ThreadPool::underLoad() { return tUnderLoad; }
 
 void ThreadPool::run() {
-  tlsOnPool = true;
+  tOnPool = true;
   for (;;) {
     Task task;
     {
@@ -61,10 +61,10 @@ void ThreadPool::run() {
       if (tasks_.empty()) return;  // stopping, and nothing left to run
       task = std::move(tasks_.front());
       tasks_.pop_front();
-      tlsUnderLoad = !tasks_.empty();
+      tUnderLoad = !tasks_.empty();
     }
     task();
-    tlsUnderLoad = false;
+    tUnderLoad = false;
   }
 }
 

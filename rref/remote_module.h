@@ -10,7 +10,7 @@
 //   weft::Future<Tensor> f = emb.forwardAsync(indices, offsets);
 //   std::vector<weft::RRef<Tensor>> params = emb.remoteParameters();   // owned by "ps"
 //   emb.eval();                                               // the module on "ps" changes mode
-//   agent.sync("trainer0", runTrainer, emb);                  // a RemoteModule is an RPC argument
+//   agent.call("trainer0", runTrainer, emb);                  // a RemoteModule is an RPC argument
 //
 // Placement. "worker/cpu", the worker by name. "worker/cuda:N" is refused with
 // InvalidArgumentError: tensors cross the wire on the CPU only (rpc/codec.h), so a module on a GPU

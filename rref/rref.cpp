@@ -1,4 +1,4 @@
-// The RRef layer's protocol: RRefContext (rref/rref_context.h) creating, using, forking and
+// The RRef layer's protocol: RRefExtension (rref/rref_extension.h) creating, using, forking and
 // deleting references, the owner's and the users' bookkeeping, frames that carry references,
 // peer failures and the end of the job (rpc/protocol.capnp, "Remote references"). The
 // remote-class table is in remote_class.cpp, the entry points of the RRef<T> templates and the
@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "common/logging.h"
-#include "rref/rref_context.h"
+#include "rref/rref_extension.h"
 
 namespace weft::rref {
 
@@ -28,7 +28,7 @@ RRefCore::~RRefCore() {
   if (ctx) ctx->release(*this);
 }
 
-std::shared_ptr<RRefCore> RRefContext::makeCore(uint64_t id, uint64_t fork, int owner, std::string typeName) {
+std::shared_ptr<RRefCore> RRefExtension::makeCore(uint64_t id, uint64_t fork, int owner, std::string typeName) {
   auto core = std::make_shared<RRefCore>();
   core->ctx = shared_from_this();
   core->id = id;
@@ -39,7 +39,7 @@ std::shared_ptr<RRefCore> RRefContext::makeCore(uint64_t id, uint64_t fork, int 
   return core;
 }
 
-void RRefContext::release(RRefCore& core) {
+void RRefExtension::release(RRefCore& core) {
   std::shared_ptr<OwnerRecord> erased;
   bool sendIt = false;
   {
@@ -61,14 +61,14 @@ void RRefContext::release(RRefCore& core) {
   if (sendIt) sendDelete(core.id, core.fork, core.owner);
 }
 
-void RRefContext::sendDelete(uint64_t id, uint64_t fork, int owner) {
+void RRefExtension::sendDelete(uint64_t id, uint64_t fork, int owner) {
   agent_.callWith<void>(owner, kDelete, rpc::nameId(kDelete), kControl,
                         [&](rpc::EncodeContext& enc, rpc::wire::Call::Builder call) {
                           rpc::encodeArguments(enc, call.initArgs(1), std::make_tuple(id, fork));
                         });
 }
 
-void RRefContext::check(const RRefCore& core) {
+void RRefExtension::check(const RRefCore& core) {
   WEFT_ENFORCE(!closed_, StateError, "RRef ", idString(core.id), ": the agent that holds it has shut down");
   if (!core.unusable.load()) return;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -77,7 +77,7 @@ void RRefContext::check(const RRefCore& core) {
                "' released it when the job ended (every worker called Agent::shutdown())");
 }
 
-std::shared_ptr<OwnerRecord> RRefContext::recordFor(uint64_t id) {
+std::shared_ptr<OwnerRecord> RRefExtension::recordFor(uint64_t id) {
   auto it = owned_.find(id);
   if (it != owned_.end()) return it->second;
   if (creatorOf(id) == self() || deadPeers_.count(creatorOf(id))) return nullptr;
@@ -87,13 +87,13 @@ std::shared_ptr<OwnerRecord> RRefContext::recordFor(uint64_t id) {
   return rec;
 }
 
-void RRefContext::maybeErase(const std::shared_ptr<OwnerRecord>& rec) {
+void RRefExtension::maybeErase(const std::shared_ptr<OwnerRecord>& rec) {
   if (!rec->created || !rec->forks.empty() || !rec->local.empty()) return;
   auto it = owned_.find(rec->id);
   if (it != owned_.end() && it->second == rec) owned_.erase(it);
 }
 
-DebugCounts RRefContext::counts() const {
+DebugCounts RRefExtension::counts() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (atClose_) return *atClose_;
   DebugCounts c;
@@ -105,14 +105,14 @@ DebugCounts RRefContext::counts() const {
   return c;
 }
 
-Status RRefContext::originError(const std::exception_ptr& e, const std::string& label) const {
+Status RRefExtension::originError(const std::exception_ptr& e, const std::string& label) const {
   Status s = statusFromException(e);
   return s.hasOrigin() ? s : s.withOrigin(agent_.name(), label);
 }
 
 // ---- creating ------------------------------------------------------------------------------
 
-std::shared_ptr<RRefCore> RRefContext::create(
+std::shared_ptr<RRefCore> RRefExtension::create(
     const rpc::WorkerRef& to, const std::string& typeName, detail::CreateKind kind, const std::string& name,
     uint64_t index, unsigned n,
     const std::function<void(rpc::EncodeContext&, capnp::List<rpc::wire::Value>::Builder)>& fill) {
@@ -162,7 +162,7 @@ std::shared_ptr<RRefCore> RRefContext::create(
   return core;
 }
 
-std::shared_ptr<RRefCore> RRefContext::makeOwned(rpc::HeldValue value) {
+std::shared_ptr<RRefCore> RRefExtension::makeOwned(rpc::HeldValue value) {
   uint64_t id = newId();
   auto core = makeCore(id, 0, self(), value.typeName);
   auto rec = std::make_shared<OwnerRecord>();
@@ -180,7 +180,7 @@ std::shared_ptr<RRefCore> RRefContext::makeOwned(rpc::HeldValue value) {
 }
 
 // The owner registered this worker's fork (error: it could not). Loop thread or caller.
-void RRefContext::confirm(const std::shared_ptr<RRefCore>& core, const Status& error) {
+void RRefExtension::confirm(const std::shared_ptr<RRefCore>& core, const Status& error) {
   std::shared_ptr<RRefCore> held;
   bool deleteNow = false;
   {
@@ -206,7 +206,7 @@ void RRefContext::confirm(const std::shared_ptr<RRefCore>& core, const Status& e
   if (deleteNow) sendDelete(core->id, core->fork, core->owner);
 }
 
-void RRefContext::build(const std::shared_ptr<OwnerRecord>& rec, Future<rpc::HeldValue> value,
+void RRefExtension::build(const std::shared_ptr<OwnerRecord>& rec, Future<rpc::HeldValue> value,
                         const std::string& label) {
   value.onComplete([self = shared_from_this(), rec, label](const Future<rpc::HeldValue>& f) {
     if (f.hasError()) {
@@ -217,7 +217,7 @@ void RRefContext::build(const std::shared_ptr<OwnerRecord>& rec, Future<rpc::Hel
   });
 }
 
-Future<rpc::HeldValue> RRefContext::onCreate(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+Future<rpc::HeldValue> RRefExtension::onCreate(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
   auto args = frame->message().getCall().getArgs();
   rpc::DecodeContext dec(*frame);
   if (args.size() != 2) throw ProtocolError(kCreate + ": expected 2 arguments, got " + std::to_string(args.size()));
@@ -318,7 +318,7 @@ Future<rpc::HeldValue> RRefContext::onCreate(const rpc::CallContext& ctx, std::s
   return makeReadyFuture(rpc::HeldValue::none());
 }
 
-Future<rpc::HeldValue> RRefContext::whenBuilt(
+Future<rpc::HeldValue> RRefExtension::whenBuilt(
     const std::shared_ptr<OwnerRecord>& rec, const std::string& label,
     std::function<Future<rpc::HeldValue>(const rpc::HeldValue& value, const OwnerRecord& rec)> body) {
   Promise<rpc::HeldValue> out;
@@ -349,7 +349,7 @@ Future<rpc::HeldValue> RRefContext::whenBuilt(
 
 // ---- using ---------------------------------------------------------------------------------
 
-Future<rpc::HeldValue> RRefContext::onCall(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+Future<rpc::HeldValue> RRefExtension::onCall(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
   auto args = frame->message().getCall().getArgs();
   rpc::DecodeContext dec(*frame);
   if (args.size() != 2) throw ProtocolError(kCall + ": expected 2 arguments, got " + std::to_string(args.size()));
@@ -369,7 +369,7 @@ Future<rpc::HeldValue> RRefContext::onCall(const rpc::CallContext& ctx, std::sha
   });
 }
 
-Future<rpc::HeldValue> RRefContext::onFetch(const rpc::CallContext&, std::shared_ptr<rpc::IncomingFrame> frame) {
+Future<rpc::HeldValue> RRefExtension::onFetch(const rpc::CallContext&, std::shared_ptr<rpc::IncomingFrame> frame) {
   auto args = frame->message().getCall().getArgs();
   rpc::DecodeContext dec(*frame);
   if (args.size() != 1) throw ProtocolError(kFetch + ": expected 1 argument, got " + std::to_string(args.size()));
@@ -385,7 +385,7 @@ Future<rpc::HeldValue> RRefContext::onFetch(const rpc::CallContext&, std::shared
 
 // ---- forks ---------------------------------------------------------------------------------
 
-Future<rpc::HeldValue> RRefContext::onFork(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+Future<rpc::HeldValue> RRefExtension::onFork(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
   auto args = frame->message().getCall().getArgs();
   rpc::DecodeContext dec(*frame);
   auto [forkArgs] = rpc::decodeArguments<std::tuple<uint64_t, uint64_t>>(kFork, args, dec);
@@ -398,7 +398,7 @@ Future<rpc::HeldValue> RRefContext::onFork(const rpc::CallContext& ctx, std::sha
   return makeReadyFuture(rpc::HeldValue::none());
 }
 
-Future<rpc::HeldValue> RRefContext::onAccept(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+Future<rpc::HeldValue> RRefExtension::onAccept(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
   auto args = frame->message().getCall().getArgs();
   rpc::DecodeContext dec(*frame);
   auto [fork] = rpc::decodeArguments<uint64_t>(kAccept, args, dec);
@@ -414,7 +414,7 @@ Future<rpc::HeldValue> RRefContext::onAccept(const rpc::CallContext& ctx, std::s
   return makeReadyFuture(rpc::HeldValue::none());  // `parent` is dropped outside the lock
 }
 
-Future<rpc::HeldValue> RRefContext::onDelete(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
+Future<rpc::HeldValue> RRefExtension::onDelete(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
   auto args = frame->message().getCall().getArgs();
   rpc::DecodeContext dec(*frame);
   auto [pair] = rpc::decodeArguments<std::tuple<uint64_t, uint64_t>>(kDelete, args, dec);
@@ -437,7 +437,7 @@ Future<rpc::HeldValue> RRefContext::onDelete(const rpc::CallContext& ctx, std::s
   return makeReadyFuture(rpc::HeldValue::none());
 }
 
-void RRefContext::encodeRef(const std::shared_ptr<RRefCore>& core, rpc::wire::Value::Builder out,
+void RRefExtension::encodeRef(const std::shared_ptr<RRefCore>& core, rpc::wire::Value::Builder out,
                             rpc::EncodeContext& enc) {
   WEFT_ENFORCE(core != nullptr, InvalidArgumentError, "RRef: an empty handle cannot be sent");
   WEFT_ENFORCE(enc.agent() == &agent_, InvalidArgumentError, "RRef ", idString(core->id),
@@ -479,7 +479,7 @@ void RRefContext::encodeRef(const std::shared_ptr<RRefCore>& core, rpc::wire::Va
 
 // ---- frames that carry references -----------------------------------------------------------
 
-void RRefContext::onIncomingFrame(int peer, rpc::IncomingFrame& frame) {
+void RRefExtension::onIncomingFrame(int peer, rpc::IncomingFrame& frame) {
   auto inbox = std::make_shared<RRefInbox>();
   auto msg = frame.message();
   uint32_t maxDepth = frame.maxNesting() + 2;
@@ -491,7 +491,7 @@ void RRefContext::onIncomingFrame(int peer, rpc::IncomingFrame& frame) {
   frame.attach(std::move(inbox));
 }
 
-void RRefContext::scan(int peer, rpc::wire::Value::Reader v, RRefInbox& inbox, uint32_t depth, uint32_t maxDepth) {
+void RRefExtension::scan(int peer, rpc::wire::Value::Reader v, RRefInbox& inbox, uint32_t depth, uint32_t maxDepth) {
   if (depth > maxDepth) throw ProtocolError("rref: values nested deeper than " + std::to_string(maxDepth));
   switch (v.which()) {
     case rpc::wire::Value::RREF:
@@ -517,7 +517,7 @@ void RRefContext::scan(int peer, rpc::wire::Value::Reader v, RRefInbox& inbox, u
   }
 }
 
-void RRefContext::adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& inbox) {
+void RRefExtension::adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& inbox) {
   uint64_t id = d.getRrefId();
   uint64_t fork = d.getForkId();
   int owner = static_cast<int>(d.getOwner());
@@ -602,7 +602,7 @@ void RRefContext::adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& inbo
 
 // ---- failures and shutdown ----------------------------------------------------------------
 
-void RRefContext::onPeerFailed(int rank, const Status& why) {
+void RRefExtension::onPeerFailed(int rank, const Status& why) {
   std::vector<std::shared_ptr<RRefCore>> dropped;
   std::vector<std::shared_ptr<OwnerRecord>> records;
   std::vector<std::shared_ptr<OwnerRecord>> orphans;
@@ -656,7 +656,7 @@ void RRefContext::onPeerFailed(int rank, const Status& why) {
   }
 }
 
-void RRefContext::onShutdownBegin() {
+void RRefExtension::onShutdownBegin() {
   std::vector<std::tuple<uint64_t, uint64_t, int>> deletes;
   std::vector<std::shared_ptr<OwnerRecord>> records;
   {
@@ -681,7 +681,7 @@ void RRefContext::onShutdownBegin() {
   for (auto& [id, fork, owner] : deletes) sendDelete(id, fork, owner);
 }
 
-void RRefContext::onClosed() {
+void RRefExtension::onClosed() {
   std::unordered_map<uint64_t, std::shared_ptr<OwnerRecord>> owned;
   std::unordered_map<uint64_t, std::shared_ptr<RRefCore>> pendingUsers;
   std::unordered_map<uint64_t, Child> pendingChildren;
@@ -706,19 +706,19 @@ void RRefContext::onClosed() {
 
 // ---- registration ---------------------------------------------------------------------------
 
-void RRefContext::registerFunctions() {
+void RRefExtension::registerFunctions() {
   auto& reg = agent_.registry();
   auto bind = [&](const std::string& name, auto method) {
     reg.implOnLoop(name, [this, method](const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame) {
       return (this->*method)(ctx, std::move(frame));
     });
   };
-  bind(kCreate, &RRefContext::onCreate);
-  bind(kCall, &RRefContext::onCall);
-  bind(kFetch, &RRefContext::onFetch);
-  bind(kFork, &RRefContext::onFork);
-  bind(kAccept, &RRefContext::onAccept);
-  bind(kDelete, &RRefContext::onDelete);
+  bind(kCreate, &RRefExtension::onCreate);
+  bind(kCall, &RRefExtension::onCall);
+  bind(kFetch, &RRefExtension::onFetch);
+  bind(kFork, &RRefExtension::onFork);
+  bind(kAccept, &RRefExtension::onAccept);
+  bind(kDelete, &RRefExtension::onDelete);
 }
 
 std::string DebugCounts::toString() const {
@@ -728,13 +728,13 @@ std::string DebugCounts::toString() const {
   return os.str();
 }
 
-DebugCounts debugCounts(rpc::Agent& agent) { return agent.extension<RRefContext>().counts(); }
+DebugCounts debugCounts(rpc::Agent& agent) { return agent.extension<RRefExtension>().counts(); }
 
 namespace detail {
 
 bool installLayer() {
-  return rpc::Agent::installExtension(typeTag<RRefContext>(), [](rpc::Agent& agent) -> std::shared_ptr<rpc::AgentExtension> {
-    auto ctx = std::make_shared<RRefContext>(agent);
+  return rpc::Agent::installExtension(typeTag<RRefExtension>(), [](rpc::Agent& agent) -> std::shared_ptr<rpc::AgentExtension> {
+    auto ctx = std::make_shared<RRefExtension>(agent);
     ctx->registerFunctions();
     return ctx;
   });

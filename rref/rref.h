@@ -9,7 +9,7 @@
 //   std::vector<weft::RRef<Tensor>> params = ps.rpcSync(&ParameterServer::parameterRRefs);
 //   Tensor w = params[0].toHere();                       // a copy, fetched from the owner
 //   weft::RRef<Tensor> r = agent.remote("w1", add, a, b);  // the result of a registered function
-//   agent.sync("w2", train, ps);                          // RRefs travel as arguments and results
+//   agent.call("w2", train, ps);                          // RRefs travel as arguments and results
 //
 // Creation. agent.remote<T>(to, args...) builds a remote class (rref/remote_class.h) on `to`
 // with the first declared constructor the arguments convert to; agent.remote(to, fn, args...)
@@ -73,12 +73,12 @@ class RRef;
 
 namespace rref {
 
-class RRefContext;
+class RRefExtension;
 struct OwnerRecord;
 
 // One handle as this worker holds it, shared by all copies of an RRef<T>.
 struct RRefCore {
-  std::shared_ptr<RRefContext> ctx;
+  std::shared_ptr<RRefExtension> ctx;
   uint64_t id = 0;
   uint64_t fork = 0;  // this worker's fork; 0 on the owner
   int owner = -1;

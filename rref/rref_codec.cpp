@@ -1,20 +1,20 @@
 // What the RRef<T> templates of rref/rref.h reach through rref::detail: creating a reference,
 // checking a handle, the names and arguments of weft.rref.call and weft.rref.fetch, the owner's
 // value, and the reference codec (a handle written into an outgoing value, read back from the
-// handles the RRefContext took over when the frame arrived). Called on whichever thread uses an
+// handles the RRefExtension took over when the frame arrived). Called on whichever thread uses an
 // RRef, encodes a value or decodes one.
-#include "rref/rref_context.h"
+#include "rref/rref_extension.h"
 
 namespace weft::rref::detail {
 
 std::shared_ptr<RRefCore> create(rpc::Agent& agent, const rpc::WorkerRef& to, const std::string& typeName,
                                  CreateKind kind, const std::string& name, uint64_t index, unsigned n,
                                  const std::function<void(rpc::EncodeContext&, capnp::List<rpc::wire::Value>::Builder)>& fill) {
-  return agent.extension<RRefContext>().create(to, typeName, kind, name, index, n, fill);
+  return agent.extension<RRefExtension>().create(to, typeName, kind, name, index, n, fill);
 }
 
 std::shared_ptr<RRefCore> makeOwned(rpc::Agent& agent, rpc::HeldValue value) {
-  return agent.extension<RRefContext>().makeOwned(std::move(value));
+  return agent.extension<RRefExtension>().makeOwned(std::move(value));
 }
 
 void check(const std::shared_ptr<RRefCore>& core) {

@@ -8,7 +8,8 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "tensor/grad_rules/grad_rules.h"
-#include "tensor/op_utils.h"
+#include "tensor/op_checks.h"
+#include "tensor/op_layout.h"
 
 namespace weft {
 

@@ -9,7 +9,8 @@
 #include "kernels/cpu/loss.h"
 #include "kernels/cpu/softmax.h"
 #include "tensor/grad_rules/grad_rules.h"
-#include "tensor/op_utils.h"
+#include "tensor/op_checks.h"
+#include "tensor/op_layout.h"
 #include "tensor/ops_nn.h"
 
 namespace weft {

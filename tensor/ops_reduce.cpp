@@ -7,7 +7,8 @@
 #include "kernels/cpu/softmax.h"
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
-#include "tensor/op_utils.h"
+#include "tensor/op_checks.h"
+#include "tensor/op_layout.h"
 #include "tensor/ops_elementwise.h"
 
 namespace weft {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "text_util.h"
+#include "captured_text.h"
 #include "tools/subprocess.h"
 #include "weft_test.h"
 

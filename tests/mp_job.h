@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "tools/subprocess.h"
 
 namespace weft::testing {

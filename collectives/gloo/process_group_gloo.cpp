@@ -39,16 +39,16 @@ namespace weft::collectives {
 
 namespace {
 
-using gloo_detail::CallExchange;
-using gloo_detail::CallHeader;
-using gloo_detail::blockSigpipeOnThisThread;
-using gloo_detail::Clock;
-using gloo_detail::createTcpDevice;
-using gloo_detail::Deadline;
-using gloo_detail::OpCode;
-using gloo_detail::SigpipeBlock;
-using gloo_detail::opName;
-using gloo_detail::timeoutUntil;
+using detail::CallExchange;
+using detail::CallHeader;
+using detail::blockSigpipeOnThisThread;
+using detail::Clock;
+using detail::createTcpDevice;
+using detail::Deadline;
+using detail::OpCode;
+using detail::SigpipeBlock;
+using detail::opName;
+using detail::timeoutUntil;
 using Millis = std::chrono::milliseconds;
 
 // ---- argument checks ---------------------------------------------------------------
@@ -210,7 +210,7 @@ constexpr int64_t kP2pHeaderMagic = 0x7765667470320001;   // "weftp2" + 1
 constexpr int64_t kP2pVerdictMagic = 0x7765667470320002;  // "weftp2" + 2
 
 uint64_t p2pSlot(uint64_t base, uint64_t seq, uint32_t tag) {
-  return base | ((seq & gloo_detail::kP2pSeqMask) << 32) | tag;
+  return base | ((seq & detail::kP2pSeqMask) << 32) | tag;
 }
 
 // "12 elements of float32 (48 bytes)", from a peer's words (checked to be non-negative).
@@ -318,7 +318,7 @@ size_t fusedLimitFor(int size) {
 // rank whose call matches decides alike. attach sends this rank's data when
 // the op runs (null: the bare header, sent when it is issued); finish
 // completes the op once every rank's header matched.
-struct Carried {
+struct ExchangeCarriedOp {
   std::function<void(CallExchange&, CallExchange::Outgoing&)> attach;
   std::function<void(const CallExchange&)> finish;
 };
@@ -338,7 +338,7 @@ class ProcessGroupGloo::Impl {
   // collective thread with the op's deadline; for a collective the call
   // exchange carries (carried.finish set), carried.finish runs instead.
   Work enqueue(CallHeader header, std::vector<Tensor> keep, std::function<void(Deadline)> body,
-               Carried carried = {});
+               ExchangeCarriedOp carried = {});
 
   // ---- Gloo ops, collective thread only ----
   void allreduceRaw(void* data, size_t n, DType t, ReduceOp op, Deadline d);
@@ -378,7 +378,7 @@ class ProcessGroupGloo::Impl {
     Work work;
     CallHeader header;
     std::function<void(Deadline)> body;
-    Carried carried;
+    ExchangeCarriedOp carried;
     std::unique_ptr<CallExchange::Outgoing> outgoing;  // this rank's message of the call exchange, if any
   };
   // One point-to-point transfer (see "Point to point" in the header): the
@@ -470,7 +470,7 @@ ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
     std::string host = options_.hostname;
     if (host.empty()) {
       try {
-        host = gloo_detail::defaultDeviceAddress(store_.endpoint());
+        host = detail::defaultDeviceAddress(store_.endpoint());
       } catch (const InvalidArgumentError& e) {
         throw InvalidArgumentError(std::string("ProcessGroupGloo: ") + e.what());
       }
@@ -528,7 +528,7 @@ std::string ProcessGroupGloo::Impl::brokenReason() {
 
 void ProcessGroupGloo::Impl::rendezvous() {
   store_.set(prefix_ + "joined/" + std::to_string(rank_), "1");
-  auto context = std::make_shared<gloo_detail::MeshContext>(rank_, size_);
+  auto context = std::make_shared<detail::MeshContext>(rank_, size_);
   context->setTimeout(options_.timeout);
   SigpipeBlock block;
   context->connectMesh(store_, prefix_, device_, options_.timeout,
@@ -539,7 +539,7 @@ void ProcessGroupGloo::Impl::rendezvous() {
 // ---- the collective thread ----------------------------------------------------------------
 
 Work ProcessGroupGloo::Impl::enqueue(CallHeader header, std::vector<Tensor> keep, std::function<void(Deadline)> body,
-                                     Carried carried) {
+                                     ExchangeCarriedOp carried) {
   std::lock_guard<std::mutex> lock(mutex_);
   header.seq = nextSeq_++;
   Work work = Work::start(describe(header), std::move(keep));
@@ -739,7 +739,7 @@ std::vector<int> ProcessGroupGloo::Impl::lostPeers() {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     try {
-      probe->recv(r, gloo_detail::kProbeSlot);
+      probe->recv(r, detail::kProbeSlot);
     } catch (const std::exception&) {
       lost.push_back(r);
     }
@@ -877,24 +877,24 @@ Work ProcessGroupGloo::Impl::startTransfer(const Tensor& tensor, bool isRecv, co
       // the header and the data on its own slot (it leaves once the receiver,
       // having read the header, posts a receive of that size).
       const int dst = peers[0];
-      t->seq = sendsTo_[static_cast<size_t>(dst)].fetch_add(1, std::memory_order_relaxed) & gloo_detail::kP2pSeqMask;
+      t->seq = sendsTo_[static_cast<size_t>(dst)].fetch_add(1, std::memory_order_relaxed) & detail::kP2pSeqMask;
       const std::array<int64_t, kP2pWords> header = {kP2pHeaderMagic, static_cast<int64_t>(t->seq),
                                                      static_cast<int64_t>(tensor.nbytes()),
                                                      static_cast<int64_t>(tensor.dtype()), tensor.numel(),
                                                      inlined ? 1 : 0};
       std::memcpy(t->message.get(), header.data(), kP2pBytes);
       if (inlined && tensor.nbytes() > 0) std::memcpy(t->message.get() + kP2pBytes, tensor.rawData(), tensor.nbytes());
-      t->verdictBuffer->recv(dst, p2pSlot(gloo_detail::kP2pVerdictBase, t->seq, tag));
-      t->headerBuffer->send(dst, gloo_detail::kP2pHeaderBase | tag);
+      t->verdictBuffer->recv(dst, p2pSlot(detail::kP2pVerdictBase, t->seq, tag));
+      t->headerBuffer->send(dst, detail::kP2pHeaderBase | tag);
       if (!inlined) {
         t->dataBuffer = context_->createUnboundBuffer(tensor.rawData(), tensor.nbytes());
-        t->dataBuffer->send(dst, p2pSlot(gloo_detail::kP2pDataBase, t->seq, tag));
+        t->dataBuffer->send(dst, p2pSlot(detail::kP2pDataBase, t->seq, tag));
       }
     } else if (peers.size() == 1) {
       work.setSourceRank(peers[0]);
-      t->headerBuffer->recv(peers[0], gloo_detail::kP2pHeaderBase | tag);
+      t->headerBuffer->recv(peers[0], detail::kP2pHeaderBase | tag);
     } else {
-      t->headerBuffer->recv(peers, gloo_detail::kP2pHeaderBase | tag);
+      t->headerBuffer->recv(peers, detail::kP2pHeaderBase | tag);
     }
   } catch (const std::exception& e) {
     work.fail(fatal(what, e, "the transfer could not start"));
@@ -977,7 +977,7 @@ bool ProcessGroupGloo::Impl::finishRecv(Transfer& t) {
     SigpipeBlock block;
     t.verdict = {kP2pVerdictMagic, static_cast<int64_t>(t.tensor.nbytes()), static_cast<int64_t>(t.tensor.dtype()),
                  t.tensor.numel(), 0, 0};
-    t.verdictBuffer->send(peer, p2pSlot(gloo_detail::kP2pVerdictBase, seq, t.tag));
+    t.verdictBuffer->send(peer, p2pSlot(detail::kP2pVerdictBase, seq, t.tag));
     if (inlined) {
       if (same && theirs > 0) std::memcpy(t.tensor.rawData(), t.message.get() + kP2pBytes, theirs);
     } else if (theirs > 0) {
@@ -992,7 +992,7 @@ bool ProcessGroupGloo::Impl::finishRecv(Transfer& t) {
         into = t.scratch.data();
       }
       t.dataBuffer = context_->createUnboundBuffer(into, theirs);
-      t.dataBuffer->recv(peer, p2pSlot(gloo_detail::kP2pDataBase, seq, t.tag));
+      t.dataBuffer->recv(peer, p2pSlot(detail::kP2pDataBase, seq, t.tag));
     }
   }
   if (t.dataBuffer && !waitOn(t.dataBuffer.get(), true, nullptr, t.deadline)) return false;
@@ -1090,7 +1090,7 @@ Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
   if (tensor.nbytes() > impl->fusedLimit_) return impl->enqueue(h, {tensor}, std::move(tree));
   // Carried by the call exchange: the root's data comes with its header.
   const bool isRoot = rank_ == root;
-  Carried carried;
+  ExchangeCarriedOp carried;
   carried.attach = [tensor, isRoot](CallExchange& ex, CallExchange::Outgoing& out) {
     ex.send(out, tensor.rawData(), isRoot ? tensor.nbytes() : 0);
   };
@@ -1114,7 +1114,7 @@ Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
   // Carried by the call exchange: every rank reduces the ranks' copies in
   // rank order, so all get the same bits.
   const int n = size_;
-  Carried carried;
+  ExchangeCarriedOp carried;
   carried.attach = [tensor](CallExchange& ex, CallExchange::Outgoing& out) {
     ex.send(out, tensor.rawData(), tensor.nbytes());
   };
@@ -1274,7 +1274,7 @@ Work ProcessGroupGloo::barrier() {
   Impl* impl = impl_.get();
   // Carried by the call exchange, which is itself a barrier: a rank has every
   // other rank's header only once they have all called.
-  Carried carried;
+  ExchangeCarriedOp carried;
   carried.finish = [](const CallExchange&) {};
   return impl->enqueue(CallHeader{OpCode::Barrier, 0, -1, -1, -1, -1}, {}, [impl](Deadline d) { impl->barrierRaw(d); },
                        std::move(carried));

@@ -139,7 +139,7 @@ void runMaster(rpc::Agent& agent, const Flags& flags) {
       kNumEmbeddings, kEmbeddingDim);
   const auto t0 = app::Clock::now();
   std::vector<Future<TrainerReport>> calls;
-  for (int r = 0; r < kMaster; ++r) calls.push_back(agent.async(r, runTrainer, {.timeout = 0ms}, table, initial));
+  for (int r = 0; r < kMaster; ++r) calls.push_back(agent.callAsync(r, runTrainer, {.timeout = 0ms}, table, initial));
   std::vector<TrainerReport> reports;
   for (auto& c : calls) reports.push_back(app::awaitPeers(agent, c, othersThan(kMaster), "waiting for the trainers"));
   const double wall = app::secondsSince(t0);

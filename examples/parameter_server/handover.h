@@ -5,9 +5,9 @@
 //
 //   Handover handover;
 //   bindHandover(agent, handover);   // before agent.start()
-//   agent.sync(r, handOver, ps);     // trainer_1, for r = 2..W-1
+//   agent.call(r, handOver, ps);     // trainer_1, for r = 2..W-1
 //   ps = awaitModel(agent, handover);                // trainer r
-//   agent.sync(1, trainerDone, rank);                // trainer r, when it has finished
+//   agent.call(1, trainerDone, rank);                // trainer r, when it has finished
 //   awaitOtherTrainers(agent, handover);             // trainer_1
 #pragma once
 

@@ -53,7 +53,7 @@ void runTrainer(rpc::Agent& agent, const Flags& flags, Handover& handover) {
   // The model lives on the server: trainer_1 builds it there, the others get its RRef from trainer_1.
   RRef<ParameterServer> ps =
       rank == 1 ? buildModel(agent, flags.seed, flags.update, flags.dataDir) : awaitModel(agent, handover);
-  for (int r = 2; rank == 1 && r <= trainers; ++r) agent.sync(r, handOver, ps);
+  for (int r = 2; rank == 1 && r <= trainers; ++r) agent.call(r, handOver, ps);
   dist_optim::DistributedOptimizer optimizer(agent, nn::optim::SgdOptions{.lr = flags.lr}, parameterRRefs(ps));
 
   // This trainer's shard of the data.
@@ -113,7 +113,7 @@ void runTrainer(rpc::Agent& agent, const Flags& flags, Handover& handover) {
 
   // The other trainers report to trainer_1, which evaluates the model once all have finished.
   if (rank != 1) {
-    agent.sync(1, trainerDone, static_cast<int64_t>(rank));
+    agent.call(1, trainerDone, static_cast<int64_t>(rank));
     return;
   }
   awaitOtherTrainers(agent, handover);

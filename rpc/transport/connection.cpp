@@ -20,7 +20,7 @@ namespace weft::rpc::transport {
 
 namespace {
 
-thread_local WriteBatch* tlsBatch = nullptr;
+thread_local WriteBatch* tBatch = nullptr;
 
 // Spans per writev; IOV_MAX is 1024 on Linux.
 constexpr size_t kMaxIov = 1024;
@@ -39,8 +39,8 @@ OutgoingFrame abortFrame(const Status& why) {
 
 // ---- WriteBatch ------------------------------------------------------------------
 
-WriteBatch::WriteBatch() : outermost_(tlsBatch == nullptr) {
-  if (outermost_) tlsBatch = this;
+WriteBatch::WriteBatch() : outermost_(tBatch == nullptr) {
+  if (outermost_) tBatch = this;
 }
 
 WriteBatch::~WriteBatch() {
@@ -52,12 +52,12 @@ WriteBatch::~WriteBatch() {
     connections_.clear();
     for (auto& c : list) c->flushOnLoop();
   }
-  tlsBatch = nullptr;
+  tBatch = nullptr;
 }
 
-WriteBatch* WriteBatch::current() { return tlsBatch; }
+WriteBatch* WriteBatch::current() { return tBatch; }
 
-void WriteBatch::add(std::shared_ptr<Connection> connection) { tlsBatch->connections_.push_back(std::move(connection)); }
+void WriteBatch::add(std::shared_ptr<Connection> connection) { tBatch->connections_.push_back(std::move(connection)); }
 
 // ---- Connection ------------------------------------------------------------------
 

@@ -36,7 +36,8 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/lstm.h"
 #include "kernels/cpu/pool.h"
-#include "tensor/op_utils.h"
+#include "tensor/op_checks.h"
+#include "tensor/op_layout.h"
 #include "tensor/ops_nn.h"
 #include "tensor/tensor.h"
 

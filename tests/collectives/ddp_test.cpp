@@ -22,7 +22,7 @@
 #include "rpc/store.h"
 #include "tensor/ops.h"
 #include "tensor/ops_shape.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace weft;
 using namespace std::chrono_literals;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "mp_job.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace std::chrono_literals;
 using weft::testing::contains;

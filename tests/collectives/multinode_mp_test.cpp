@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "text_util.h"
+#include "captured_text.h"
 #include "tools/subprocess.h"
 
 using namespace std::chrono_literals;

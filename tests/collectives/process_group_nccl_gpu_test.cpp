@@ -21,7 +21,7 @@
 #include "collectives/nccl/detail/group.h"
 #include "common/error.h"
 #include "rpc/store.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace weft;
 using namespace weft::collectives;

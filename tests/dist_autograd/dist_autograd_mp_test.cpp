@@ -1,4 +1,4 @@
-// Distributed autograd across real processes on 127.0.0.1 (tests/dist_autograd/helpers/da_worker.cpp,
+// Distributed autograd across real processes on 127.0.0.1 (tests/dist_autograd/helpers/dist_autograd_worker.cpp,
 // one process per rank). One job of three workers runs every graph shape in sequence, each in
 // its own context: for each, rank 0 compares the gradients every worker holds in the context
 // with the same computation run locally in one process (float64, 1e-6 relative), and checks
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "mp_job.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
@@ -31,10 +31,10 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kEmptyCounts = "counts contexts 0 sendNodes 0 pendingReleases 0\n";
 
-// One job of da_worker processes, ranks 0..world-1, with short bounds and fast failure detection.
+// One job of dist_autograd_worker processes, ranks 0..world-1, with short bounds and fast failure detection.
 struct Job : weft::testing::MpJob {
   Job(const std::string& job, int world)
-      : MpJob({DA_WORKER_PATH, job}, world, [](int) { return weft::testing::fastFailureSettings(6); }) {}
+      : MpJob({DIST_AUTOGRAD_WORKER_PATH, job}, world, [](int) { return weft::testing::fastFailureSettings(6); }) {}
 };
 
 // The graphs job runs once, for every test case that reads it.

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "dist_autograd/dist_autograd.h"
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rpc/uv_loop.h"
 #include "rref/rref.h"
-#include "text_util.h"
+#include "captured_text.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "weft_test.h"
@@ -54,7 +54,7 @@ class Job {
       Tensor w = weights_.back();
       a.registry().impl(scaleByW, [w](Tensor x) { return x * w; });
       a.registry().impl(mulArgs, [](Tensor x, Tensor y) { return x * y; });
-      a.registry().impl(relay, [&a](Tensor x, int64_t to) { return weft::tanh(a.sync(to, scaleByW, x * 2.0)); });
+      a.registry().impl(relay, [&a](Tensor x, int64_t to) { return weft::tanh(a.call(to, scaleByW, x * 2.0)); });
       a.registry().impl(explodeInBackward, [](Tensor x) {
         Tensor out = x.detach().clone();
         weft::recordOp("Exploding", {x}, {out}, [](const std::vector<Tensor>&) -> std::vector<Tensor> {
@@ -66,7 +66,7 @@ class Job {
       a.registry().impl(backwardHere, [&a](int64_t to) {
         Tensor x = weft::fromVector(std::vector<double>{1.0, 2.0, -3.0}).requiresGrad_();
         Context ctx(a);
-        Tensor y = a.sync(static_cast<int>(to), scaleByW, x);
+        Tensor y = a.call(static_cast<int>(to), scaleByW, x);
         ctx.backward({y.sum()}, weft::dist_autograd::BackwardOptions{.timeout = 5s});
         return ctx.gradients().at(x);
       });
@@ -122,7 +122,7 @@ TEST_CASE("a call and its reply are recorded and backward reaches both workers")
     Context ctx(job.agent(0));
     id = ctx.id();
     CHECK((static_cast<uint64_t>(id) >> 48) == 0u);
-    Tensor y = job.agent(0).sync(1, scaleByW, x);
+    Tensor y = job.agent(0).call(1, scaleByW, x);
     CHECK(y.requiresGrad());
     CHECK_FALSE(y.isLeaf());
     Tensor loss = (y * y).sum();
@@ -130,7 +130,7 @@ TEST_CASE("a call and its reply are recorded and backward reaches both workers")
     gx = ctx.gradients().at(x);
     gw1 = weft::dist_autograd::gradients(job.agent(1), id).at(job.w(1));
     CHECK_FALSE(x.grad().defined());  // .grad untouched
-    ctx.release().get();
+    ctx.releaseAsync().get();
   }
   Tensor lx = input(), lw = job.localW(1);
   Tensor ly = lx * lw;
@@ -145,7 +145,7 @@ TEST_CASE("a reply alone is recorded when the arguments need no grad") {
   Job job;
   Tensor x = weft::fromVector(std::vector<double>{1.0, 2.0, 3.0});
   Context ctx(job.agent(0));
-  Tensor y = job.agent(0).sync(2, scaleByW, x);
+  Tensor y = job.agent(0).call(2, scaleByW, x);
   REQUIRE(y.requiresGrad());
   ctx.backward({y.sum()});
   CHECK(ctx.gradients().empty());
@@ -158,7 +158,7 @@ TEST_CASE("a chain through a handler's nested call matches the local gradient") 
   Tensor x = input();
   Context ctx(job.agent(0));
   // 0 -> 1 (relay) -> 2 (scaleByW) -> 1 -> 0, then back through 0's own weight.
-  Tensor y = job.agent(0).sync(1, relay, x, int64_t{2});
+  Tensor y = job.agent(0).call(1, relay, x, int64_t{2});
   Tensor loss = (y * job.w(0)).sum();
   ctx.backward({loss});
   CHECK(weft::dist_autograd::currentContextId(job.agent(0)) == ctx.id());
@@ -179,7 +179,7 @@ TEST_CASE("a parameter passed as an argument keeps its identity") {
   Tensor x = input();
   Context ctx(job.agent(0));
   // w_0 travels to worker 1 and back inside the product; its gradient lands on worker 0, keyed by w_0.
-  Tensor y = job.agent(0).sync(1, mulArgs, job.w(0), x);
+  Tensor y = job.agent(0).call(1, mulArgs, job.w(0), x);
   Tensor loss = (y * y * job.w(0)).sum();
   ctx.backward({loss});
   Tensor lw = job.localW(0), lx = input();
@@ -191,16 +191,16 @@ TEST_CASE("a parameter passed as an argument keeps its identity") {
 
 TEST_CASE("handlers run inside the caller's context") {
   Job job;
-  CHECK(job.agent(0).sync(1, contextHere) == 0);
+  CHECK(job.agent(0).call(1, contextHere) == 0);
   Context ctx(job.agent(0));
-  CHECK(job.agent(0).sync(1, contextHere) == ctx.id());
+  CHECK(job.agent(0).call(1, contextHere) == ctx.id());
 }
 
 TEST_CASE("retainGraph allows another pass and gradients accumulate") {
   Job job;
   Tensor x = input();
   Context ctx(job.agent(0));
-  Tensor loss = job.agent(0).sync(1, scaleByW, x).sum();
+  Tensor loss = job.agent(0).call(1, scaleByW, x).sum();
   ctx.backward({loss}, true);
   ctx.backward({loss}, true);
   ctx.backward({loss});
@@ -214,7 +214,7 @@ TEST_CASE("a remote backward that throws fails backward naming the worker") {
   Job job;
   Tensor x = input();
   Context ctx(job.agent(0));
-  Tensor y = job.agent(0).sync(2, explodeInBackward, x);
+  Tensor y = job.agent(0).call(2, explodeInBackward, x);
   try {
     ctx.backward({y.sum()});
     FAIL("backward succeeded");
@@ -251,7 +251,7 @@ TEST_CASE("leaving a context releases it on every worker it reached, transitivel
   Job job;
   {
     Context ctx(job.agent(0));
-    Tensor y = job.agent(0).sync(1, relay, input(), int64_t{2});  // reaches 2 through 1 only
+    Tensor y = job.agent(0).call(1, relay, input(), int64_t{2});  // reaches 2 through 1 only
     ctx.backward({y.sum()});
     CHECK(weft::dist_autograd::debugCounts(job.agent(2)).contexts == 1);
   }
@@ -259,8 +259,8 @@ TEST_CASE("leaving a context releases it on every worker it reached, transitivel
   CHECK(job.drained());
   {
     Context ctx(job.agent(0));
-    job.agent(0).sync(1, relay, input(), int64_t{2});
-    ctx.release().get();
+    job.agent(0).call(1, relay, input(), int64_t{2});
+    ctx.releaseAsync().get();
     for (int r = 0; r < 3; ++r) CHECK(weft::dist_autograd::debugCounts(job.agent(r)).empty());
   }
 }
@@ -299,7 +299,7 @@ TEST_CASE("malformed autograd fields from a peer are protocol errors, not crashe
 TEST_CASE("a context whose peer died is released with a clear error") {
   Job job(3);
   Context ctx(job.agent(0));
-  Tensor y = job.agent(0).sync(1, scaleByW, input());
+  Tensor y = job.agent(0).call(1, scaleByW, input());
   job.agent(1).shutdown({.graceful = false});
   CHECK(eventually([&] { return !job.agent(0).isAlive(1); }, 5s));
   CHECK_THROWS_WITH_AS(ctx.backward({y.sum()}), doctest::Contains("worker1"), weft::DisconnectedError);
@@ -312,7 +312,7 @@ TEST_CASE("messages per pass are one backward request per recv node") {
   Context ctx(job.agent(0));
   auto before = weft::dist_autograd::messageCounts(job.agent(0)).backwardRequests +
                 weft::dist_autograd::messageCounts(job.agent(1)).backwardRequests;
-  Tensor y = job.agent(0).sync(1, mulArgs, input(), input());  // one recv node on each side
+  Tensor y = job.agent(0).call(1, mulArgs, input(), input());  // one recv node on each side
   ctx.backward({y.sum()});
   auto after = weft::dist_autograd::messageCounts(job.agent(0)).backwardRequests +
                weft::dist_autograd::messageCounts(job.agent(1)).backwardRequests;
@@ -324,7 +324,7 @@ TEST_CASE("a tensor also sent in a call whose result is unused still gets its gr
   Tensor x = input();
   Context ctx(job.agent(0));
   Tensor h = x * job.w(0);
-  job.agent(0).sync(1, scaleByW, h);  // a send node the pass never reaches
+  job.agent(0).call(1, scaleByW, h);  // a send node the pass never reaches
   ctx.backward({(h * h).sum()});
   Tensor lx = input(), lw = job.localW(0);
   Tensor lh = lx * lw;
@@ -343,7 +343,7 @@ TEST_CASE("a callback queued during backward hands its gradient to the context")
     weft::autograd::queueCallback([w, g] { weft::autograd::accumulateLeafGradient(w, g * 2.0); });
   });
   Context ctx(job.agent(0));
-  Tensor y = job.agent(0).sync(1, scaleByW, x * w);
+  Tensor y = job.agent(0).call(1, scaleByW, x * w);
   ctx.backward({y.sum()});
   w.gradAccumulator()->removeHook(id);
   CHECK(weft::allclose(ctx.gradients().at(w), x.detach() * job.w(1).detach() * 2.0, 1e-12, 0));
@@ -369,7 +369,7 @@ TEST_CASE("a peer dying between two steps of backward fails it with Disconnected
           "the peer") {
   Job job(2);
   Context ctx(job.agent(0));
-  Tensor y = job.agent(0).sync(1, scaleByW, input());
+  Tensor y = job.agent(0).call(1, scaleByW, input());
   const int64_t id = ctx.id();
   bool fired = false;
   bool droppedHere = false;
@@ -392,7 +392,7 @@ TEST_CASE("backward runs in a handler of a worker with one handler thread, its p
           "that worker") {
   Job job(3, [](int, weft::rpc::Options& o) { o.numWorkerThreads = 1; });
   SUBCASE("one handler") {
-    Tensor g = job.agent(0).sync(1, backwardHere, int64_t{2});
+    Tensor g = job.agent(0).call(1, backwardHere, int64_t{2});
     CHECK(weft::allclose(g, job.w(2).detach(), 1e-12, 0));
   }
   SUBCASE("two handlers on two workers at once, each pass needing the other's only handler thread") {
@@ -403,16 +403,16 @@ TEST_CASE("backward runs in a handler of a worker with one handler thread, its p
     Tensor x1 = input(), x2 = input(), loss1, loss2;
     std::thread([&] {
       a = std::make_unique<Context>(job.agent(1));
-      loss1 = job.agent(1).sync(2, scaleByW, x1).sum();
+      loss1 = job.agent(1).call(2, scaleByW, x1).sum();
     }).join();
     std::thread([&] {
       b = std::make_unique<Context>(job.agent(2));
-      loss2 = job.agent(2).sync(1, scaleByW, x2).sum();
+      loss2 = job.agent(2).call(1, scaleByW, x2).sum();
     }).join();
     arrived = 0;
     pendingPasses = {{a.get(), loss1}, {b.get(), loss2}};
-    auto on1 = job.agent(0).async(1, backwardPending, int64_t{0}, int64_t{2});
-    auto on2 = job.agent(0).async(2, backwardPending, int64_t{1}, int64_t{2});
+    auto on1 = job.agent(0).callAsync(1, backwardPending, int64_t{0}, int64_t{2});
+    auto on2 = job.agent(0).callAsync(2, backwardPending, int64_t{1}, int64_t{2});
     CHECK(on1.get() == 1);
     CHECK(on2.get() == 1);
     pendingPasses.clear();
@@ -426,7 +426,7 @@ TEST_CASE("backward on the agent's loop thread is a StateError, and the context 
   Job job(2);
   Tensor x = input();
   Context ctx(job.agent(0));
-  Tensor y = job.agent(0).sync(1, scaleByW, x);
+  Tensor y = job.agent(0).call(1, scaleByW, x);
   CHECK_THROWS_WITH_AS(job.agent(0).loop().call([&] { ctx.backward({y.sum()}); }), doctest::Contains("loop thread"),
                        weft::StateError);
   ctx.backward({y.sum()});
@@ -438,7 +438,7 @@ TEST_CASE("backward from inside a backward pass is a StateError") {
   Tensor x = input();
   Tensor w = job.w(0);
   Context ctx(job.agent(0));
-  Tensor loss = job.agent(0).sync(1, scaleByW, x * w).sum();
+  Tensor loss = job.agent(0).call(1, scaleByW, x * w).sum();
   std::string inner;
   int id = w.gradAccumulator()->registerPreHook([&](std::vector<Tensor>&) {
     try {
@@ -459,7 +459,7 @@ TEST_CASE("a second backward on a context whose pass is running is a StateError"
   Job job(2);
   Tensor x = input();
   Context ctx(job.agent(0));
-  Tensor y = job.agent(0).sync(1, scaleByW, x);
+  Tensor y = job.agent(0).call(1, scaleByW, x);
   const int64_t id = ctx.id();
   std::string second;
   SettledHook hook([&](int64_t c) {
@@ -483,7 +483,7 @@ TEST_CASE("a local backward reaching a received tensor's recv node is a StateErr
   Job job(2);
   Tensor x = input();
   Context ctx(job.agent(0));
-  Tensor y = job.agent(0).sync(1, scaleByW, x);
+  Tensor y = job.agent(0).call(1, scaleByW, x);
   CHECK_THROWS_WITH_AS(y.sum().backward(), doctest::Contains("a local backward"), weft::StateError);
   // The context is untouched: its own backward still gives x its gradient.
   ctx.backward({y.sum()});

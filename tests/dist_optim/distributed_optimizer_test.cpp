@@ -21,10 +21,10 @@
 #include "dist_optim/distributed_optimizer.h"
 #include "nn/linear.h"
 #include "nn/optim.h"
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rref/remote_module.h"
 #include "tensor/autograd.h"
-#include "text_util.h"
+#include "captured_text.h"
 #include "weft_test.h"
 
 using namespace std::chrono_literals;
@@ -314,8 +314,8 @@ TEST_CASE("distributed optimizer: two trainers stepping the same parameters at o
   std::vector<RRef<Tensor>> params = fc.remoteParameters();
   // Dyadic values throughout, so that every partial sum is exact and the result does not depend on
   // the order of the updates: only a lost or torn update changes it.
-  for (const auto& p : params) job.g.agent(0).sync(1, fillOnOwner, p, 0.5);
-  job.g.agent(0).sync(2, stash, fc, params);
+  for (const auto& p : params) job.g.agent(0).call(1, fillOnOwner, p, 0.5);
+  job.g.agent(0).call(2, stash, fc, params);
   Job::Stashed second = job.takeStashed(2);
   REQUIRE(second.params.size() == 2);
 
@@ -347,7 +347,7 @@ TEST_CASE("distributed optimizer: options of every kind cross the wire unchanged
   Job job;
   for (const Kind& kind : everyKind()) {
     CAPTURE(kind.label);
-    optim::OptimizerOptions back = job.trainer().sync(1, echoOptions, kind.options);
+    optim::OptimizerOptions back = job.trainer().call(1, echoOptions, kind.options);
     REQUIRE(back.index() == kind.options.index());
     std::visit(
         [&](const auto& sent) {
@@ -404,7 +404,7 @@ TEST_CASE("distributed optimizer: bad arguments are refused before any call") {
   CHECK_THROWS_WITH_AS(DistributedOptimizer(trainer, optim::AdamOptions{}, {params[0], params[1], params[0]}),
                        doctest::Contains("is the same reference as parameter 0"), weft::InvalidArgumentError);
   // A handle of another agent of this process.
-  RRef<Tensor> foreign = job.g.agent(2).sync(1, ownTensor, weft::ones({2}));
+  RRef<Tensor> foreign = job.g.agent(2).call(1, ownTensor, weft::ones({2}));
   CHECK_THROWS_WITH_AS(DistributedOptimizer(trainer, optim::AdamOptions{}, {params[0], foreign}),
                        doctest::Contains("another agent"), weft::InvalidArgumentError);
   CHECK(trainer.stats().callsSent == callsBefore);
@@ -424,7 +424,7 @@ TEST_CASE("distributed optimizer: an owner refusing its parameters fails the con
   CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::SgdOptions{.lr = 0.1}, {once[0], twice[0]}),
                   weft::InvalidArgumentError);
   // An integer tensor on ps2, next to valid parameters on ps1: the refusal comes from ps2.
-  RRef<Tensor> ints = trainer.sync(2, ownTensor, weft::arange(int64_t{4}));
+  RRef<Tensor> ints = trainer.call(2, ownTensor, weft::arange(int64_t{4}));
   std::string integer = errorOf([&] { DistributedOptimizer(trainer, optim::SgdOptions{.lr = 0.1}, {once[0], ints}); });
   CHECK(contains(integer, "non-floating dtype"));
   CHECK(contains(integer, "ps2"));
@@ -445,7 +445,7 @@ TEST_CASE("distributed optimizer: a step in a context an owner does not know fai
   // A context only ps1 took part in. Stepped on the thread where it is current, the step call
   // itself brings the context to ps2, which has no gradient in it and updates nothing. Stepped
   // from another thread, ps1 updates its parameters and ps2 has never heard of the context.
-  trainer.sync(1, fillOnOwner, params[0], 0.25);
+  trainer.call(1, fillOnOwner, params[0], 0.25);
   const Tensor untouched = params[2].toHere();
   {
     Context ctx(trainer);
@@ -472,7 +472,7 @@ TEST_CASE("distributed optimizer: a step in a context an owner does not know fai
     Context ctx(trainer);
     ctx.backward({fc2.forward(fc1.forward(x)).sum()});
     released = ctx.id();
-    ctx.release().get();
+    ctx.releaseAsync().get();
   }
   std::string gone = errorOf([&] { opt.stepAsync(released).get(); });
   CHECK(contains(gone, "ps1"));  // the lowest-ranked owner's error is raised

@@ -13,7 +13,7 @@
 #include "examples/ddp_rpc/batch.h"
 #include "tensor/ops.h"
 #include "examples/example_run.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using weft::testing::runShell;
 using weft::testing::countLines;

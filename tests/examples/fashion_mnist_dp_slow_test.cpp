@@ -12,7 +12,7 @@
 
 #include "nn/serialize.h"
 #include "examples/example_run.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using weft::testing::runShell;
 using weft::testing::countLines;

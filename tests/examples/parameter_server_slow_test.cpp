@@ -9,7 +9,7 @@
 
 #include "examples/parameter_server/update_lock.h"
 #include "examples/example_run.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using weft::testing::runShell;
 using weft::testing::countLines;

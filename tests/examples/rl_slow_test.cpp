@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "examples/example_run.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using weft::testing::runShell;
 using weft::testing::countOf;

@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "examples/rnn/task.h"
 #include "examples/example_run.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using weft::testing::runShell;
 using weft::testing::countLines;

@@ -15,7 +15,7 @@ TEST_CASE("10,000 concurrent async calls all complete with the right results") {
   std::vector<Future<int64_t>> futures;
   futures.reserve(kCalls);
   auto t0 = Clock::now();
-  for (int i = 0; i < kCalls; ++i) futures.push_back(a.async(1, squareOf, int64_t{i} - 5000));
+  for (int i = 0; i < kCalls; ++i) futures.push_back(a.callAsync(1, squareOf, int64_t{i} - 5000));
   Future<std::vector<int64_t>> all = whenAll(futures);
   REQUIRE(all.waitFor(30s));
   double seconds = secondsSince(t0);
@@ -53,12 +53,12 @@ TEST_CASE("callers on several threads of several agents get their own results") 
         int64_t v = t * 100000 + i;
         if (i % 5 == 0) {
           try {
-            if (a.sync(to, squareOf, v) != v * v + to) ++wrong;
+            if (a.call(to, squareOf, v) != v * v + to) ++wrong;
           } catch (...) {
             ++wrong;
           }
         } else {
-          batch.emplace_back(to, a.async(to, squareOf, v));
+          batch.emplace_back(to, a.callAsync(to, squareOf, v));
         }
       }
       for (size_t k = 0; k < batch.size(); ++k) {
@@ -95,7 +95,7 @@ TEST_CASE("chains of nested calls 8 levels deep across 3 workers finish on pools
     g.agent(r).registry().impl(relay, [self, r](int32_t depth, int64_t acc) -> Future<int64_t> {
       int64_t here = acc * 4 + r + 1;
       if (depth == 0) return makeReadyFuture(here);
-      return self->async((r + 1) % kWorkers, relay, depth - 1, here).then([](int64_t v) { return v + 1000; });
+      return self->callAsync((r + 1) % kWorkers, relay, depth - 1, here).then([](int64_t v) { return v + 1000; });
     });
   }
   g.start();
@@ -119,7 +119,7 @@ TEST_CASE("chains of nested calls 8 levels deep across 3 workers finish on pools
     for (int c = 0; c < kChainsPerWorker; ++c) {
       int first = (origin + 1 + c) % kWorkers;  // some chains start at the caller itself
       int64_t seed = origin * 10 + c;
-      chains.push_back(g.agent(origin).async(first, relay, kDepth, seed));
+      chains.push_back(g.agent(origin).callAsync(first, relay, kDepth, seed));
       want.push_back(expected(first, seed));
     }
   }
@@ -160,7 +160,7 @@ TEST_CASE("a handler's exception arrives as RemoteError naming the worker, the f
   Agent& a = g.agent(0);
 
   try {
-    a.sync(1, throwsRuntime, 7);
+    a.call(1, throwsRuntime, 7);
     FAIL_CHECK("no exception");
   } catch (const RemoteError& e) {
     CHECK(e.worker() == "worker1");
@@ -173,11 +173,11 @@ TEST_CASE("a handler's exception arrives as RemoteError naming the worker, the f
     FAIL_CHECK("expected RemoteError, got " << describeError(e));
   }
 
-  std::string invalid = messageOf<InvalidArgumentError>([&] { a.sync(1, throwsInvalid, 3); });
+  std::string invalid = messageOf<InvalidArgumentError>([&] { a.call(1, throwsInvalid, 3); });
   CHECK(contains(invalid, "value 3 is not acceptable"));
 
   try {
-    a.sync(1, failedFuture, 4);
+    a.call(1, failedFuture, 4);
     FAIL_CHECK("no exception");
   } catch (const RemoteError& e) {
     CHECK(e.worker() == "worker1");
@@ -187,14 +187,14 @@ TEST_CASE("a handler's exception arrives as RemoteError naming the worker, the f
     FAIL_CHECK("expected RemoteError, got " << describeError(e));
   }
 
-  Future<int32_t> later = a.async(1, failedFutureLater, 5);
+  Future<int32_t> later = a.callAsync(1, failedFutureLater, 5);
   REQUIRE(later.waitFor(5s));
   CHECK(contains(messageOf<RemoteError>([&] { later.get(); }), "later 5"));
 
-  CHECK(contains(messageOf<NotFoundError>([&] { a.sync(1, failedStatus, 1); }), "no such record"));
+  CHECK(contains(messageOf<NotFoundError>([&] { a.call(1, failedStatus, 1); }), "no such record"));
 
   // None of it broke the connection.
-  CHECK(a.sync(1, echoI32, 9) == 9);
+  CHECK(a.call(1, echoI32, 9) == 9);
   CHECK(a.isAlive(1));
   {
     std::lock_guard<std::mutex> lock(completersMu);
@@ -208,36 +208,36 @@ TEST_CASE("an unknown function or worker is a NotFoundError, and a call before s
   bindEcho(g.agent(1).registry(), echoI32);
 
   // Before start.
-  CHECK(contains(messageOf<StateError>([&] { g.agent(0).sync(1, echoI32, 1); }), "echo.i32"));
-  Future<int32_t> early = g.agent(0).async(1, echoI32, 1);
+  CHECK(contains(messageOf<StateError>([&] { g.agent(0).call(1, echoI32, 1); }), "echo.i32"));
+  Future<int32_t> early = g.agent(0).callAsync(1, echoI32, 1);
   REQUIRE(early.waitFor(1s));
   CHECK_THROWS_AS(early.get(), StateError);
 
   g.start();
   Agent& a = g.agent(0);
 
-  std::string unknownFn = messageOf<NotFoundError>([&] { a.sync(1, nobodyServes, 1); });
+  std::string unknownFn = messageOf<NotFoundError>([&] { a.call(1, nobodyServes, 1); });
   CHECK(contains(unknownFn, "nobody.serves.this"));
   CHECK(contains(unknownFn, "worker1"));
 
   auto t0 = Clock::now();
-  CHECK(contains(messageOf<NotFoundError>([&] { a.sync("nobody", echoI32, 1); }), "nobody"));
-  CHECK_THROWS_AS(a.sync(2, echoI32, 1), NotFoundError);
-  CHECK_THROWS_AS(a.sync(100, echoI32, 1), NotFoundError);
+  CHECK(contains(messageOf<NotFoundError>([&] { a.call("nobody", echoI32, 1); }), "nobody"));
+  CHECK_THROWS_AS(a.call(2, echoI32, 1), NotFoundError);
+  CHECK_THROWS_AS(a.call(100, echoI32, 1), NotFoundError);
   CHECK_THROWS_AS(a.worker("nobody"), NotFoundError);
   CHECK_THROWS_AS(a.worker(5), NotFoundError);
-  Future<int32_t> toNobody = a.async("nobody", echoI32, 1);
+  Future<int32_t> toNobody = a.callAsync("nobody", echoI32, 1);
   REQUIRE(toNobody.waitFor(1s));
   CHECK_THROWS_AS(toNobody.get(), NotFoundError);
   CHECK(secondsSince(t0) < 1.0);  // none of it waits for anything
 
-  CHECK(a.sync(1, echoI32, 2) == 2);
+  CHECK(a.call(1, echoI32, 2) == 2);
   auto reports = g.shutdownAll();
   for (auto& r : reports) CHECK(r.clean());
 
   // After shutdown.
-  CHECK(contains(messageOf<StateError>([&] { a.sync(1, echoI32, 1); }), "echo.i32"));
-  Future<int32_t> late = g.agent(1).async(0, echoI32, 1);
+  CHECK(contains(messageOf<StateError>([&] { a.call(1, echoI32, 1); }), "echo.i32"));
+  Future<int32_t> late = g.agent(1).callAsync(0, echoI32, 1);
   REQUIRE(late.waitFor(1s));
   CHECK_THROWS_AS(late.get(), StateError);
 }

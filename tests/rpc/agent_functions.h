@@ -38,8 +38,8 @@
 #include "common/future.h"
 #include "rpc/agent.h"
 #include "tensor/ops.h"  // every op beside the agent: programs use both
-#include "rpc/agent_util.h"
-#include "text_util.h"
+#include "rpc/agent_group.h"
+#include "captured_text.h"
 
 using namespace weft;
 using namespace weft::rpc;

@@ -43,12 +43,12 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "rpc/agent.h"
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rpc/codec.h"
 #include "rpc/frame.h"
 #include "rpc/store.h"
-#include "log_util.h"
-#include "text_util.h"
+#include "rate_limited_log.h"
+#include "captured_text.h"
 
 using namespace weft;
 using namespace weft::rpc;
@@ -425,7 +425,7 @@ class LiveAgents {
   // Rank 1 still calls rank 0 and gets the right result.
   void checkServing() {
     int64_t sum = -1;
-    CHECK_NOTHROW(sum = group_.agent(1).sync(0, hostileAdd, CallOptions{.timeout = 5s}, 40, 2));
+    CHECK_NOTHROW(sum = group_.agent(1).call(0, hostileAdd, CallOptions{.timeout = 5s}, 40, 2));
     CHECK(sum == 42);
     CHECK(target().isAlive(1));
     CHECK(group_.agent(1).isAlive(0));
@@ -594,7 +594,7 @@ class ImpostorWorld {
 
   void checkServing() {
     int64_t sum = -1;
-    CHECK_NOTHROW(sum = group_.agent(1).sync(0, hostileAdd, CallOptions{.timeout = 5s}, 40, 2));
+    CHECK_NOTHROW(sum = group_.agent(1).call(0, hostileAdd, CallOptions{.timeout = 5s}, 40, 2));
     CHECK(sum == 42);
     CHECK(target().isAlive(1));
   }
@@ -897,7 +897,7 @@ TEST_CASE("a worker past the handshake that breaks the protocol loses its connec
     if (logged) CHECK(linesMentioning(text, std::string("'") + ImpostorWorld::kName + "'") == 1);
     // Later calls to the lost worker fail at once; everything else is untouched.
     auto t0 = Clock::now();
-    CHECK_THROWS_AS(world.target().sync(2, hostileAdd, CallOptions{.timeout = 5s}, 1, 2), DisconnectedError);
+    CHECK_THROWS_AS(world.target().call(2, hostileAdd, CallOptions{.timeout = 5s}, 1, 2), DisconnectedError);
     CHECK(Clock::now() - t0 < 1s);
     CHECK(world.other().isAlive(2));
     world.checkServing();

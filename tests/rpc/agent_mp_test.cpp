@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "tools/subprocess.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace std::chrono_literals;
 using weft::testing::freePort;

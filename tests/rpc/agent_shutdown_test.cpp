@@ -16,7 +16,7 @@ TEST_CASE("a peer shut down abruptly mid-call fails that call with DisconnectedE
   for (int r = 0; r < 3; ++r) bindEcho(g.agent(r).registry(), echoI32);
   g.start();
 
-  Future<int32_t> pending = g.agent(0).async(2, hold, 1);
+  Future<int32_t> pending = g.agent(0).callAsync(2, hold, 1);
   REQUIRE(eventually([&] { return stats(g, 2).activeIncoming == 1; }, 2s));
 
   auto t0 = Clock::now();
@@ -34,16 +34,16 @@ TEST_CASE("a peer shut down abruptly mid-call fails that call with DisconnectedE
 
   // Later calls to it fail at once.
   t0 = Clock::now();
-  CHECK_THROWS_AS(g.agent(0).sync(2, echoI32, 1), DisconnectedError);
+  CHECK_THROWS_AS(g.agent(0).call(2, echoI32, 1), DisconnectedError);
   CHECK(secondsSince(t0) < 0.2);
   CHECK_FALSE(g.agent(0).isAlive(2));
   CHECK(eventually([&] { return !g.agent(1).isAlive(2); }, 2s));
-  CHECK_THROWS_AS(g.agent(1).sync("worker2", echoI32, 1), DisconnectedError);
+  CHECK_THROWS_AS(g.agent(1).call("worker2", echoI32, 1), DisconnectedError);
 
   // The others are unaffected.
   CHECK(g.agent(0).isAlive(1));
-  CHECK(g.agent(0).sync(1, echoI32, 5) == 5);
-  CHECK(g.agent(1).sync(0, echoI32, 6) == 6);
+  CHECK(g.agent(0).call(1, echoI32, 5) == 5);
+  CHECK(g.agent(1).call(0, echoI32, 6) == 6);
 
   // Their graceful shutdown names the one that left and does not wait for it.
   t0 = Clock::now();
@@ -103,11 +103,11 @@ TEST_CASE("a write to a connection cut under the caller fails the call with Disc
     });
     for (int r = 0; r < 2; ++r) bindEcho(g.agent(r).registry(), echoI32);
     g.start();
-    REQUIRE(g.agent(0).sync(1, echoI32, 7) == 7);
+    REQUIRE(g.agent(0).call(1, echoI32, 7) == 7);
     // worker0's end of its connection with worker1 (accepted on worker0's listening port).
     REQUIRE(shutDownWritesOnPort(port0) == 1);
     // The frame is written by this thread (nothing is queued on the connection).
-    Future<int32_t> call = g.agent(0).async(1, echoI32, 8);
+    Future<int32_t> call = g.agent(0).callAsync(1, echoI32, 8);
     REQUIRE(call.waitFor(5s));
     CHECK_THROWS_AS(call.get(), DisconnectedError);
     for (int r = 0; r < 2; ++r) g.agent(r).shutdown({.graceful = false});
@@ -125,7 +125,7 @@ TEST_CASE("a graceful shutdown begun with calls in flight lets them all complete
   for (int from = 0; from < 3; ++from) {
     for (int i = 0; i < 3; ++i) {
       int32_t tag = from * 10 + i;
-      inFlight.push_back(g.agent(from).async((from + 1) % 3, slow, 200, tag));
+      inFlight.push_back(g.agent(from).callAsync((from + 1) % 3, slow, 200, tag));
       want.push_back(tag);
     }
   }
@@ -171,8 +171,8 @@ TEST_CASE("a worker in shutdown stays a full member of the job until every worke
   });
   // worker1 is in its shutdown (it waits for worker0 there); worker0 is not. Both directions work.
   for (int32_t i = 0; i < 20; ++i) {
-    CHECK(g.agent(0).sync(1, echoI32, i) == i);
-    CHECK(g.agent(1).sync(0, echoI32, i) == i);
+    CHECK(g.agent(0).call(1, echoI32, i) == i);
+    CHECK(g.agent(1).call(0, echoI32, i) == i);
     std::this_thread::sleep_for(10ms);
   }
   CHECK_FALSE(left.load());
@@ -181,7 +181,7 @@ TEST_CASE("a worker in shutdown stays a full member of the job until every worke
   CHECK(r0.clean());
   CHECK(r1.clean());
   // Once the job has ended, neither makes calls.
-  CHECK_THROWS_AS(g.agent(1).sync(0, echoI32, 1), StateError);
+  CHECK_THROWS_AS(g.agent(1).call(0, echoI32, 1), StateError);
 }
 
 TEST_CASE("a graceful shutdown waits, past its timeout, for a live worker that is still working: no cliff") {
@@ -205,7 +205,7 @@ TEST_CASE("a graceful shutdown waits, past its timeout, for a live worker that i
   int64_t sum = 0;
   int64_t want = 0;
   for (int32_t i = 0; secondsSince(t0) < 3.0; ++i) {
-    sum += g.agent(2).sync(i % 2, echoI32, i);
+    sum += g.agent(2).call(i % 2, echoI32, i);
     want += i;
     std::this_thread::sleep_for(5ms);
   }
@@ -284,7 +284,7 @@ TEST_CASE("an abrupt shutdown fails this side's pending calls with CancelledErro
   });
   g.start();
 
-  Future<int32_t> pending = g.agent(0).async(1, hold, 1);
+  Future<int32_t> pending = g.agent(0).callAsync(1, hold, 1);
   REQUIRE(eventually([&] { return stats(g, 1).activeIncoming == 1; }, 2s));
   auto t0 = Clock::now();
   ShutdownReport r0 = g.agent(0).shutdown({.graceful = false});

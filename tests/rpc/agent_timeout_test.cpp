@@ -12,7 +12,7 @@ TEST_CASE("a call past its timeout fails with TimeoutError, the callee is told, 
   Agent& a = g.agent(0);
 
   auto t0 = Clock::now();
-  Future<int32_t> f = a.async(1, slow, {.timeout = 100ms}, 500, 1);
+  Future<int32_t> f = a.callAsync(1, slow, {.timeout = 100ms}, 500, 1);
   REQUIRE(f.waitFor(3s));
   double waited = secondsSince(t0);
   CHECK(waited >= 0.095);
@@ -27,7 +27,7 @@ TEST_CASE("a call past its timeout fails with TimeoutError, the callee is told, 
   // The callee hears of the cancel while its body still sleeps.
   CHECK(eventually([&] { return stats(g, 1).cancelsReceived >= 1; }, 1s));
   // A call made meanwhile gets its own reply, not the late one.
-  CHECK(a.sync(1, slow, 0, 2) == 2);
+  CHECK(a.call(1, slow, 0, 2) == 2);
 
   // Once the first body has finished, nothing of that call is left on either side.
   CHECK(eventually([&] { return stats(g, 1).activeIncoming == 0; }, 2s));
@@ -42,7 +42,7 @@ TEST_CASE("a call past its timeout fails with TimeoutError, the callee is told, 
   CHECK(caller.lateResponses <= 1);
   CHECK(caller.timeouts == 1);
   CHECK(a.isAlive(1));
-  CHECK(a.sync(1, slow, 0, 3) == 3);
+  CHECK(a.call(1, slow, 0, 3) == 3);
   // The callee counts a reply once its write returns, which may be after the caller has it.
   CHECK(eventually([&] { return stats(g, 1).callsServed == 2 + stats(g, 0).lateResponses; }, 2s));
 }
@@ -61,7 +61,7 @@ TEST_CASE("hundreds of calls timing out together each fail once and leave nothin
 
   constexpr int kCalls = 500;
   std::vector<Future<int32_t>> futures;
-  for (int i = 0; i < kCalls; ++i) futures.push_back(a.async(1, hold, {.timeout = 50ms}, i));
+  for (int i = 0; i < kCalls; ++i) futures.push_back(a.callAsync(1, hold, {.timeout = 50ms}, i));
   int timedOut = 0;
   for (auto& f : futures) {
     REQUIRE(f.waitFor(5s));
@@ -87,7 +87,7 @@ TEST_CASE("hundreds of calls timing out together each fail once and leave nothin
   // The calls still queued when cancelled were dropped without running.
   CHECK(bodies.load() == started);
   // The connection is as good as new.
-  CHECK(a.sync(1, hold, {.timeout = 2s}, 7) == 7);
+  CHECK(a.call(1, hold, {.timeout = 2s}, 7) == 7);
   CHECK(eventually([&] { return quiet(g); }, 2s));
 }
 
@@ -100,15 +100,15 @@ TEST_CASE("the default timeout comes from Options::rpcTimeout, and a timeout of 
   Agent& a = g.agent(0);
 
   auto t0 = Clock::now();
-  CHECK_THROWS_AS(a.sync(1, slow, 400, 1), TimeoutError);
+  CHECK_THROWS_AS(a.call(1, slow, 400, 1), TimeoutError);
   double waited = secondsSince(t0);
   CHECK(waited >= 0.14);
   CHECK(waited < 0.38);
 
   t0 = Clock::now();
-  CHECK(a.sync(1, slow, {.timeout = 0ms}, 400, 2) == 2);
+  CHECK(a.call(1, slow, {.timeout = 0ms}, 400, 2) == 2);
   CHECK(secondsSince(t0) >= 0.39);
-  CHECK(a.sync(1, slow, {.timeout = 2s}, 300, 3) == 3);
+  CHECK(a.call(1, slow, {.timeout = 2s}, 300, 3) == 3);
   CHECK(eventually([&] { return quiet(g); }, 2s));
   CHECK(a.stats().timeouts == 1);
 }

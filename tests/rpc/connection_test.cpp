@@ -22,7 +22,7 @@
 
 #include "common/future.h"
 #include "rpc/uv_loop.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace weft;
 using namespace weft::rpc;

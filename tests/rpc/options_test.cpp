@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

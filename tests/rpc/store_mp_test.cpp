@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "rpc/store.h"
 #include "tools/subprocess.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace weft;
 using namespace weft::rpc;

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "log_util.h"
-#include "text_util.h"
+#include "rate_limited_log.h"
+#include "captured_text.h"
 
 using namespace weft;
 using namespace weft::rpc;

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "nn/layers.h"
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rref/remote_module.h"
 #include "tensor/autograd.h"
 #include "weft_test.h"
-#include "text_util.h"
+#include "captured_text.h"
 
 using namespace std::chrono_literals;
 using weft::EmbeddingBagMode;
@@ -172,7 +172,7 @@ TEST_CASE("remote module: parameter RRefs are owned by the module's worker and a
     // Zeroing the parameters in place on the owner, through the RRefs, changes what forward computes.
     Tensor x = weft::randn({4, 16});
     CHECK(absSum(fc.forward(x)) > 0.0f);
-    for (auto& p : params) job.master().sync("ps", zeroOnOwner, p);
+    for (auto& p : params) job.master().call("ps", zeroOnOwner, p);
     CHECK(absSum(fc.forward(x)) == 0.0f);
     CHECK(absSum(params[0].toHere()) == 0.0f);
   }
@@ -209,15 +209,15 @@ TEST_CASE("remote module: a RemoteModule passed to another worker is the same mo
     Tensor indices = weft::randint(0, 100, {30});
     Tensor offsets = weft::fromVector<int64_t>({0, 4, 9, 20});
     Tensor here = emb.forward(indices, offsets);
-    Tensor there = job.master().sync("trainer", bagForward, emb, indices, offsets);
+    Tensor there = job.master().call("trainer", bagForward, emb, indices, offsets);
     CHECK(weft::allclose(here, there, 0, 0));
     // The trainer's parameter RRefs come back to the master, still owned by "ps".
-    std::vector<RRef<Tensor>> params = job.master().sync("trainer", bagParams, emb);
+    std::vector<RRef<Tensor>> params = job.master().call("trainer", bagParams, emb);
     REQUIRE(params.size() == 1);
     CHECK(params[0].ownerName() == "ps");
     CHECK(weft::allclose(params[0].toHere(), emb.remoteParameters()[0].toHere(), 0, 0));
     // The owner itself receives it too.
-    CHECK(weft::allclose(job.master().sync("ps", bagForward, emb, indices, offsets), here, 0, 0));
+    CHECK(weft::allclose(job.master().call("ps", bagForward, emb, indices, offsets), here, 0, 0));
   }
   job.checkCleanShutdown();
 }
@@ -232,7 +232,7 @@ TEST_CASE("remote module: forwards in flight from two workers at once all return
     for (int i = 0; i < 64; ++i) {
       inputs.push_back(weft::randint(0, 100, {8, 5}));
       pending.push_back(emb.forwardAsync(inputs.back()));
-      pending.push_back(job.master().async("trainer", bagForward, emb, inputs.back(), Tensor()));
+      pending.push_back(job.master().callAsync("trainer", bagForward, emb, inputs.back(), Tensor()));
     }
     for (size_t i = 0; i < pending.size(); ++i) {
       CHECK(weft::allclose(pending[i].get(), local->forward(inputs[i / 2]), 0, 0));
@@ -290,7 +290,7 @@ TEST_CASE("remote module: an empty handle cannot be used or sent") {
   RemoteModule<nn::EmbeddingBag> empty;
   CHECK_FALSE(empty.valid());
   CHECK_THROWS_AS(empty.forward(weft::ones({1, 1})), weft::InvalidArgumentError);
-  CHECK_THROWS_AS(job.master().sync("trainer", bagParams, empty), weft::InvalidArgumentError);
+  CHECK_THROWS_AS(job.master().call("trainer", bagParams, empty), weft::InvalidArgumentError);
   CHECK(weft::rpc::Codec<RemoteModule<nn::EmbeddingBag>>::typeName() == "RemoteModule<EmbeddingBag>");
   job.checkCleanShutdown();
 }

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "rpc/agent_util.h"
+#include "rpc/agent_group.h"
 #include "rref/rref.h"
 #include "weft_test.h"
 
@@ -176,23 +176,23 @@ TEST_CASE("forks owner to user, user to owner, user to third worker") {
   {
     RRef<Tensor> r = g.agent(0).remote(1, addT, weft::ones({3}), weft::ones({3}));
     // user (0) -> owner (1)
-    CHECK(g.agent(0).sync(1, fetchSum, r).item<float>() == doctest::Approx(6.0));
+    CHECK(g.agent(0).call(1, fetchSum, r).item<float>() == doctest::Approx(6.0));
     // user (0) -> third worker (2)
-    CHECK(g.agent(0).sync(2, fetchSum, r).item<float>() == doctest::Approx(6.0));
+    CHECK(g.agent(0).call(2, fetchSum, r).item<float>() == doctest::Approx(6.0));
     // a reference that comes back: owner (1) -> user (2) through a result
-    RRef<Tensor> made = g.agent(2).sync(1, makeLocal, int64_t{5});
+    RRef<Tensor> made = g.agent(2).call(1, makeLocal, int64_t{5});
     CHECK(made.owner() == 1);
     CHECK(made.confirmedByOwner());
     CHECK(made.toHere().sum().item<float>() == doctest::Approx(10.0));
     // a round trip through another user: 0 -> 2 -> 0
-    RRef<Tensor> back = g.agent(0).sync(2, echo, r);
+    RRef<Tensor> back = g.agent(0).call(2, echo, r);
     CHECK(back.id() == r.id());
     CHECK(eventually([&] { return back.confirmedByOwner(); }, 5s));
     CHECK(back.toHere().sum().item<float>() == doctest::Approx(6.0));
     // nested in a struct
     Holder h{"h", {r, back, r}};
-    CHECK(g.agent(0).sync(2, countHeld, h) == 9);
-    CHECK(g.agent(2).sync(0, countHeld, Holder{"m", {made}}) == 5);
+    CHECK(g.agent(0).call(2, countHeld, h) == 9);
+    CHECK(g.agent(2).call(0, countHeld, Holder{"m", {made}}) == 5);
   }
   CHECK_MESSAGE(eventually([&] { return allEmpty(g); }, 5s), countsOf(g));
   auto reports = g.shutdownAll();
@@ -205,7 +205,7 @@ TEST_CASE("shutdown with handles still held leaves every table empty") {
   bindAll(g);
   g.start();
   RRef<Tensor> r = g.agent(0).remote(1, addT, weft::ones({3}), weft::ones({3}));
-  RRef<Tensor> onTwo = g.agent(2).sync(1, makeLocal, int64_t{2});
+  RRef<Tensor> onTwo = g.agent(2).call(1, makeLocal, int64_t{2});
   RRef<Counter> c = g.agent(2).remote<Counter>(0, int64_t{1});
   CHECK(c.rpcSync(&Counter::get) == 1);
   auto reports = g.shutdownAll();
@@ -275,7 +275,7 @@ TEST_CASE("the owner's death fails every handle and every pending call promptly"
   RRef<Slow> s = g.agent(0).remote<Slow>(1, int64_t{0});
   CHECK(s.rpcSync(&Slow::value) == 0);
   RRef<Tensor> t = g.agent(0).remote(1, addT, weft::ones({2}), weft::ones({2}));
-  RRef<Tensor> onTwo = g.agent(2).sync(1, makeLocal, int64_t{2});
+  RRef<Tensor> onTwo = g.agent(2).call(1, makeLocal, int64_t{2});
   const int started = rreftest::blockBodies.load();
   Future<int64_t> pending = s.rpcAsync(&Slow::block, int64_t{5000});
   // The call is in flight: its body runs at the owner.
@@ -305,11 +305,11 @@ TEST_CASE("misuse is a clear error") {
   RRef<Tensor> empty;
   CHECK_FALSE(empty.valid());
   CHECK_THROWS_AS(empty.toHere(), weft::InvalidArgumentError);
-  CHECK_THROWS_AS(g.agent(0).sync(1, fetchSum, empty), weft::InvalidArgumentError);
+  CHECK_THROWS_AS(g.agent(0).call(1, fetchSum, empty), weft::InvalidArgumentError);
   CHECK_THROWS_AS(g.agent(0).remote<Counter>("nobody", int64_t{1}), weft::NotFoundError);
   // A handle of one agent sent through another (two agents in one process) is refused.
   RRef<Tensor> r = g.agent(0).remote(1, addT, weft::ones({1}), weft::ones({1}));
-  CHECK_THROWS_AS(g.agent(1).sync(0, fetchSum, r), weft::InvalidArgumentError);
+  CHECK_THROWS_AS(g.agent(1).call(0, fetchSum, r), weft::InvalidArgumentError);
   // The function's error is kept and raised, typed and with its origin, at the first use.
   RRef<Tensor> bad = g.agent(0).remote(1, addT, weft::ones({2}), weft::ones({3}));
   CHECK_THROWS_WITH_AS(bad.toHere(), doctest::Contains("in 'rref_test.add'"), weft::InvalidArgumentError);

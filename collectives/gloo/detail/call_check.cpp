@@ -8,7 +8,7 @@
 #include "common/dtype.h"
 #include "common/error.h"
 
-namespace weft::collectives::gloo_detail {
+namespace weft::collectives::detail {
 
 namespace {
 
@@ -214,4 +214,4 @@ const uint8_t* CallExchange::dataOf(int r) const { return messageOf(r) + kHeader
 
 size_t CallExchange::dataBytesOf(int r) const { return dataBytes_[static_cast<size_t>(r)]; }
 
-}  // namespace weft::collectives::gloo_detail
+}  // namespace weft::collectives::detail

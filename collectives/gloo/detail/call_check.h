@@ -68,7 +68,7 @@
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
-namespace weft::collectives::gloo_detail {
+namespace weft::collectives::detail {
 
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
@@ -205,4 +205,4 @@ class CallExchange {
   std::vector<size_t> dataBytes_;
 };
 
-}  // namespace weft::collectives::gloo_detail
+}  // namespace weft::collectives::detail

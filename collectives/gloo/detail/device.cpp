@@ -20,7 +20,7 @@
 #include "rpc/options.h"
 #include "rpc/socket_address.h"
 
-namespace weft::collectives::gloo_detail {
+namespace weft::collectives::detail {
 
 namespace {
 
@@ -351,4 +351,4 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
   transportContext_ = std::move(transport);
 }
 
-}  // namespace weft::collectives::gloo_detail
+}  // namespace weft::collectives::detail

@@ -3,9 +3,9 @@
 // (gloo/process_group_gloo.cpp) and to bench/collectives_bench, whose direct
 // Gloo baseline runs on a device made the same way.
 //
-//   auto device = gloo_detail::createTcpDevice("127.0.0.1");   // loop thread: SCHED_BATCH, SIGPIPE blocked
-//   gloo_detail::blockSigpipeOnThisThread();                   // a thread that posts Gloo ops
-//   { gloo_detail::SigpipeBlock block; buffer->send(peer, slot); }  // or for one call on a user's thread
+//   auto device = detail::createTcpDevice("127.0.0.1");   // loop thread: SCHED_BATCH, SIGPIPE blocked
+//   detail::blockSigpipeOnThisThread();                   // a thread that posts Gloo ops
+//   { detail::SigpipeBlock block; buffer->send(peer, slot); }  // or for one call on a user's thread
 //
 // Signals. Gloo writes to its sockets from the calling thread and its own loop
 // thread; a peer that died turns such a write into SIGPIPE, which would kill
@@ -42,7 +42,7 @@
 
 #include "rpc/store.h"
 
-namespace weft::collectives::gloo_detail {
+namespace weft::collectives::detail {
 
 // Blocks SIGPIPE on the calling thread for good (a thread of the backend's own).
 void blockSigpipeOnThisThread();
@@ -79,7 +79,7 @@ std::string defaultDeviceAddress(const std::string& storeEndpoint);
 // gloo::rendezvous::Context::connectFullMesh (which waits for each peer's
 // address and each connection in turn, each for up to 5 times the timeout).
 //
-//   auto ctx = std::make_shared<gloo_detail::MeshContext>(rank, size);
+//   auto ctx = std::make_shared<detail::MeshContext>(rank, size);
 //   ctx->setTimeout(timeout);
 //   ctx->connectMesh(store, "weft/pg/default/", device, timeout, "group 'default' (rank 1 of 4)");
 //
@@ -102,4 +102,4 @@ class MeshContext final : public gloo::rendezvous::Context {
                    const std::string& label);
 };
 
-}  // namespace weft::collectives::gloo_detail
+}  // namespace weft::collectives::detail

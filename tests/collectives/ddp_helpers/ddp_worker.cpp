@@ -371,7 +371,7 @@ void runContext(weft::rpc::Agent& agent) {
   Tensor hValue;
   {
     weft::dist_autograd::Context ctx(agent);
-    Tensor h = agent.sync(peer, scaleFn, x);
+    Tensor h = agent.call(peer, scaleFn, x);
     hValue = h.detach().clone();
     ctx.backward({lossOf(ddp.forward(h))});
     grads = ctx.gradients();

@@ -534,7 +534,7 @@ void runHostile(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
 // sends what no weft rank sends: a call header for allReduce #0 of 4 float32 with 8 bytes of data
 // after it, then 48 bytes of garbage where a size header belongs.
 void runHostilePeer(weft::rpc::StoreClient& store) {
-  namespace gd = weft::collectives::gloo_detail;
+  namespace gd = weft::collectives::detail;
   store.set("weft/pg/default/joined/1", "1");
   auto context = std::make_shared<gd::MeshContext>(1, 2);
   context->setTimeout(30s);

@@ -242,7 +242,7 @@ void runAgent() {
     expectValues(x, {static_cast<double>(W)}, "allReduce");
     if (W > 1) {
       const int next = (me + 1) % W;
-      const int64_t got = agent.sync(next, twice, int64_t{me + 10});
+      const int64_t got = agent.call(next, twice, int64_t{me + 10});
       if (got != 2 * (me + 10)) fail("RPC to rank " + std::to_string(next) + " gave " + std::to_string(got));
     }
     std::vector<std::string> names = weft::collectives::allGatherObject(*pg, agent.name());

@@ -94,7 +94,7 @@ int runJob() {
   require(in.data<float>()[3] == static_cast<float>(100 + peer), "recv gave " + std::to_string(in.data<float>()[3]));
   say(prefix(rank) + "recv " + std::to_string(static_cast<int>(in.data<float>()[3])));
 
-  std::string answer = agent.sync(peer, whereAreYou, int64_t{rank});
+  std::string answer = agent.call(peer, whereAreYou, int64_t{rank});
   say(prefix(rank) + "rpc " + answer);
 
   weft::RRef<Box> box = agent.remote<Box>((rank + 1) % kWorld, int64_t{1000 + rank});

@@ -132,7 +132,7 @@ int concurrentScenario(Agent& agent, Server& server) {
         std::to_string(b.contiguous().toVector<float>()[0]));
   } else {
     {
-      std::vector<RRef<Tensor>> params = agent.sync("ps", psParameters);
+      std::vector<RRef<Tensor>> params = agent.call("ps", psParameters);
       weft::dist_optim::DistributedOptimizer opt(agent, weft::nn::optim::SgdOptions{.lr = kLr}, params);
       // Trainer r: r rows of 1/r, so dW = 1 and db = r at every step.
       const int64_t rows = agent.rank();
@@ -141,7 +141,7 @@ int concurrentScenario(Agent& agent, Server& server) {
       auto began = Clock::now();
       for (int i = 0; i < kSteps; ++i) {
         weft::dist_autograd::Context ctx(agent);
-        Tensor y = agent.sync("ps", psForward, x);
+        Tensor y = agent.call("ps", psForward, x);
         ctx.backward({y.sum()});
         opt.step(ctx);
       }
@@ -164,16 +164,16 @@ int killScenario(Agent& agent, Server&) {
     return 1;
   }
   {
-    std::vector<RRef<Tensor>> params = agent.sync("ps", psParameters);
+    std::vector<RRef<Tensor>> params = agent.call("ps", psParameters);
     weft::dist_optim::DistributedOptimizer opt(agent, weft::nn::optim::AdamOptions{.lr = 1e-3}, params);
     Tensor x = weft::ones({1, kWidth});
     {
       weft::dist_autograd::Context ctx(agent);
-      ctx.backward({agent.sync("ps", psForward, x).sum()});
+      ctx.backward({agent.call("ps", psForward, x).sum()});
       opt.step(ctx);
     }
     weft::dist_autograd::Context ctx(agent);
-    ctx.backward({agent.sync("ps", psForward, x).sum()});
+    ctx.backward({agent.call("ps", psForward, x).sum()});
     say(prefix(agent) + "ready to step");
     require(waitUntil([&] { return !agent.isAlive("ps"); }, 20s), "the server is still alive after 20 s");
     auto began = Clock::now();

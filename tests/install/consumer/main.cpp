@@ -82,7 +82,7 @@ int main() {
     Tensor a = fromVector(std::vector<float>{1, 2, 3});
     Tensor b = fromVector(std::vector<float>{10, 20, static_cast<float>(rank)});
     std::vector<float> aPlusB = {11, 22, 3.0f + static_cast<float>(rank)};
-    expectClose("agent.sync(next, add)", agent.sync(next, addFn, a, b).toVector<float>(), aPlusB);
+    expectClose("agent.call(next, add)", agent.call(next, addFn, a, b).toVector<float>(), aPlusB);
     RRef<Tensor> kept = agent.remote(next, addFn, a, b);
     expectClose("agent.remote(next, add).toHere()", kept.toHere().toVector<float>(), aPlusB);
 

@@ -162,9 +162,9 @@ void startAgent(Agent& agent) {
 std::string ringCall(Agent& agent) {
   int next = (agent.rank() + 1) % agent.worldSize();
   int64_t v = agent.rank() * 1000 + 7;
-  int64_t got = agent.sync(next, echo, v);
+  int64_t got = agent.call(next, echo, v);
   if (got != v) throw Error("echo from rank " + std::to_string(next) + " returned " + std::to_string(got));
-  return agent.sync(next, whoami);
+  return agent.call(next, whoami);
 }
 
 int ring(Agent& agent) {
@@ -186,7 +186,7 @@ int kill(Agent& agent) {
   }
 
   auto calledAt = Clock::now();
-  Future<int32_t> pending = agent.async(victim, hang, {.timeout = 0ms}, 30000);
+  Future<int32_t> pending = agent.callAsync(victim, hang, {.timeout = 0ms}, 30000);
   auto failedAt = completionTime(pending);
   say(prefix(agent) + "calling");
   if (!pending.waitFor(40s)) {
@@ -208,7 +208,7 @@ int kill(Agent& agent) {
 
   auto laterAt = Clock::now();
   try {
-    agent.sync(victim, echo, 1);
+    agent.call(victim, echo, 1);
     say(prefix(agent) + "a later call to the victim succeeded");
     return 3;
   } catch (const DisconnectedError&) {
@@ -221,7 +221,7 @@ int kill(Agent& agent) {
   int64_t sum = 0;
   for (int i = 0; i < agent.worldSize() - 1; ++i) {
     if (i == agent.rank()) continue;
-    for (int64_t k = 0; k < 100; ++k) sum += agent.sync(i, echo, k);
+    for (int64_t k = 0; k < 100; ++k) sum += agent.call(i, echo, k);
   }
   say("peer sum " + std::to_string(sum));
   // A job that lost a worker ends at the first survivor's shutdown (the barrier fails at once),
@@ -252,7 +252,7 @@ int reset(Agent& agent) {
     return 3;
   }
   const uint64_t written = agent.stats().framesWritten;
-  Future<int32_t> pending = agent.async(1, hang, {.timeout = 0ms}, 30000);
+  Future<int32_t> pending = agent.callAsync(1, hang, {.timeout = 0ms}, 30000);
   auto failedAt = completionTime(pending);
   // Once the call's frame is written, its bytes sit unread in the stopped victim's socket.
   for (auto until = Clock::now() + 10s; agent.stats().framesWritten == written && Clock::now() < until;) {
@@ -286,7 +286,7 @@ int freeze(Agent& agent) {
   }
   int next = (agent.rank() + 1) % agent.worldSize();
   for (int64_t k = 0; k < 20; ++k) {
-    if (agent.sync(next, echo, k) != k) throw Error("a wrong echo");
+    if (agent.call(next, echo, k) != k) throw Error("a wrong echo");
   }
   say(prefix(agent) + "alive " + (agent.isAlive(next) ? "1" : "0") + " calls ok stall_ms " +
       std::to_string(agent.stats().longestStall.count()));
@@ -304,12 +304,12 @@ int busy(Agent& agent) {
     const int inFlight = 2 * agent.options().numWorkerThreads;
     auto until = Clock::now() + kFor;
     std::vector<Future<int64_t>> calls;
-    for (int i = 0; i < inFlight; ++i) calls.push_back(agent.async(1, spin, 300));
+    for (int i = 0; i < inFlight; ++i) calls.push_back(agent.callAsync(1, spin, 300));
     while (Clock::now() < until) {
       for (auto& c : calls) {
         if (c.waitFor(1ms)) {
           c.get();  // throws DisconnectedError if rank 1 was declared dead
-          c = agent.async(1, spin, 300);
+          c = agent.callAsync(1, spin, 300);
         }
       }
     }
@@ -353,7 +353,7 @@ int barrierLoss(Agent& agent) {
     auto until = Clock::now() + 60s;
     try {
       for (int64_t k = 0; Clock::now() < until; ++k) {
-        if (agent.sync(k % 2, echo, k) != k) throw Error("a wrong echo");
+        if (agent.call(k % 2, echo, k) != k) throw Error("a wrong echo");
         ++calls;
         std::this_thread::sleep_for(20ms);
       }

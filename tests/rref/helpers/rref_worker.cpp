@@ -172,7 +172,7 @@ void bindAll(Agent& agent, Shared& shared) {
     int next = agent.rank() == 2 ? 3 : agent.rank() == 3 ? 0 : -1;
     checkHolder(agent, r, "hop" + std::to_string(agent.rank()));
     if (next < 0) return r;
-    return agent.sync(next, hop, r);
+    return agent.call(next, hop, r);
   });
   reg.impl(bounce, [](RRef<int64_t> r) { return r; });
   reg.impl(bounceMany, [](std::vector<RRef<int64_t>> v) { return v; });
@@ -278,7 +278,7 @@ int killScenario(Agent& agent, Shared& shared) {
     require(obj.rpcSync(&Sleeper::get) == 7, "Sleeper::get before the kill");
     RRef<Tensor> tensor = agent.remote(1, floatArange, int64_t{16});
     require(tensor.toHere().sum().item<float>() == 120.0f, "toHere before the kill");
-    agent.sync(2, keep, obj);
+    agent.call(2, keep, obj);
     RRef<int64_t> slow = agent.remote(1, slowValue, int64_t{30000});
     std::vector<Pending> pending;
     pending.push_back(watch("toHere", slow.toHereAsync(0ms)));
@@ -317,7 +317,7 @@ int chainScenario(Agent& agent, Shared& shared) {
   if (agent.rank() == 0) {
     RRef<int64_t> r = agent.remote(1, square, kChainRoot);
     checkHolder(agent, r, "creator");
-    RRef<int64_t> back = agent.sync(2, hop, r);
+    RRef<int64_t> back = agent.call(2, hop, r);
     require(back.id() == r.id(), "the handle that came back is another reference");
     checkHolder(agent, back, "returned");
   }
@@ -347,13 +347,13 @@ int bulkScenario(Agent& agent, Shared& shared) {
     // Round trips through rank 2: one at a time, and 500 in one vector.
     std::vector<RRef<int64_t>> bounced;
     for (int64_t i = 0; i < kBulkValues; i += 100) {
-      RRef<int64_t> b = agent.sync(2, bounce, values[static_cast<size_t>(i)]);
+      RRef<int64_t> b = agent.call(2, bounce, values[static_cast<size_t>(i)]);
       require(b.id() == values[static_cast<size_t>(i)].id(), "bounce returned another reference");
       bounced.push_back(b);
     }
     std::vector<RRef<int64_t>> batch;
     for (int64_t i = 0; i < kBulkValues; i += 20) batch.push_back(values[static_cast<size_t>(i)]);
-    std::vector<RRef<int64_t>> batchBack = agent.sync(2, bounceMany, batch);
+    std::vector<RRef<int64_t>> batchBack = agent.call(2, bounceMany, batch);
     require(batchBack.size() == batch.size(), "bounceMany returned " + std::to_string(batchBack.size()));
     for (size_t k = 0; k < batch.size(); ++k) require(batchBack[k].id() == batch[k].id(), "bounceMany order");
     for (size_t k = 0; k < batchBack.size(); k += 50) {
@@ -432,10 +432,10 @@ int parcelScenario(Agent& agent, Shared& shared) {
     RRef<Tensor> a = agent.remote(1, fill, int64_t{4}, 2.0);
     RRef<Tensor> b = agent.remote(1, fill, int64_t{3}, 5.0);
     // user (0) -> third worker (2): 8 + 15 + 8
-    double s = agent.sync(2, useParcel, Parcel{"user-to-third", {a, b, a}, 3});
+    double s = agent.call(2, useParcel, Parcel{"user-to-third", {a, b, a}, 3});
     say("rank 0 parcel user-to-third sum " + std::to_string(s));
     // owner (1) -> user (0): three values rank 1 owns, 2 + 4 + 6
-    Parcel q = agent.sync(1, ownerParcel, int64_t{2});
+    Parcel q = agent.call(1, ownerParcel, int64_t{2});
     bool atOnce = true;
     double sum = 0;
     for (auto& r : q.refs) {
@@ -446,7 +446,7 @@ int parcelScenario(Agent& agent, Shared& shared) {
         std::to_string(atOnce) + " sum " + std::to_string(sum));
     // and on from this user to the third worker
     q.tag = "owner-to-user-to-third";
-    double s2 = agent.sync(2, useParcel, q);
+    double s2 = agent.call(2, useParcel, q);
     say("rank 0 parcel owner-to-user-to-third sum " + std::to_string(s2));
   }
   settle(agent);

@@ -3,7 +3,7 @@
 // place through rpc::Options::fromEnv and plays the part of its rank in the job it is given. It
 // prints one line per event, in a form the tests parse ("rank R <phrase> key value ...").
 //
-//   WEFT_RANK=0 WEFT_WORLD_SIZE=3 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 da_worker graphs
+//   WEFT_RANK=0 WEFT_WORLD_SIZE=3 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 dist_autograd_worker graphs
 //
 // Every worker holds one parameter, a 4x4 float64 leaf drawn from a generator seeded with
 // 1000 + rank, and serves functions that compute with it (tanh(x @ w) and variations). Rank 0
@@ -16,7 +16,7 @@
 //              "rank 0 scenario <name> failed <ErrorType>: <message>". "grads" counts the
 //              gradients compared with the local reference (on every worker: each reads its own
 //              context's gradients through dist_autograd::gradients in the registered function
-//              da_worker.report), "maxrel" is the largest relative difference among them (each
+//              dist_autograd_worker.report), "maxrel" is the largest relative difference among them (each
 //              must be at most 1e-6), "drained_ms" how long after the context ended every
 //              worker's dist_autograd::debugCounts was empty (bounded by 5 s):
 //                chain        0 -> 1 -> 2 -> 0 through nested calls, the loss on 0; released with
@@ -182,15 +182,15 @@ struct GradReport {
 };
 WEFT_CODEC_FIELDS(GradReport, entries, weight, affine, dotGradSet);
 
-inline const weft::Function<Tensor(Tensor)> layerFn{"da_worker.layer"};
-inline const weft::Function<Tensor(Tensor, std::vector<int64_t>)> hopFn{"da_worker.hop"};
-inline const weft::Function<Tensor(Tensor, Tensor)> combineFn{"da_worker.combine"};
-inline const weft::Function<Tensor(Tensor)> layerSumFn{"da_worker.layerSum"};
-inline const weft::Function<Tensor(Tensor, Tensor)> useParamFn{"da_worker.useParam"};
-inline const weft::Function<Tensor(Tensor)> explodeFn{"da_worker.explode"};
-inline const weft::Function<Tensor(Tensor)> stallFn{"da_worker.stall"};
-inline const weft::Function<GradReport(int64_t)> reportFn{"da_worker.report"};
-inline const weft::Function<std::vector<uint64_t>()> countsFn{"da_worker.counts"};
+inline const weft::Function<Tensor(Tensor)> layerFn{"dist_autograd_worker.layer"};
+inline const weft::Function<Tensor(Tensor, std::vector<int64_t>)> hopFn{"dist_autograd_worker.hop"};
+inline const weft::Function<Tensor(Tensor, Tensor)> combineFn{"dist_autograd_worker.combine"};
+inline const weft::Function<Tensor(Tensor)> layerSumFn{"dist_autograd_worker.layerSum"};
+inline const weft::Function<Tensor(Tensor, Tensor)> useParamFn{"dist_autograd_worker.useParam"};
+inline const weft::Function<Tensor(Tensor)> explodeFn{"dist_autograd_worker.explode"};
+inline const weft::Function<Tensor(Tensor)> stallFn{"dist_autograd_worker.stall"};
+inline const weft::Function<GradReport(int64_t)> reportFn{"dist_autograd_worker.report"};
+inline const weft::Function<std::vector<uint64_t>()> countsFn{"dist_autograd_worker.counts"};
 
 // 2x, recorded as an op whose backward rule throws.
 Tensor explodingOp(const Tensor& x) {
@@ -239,7 +239,7 @@ void bindAll(Agent& agent, State& st) {
     if (route.empty()) return y;
     int next = static_cast<int>(route.front());
     route.erase(route.begin());
-    return agent.sync(next, hopFn, y, route);
+    return agent.call(next, hopFn, y, route);
   });
   reg.impl(combineFn, [&st](Tensor a, Tensor b) { return layer(a, st.weight) * b; });
   reg.impl(layerSumFn, [&st](Tensor x) { return weft::sum(weft::square(layer(x, st.weight))); });
@@ -314,7 +314,7 @@ std::vector<Tensor> referenceWeights() {
 void checkReport(Agent& agent, int rank, int64_t contextId, Comparison& cmp, int64_t entries, const Tensor& wantWeight,
                  const Tensor& wantAffine = Tensor()) {
   const std::string who = "worker" + std::to_string(rank);
-  GradReport r = agent.sync(rank, reportFn, contextId);
+  GradReport r = agent.call(rank, reportFn, contextId);
   require(r.entries == entries,
           who + " holds " + std::to_string(r.entries) + " gradients in the context, not " + std::to_string(entries));
   if (wantWeight.defined()) {
@@ -340,7 +340,7 @@ std::string countsEverywhere(Agent& agent) {
   std::string left;
   for (int r = 0; r < agent.worldSize(); ++r) {
     if (!agent.isAlive(r)) continue;
-    std::vector<uint64_t> c = r == agent.rank() ? countsVector(da::debugCounts(agent)) : agent.sync(r, countsFn);
+    std::vector<uint64_t> c = r == agent.rank() ? countsVector(da::debugCounts(agent)) : agent.call(r, countsFn);
     if (!countsEmpty(c)) left += (left.empty() ? "" : "; ") + ("worker" + std::to_string(r) + " " + countsLine(c));
   }
   return left;
@@ -350,7 +350,7 @@ std::string countsEverywhere(Agent& agent) {
 // no distributed autograd state.
 std::string drainEverywhere(Agent& agent) {
   auto began = Clock::now();
-  getWithin(da::flushReleases(agent), 5000ms, "flushReleases");
+  getWithin(da::flushReleasesAsync(agent), 5000ms, "flushReleasesAsync");
   std::string left;
   bool empty = waitUntil(
       [&] {
@@ -386,7 +386,7 @@ std::string chainScenario(Agent& agent, State& st) {
   Comparison cmp;
   Tensor x = makeInput(11);
   da::Context ctx(agent);
-  Tensor y = agent.sync(1, hopFn, x, std::vector<int64_t>{2, 0});
+  Tensor y = agent.call(1, hopFn, x, std::vector<int64_t>{2, 0});
   Tensor loss = weft::sum(weft::square(y));
   ctx.backward({loss});
   da::GradientMap mine = ctx.gradients();
@@ -400,7 +400,7 @@ std::string chainScenario(Agent& agent, State& st) {
   checkDotGradUntouched(st, x);
 
   // Released explicitly: once the future completes, no worker the context reached holds it.
-  getWithin(ctx.release(), 5000ms, "release()");
+  getWithin(ctx.releaseAsync(), 5000ms, "release()");
   std::string left = countsEverywhere(agent);
   require(left.empty(), "after release().get(): " + left);
   std::string gone = expectFailure("gradients after release", [&] { da::gradients(agent, ctx.id()); });
@@ -418,8 +418,8 @@ std::string diamondScenario(Agent& agent, State& st, uint64_t seed) {
   Tensor x = makeInput(seed);
   {
     da::Context ctx(agent);
-    Future<Tensor> left = agent.async(1, layerFn, x);
-    Future<Tensor> right = agent.async(2, layerFn, x);
+    Future<Tensor> left = agent.callAsync(1, layerFn, x);
+    Future<Tensor> right = agent.callAsync(2, layerFn, x);
     Tensor loss = weft::sum(getWithin(left, 10000ms, "layer on worker1") * getWithin(right, 10000ms, "layer on worker2"));
     ctx.backward({loss});
     da::GradientMap mine = ctx.gradients();
@@ -443,8 +443,8 @@ std::string rootsScenario(Agent& agent, State& st) {
   Tensor x = makeInput(13);
   {
     da::Context ctx(agent);
-    Tensor l1 = weft::sum(agent.sync(1, layerFn, x));
-    Tensor l2 = weft::sum(weft::square(agent.sync(2, layerFn, x * 2.0)));
+    Tensor l1 = weft::sum(agent.call(1, layerFn, x));
+    Tensor l2 = weft::sum(weft::square(agent.call(2, layerFn, x * 2.0)));
     Tensor l3 = weft::sum(layer(x, st.weight));
     ctx.backward({l1, l2, l3});
     da::GradientMap mine = ctx.gradients();
@@ -474,10 +474,10 @@ std::string twiceScenario(Agent& agent, State& st) {
   Tensor x = makeInput(14);
   {
     da::Context ctx(agent);
-    Tensor y1 = agent.sync(1, layerFn, x);
-    Tensor y2 = agent.sync(1, layerFn, y1 + x);
-    Tensor y3 = agent.sync(1, combineFn, y2, y2);
-    Tensor y4 = agent.sync(1, combineFn, x, x);
+    Tensor y1 = agent.call(1, layerFn, x);
+    Tensor y2 = agent.call(1, layerFn, y1 + x);
+    Tensor y3 = agent.call(1, combineFn, y2, y2);
+    Tensor y4 = agent.call(1, combineFn, x, x);
     Tensor loss = weft::sum(y3) + weft::sum(weft::square(y1)) + weft::sum(y4);
     ctx.backward({loss});
     da::GradientMap mine = ctx.gradients();
@@ -532,7 +532,7 @@ std::string laterScenario(Agent& agent, State& st) {
   {
     da::Context ctx(agent);
     RRef<Tensor> h = obj.remote(&Affine::forward, x);
-    Tensor u = weft::sigmoid(agent.sync(2, layerFn, x * 3.0));
+    Tensor u = weft::sigmoid(agent.call(2, layerFn, x * 3.0));
     RRef<Tensor> h2 = obj.remote(&Affine::forwardHeld, h);
     Tensor t = h2.toHere(10000ms);
     Tensor t1 = h.toHere(10000ms);
@@ -560,7 +560,7 @@ std::string paramScenario(Agent& agent, State& st) {
   Tensor x = makeInput(17);
   {
     da::Context ctx(agent);
-    Tensor y = agent.sync(1, useParamFn, x, st.weight);
+    Tensor y = agent.call(1, useParamFn, x, st.weight);
     Tensor loss = weft::sum(weft::square(y));
     ctx.backward({loss});
     da::GradientMap mine = ctx.gradients();
@@ -587,7 +587,7 @@ std::string retainScenario(Agent& agent, State& st) {
   std::string second;
   {
     da::Context ctx(agent);
-    Tensor y = agent.sync(1, hopFn, x, std::vector<int64_t>{2});
+    Tensor y = agent.call(1, hopFn, x, std::vector<int64_t>{2});
     Tensor loss = weft::sum(weft::square(y));
     ctx.backward({loss}, true);
     ctx.backward({loss}, true);
@@ -617,7 +617,7 @@ std::string secondRemoteScenario(Agent& agent, State& st) {
   std::string second;
   {
     da::Context ctx(agent);
-    Tensor loss = agent.sync(1, layerSumFn, x);
+    Tensor loss = agent.call(1, layerSumFn, x);
     require(loss.requiresGrad() && loss.numel() == 1, "worker1's scalar result is a root requiring grad");
     ctx.backward({loss});
     cmp.close("the input on worker0", ctx.gradients().at(x), want[0]);
@@ -635,8 +635,8 @@ std::string remoteErrorScenario(Agent& agent, State&) {
   long long ms = 0;
   {
     da::Context ctx(agent);
-    Future<Tensor> left = agent.async(1, explodeFn, x);
-    Future<Tensor> right = agent.async(2, layerFn, x);
+    Future<Tensor> left = agent.callAsync(1, explodeFn, x);
+    Future<Tensor> right = agent.callAsync(2, layerFn, x);
     Tensor loss = weft::sum(getWithin(left, 10000ms, "explode on worker1")) +
                   weft::sum(weft::square(getWithin(right, 10000ms, "layer on worker2")));
     auto began = Clock::now();
@@ -742,7 +742,7 @@ int killJob(Agent& agent) {
     try {
       Tensor x = makeInput(31);
       da::Context ctx(agent);
-      Tensor loss = weft::sum(agent.sync(1, layerFn, x)) + weft::sum(agent.sync(2, layerFn, x));
+      Tensor loss = weft::sum(agent.call(1, layerFn, x)) + weft::sum(agent.call(2, layerFn, x));
       builtPromise.set_value();
       if (killed.wait_for(40s) != std::future_status::ready) throw Error("never told that worker1 died");
       later("backward", [&] { ctx.backward({loss}); });
@@ -766,7 +766,7 @@ int killJob(Agent& agent) {
   {
     Tensor x = makeInput(32);
     da::Context ctx(agent);
-    Tensor loss = weft::sum(agent.sync(1, stallFn, x)) + weft::sum(agent.sync(2, layerFn, x));
+    Tensor loss = weft::sum(agent.call(1, stallFn, x)) + weft::sum(agent.call(2, layerFn, x));
     say("rank 0 backward starting");
     std::string error = expectFailure("backward while worker1 is killed", [&] { ctx.backward({loss}); });
     say("rank 0 pending backward at_ns " + std::to_string(steadyNs(Clock::now())) + " " + error);
@@ -779,7 +779,7 @@ int killJob(Agent& agent) {
 
   // Both contexts ended: nothing is left here or on worker2.
   auto began = Clock::now();
-  getWithin(da::flushReleases(agent), 5000ms, "flushReleases");
+  getWithin(da::flushReleasesAsync(agent), 5000ms, "flushReleasesAsync");
   std::string left;
   bool empty = waitUntil(
       [&] {
@@ -804,7 +804,7 @@ int settledKillJob(Agent& agent) {
   }
   Tensor x = makeInput(41);
   da::Context ctx(agent);
-  Tensor loss = weft::sum(agent.sync(1, layerFn, x));
+  Tensor loss = weft::sum(agent.call(1, layerFn, x));
   const int64_t id = ctx.id();
   bool fired = false;
   bool dropped = false;
@@ -832,7 +832,7 @@ int settledKillJob(Agent& agent) {
 
 int main(int argc, char** argv) {
   using namespace daworker;
-  return weft::testing::workerMain("da_worker", {"graphs", "kill", "settled-kill"}, argc, argv, [](const std::string& job) {
+  return weft::testing::workerMain("dist_autograd_worker", {"graphs", "kill", "settled-kill"}, argc, argv, [](const std::string& job) {
     weft::rpc::Options options = weft::rpc::Options::fromEnv();
     State st;
     st.rank = options.rank;

@@ -6,7 +6,7 @@
 //   weft::testing::AgentGroup g(3);                       // three agents, ranks 0..2
 //   g.agent(1).registry().impl(add, ...);                 // before start
 //   g.start();                                            // starts all of them concurrently
-//   CHECK(g.agent(0).sync(1, add, a, b) ...);
+//   CHECK(g.agent(0).call(1, add, a, b) ...);
 //   // the destructor shuts every agent down (gracefully when possible)
 #pragma once
 

@@ -1,4 +1,5 @@
-#include "tensor/op_utils.h"
+#include "tensor/op_checks.h"
+#include "tensor/op_layout.h"
 
 namespace weft::detail {
 
@@ -38,25 +39,6 @@ void requireDType(const char* op, const Tensor& t, DType dt, const char* what) {
 void requireDim(const char* op, const Tensor& t, int64_t ndim, const char* what) {
   checkDefined(op, t, what);
   WEFT_ENFORCE(t.dim() == ndim, InvalidArgumentError, op, ": ", what, " must be ", ndim, "-D, got shape ", t.shape());
-}
-
-AxisView axisView(const Shape& shape, int64_t dim) {
-  AxisView v;
-  if (shape.empty()) return v;
-  for (int64_t d = 0; d < dim; ++d) v.outer *= shape[d];
-  v.size = shape[dim];
-  for (size_t d = dim + 1; d < shape.size(); ++d) v.inner *= shape[d];
-  return v;
-}
-
-Shape broadcastStrides(const Tensor& t, const Shape& outShape) {
-  int64_t m = static_cast<int64_t>(outShape.size()), n = t.dim();
-  Shape st(m, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t o = m - n + i;
-    st[o] = t.shape()[i] == 1 && outShape[o] != 1 ? 0 : t.strides()[i];
-  }
-  return st;
 }
 
 }  // namespace weft::detail

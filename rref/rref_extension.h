@@ -1,7 +1,7 @@
 // The RRef layer's state on one agent, internal to rref/ (rref.cpp runs its protocol,
 // rref_codec.cpp reaches it from the RRef<T> templates of rref/rref.h); not part of the public API.
 //
-// RRefContext is the agent extension behind every RRef of one agent: the values this worker owns
+// RRefExtension is the agent extension behind every RRef of one agent: the values this worker owns
 // (OwnerRecord, with the forks other workers hold), its user handles, the handles waiting for the
 // owner's confirmation and the children waiting to be accepted (the owner/user protocol of
 // rpc/protocol.capnp, "Remote references"). Every table is guarded by mutex_; its functions run
@@ -59,9 +59,9 @@ struct RRefInbox {
   std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<RRefCore>> cores;
 };
 
-class RRefContext final : public rpc::AgentExtension, public std::enable_shared_from_this<RRefContext> {
+class RRefExtension final : public rpc::AgentExtension, public std::enable_shared_from_this<RRefExtension> {
  public:
-  explicit RRefContext(rpc::Agent& agent) : agent_(agent) {}
+  explicit RRefExtension(rpc::Agent& agent) : agent_(agent) {}
 
   void registerFunctions();
 
