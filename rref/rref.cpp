@@ -7,6 +7,9 @@
 // Threads: the weft.rref.* handlers, incoming frames, peer failures and shutdown run on the
 // agent's loop thread; values are built and methods run on its handler pool; a handle is
 // created, sent and released on whichever thread does so. The tables are under mutex_.
+#include <atomic>
+#include <functional>
+#include <mutex>
 #include <sstream>
 
 #include "common/logging.h"
@@ -20,7 +23,31 @@ namespace {
 // the peer's death ends them.
 const rpc::CallOptions kControl{.timeout = std::chrono::milliseconds(0), .duringShutdown = true};
 
+std::atomic<bool> gHasReleaseHook{false};
+std::mutex gHookMutex;
+std::function<void(uint64_t)> gReleaseHook;  // under gHookMutex
+
+void runReleaseHook(uint64_t id) {
+  if (!gHasReleaseHook.load(std::memory_order_acquire)) return;
+  std::function<void(uint64_t)> hook;
+  {
+    std::lock_guard<std::mutex> lock(gHookMutex);
+    hook = gReleaseHook;
+  }
+  if (hook) hook(id);
+}
+
 }  // namespace
+
+namespace detail {
+
+void setReleaseHook(std::function<void(uint64_t id)> hook) {
+  std::lock_guard<std::mutex> lock(gHookMutex);
+  gHasReleaseHook.store(static_cast<bool>(hook), std::memory_order_release);
+  gReleaseHook = std::move(hook);
+}
+
+}  // namespace detail
 
 // ---- handles ------------------------------------------------------------------------------
 
@@ -56,16 +83,23 @@ void RRefExtension::release(RRefCore& core) {
       auto it = users_.find(core.fork);
       if (it != users_.end() && it->second == &core) users_.erase(it);
       sendIt = !core.released && core.failure.ok() && core.fork != 0;
+      if (sendIt) ++unsettledDeletes_;
     }
   }
-  if (sendIt) sendDelete(core.id, core.fork, core.owner);
+  if (!sendIt) return;
+  runReleaseHook(core.id);
+  sendDelete(core.id, core.fork, core.owner);
 }
 
 void RRefExtension::sendDelete(uint64_t id, uint64_t fork, int owner) {
-  agent_.callWith<void>(owner, kDelete, rpc::nameId(kDelete), kControl,
-                        [&](rpc::EncodeContext& enc, rpc::wire::Call::Builder call) {
-                          rpc::encodeArguments(enc, call.initArgs(1), std::make_tuple(id, fork));
-                        });
+  auto done = agent_.callWith<void>(owner, kDelete, rpc::nameId(kDelete), kControl,
+                                    [&](rpc::EncodeContext& enc, rpc::wire::Call::Builder call) {
+                                      rpc::encodeArguments(enc, call.initArgs(1), std::make_tuple(id, fork));
+                                    });
+  done.onComplete([self = shared_from_this()](const Future<void>&) {
+    std::lock_guard<std::mutex> lock(self->mutex_);
+    --self->unsettledDeletes_;
+  });
 }
 
 void RRefExtension::check(const RRefCore& core) {
@@ -200,6 +234,7 @@ void RRefExtension::confirm(const std::shared_ptr<RRefCore>& core, const Status&
         core->released = true;
         core->unusable = true;
         deleteNow = true;
+        ++unsettledDeletes_;
       }
     }
   }
@@ -563,6 +598,7 @@ void RRefExtension::adopt(int peer, rpc::wire::RRefDesc::Reader d, RRefInbox& in
       if (parent == owner) {
         core->confirmed = true;
         deleteNow = core->released;
+        if (deleteNow) ++unsettledDeletes_;
       } else {
         // Given back when the owner confirms it (confirm()), never before (G1).
         core->released = false;
@@ -667,6 +703,7 @@ void RRefExtension::onShutdownBegin() {
       core->released = true;
       core->unusable = true;
       deletes.emplace_back(core->id, core->fork, core->owner);
+      ++unsettledDeletes_;
     }
     for (auto& [id, rec] : owned_) {
       for (RRefCore* core : rec->local) {

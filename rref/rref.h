@@ -54,6 +54,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -149,6 +150,11 @@ std::shared_ptr<RRefCore> makeOwned(rpc::Agent& agent, rpc::HeldValue value);
 
 void encodeRef(const std::shared_ptr<RRefCore>& core, rpc::wire::Value::Builder out, rpc::EncodeContext& enc);
 std::shared_ptr<RRefCore> decodeRef(rpc::wire::Value::Reader in, rpc::DecodeContext& dec, const std::string& typeName);
+
+// For tests: called on the thread that drops a user's last handle of reference `id`, after the
+// handle left the tables and before its delete goes out (the moment a shutdown may begin on
+// another thread). An empty function removes it.
+void setReleaseHook(std::function<void(uint64_t id)> hook);
 
 template <class RRefT>
 struct Access {

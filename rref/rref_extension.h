@@ -68,9 +68,10 @@ class RRefExtension final : public rpc::AgentExtension, public std::enable_share
   void onIncomingFrame(int peer, rpc::IncomingFrame& frame) override;
   void onPeerFailed(int rank, const Status& why) override;
   void onShutdownBegin() override;
+  // A fork request, accept or delete is outstanding: the shutdown barrier waits.
   bool busy() const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return !pendingUsers_.empty() || !pendingChildren_.empty();
+    return !pendingUsers_.empty() || !pendingChildren_.empty() || unsettledDeletes_ != 0;
   }
   void onClosed() override;
 
@@ -110,6 +111,9 @@ class RRefExtension final : public rpc::AgentExtension, public std::enable_share
   // Drops the record from the table when nothing holds it any more. Under mutex_.
   void maybeErase(const std::shared_ptr<OwnerRecord>& rec);
   void confirm(const std::shared_ptr<RRefCore>& core, const Status& error);
+  // Sends the delete of a fork whose handle left the tables; the caller counted it in
+  // unsettledDeletes_ under mutex_, in the same step that decided the delete, and the count
+  // drops when the owner has answered (or the call failed).
   void sendDelete(uint64_t id, uint64_t fork, int owner);
 
   Future<rpc::HeldValue> onCreate(const rpc::CallContext& ctx, std::shared_ptr<rpc::IncomingFrame> frame);
@@ -131,6 +135,9 @@ class RRefExtension final : public rpc::AgentExtension, public std::enable_share
   std::atomic<uint64_t> counter_{1};
   std::atomic<bool> closed_{false};
   bool shuttingDown_ = false;                                               // under mutex_
+  // Deletes decided (their handle gone from users_) and not yet answered by the owner, including
+  // those not yet handed to the agent: the layer is busy until they settle.
+  size_t unsettledDeletes_ = 0;                                             // under mutex_
   std::unordered_map<uint64_t, std::shared_ptr<OwnerRecord>> owned_;        // under mutex_
   std::unordered_map<uint64_t, RRefCore*> users_;                           // fork -> live handle
   std::unordered_map<uint64_t, std::shared_ptr<RRefCore>> pendingUsers_;   // not yet confirmed

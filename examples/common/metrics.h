@@ -1,6 +1,7 @@
 // What the example programs share for reporting a run: a clock, the per-iteration metrics CSV
-// file, the progress window behind the periodic "loss ... accuracy ... per second" lines, the
-// name of each process's metrics file, and a progress bar for a terminal.
+// file, the progress window behind the periodic "loss ... accuracy ... per second" lines, a
+// trainer's batch log that keeps both, the count of right predictions, the name of each
+// process's metrics file, and a progress bar for a terminal.
 //
 //   app::CsvFile csv(app::taggedPath(flags.metrics, rank == 1 ? "" : ".trainer_2"),
 //                    "iteration,epoch,loss,accuracy,seconds");
@@ -14,7 +15,15 @@
 //   }
 //   csv.close();  // throws if anything could not be written
 //
-// Header-only; it needs common/error.h.
+// A trainer that writes "iteration,epoch,loss,accuracy,seconds" rows keeps them, its window and
+// its totals in one BatchLog:
+//
+//   app::BatchLog log(path);             // app::BatchLog log; writes no file
+//   log.add(epoch, loss, correct, seen, app::secondsSince(t0));
+//   if (log.window.batches == logInterval) { say(...); log.window.reset(); }
+//   log.close();
+//
+// Header-only; it needs common/error.h and the tensor library.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +34,8 @@
 #include <string>
 
 #include "common/error.h"
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
 
 namespace weft::examples::app {
 
@@ -74,6 +85,7 @@ class CsvFile {
     if (!out_) throw Error("could not write the metrics file '" + path_ + "'");
   }
 
+  bool isOpen() const { return out_.is_open(); }
   const std::string& path() const { return path_; }
 
  private:
@@ -100,6 +112,39 @@ struct Window {
   double accuracy() const { return correct / seen; }
   double batchesPerSecond() const { return static_cast<double>(batches) / secondsSince(start); }
   void reset() { *this = Window{}; }
+};
+
+// How many rows of `scores` (logits or log-probabilities, one row per example) have their
+// largest entry at the class `target` names.
+inline double correctPredictions(const Tensor& scores, const Tensor& target) {
+  NoGradGuard noGrad;
+  return static_cast<double>(eq(argmax(scores, 1), target).sum().item<int64_t>());
+}
+
+// One trainer's batches: the metrics rows "iteration,epoch,loss,accuracy,seconds" (none when
+// default-constructed), the window since the last progress line, and the totals of the run.
+struct BatchLog {
+  static constexpr const char* kHeader = "iteration,epoch,loss,accuracy,seconds";
+
+  BatchLog() = default;
+  explicit BatchLog(const std::string& path) : csv(path, kHeader) {}
+
+  // A batch of `seen` examples, `correct` of them classified right, that took `seconds`.
+  void add(int64_t epoch, double loss, double correct, double seen, double seconds) {
+    ++iterations;
+    trainSeconds += seconds;
+    if (csv.isOpen()) csv.row(iterations, epoch, loss, correct / seen, seconds);
+    window.add(loss, correct, seen);
+  }
+  double secondsPerIteration() const { return trainSeconds / static_cast<double>(std::max<int64_t>(iterations, 1)); }
+  void close() {
+    if (csv.isOpen()) csv.close();
+  }
+
+  CsvFile csv;
+  Window window;
+  int64_t iterations = 0;
+  double trainSeconds = 0;
 };
 
 // "\repoch E [#####     ]  40% loss L" on stdout, rewritten in place: for a terminal only (the

@@ -48,9 +48,11 @@ LayerCounts layerCounts(const char* label, const Counts& counts) {
   return {label, counts.empty(), counts.toString()};
 }
 
-// After the graceful shutdown: throws Error "unclean shutdown: N workers missing (a, b); <label> <counts>; ..."
-// unless every worker answered and every layer is empty; otherwise prints "<name>: shut down
-// cleanly".
+// After the graceful shutdown: throws Error "unclean shutdown: N workers missing (a, b); <label>
+// <counts>; ..." unless every worker answered and every layer is empty; otherwise prints "<name>:
+// shut down cleanly". Call agent.shutdown() in a statement of its own and pass its report: as
+// arguments of one call, the shutdown and the layers' counts are evaluated in no set order, and
+// counts read before the shutdown see the job still running.
 inline void checkShutdown(rpc::Agent& agent, const rpc::ShutdownReport& report,
                           std::initializer_list<LayerCounts> layers) {
   bool clean = report.clean();

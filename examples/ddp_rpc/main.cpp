@@ -36,6 +36,7 @@
 
 #include "flags.h"
 #include "report.h"
+#include "trainer_log.h"
 
 using namespace weft;
 using namespace weft::examples::ddp_rpc;
@@ -61,25 +62,16 @@ TrainerReport train(rpc::Agent& agent, collectives::ProcessGroup& group, const F
 
   Teacher teacher(start.initialTable, flags.seed);
   Generator data(mixSeed(flags.seed, static_cast<uint64_t>(rank)));
-  app::CsvFile csv(app::taggedPath(flags.metrics, rank == 0 ? "" : ".trainer" + std::to_string(rank)),
-                   "iteration,epoch,loss,accuracy,seconds");
+  TrainerLog log(app::taggedPath(flags.metrics, rank == 0 ? "" : ".trainer" + std::to_string(rank)), name, flags);
   say("%s: training with %s on %s, DDP over %d trainers, %" PRId64 " epochs x %" PRId64 " batches, target %s\n",
       name, "EmbeddingBag(100, 16, sum)", start.table.placement().c_str(), group.size(), flags.epochs, flags.batches,
       targetModeName(flags.target));
 
-  TrainerReport report{.rank = rank};
-  std::vector<int64_t> classCounts(static_cast<size_t>(kClasses), 0);
-  int64_t iteration = 0;
-  double trainSeconds = 0;
-  app::Window window;
   for (int64_t epoch = 1; epoch <= flags.epochs; ++epoch) {
-    app::Window epochStats;
     for (int64_t b = 0; b < flags.batches; ++b) {
-      ++iteration;
       Batch batch = makeBatch(data, flags.target, &teacher);
       const auto t0 = app::Clock::now();
-      double lossValue = 0;
-      int64_t correct = 0;
+      double lossValue = 0, correct = 0;
       {
         dist_autograd::Context ctx(agent);
         Tensor bags = start.table.forward(batch.indices, batch.offsets);
@@ -88,37 +80,15 @@ TrainerReport train(rpc::Agent& agent, collectives::ProcessGroup& group, const F
         ctx.backward({loss});
         optimizer.step(ctx);
         lossValue = loss.item<float>();
-        NoGradGuard noGrad;
-        correct = eq(argmax(logits, 1), batch.target).sum().item<int64_t>();
+        correct = app::correctPredictions(logits, batch.target);
       }
-      const double seconds = app::secondsSince(t0);
-      trainSeconds += seconds;
-      for (int64_t i = 0; i < batch.bags; ++i) ++classCounts[static_cast<size_t>(batch.target.data<int64_t>()[i])];
-      csv.row(iteration, epoch, lossValue, static_cast<double>(correct) / static_cast<double>(batch.bags), seconds);
-      epochStats.add(lossValue, static_cast<double>(correct), static_cast<double>(batch.bags));
-      window.add(lossValue, static_cast<double>(correct), static_cast<double>(batch.bags));
+      log.add(epoch, batch, lossValue, correct, app::secondsSince(t0));
     }
-    if (epoch == 1) report.firstEpochLoss = epochStats.meanLoss();
-    if (epoch == flags.epochs) {
-      report.lastEpochLoss = epochStats.meanLoss();
-      report.lastEpochAccuracy = epochStats.accuracy();
-    }
-    if (epoch % flags.logInterval == 0 || epoch == flags.epochs) {
-      say("%s: epoch %" PRId64 "/%" PRId64 " iteration %" PRId64 " loss %.4f accuracy %.3f %.1f iterations/s\n", name,
-          epoch, flags.epochs, iteration, window.meanLoss(), window.accuracy(), window.batchesPerSecond());
-      window.reset();
-    }
+    log.endEpoch(epoch);
   }
-  csv.close();
-  report.iterations = iteration;
-  report.secondsPerIteration = trainSeconds / static_cast<double>(iteration);
-  report.targetEntropy = classEntropy(classCounts);
+  TrainerReport report = log.finish(rank);
   compareReplicas(group, *fc, report);
-  say("%s: trained %" PRId64 " iterations in %.2f s (%.5f s/iteration); Linear replica %s (hash %016" PRIx64
-      "); metrics in %s\n",
-      name, iteration, trainSeconds, report.secondsPerIteration,
-      report.replicasIdentical ? "identical to the other trainer's" : "DIFFERS from the other trainer's",
-      static_cast<uint64_t>(report.replicaHash), csv.path().c_str());
+  log.printTrained(report);
   return report;
 }
 

@@ -33,12 +33,11 @@
 #include "examples/common/metrics.h"
 
 #include "flags.h"
+#include "progress.h"
 #include "replicas.h"
-#include "summary.h"
 
 using namespace weft;
 using namespace weft::examples::fashion_mnist;
-using collectives::ReduceOp;
 namespace app = weft::examples::app;
 using app::say;
 
@@ -52,11 +51,9 @@ int main(int argc, char** argv) {
     app::checkFashionMnistFiles(flags.dataDir);
     const int threads = threadsPerProcess(flags.threads, kernels::cpu::numThreads());
     kernels::cpu::setNumThreads(threads);
-    app::CsvFile csv;
-    if (rank == 0) csv.open(flags.metrics, "iteration,epoch,loss,accuracy,seconds");
-
     // The process group, with the rendezvous store rank 0 serves, in one call; none in local mode.
     std::unique_ptr<collectives::ProcessGroup> pg;
+    Progress progress(flags, rank, world, pg);  // rank 0 opens its metrics file before the group
     if (flags.mode != Mode::Local) {
       const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeoutSeconds * 1000));
       pg = collectives::init(options, {.timeout = timeout, .checkCalls = flags.checkCalls, .name = "fashion_mnist"});
@@ -89,19 +86,14 @@ int main(int argc, char** argv) {
           flags.epochs);
     }
 
-    int64_t iteration = 0;
-    std::vector<double> stepSeconds;  // this rank's, every step: forward to optimizer step
-    double trainSeconds = 0, trainSamples = 0, testAccuracy = 0;
+    double testAccuracy = 0;
     for (int64_t epoch = 1; epoch <= flags.epochs; ++epoch) {
       sampler->setEpoch(epoch - 1);
+      progress.startEpoch();
       int64_t batch = 0;
-      const auto epochStart = app::Clock::now();
-      std::vector<double> epochSums(3, 0.0);  // loss (per batch), correct, seen: all ranks'
-      app::Window window;                     // this rank's, until the next progress line
       for (const data::Example& example : loader) {
         if (batch == perEpoch) break;
         ++batch;
-        ++iteration;
         const auto t0 = app::Clock::now();
         Tensor logits = ddp ? ddp->forward(example.data) : model->forward(example.data);
         Tensor loss = crossEntropy(logits, example.target);
@@ -109,52 +101,22 @@ int main(int argc, char** argv) {
         loss.backward();
         if (flags.mode == Mode::AllReduce) averageGradients(params, *pg);
         opt.step();
-        const double lossValue = loss.item<float>(), seen = static_cast<double>(example.target.numel());
-        double correct = 0;
-        {
-          NoGradGuard ng;
-          correct = static_cast<double>(eq(argmax(logits, 1), example.target).sum().item<int64_t>());
-        }
-        stepSeconds.push_back(app::secondsSince(t0));
-        if (rank == 0) csv.row(iteration, epoch, lossValue, correct / seen, stepSeconds.back());
-        window.add(lossValue, correct, seen);
-        if (window.batches == flags.logInterval || batch == perEpoch) {
-          // Every rank reaches the same batch numbers (the sampler pads the shards to equal length).
-          const double elapsed = app::secondsSince(window.start);
-          std::vector<double> sums{window.loss, window.correct, window.seen};
-          reduceValues(pg.get(), sums, ReduceOp::Sum);
-          for (size_t k = 0; k < 3; ++k) epochSums[k] += sums[k];
-          if (rank == 0) {
-            say("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " loss %.4f accuracy %.3f %.0f samples/s\n", epoch, batch,
-                perEpoch, sums[0] / static_cast<double>(window.batches * world), sums[1] / sums[2], sums[2] / elapsed);
-          }
-          window.reset();
-        }
+        const double lossValue = loss.item<float>(), correct = app::correctPredictions(logits, example.target);
+        progress.step(epoch, batch, perEpoch, lossValue, correct, static_cast<double>(example.target.numel()),
+                      app::secondsSince(t0));
       }
-      // The epoch's training time is the slowest rank's; the samples are everyone's.
-      std::vector<double> slowest{app::secondsSince(epochStart)};
-      reduceValues(pg.get(), slowest, ReduceOp::Max);
-      trainSeconds += slowest[0];
-      trainSamples += epochSums[2];
+      progress.endEpoch();
       // Each rank tests its own slice of the test split; the counts are summed over the group.
       testAccuracy = groupTestAccuracy(*model, test, rank, world, pg.get());
-      if (rank == 0) {
-        say("epoch %" PRId64 ": loss %.4f  train accuracy %.4f  test accuracy %.4f  time %.2f s (%.0f samples/s)\n",
-            epoch, epochSums[0] / static_cast<double>(std::max<int64_t>(batch, 1) * world),
-            epochSums[1] / std::max(epochSums[2], 1.0), testAccuracy, slowest[0], epochSums[2] / slowest[0]);
-      }
+      progress.printEpoch(epoch, batch, testAccuracy);
     }
 
     const WeightSummary weights = checkReplicas(*model, pg.get());  // bit for bit against rank 0's
-    if (rank == 0) {
-      if (!flags.save.empty()) {
-        nn::saveStateDict(model->stateDict(), flags.save);
-        say("saved the final weights to %s\n", flags.save.c_str());
-      }
-      csv.close();
-      printSummary(weights, world, threads, flags, iteration, trainSamples, trainSeconds, stepSeconds);
-      say("final test accuracy: %.4f\n", testAccuracy);
+    if (rank == 0 && !flags.save.empty()) {
+      nn::saveStateDict(model->stateDict(), flags.save);
+      say("saved the final weights to %s\n", flags.save.c_str());
     }
+    progress.finish(weights, threads, testAccuracy);
     ddp.reset();
     // The job's end: the group closes, and rank 0 serves the store until every other rank has left.
     pg.reset();

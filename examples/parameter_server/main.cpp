@@ -62,24 +62,19 @@ void runTrainer(rpc::Agent& agent, const Flags& flags, Handover& handover) {
                          .numReplicas = trainers, .rank = rank - 1, .seed = static_cast<int64_t>(flags.seed)});
   data::DataLoader loader(train, {.batchSize = flags.batchSize}, sampler);
   const int64_t perEpoch = flags.maxBatches > 0 ? std::min(loader.numBatches(), flags.maxBatches) : loader.numBatches();
-  app::CsvFile csv(app::taggedPath(flags.metrics, rank == 1 ? "" : ".trainer_" + std::to_string(rank)),
-                   "iteration,epoch,loss,accuracy,seconds");
+  app::BatchLog log(app::taggedPath(flags.metrics, rank == 1 ? "" : ".trainer_" + std::to_string(rank)));
   say("%s: %" PRId64 " of %" PRId64 " training images, %" PRId64 " batches of %" PRId64 " per epoch, %" PRId64
       " epoch(s)\n", name, sampler->size(), train->size(), perEpoch, flags.batchSize, flags.epochs);
 
-  int64_t iteration = 0;
-  double trainSeconds = 0;
   for (int64_t epoch = 1; epoch <= flags.epochs; ++epoch) {
     sampler->setEpoch(epoch - 1);
     int64_t batch = 0;
-    app::Window window;
     for (const data::Example& example : loader) {
       if (batch == perEpoch) break;
       ++batch;
-      ++iteration;
+      const int64_t iteration = log.iterations + 1;
       const auto t0 = app::Clock::now();
-      double lossValue = 0;
-      int64_t correct = 0;
+      double lossValue = 0, correct = 0;
       {
         dist_autograd::Context ctx(agent);
         if (serialized) ps.rpcSync(&ParameterServer::lockForward);
@@ -90,26 +85,20 @@ void runTrainer(rpc::Agent& agent, const Flags& flags, Handover& handover) {
         optimizer.step(ctx);
         ps.rpcSync(&ParameterServer::endUpdate);
         lossValue = loss.item<float>();
-        NoGradGuard noGrad;
-        correct = eq(argmax(logProbs, 1), example.target).sum().item<int64_t>();
+        correct = correctPredictions(logProbs, example.target);
       }
-      const double seconds = app::secondsSince(t0);
-      trainSeconds += seconds;
-      const auto seen = static_cast<double>(example.target.numel());
-      csv.row(iteration, epoch, lossValue, static_cast<double>(correct) / seen, seconds);
-      window.add(lossValue, static_cast<double>(correct), seen);
-      if (window.batches == flags.logInterval || batch == perEpoch) {
+      log.add(epoch, lossValue, correct, static_cast<double>(example.target.numel()), app::secondsSince(t0));
+      if (log.window.batches == flags.logInterval || batch == perEpoch) {
         say("%s: epoch %" PRId64 " iteration %" PRId64 " batch %" PRId64 "/%" PRId64
-            " loss %.4f accuracy %.3f %.2f batches/s\n",
-            name, epoch, iteration, batch, perEpoch, window.meanLoss(), window.accuracy(), window.batchesPerSecond());
-        window.reset();
+            " loss %.4f accuracy %.3f %.2f batches/s\n", name, epoch, iteration, batch, perEpoch,
+            log.window.meanLoss(), log.window.accuracy(), log.window.batchesPerSecond());
+        log.window.reset();
       }
     }
   }
-  csv.close();
-  const double perBatch = trainSeconds / static_cast<double>(std::max<int64_t>(iteration, 1));
-  say("%s: trained %" PRId64 " batches in %.1f s (%.4f s/batch); metrics in %s\n", name, iteration, trainSeconds,
-      perBatch, csv.path().c_str());
+  log.close();
+  say("%s: trained %" PRId64 " batches in %.1f s (%.4f s/batch); metrics in %s\n", name, log.iterations,
+      log.trainSeconds, log.secondsPerIteration(), log.csv.path().c_str());
 
   // The other trainers report to trainer_1, which evaluates the model once all have finished.
   if (rank != 1) {
@@ -122,8 +111,8 @@ void runTrainer(rpc::Agent& agent, const Flags& flags, Handover& handover) {
   const double evalSeconds = app::secondsSince(t0);
   say("final test accuracy: %.4f (trainers %d, update %s, %" PRId64 " batches per trainer, %" PRId64
       " forwards on the server, %.4f s/batch on trainer_1, evaluation %.1f s)\n",
-      accuracy, trainers, updateModeName(flags.update), iteration, ps.rpcSync(&ParameterServer::forwardCount),
-      perBatch, evalSeconds);
+      accuracy, trainers, updateModeName(flags.update), log.iterations, ps.rpcSync(&ParameterServer::forwardCount),
+      log.secondsPerIteration(), evalSeconds);
 }
 
 }  // namespace

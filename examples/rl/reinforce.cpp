@@ -7,18 +7,13 @@
 #include "common/error.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "examples/common/seed.h"
 
 #include "returns.h"
 
 namespace weft::examples::rl {
 
-uint64_t streamSeed(uint64_t seed, uint64_t stream) {
-  uint64_t z = seed ^ (stream * 0xd1b54a32d192ed03ULL);
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+uint64_t streamSeed(uint64_t seed, uint64_t stream) { return app::splitmix64(seed ^ (stream * 0xd1b54a32d192ed03ULL)); }
 
 // ---- Policy ------------------------------------------------------------------------
 

@@ -16,9 +16,6 @@
 // decoder's fetched from ps, the LSTM's made here with makeRRef). --check-gradients replays each
 // batch locally and compares the gradients (gradient_check.h). README.md explains the task, the
 // flags and the output.
-#include <algorithm>
-#include <cinttypes>
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -51,7 +48,6 @@ namespace {
 void runTrainer(rpc::Agent& agent, const Flags& flags) {
   const DType dtype = parseDType(flags.dtype);
   const auto seed = static_cast<int64_t>(flags.seed);
-  const char* name = agent.name().c_str();  // the agent's own string, alive as long as the agent
   // The model: the two remote halves on ps, the LSTM here.
   RRef<EmbeddingTable> emb =
       agent.remote<EmbeddingTable>("ps", flags.ntoken, flags.ninp, flags.dropout, seed, flags.dtype);
@@ -78,12 +74,7 @@ void runTrainer(rpc::Agent& agent, const Flags& flags) {
   nn::LstmState hidden = initialState(flags, dtype);
   std::optional<GradientCheck> check;
   if (flags.checkGradients) check.emplace(lstmOptions, dtype, flags.ntoken, flags.dropout);
-  app::CsvFile csv(flags.metrics, check ? "iteration,loss,seconds,max_rel_diff" : "iteration,loss,seconds");
-  csv.setPrecision(8);
-
-  LossWindows losses(flags.iterations, flags.logInterval);
-  double trainSeconds = 0, maxDiff = 0;
-  app::Window window;
+  TrainingLog log(agent.name(), flags, check.has_value());
   for (int64_t it = 1; it <= flags.iterations; ++it) {
     auto [x, y] = std::visit([&](auto& t) { return t.next(flags.bptt); }, task);
     // This batch: its tokens, the carried state detached (backward stops here), its dropout seeds.
@@ -105,34 +96,12 @@ void runTrainer(rpc::Agent& agent, const Flags& flags) {
       ctx.backward({loss});
       hidden = out.state;
       lossValue = loss.to(DType::Float64).item<double>();
-      if (check) maxDiff = std::max(maxDiff, diff = check->replay(agent, ctx, batch, loss, params, lstmParams));
+      if (check) diff = check->replay(agent, ctx, batch, loss, params, lstmParams);
       optimizer.step(ctx);
     }
-    const double seconds = app::secondsSince(t0);
-    trainSeconds += seconds;
-    if (check) csv.row(it, lossValue, seconds, diff);
-    else csv.row(it, lossValue, seconds);
-    window.add(lossValue, 0, 0);
-    if (it % flags.logInterval == 0 || it == flags.iterations) {
-      say("%s: iteration %" PRId64 "/%" PRId64 " loss %.4f %.1f iterations/s%s\n", name, it, flags.iterations,
-          window.meanLoss(), window.batchesPerSecond(),
-          check ? (" max relative gradient difference " + std::to_string(maxDiff)).c_str() : "");
-      window.reset();
-    }
-    losses.add(it, lossValue);
+    log.add(it, lossValue, app::secondsSince(t0), diff);
   }
-  csv.close();
-
-  const double chance = std::log(static_cast<double>(flags.ntoken));
-  say("final loss %.4f (mean of the last %" PRId64 " iterations; first %" PRId64
-      ": %.4f; ln(ntoken) %.4f; ratio to ln(ntoken) %.3f), %" PRId64 " iterations, %.5f s/iteration; metrics in %s\n",
-      losses.last, losses.window, losses.window, losses.first, chance, losses.last / chance, flags.iterations,
-      trainSeconds / static_cast<double>(flags.iterations), flags.metrics.c_str());
-  if (check) {
-    say("gradient check: max relative difference %.3e between distributed and local autograd over %zu parameter "
-        "tensors and %" PRId64 " iterations (%s)\n",
-        maxDiff, params.size(), flags.iterations, flags.dtype.c_str());
-  }
+  log.finish(params.size());
 }
 
 }  // namespace

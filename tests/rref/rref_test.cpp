@@ -214,6 +214,44 @@ TEST_CASE("shutdown with handles still held leaves every table empty") {
   CHECK_THROWS_AS(r.toHere(), weft::StateError);
 }
 
+TEST_CASE("the owner answers the delete of a handle dropped on another thread as the job ends") {
+  AgentGroup g(2);
+  bindAll(g);
+  g.start();
+  std::optional<RRef<Counter>> held = g.agent(1).remote<Counter>(0, int64_t{5});
+  REQUIRE(held->rpcSync(&Counter::get) == 5);
+  REQUIRE(held->confirmedByOwner());
+  const uint64_t id = held->id();
+  std::atomic<bool> inHook{false};
+  std::atomic<bool> userShutDown{false};
+  // The dropping thread stops between taking the handle out of the tables and sending its
+  // delete, until the user's shutdown has returned or 2 s have passed: while that delete is
+  // unsettled the barrier must not end.
+  weft::rref::detail::setReleaseHook([&](uint64_t released) {
+    if (released != id) return;
+    inHook = true;
+    eventually([&] { return userShutDown.load(); }, 2000ms);
+  });
+  Agent& owner = g.agent(0);
+  // The create and the call are answered (the answer's count follows its send).
+  REQUIRE(eventually([&] { return owner.stats().callsServed >= 2; }, 10000ms));
+  const uint64_t servedBefore = owner.stats().callsServed;
+  std::thread dropper([&held] { held.reset(); });
+  REQUIRE(eventually([&] { return inHook.load(); }, 10000ms));
+  std::vector<weft::rpc::ShutdownReport> reports(2);
+  std::thread ownerThread([&] { reports[0] = owner.shutdown(); });
+  reports[1] = g.agent(1).shutdown();
+  userShutDown = true;
+  ownerThread.join();
+  dropper.join();
+  weft::rref::detail::setReleaseHook({});
+  for (auto& rep : reports) CHECK(rep.clean());
+  // The delete went out and was answered within the barrier; the connections' close would have
+  // dropped the fork anyway, so the tables alone cannot tell.
+  CHECK(owner.stats().callsServed == servedBefore + 1);
+  CHECK_MESSAGE(allEmpty(g), countsOf(g));
+}
+
 namespace rreftest {
 
 std::atomic<int> blockBodies{0};  // Slow::block bodies started
