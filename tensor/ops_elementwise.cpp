@@ -224,8 +224,8 @@ Tensor selectOp(const char* op, const char* name, const Tensor& cond, const Tens
 Tensor triangleOp(const char* op, const Tensor& x, int64_t diagonal, bool upper) {
   detail::checkDefined(op, x, "input");
   detail::requireCpu(op, x);
-  WEFT_ENFORCE(x.dim() >= 2, InvalidArgumentError, op, ": input must have at least 2 dimensions [..., R, C], got shape ",
-               x.shape());
+  WEFT_ENFORCE(x.dim() >= 2, InvalidArgumentError, op,
+               ": input must have at least 2 dimensions [..., R, C], got shape ", x.shape());
   const int64_t R = x.size(-2), C = x.size(-1);
   Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});

@@ -302,7 +302,8 @@ TEST_CASE("scatterAdd gives the same bits with one thread or several") {
 TEST_CASE("gather and scatterAdd name the op, the index and the size on bad input") {
   Tensor x = zeros({3, 4});
   std::string m = messageOf<IndexError>([&] { gather(x, 1, fromVector<int64_t>({0, 4}, {1, 2})); });
-  CHECK(contains(m, "gather: index 4 (at flat position 1 of index shape [1, 2]) is out of range for dimension 1 of size 4"));
+  CHECK(contains(m, "gather: index 4 (at flat position 1 of index shape [1, 2]) is out of range for dimension 1 "
+                    "of size 4"));
   CHECK(contains(messageOf<IndexError>([&] { gather(x, 0, fromVector<int64_t>({-1}, {1, 1})); }), "gather: index -1"));
   CHECK(contains(messageOf<IndexError>([&] {
                    scatterAdd(x, 0, fromVector<int64_t>({3}, {1, 1}), ones({1, 1}));
