@@ -3,6 +3,7 @@
 // differences, and PyTorch 1.13's numbers (fixtures/attention_cases.inc).
 #include <cmath>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -98,7 +99,54 @@ void checkLse(const Tensor& got, const Tensor& expected, const Case& c, double r
   }
 }
 
+// The PyTorch 1.13 references of fixtures/gen_attention_cases.py.
+struct AttentionCase {
+  const char* name;
+  DType dtype;
+  int64_t B, H, Sq, Sk, D;
+  bool causal;
+  int64_t queryOffset, keyOffset;
+  double scale;  // 0: the default
+  std::vector<double> out, lse, dq, dk, dv;
+};
+#include "fixtures/attention_cases.inc"
+
+// wave(shape, phase, scale)[i] = scale * sin(0.37 * i + phase) in float64,
+// then converted to dt: the inputs the fixture's generator used.
+Tensor wave(Shape shape, double phase, DType dt, double scale = 1.0) {
+  std::vector<double> v(static_cast<size_t>(shapeNumel(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(0.37 * static_cast<double>(i) + phase);
+  return fromVector(v, std::move(shape)).to(dt);
+}
+
 }  // namespace
+
+// ---- against PyTorch -----------------------------------------------------------------------
+
+TEST_CASE("attention matches PyTorch 1.13's softmax(q k^T * scale + mask) v, lse and gradients") {
+  for (const AttentionCase& c : kAttentionCases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const DType dt = c.dtype;
+    Tensor q = wave({c.B, c.H, c.Sq, c.D}, 0.1, dt).requiresGrad_();
+    Tensor k = wave({c.B, c.H, c.Sk, c.D}, 0.6, dt, 0.8).requiresGrad_();
+    Tensor v = wave({c.B, c.H, c.Sk, c.D}, 1.3, dt).requiresGrad_();
+    AttentionOptions o{.causal = c.causal, .queryOffset = c.queryOffset, .keyOffset = c.keyOffset};
+    if (c.scale != 0.0) o.scale = c.scale;
+    AttentionOutput r = scaledDotProductAttentionWithLse(q, k, v, o);
+    Tensor loss = sum(r.out * wave(r.out.shape(), 2.1, dt)) + sum(r.lse * wave(r.lse.shape(), 2.9, dt));
+    std::vector<Tensor> g = autograd::grad({loss}, {q, k, v});
+    // float32 to 1e-5 relative (an absolute floor of 1e-6 for values near
+    // zero, where both sides' rounding dominates), float64 to 1e-10.
+    const double rtol = dt == DType::Float32 ? 1e-5 : 1e-10, atol = dt == DType::Float32 ? 1e-6 : 1e-12;
+    auto ref = [](const std::vector<double>& values, const Tensor& like) { return fromVector(values, like.shape()); };
+    expectClose(r.out.to(DType::Float64), ref(c.out, r.out), rtol, atol);
+    expectClose(r.lse.to(DType::Float64), ref(c.lse, r.lse), rtol, atol);
+    expectClose(g[0].to(DType::Float64), ref(c.dq, q), rtol, atol);
+    expectClose(g[1].to(DType::Float64), ref(c.dk, k), rtol, atol);
+    expectClose(g[2].to(DType::Float64), ref(c.dv, v), rtol, atol);
+  }
+}
 
 // ---- against the naive formula ------------------------------------------------------
 
