@@ -151,12 +151,13 @@ TEST_CASE("attention matches PyTorch 1.13's softmax(q k^T * scale + mask) v, lse
 // ---- against the naive formula ------------------------------------------------------
 
 TEST_CASE("attention matches softmax(q k^T * scale + mask) v in out, lse and every gradient") {
-  // Lengths below, at and above the blocks (64 queries, 128 keys), odd ones,
+  // Lengths below, at and above the blocks (128 queries, 128 keys), odd ones,
   // Sq != Sk both ways, offsets placing the queries after the keys.
   const std::vector<Case> cases = {
-      {1, 1, 37, 53, 24, false, 0, 0},  {2, 3, 37, 53, 24, true, 0, 0},  {1, 2, 53, 37, 24, true, 0, 0},
-      {1, 1, 5, 3, 8, false, 0, 0},      {1, 2, 130, 300, 16, false, 0, 0}, {2, 1, 200, 200, 16, true, 0, 0},
-      {1, 2, 37, 53, 24, true, 100, 60}, {1, 1, 70, 260, 8, true, 190, 0}, {1, 1, 64, 128, 8, true, 0, 0},
+      {1, 1, 37, 53, 24, false, 0, 0},    {2, 3, 37, 53, 24, true, 0, 0},    {1, 2, 53, 37, 24, true, 0, 0},
+      {1, 1, 5, 3, 8, false, 0, 0},        {1, 2, 130, 300, 16, false, 0, 0}, {2, 1, 200, 200, 16, true, 0, 0},
+      {1, 2, 37, 53, 24, true, 100, 60},   {1, 1, 70, 260, 8, true, 190, 0},  {1, 1, 128, 128, 8, true, 0, 0},
+      {1, 1, 129, 257, 8, true, 128, 0},
   };
   for (const Case& c : cases) {
     CAPTURE(c.Sq);
@@ -183,8 +184,8 @@ TEST_CASE("attention matches softmax(q k^T * scale + mask) v in out, lse and eve
 
 TEST_CASE("attention rows that see no key give out 0, lse -inf and no gradient; the others are exact") {
   // Keys start 20 positions after the queries: queries 0..19 see nothing,
-  // including whole query blocks of 64 when the offset is larger.
-  for (const Case& c : {Case{1, 2, 37, 53, 16, true, 0, 20}, Case{1, 1, 150, 40, 8, true, 0, 100}}) {
+  // including a whole query block of 128 when the offset is larger.
+  for (const Case& c : {Case{1, 2, 37, 53, 16, true, 0, 20}, Case{1, 1, 150, 40, 8, true, 0, 140}}) {
     CAPTURE(c.keyOffset);
     std::vector<Tensor> in = inputs(c, DType::Float64, 3);
     const double scale = 0.3;
