@@ -212,6 +212,23 @@ TEST_CASE("attention rows that see no key give out 0, lse -inf and no gradient; 
   }
 }
 
+TEST_CASE("attention over no keys gives zeros and lse -inf; over no queries, empty results") {
+  Tensor q = randn({1, 2, 3, 4}, kF64).requiresGrad_(), k = randn({1, 2, 0, 4}, kF64).requiresGrad_();
+  Tensor v = randn({1, 2, 0, 4}, kF64).requiresGrad_();
+  AttentionOutput r = scaledDotProductAttentionWithLse(q, k, v);
+  CHECK(r.out.toVector<double>() == std::vector<double>(24, 0.0));
+  CHECK(r.lse.toVector<double>() == std::vector<double>(6, -std::numeric_limits<double>::infinity()));
+  sum(r.out).backward();
+  CHECK(q.grad().toVector<double>() == std::vector<double>(24, 0.0));
+  CHECK(k.grad().numel() == 0);
+  Tensor none = randn({1, 2, 0, 4}, kF64).requiresGrad_();
+  AttentionOutput e = scaledDotProductAttentionWithLse(none, q, q);
+  CHECK(e.out.shape() == Shape{1, 2, 0, 4});
+  CHECK(e.lse.shape() == Shape{1, 2, 0});
+  sum(e.out).backward();
+  CHECK(q.grad().toVector<double>() == std::vector<double>(24, 0.0));
+}
+
 TEST_CASE("attention in float32 agrees with float64") {
   const Case c{2, 2, 100, 150, 32, true, 0, 0};
   std::vector<Tensor> in64 = inputs(c, DType::Float64, 5), in32;
