@@ -182,7 +182,7 @@ TEST_CASE("attention matches softmax(q k^T * scale + mask) v in out, lse and eve
   }
 }
 
-TEST_CASE("attention rows that see no key give out 0, lse -inf and no gradient; the others are exact") {
+TEST_CASE("attention rows that see no key give out 0, lse -inf and no gradient, the other rows exact") {
   // Keys start 20 positions after the queries: queries 0..19 see nothing,
   // including a whole query block of 128 when the offset is larger.
   for (const Case& c : {Case{1, 2, 37, 53, 16, true, 0, 20}, Case{1, 1, 150, 40, 8, true, 0, 140}}) {
@@ -212,7 +212,7 @@ TEST_CASE("attention rows that see no key give out 0, lse -inf and no gradient; 
   }
 }
 
-TEST_CASE("attention over no keys gives zeros and lse -inf; over no queries, empty results") {
+TEST_CASE("attention over no keys gives zeros and lse -inf, over no queries empty results") {
   Tensor q = randn({1, 2, 3, 4}, kF64).requiresGrad_(), k = randn({1, 2, 0, 4}, kF64).requiresGrad_();
   Tensor v = randn({1, 2, 0, 4}, kF64).requiresGrad_();
   AttentionOutput r = scaledDotProductAttentionWithLse(q, k, v);
