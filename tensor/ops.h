@@ -16,6 +16,7 @@
 #pragma once
 
 #include "tensor/autograd.h"
+#include "tensor/checkpoint.h"
 #include "tensor/generator.h"
 #include "tensor/ops_elementwise.h"
 #include "tensor/ops_linalg.h"
