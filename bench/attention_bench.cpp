@@ -17,7 +17,7 @@
 #include <limits>
 #include <vector>
 
-#include "bench/bench_util.h"
+#include "bench/median_time.h"
 #include "kernels/cpu/parallel.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"

@@ -10,7 +10,8 @@
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
 #include "tensor/grad_rules/grad_rules.h"
-#include "tensor/op_utils.h"
+#include "tensor/op_checks.h"
+#include "tensor/op_layout.h"
 
 namespace weft {
 namespace {
