@@ -12,7 +12,7 @@
 // Families: ops_elementwise.h (arithmetic, activations, comparisons),
 // ops_reduce.h (sum/mean/max/min/argmax, softmax), ops_linalg.h (mm, bmm,
 // matmul, linear), ops_shape.h (cat/stack/split/chunk, indexSelect),
-// ops_nn.h (embedding, conv, pooling, dropout, losses, LSTM cell).
+// ops_nn.h (embedding, conv, pooling, dropout, layer norm, losses, LSTM cell).
 #pragma once
 
 #include "tensor/autograd.h"

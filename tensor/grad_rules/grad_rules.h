@@ -7,7 +7,8 @@
 //   linalg.cpp       the matrix products (mm bmm matmul) and linear
 //   views.cpp        the view ops, clone, and dtype/device conversion
 //   shape.cpp        cat stack split indexSelect
-//   nn.cpp           embedding embeddingBag conv2d maxPool2d dropout lstm
+//   nn.cpp           embedding embeddingBag conv2d maxPool2d dropout layerNorm
+//                    lstm
 //   loss.cpp         nllLoss crossEntropy mseLoss
 //
 // A forward op computes its outputs, then calls its rule with the tensors
@@ -113,6 +114,10 @@ void maxPool2dBackward(const Tensor& x, const Tensor& out, const Tensor& argmax,
                        const kernels::cpu::Pool2dGeometry& geo);
 // mask: 0 or 1/(1-p) per element, as the forward applied it.
 void dropoutBackward(const Tensor& x, const Tensor& out, const Tensor& mask);
+// xc, wc: the packed input and weight (undefined without one) the forward
+// read; mean, rstd: its per-row statistics, x seen as [rows, n].
+void layerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& xc,
+                       const Tensor& wc, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t n);
 // inputs: {x, h, c, wIh, wHh, bIh, bHh}; xc, hc, cc, wi, wh: their packed
 // forms; gates: the forward's activated gates [N, 4H].
 void lstmCellBackward(const std::vector<Tensor>& inputs, const Tensor& hNew, const Tensor& cNew, const Tensor& xc,
