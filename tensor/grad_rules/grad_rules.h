@@ -10,6 +10,7 @@
 //   nn.cpp           embedding embeddingBag conv2d maxPool2d dropout layerNorm
 //                    lstm
 //   loss.cpp         nllLoss crossEntropy mseLoss
+//   attention.cpp    scaledDotProductAttention mergeAttention
 //
 // A forward op computes its outputs, then calls its rule with the tensors
 // its node has edges to, its outputs, and whatever forward state the
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -139,5 +141,15 @@ void crossEntropyBackward(const Tensor& logits, const Tensor& out, const Tensor&
 // x, t: contiguous input and target.
 void mseLossBackward(const Tensor& input, const Tensor& target, const Tensor& out, const Tensor& x, const Tensor& t,
                      Reduction r);
+
+// ---- attention ----------------------------------------------------------------------
+// qc, kc, vc: the packed q, k, v the forward read; geo: its geometry (with
+// the dropout seed); out and lse: its outputs.
+void attentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       const Tensor& qc, const Tensor& kc, const Tensor& vc,
+                       const kernels::cpu::AttentionGeometry& geo);
+// inputs: {outA, lseA, outB, lseB}; oa, la, ob, lb: their packed forms.
+void mergeAttentionBackward(const std::vector<Tensor>& inputs, const Tensor& out, const Tensor& lse,
+                            const Tensor& oa, const Tensor& la, const Tensor& ob, const Tensor& lb);
 
 }  // namespace weft::grad_rules
