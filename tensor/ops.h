@@ -17,6 +17,7 @@
 #pragma once
 
 #include "tensor/autograd.h"
+#include "tensor/checkpoint.h"
 #include "tensor/generator.h"
 #include "tensor/ops_attention.h"
 #include "tensor/ops_elementwise.h"
