@@ -85,7 +85,7 @@ void runTrainer(rpc::Agent& agent, const Flags& flags, Handover& handover) {
         optimizer.step(ctx);
         ps.rpcSync(&ParameterServer::endUpdate);
         lossValue = loss.item<float>();
-        correct = correctPredictions(logProbs, example.target);
+        correct = app::correctPredictions(logProbs, example.target);
       }
       log.add(epoch, lossValue, correct, static_cast<double>(example.target.numel()), app::secondsSince(t0));
       if (log.window.batches == flags.logInterval || batch == perEpoch) {
