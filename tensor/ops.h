@@ -15,6 +15,7 @@
 // ops_nn.h (embedding, conv, pooling, dropout, losses, LSTM cell).
 #pragma once
 
+#include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
 #include "tensor/ops_elementwise.h"

@@ -1,5 +1,7 @@
 // Elementwise kernels: binary ops over broadcast strided operands, unary ops
-// (optionally with scalar parameters) over contiguous buffers.
+// (optionally with scalar parameters) over contiguous buffers. bfloat16 and
+// float16 operands are converted to float32 in blocks (kernels/cpu/copy.h),
+// computed by the float32 code and rounded back once per result.
 #pragma once
 
 #include <cstdint>
