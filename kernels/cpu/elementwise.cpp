@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 
 #include <vector>
 
@@ -308,6 +309,33 @@ void axpy(DType type, double alpha, const void* b, void* a, int64_t n) {
       }
     });
   });
+}
+
+bool scaleAndCheckFinite(DType type, void* x, int64_t n, double scale) {
+  std::atomic<bool> nonFinite{false};
+  // Branch-free per block: |v| <= max is false for inf and NaN alike.
+  auto pass = [&nonFinite]<class T>(T* p, int64_t len, T s) {
+    bool bad = false;
+    for (int64_t i = 0; i < len; ++i) {
+      bad |= !(std::abs(p[i]) <= std::numeric_limits<T>::max());
+      p[i] *= s;
+    }
+    if (bad) nonFinite.store(true, std::memory_order_relaxed);
+  };
+  if (isLowPrecision(type)) {
+    forEachHalfBlock(n, [&](int64_t i, int64_t len) {
+      float buf[kHalfBlock];
+      halfToFloat(type, static_cast<char*>(x) + 2 * i, buf, len);
+      pass(buf, len, static_cast<float>(scale));
+      floatToHalf(type, buf, static_cast<char*>(x) + 2 * i, len);
+    });
+    return nonFinite.load();
+  }
+  WEFT_DISPATCH_FLOATING(type, "scaleAndCheckFinite", [&]<class T>() {
+    T* p = static_cast<T*>(x);
+    parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) { pass(p + b, e - b, static_cast<T>(scale)); });
+  });
+  return nonFinite.load();
 }
 
 }  // namespace weft::kernels::cpu

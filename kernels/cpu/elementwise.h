@@ -47,6 +47,11 @@ void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double 
 // and optimizers' workhorse).
 void axpy(DType type, double alpha, const void* b, void* a, int64_t n);
 
+// x[i] *= scale for n contiguous floating elements (scale as float32 for the
+// float32 and 16-bit dtypes), in one pass that also reports whether any x[i]
+// was inf or NaN before scaling: a loss scaler's unscale and overflow check.
+bool scaleAndCheckFinite(DType type, void* x, int64_t n, double scale);
+
 }  // namespace weft::kernels::cpu
 
 namespace weft::kernels::cpu {
