@@ -112,6 +112,48 @@
 // group's): the exchange makes small collectives cheaper than Gloo's own,
 // and the header round in front of the ring is the one cost at mid sizes.
 //
+// Allreduce algorithms (GlooOptions::allreduceAlgorithm, the
+// WEFT_ALLREDUCE_ALGORITHM variable, or per call with allReduceWith). For a
+// tensor of S bytes on N ranks, per rank:
+//   ring              Gloo's ring (gloo::allreduce, RING): reduce-scatter then
+//                     allgather around the ring, 2(N-1) steps, sends and
+//                     receives about 2(N-1)/N x S.
+//   ring-chunked      Gloo's AllreduceRingChunked: the same traffic, in
+//                     chunks pipelined two at a time, with a notification
+//                     message per chunk and step.
+//   halving-doubling  Gloo's AllreduceHalvingDoubling: recursive halving
+//                     (reduce-scatter) then doubling (allgather), 2 log2(N)
+//                     steps for N a power of two (otherwise the ranks beyond
+//                     the largest power of two are folded in first), about
+//                     2(N-1)/N x S.
+//   bcube             Gloo's bcube (gloo::allreduce, BCUBE): groups of peers
+//                     exchange in log_base(N) steps.
+//   naive             rank 0 receives every rank's tensor, reduces them in
+//                     rank order and sends the result back: rank 0 sends and
+//                     receives (N-1) x S, the others S each; 2 steps.
+//   parallel          every rank sends its tensor to every other rank and
+//                     reduces all N in rank order: (N-1) x S each, 1 step.
+// naive and parallel are written on the group's connections (the transport
+// weft's point-to-point runs on, without its size round) and exist to
+// compare against; their results are bit-identical to a reduction in rank
+// order, like the call exchange's. Gloo's algorithms reduce in an order the
+// algorithm fixes: the same bits on every rank, but not those of a
+// rank-ordered sum. The pair-buffer algorithms (ring-chunked,
+// halving-doubling) register their buffers for each call and then pass one
+// barrier before any data moves (Gloo's TCP loop would otherwise block on a
+// message for a buffer not yet registered): one more round per call.
+// auto (the default) picks by size and group size, as Gloo's and NCCL's
+// defaults do: a tensor the call exchange carries (fusedLimit() bytes or
+// less) travels whole in the exchange, an all-to-all round like parallel;
+// larger ones run halving-doubling when N is a power of two and S is at most
+// kHalvingDoublingMaxBytes (fewer steps, where latency dominates), else ring
+// (bandwidth-optimal, steps linear in N). An explicit algorithm bypasses the
+// exchange's carrying. The ranks must use the same algorithm for a call:
+// the call check compares it (InvalidArgumentError naming each rank's).
+//
+// Traffic. trafficStats() counts every byte this rank's connections of the
+// group send and receive, at the transport (gloo/detail/traffic.h).
+//
 // Destruction. Destroying the group fails collectives still queued with
 // StateError, waits for the one running (bounded by the timeout), aborts the
 // wait of pending point-to-point transfers (StateError), then closes the
@@ -126,6 +168,22 @@
 #include "rpc/store.h"
 
 namespace weft::collectives {
+
+// See "Allreduce algorithms".
+enum class AllreduceAlgorithm : uint8_t {
+  Auto = 0,
+  Ring = 1,
+  RingChunked = 2,
+  HalvingDoubling = 3,
+  Bcube = 4,
+  Naive = 5,
+  Parallel = 6,
+};
+// "auto", "ring", "ring-chunked", "halving-doubling", "bcube", "naive", "parallel".
+const char* allreduceAlgorithmName(AllreduceAlgorithm algorithm);
+// The algorithm of that name; InvalidArgumentError naming `what` (where the
+// name came from), the name and the names known.
+AllreduceAlgorithm parseAllreduceAlgorithm(const std::string& name, const std::string& what);
 
 struct GlooOptions {
   // Bound of rendezvous and of each op; must be > 0. PyTorch's default.
@@ -143,7 +201,20 @@ struct GlooOptions {
   // Names the group in the store and in messages; unique among the groups
   // built on one store ([A-Za-z0-9_.-], 1 to 64 characters).
   std::string name = "default";
+  // How allReduce runs (see "Allreduce algorithms"); every rank passes the
+  // same. Auto: the WEFT_ALLREDUCE_ALGORITHM variable names it when set (an
+  // unknown name is an InvalidArgumentError from createGlooGroup naming the
+  // variable), else the size rule.
+  AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::Auto;
 };
+
+// The largest tensor auto runs with halving-doubling (see "Allreduce
+// algorithms"; chosen by bench/allreduce_algorithms).
+inline constexpr size_t kHalvingDoublingMaxBytes = size_t{4} << 20;
+
+// pg.allReduce(tensor, op) with `algorithm` for this call (Auto: the
+// group's choice). InvalidArgumentError when pg is not a gloo group.
+Work allReduceWith(ProcessGroup& pg, const Tensor& tensor, ReduceOp op, AllreduceAlgorithm algorithm);
 
 // This rank's group of `size` ranks, once every rank has joined (see
 // "Rendezvous"). `store` must outlive the group. InvalidArgumentError for a
