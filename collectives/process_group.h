@@ -133,6 +133,11 @@ struct TrafficStats {
   int64_t bytesReceived = 0;
   int64_t messagesSent = 0;
   int64_t messagesReceived = 0;
+  // Sends of more than kControlMessageBytes: the messages that carry tensor
+  // data, apart from notifications, barriers and headers (an algorithm's
+  // communication steps).
+  int64_t dataMessagesSent = 0;
+  static constexpr int64_t kControlMessageBytes = 64;
 };
 
 // "[0, 2, 3]", for messages.

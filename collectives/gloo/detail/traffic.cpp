@@ -13,6 +13,7 @@ TrafficStats TrafficCounter::read() const {
   s.bytesReceived = bytesReceived_.load(std::memory_order_relaxed);
   s.messagesSent = messagesSent_.load(std::memory_order_relaxed);
   s.messagesReceived = messagesReceived_.load(std::memory_order_relaxed);
+  s.dataMessagesSent = dataMessagesSent_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -21,6 +22,7 @@ void TrafficCounter::reset() {
   bytesReceived_.store(0, std::memory_order_relaxed);
   messagesSent_.store(0, std::memory_order_relaxed);
   messagesReceived_.store(0, std::memory_order_relaxed);
+  dataMessagesSent_.store(0, std::memory_order_relaxed);
 }
 
 namespace {

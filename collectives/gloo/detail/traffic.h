@@ -40,6 +40,9 @@ class TrafficCounter {
   void sent(size_t bytes) {
     bytesSent_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
     messagesSent_.fetch_add(1, std::memory_order_relaxed);
+    if (static_cast<int64_t>(bytes) > TrafficStats::kControlMessageBytes) {
+      dataMessagesSent_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   void received(size_t bytes) {
     bytesReceived_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
@@ -55,6 +58,7 @@ class TrafficCounter {
   std::atomic<int64_t> bytesReceived_{0};
   std::atomic<int64_t> messagesSent_{0};
   std::atomic<int64_t> messagesReceived_{0};
+  std::atomic<int64_t> dataMessagesSent_{0};
 };
 
 // A transport context that forwards everything to `inner` (a connected TCP
