@@ -152,7 +152,9 @@
 // the call check compares it (InvalidArgumentError naming each rank's).
 //
 // Traffic. trafficStats() counts every byte this rank's connections of the
-// group send and receive, at the transport (gloo/detail/traffic.h).
+// group send and receive, at the transport (gloo/detail/traffic.h: sends are
+// exact; receives on the legacy algorithms' pair buffers count the buffer).
+// bench/allreduce_algorithms prints it per algorithm, size and group size.
 //
 // Destruction. Destroying the group fails collectives still queued with
 // StateError, waits for the one running (bounded by the timeout), aborts the

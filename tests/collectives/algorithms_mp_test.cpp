@@ -62,6 +62,7 @@ void runAlgorithms(int world) {
     const std::string p = rankPrefix(r);
     CHECK(numberAfter(res.out, p + "checked ") == cases);
     CHECK(numberAfter(res.out, p + "same_everywhere ") == cases);
+    CHECK(numberAfter(res.out, p + "half_checked ") == 2 * 7);
     MESSAGE("world " << world << " rank " << r << ": " << restOfLine(res.out, p + "checked "));
     // Counted by the group: ring about 2(N-1)/N of the tensor, parallel (N-1) times it, naive
     // (N-1) times it at rank 0 and once elsewhere; each plus call headers (< 1 KiB).

@@ -108,8 +108,8 @@ class CountingUnboundBuffer final : public gloo::transport::UnboundBuffer {
 };
 
 // A pair buffer of Gloo's legacy algorithms: a send counts its length, a
-// completed receive the buffer's size (those algorithms post each receive
-// region for exactly what the peer sends into it).
+// completed receive the buffer's size, since a pair buffer's completion does
+// not say how much arrived (see traffic.h).
 class CountingBuffer final : public gloo::transport::Buffer {
  public:
   CountingBuffer(int slot, void* ptr, size_t size, std::unique_ptr<gloo::transport::Buffer> inner,

@@ -17,7 +17,13 @@
 // posted with room for more than arrives (the call exchange, the size
 // header of a point-to-point transfer) restate what arrived with
 // countReceivedAs. A receive that never completes (the probe of lost
-// connections, the exchange's receives posted ahead) never counts.
+// connections, the exchange's receives posted ahead) never counts. One
+// inexactness: a receive on a pair buffer (Gloo's legacy algorithms,
+// ring-chunked and halving-doubling) counts the buffer's size, since Gloo
+// does not say how much of it a message filled; ring-chunked's last chunk
+// is shorter than its buffer, so its received bytes can exceed what the
+// peers sent (by up to a chunk per step, which shows on small tensors).
+// Sent bytes are exact everywhere.
 #pragma once
 
 #include <atomic>

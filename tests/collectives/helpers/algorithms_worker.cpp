@@ -287,6 +287,28 @@ void runAlgorithms(ProcessGroupGloo& pg) {
   }
   say("same_everywhere " + std::to_string(hashes.size()));
 
+  // float16 sums whose first partial lands on bits that, read as an integer, round to it: rank 0
+  // holds the smallest subnormal (bits 0x0001), rank 1 holds 1.0, the rest 0; the sum is 1.0 in
+  // any order. Small (the call exchange) and past the fused limit.
+  int64_t halfChecked = 0;
+  for (int64_t n : {int64_t{3}, static_cast<int64_t>(pg.fusedLimit()) / 2 + 5}) {
+    for (AllreduceAlgorithm a : kAlgorithms) {
+      Tensor x = weft::empty({n}, {.dtype = DType::Float16});
+      auto* bits = static_cast<uint16_t*>(x.rawData());
+      for (int64_t i = 0; i < n; ++i) bits[i] = me == 0 ? 0x0001 : me == 1 ? 0x3c00 : 0x0000;
+      pg.allReduce(x, ReduceOp::Sum, a).wait(60s);
+      for (int64_t i = 0; i < n; ++i) {
+        if (bits[i] != 0x3c00) {
+          fail(std::string("float16 subnormal sum, ") + weft::collectives::allreduceAlgorithmName(a) + " n=" +
+               std::to_string(n) + ": element " + std::to_string(i) + " has bits " + std::to_string(bits[i]) +
+               ", expected 0x3c00 (1.0)");
+        }
+      }
+      ++halfChecked;
+    }
+  }
+  say("half_checked " + std::to_string(halfChecked));
+
   // One allReduce of 64 Ki float32 per algorithm, as counted.
   for (AllreduceAlgorithm a : kAlgorithms) {
     Tensor x = inputOf(DType::Float32, 65536, me, ReduceOp::Sum);
