@@ -863,9 +863,7 @@ std::vector<int> ProcessGroupGloo::Impl::lostPeers() {
 AllreduceAlgorithm ProcessGroupGloo::Impl::resolve(AllreduceAlgorithm requested, size_t bytes) const {
   if (requested == AllreduceAlgorithm::Auto) requested = algorithm_;
   if (requested != AllreduceAlgorithm::Auto) return requested;
-  const bool powerOfTwo = (size_ & (size_ - 1)) == 0;
-  return powerOfTwo && size_ > 2 && bytes <= kHalvingDoublingMaxBytes ? AllreduceAlgorithm::HalvingDoubling
-                                                                      : AllreduceAlgorithm::Ring;
+  return bytes <= kBcubeMaxBytes ? AllreduceAlgorithm::Bcube : AllreduceAlgorithm::Ring;
 }
 
 void ProcessGroupGloo::Impl::allreduceRaw(void* data, size_t n, DType t, ReduceOp op, AllreduceAlgorithm algorithm,

@@ -142,12 +142,15 @@
 // halving-doubling) register their buffers for each call and then pass one
 // barrier before any data moves (Gloo's TCP loop would otherwise block on a
 // message for a buffer not yet registered): one more round per call.
-// auto (the default) picks by size and group size, as Gloo's and NCCL's
-// defaults do: a tensor the call exchange carries (fusedLimit() bytes or
-// less) travels whole in the exchange, an all-to-all round like parallel;
-// larger ones run halving-doubling when N is a power of two and S is at most
-// kHalvingDoublingMaxBytes (fewer steps, where latency dominates), else ring
-// (bandwidth-optimal, steps linear in N). An explicit algorithm bypasses the
+// auto (the default) picks by size, as NCCL's default does (few steps where
+// latency dominates, the ring where bandwidth does): a tensor the call
+// exchange carries (fusedLimit() bytes or less) travels whole in the
+// exchange, one all-to-all round like parallel; larger ones up to
+// kBcubeMaxBytes run bcube (about log N steps), larger still ring
+// (bandwidth-optimal, Gloo's default, 2(N-1) steps of pipelined segments).
+// bench/allreduce_algorithms measured the threshold: on 2 to 4 ranks bcube
+// was the fastest of Gloo's algorithms from the fused limit to 4 MiB, ring
+// from 16 MiB on. An explicit algorithm bypasses the
 // exchange's carrying. The ranks must use the same algorithm for a call:
 // the call check compares it (InvalidArgumentError naming each rank's).
 //
@@ -210,9 +213,9 @@ struct GlooOptions {
   AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::Auto;
 };
 
-// The largest tensor auto runs with halving-doubling (see "Allreduce
-// algorithms"; chosen by bench/allreduce_algorithms).
-inline constexpr size_t kHalvingDoublingMaxBytes = size_t{4} << 20;
+// The largest tensor auto runs with bcube (see "Allreduce algorithms";
+// chosen by bench/allreduce_algorithms).
+inline constexpr size_t kBcubeMaxBytes = size_t{4} << 20;
 
 // pg.allReduce(tensor, op) with `algorithm` for this call (Auto: the
 // group's choice). InvalidArgumentError when pg is not a gloo group.
