@@ -105,7 +105,8 @@ namespace weft::collectives {
 //   Max      the largest x_r
 // Per dtype (gloo backend):
 //   float32, float64  every op, in that precision. The order in which ranks'
-//                     values are added is fixed by the ring, not by rank, so
+//                     values are added is fixed by the algorithm (gloo:
+//                     "Allreduce algorithms"), not always by rank, so
 //                     Sum/Avg/Product may differ from a rank-ordered sum in
 //                     the last bits; the result is the same on every rank.
 //                     A NaN on any rank makes Sum/Avg/Product NaN; Min/Max of

@@ -100,10 +100,10 @@
 // broadcast's root appends its tensor; a barrier is the exchange itself. One
 // round of messages thus replaces both the check and Gloo's algorithm, so
 // such collectives take this path (and are checked) whether or not
-// checkCalls is on. Larger ones run Gloo's algorithm after the exchange
-// (ring allreduce, ...); their header leaves as soon as the collective is
-// called, so the peers' headers are usually in when the group's thread
-// takes the collective up. Each receive of the exchange is posted with room
+// checkCalls is on. Larger ones run their algorithm after the exchange (for
+// allReduce, see "Allreduce algorithms"); their header leaves as soon as the
+// collective is called, so the peers' headers are usually in when the
+// group's thread takes the collective up. Each receive of the exchange is posted with room
 // for the largest message any rank may send, so ranks that called different
 // things never overrun each other. The exchange keeps staging memory of its
 // own: about 1.5 MiB in a group of 2 ranks, under 1 MiB in larger ones.
