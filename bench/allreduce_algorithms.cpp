@@ -217,8 +217,9 @@ int runParameterServer(int rank, int world, uint16_t port, const Config& cfg) {
   });
   agent.start();
   weft::rpc::StoreClient& store = agent.store();
-  store.barrier("ps/ready", world, 60s);
+  // The server's counts start before any trainer can push.
   const auto before = agent.stats();
+  store.barrier("ps/ready", world, 60s);
   const auto t0 = Clock::now();
   if (rank > 0) {
     Tensor grad = weft::full({n}, 0.001);
