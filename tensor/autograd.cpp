@@ -251,7 +251,45 @@ void accumulateLeafGradient(const Tensor& leaf, const Tensor& grad) {
   tRunning->accumulateLeaf(leaf, grad);
 }
 
+std::vector<Tensor> nestedBackward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gradOutputs,
+                                   const std::vector<Tensor>& inputs) {
+  WEFT_ENFORCE(tRunning != nullptr, StateError, "autograd::nestedBackward: no backward pass is running on this thread");
+  WEFT_CHECK(outputs.size() == gradOutputs.size()) << outputs.size() << " outputs, " << gradOutputs.size()
+                                                   << " gradients";
+  NoGradGuard ng;
+  BackwardOptions opt;
+  opt.skipLeaves = true;  // the captured inputs' own accumulators
+  for (const Tensor& in : inputs) opt.captures.push_back(gradientEdge(in));
+  GraphTask task(std::move(opt));
+  task.parent_ = tRunning;
+  std::vector<Edge> roots;
+  std::vector<Tensor> seeds;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].defined() || !outputs[i].requiresGrad()) continue;
+    roots.push_back(gradientEdge(outputs[i]));
+    seeds.push_back(gradOutputs[i]);
+  }
+  std::vector<std::shared_ptr<Node>> rootNodes;
+  for (const Edge& r : roots) rootNodes.push_back(r.fn);
+  task.computeDependencies(rootNodes);
+  for (size_t i = 0; i < roots.size(); ++i) task.deliver(roots[i], seeds[i]);
+  for (const Edge& r : roots) task.schedule(r.fn.get());
+  task.run();
+  GraphTask* parent = task.parent_;
+  for (auto& fn : task.callbacks_) parent->callbacks_.push_back(std::move(fn));
+  return task.takeCaptured();
+}
+
 }  // namespace autograd
+
+void GraphTask::deliverToLeaf(const std::shared_ptr<Node>& acc, const Tensor& g) {
+  Node* n = acc.get();
+  alive_.emplace(n, acc);
+  deliver({acc, 0}, g);
+  int& d = deps_[n];
+  if (d == kRan) d = 0;
+  schedule(n);
+}
 
 void GraphTask::runCallbacks() {
   RunningGuard running(this);
@@ -295,16 +333,21 @@ void GraphTask::run() {
     std::pop_heap(ready_.begin(), ready_.end(), runsLater);
     Node* n = ready_.back();
     ready_.pop_back();
+    deps_[n] = kRan;
     std::vector<Tensor> grads;
     if (auto it = buffers_.find(n); it != buffers_.end()) {
       grads = std::move(it->second);
       buffers_.erase(it);
     }
     grads.resize(n->outputs().size());
+    if (parent_ && dynamic_cast<AccumulateGrad*>(n) != nullptr && captureAt_.count(n) == 0) {
+      if (grads[0].defined()) parent_->deliverToLeaf(alive_.at(n), grads[0]);
+      continue;
+    }
     n->callPreHooks(grads);
 
     if (auto it = captureAt_.find(n); it != captureAt_.end()) {
-      for (auto [slot, idx] : it->second) captured_[idx] = grads[slot];
+      for (auto [slot, idx] : it->second) captured_[idx] = autograd::accumulate(captured_[idx], grads[slot]);
     }
 
     std::vector<Tensor> gradInputs;

@@ -199,6 +199,18 @@ void queueCallback(std::function<void()> fn);
 // incoming gradient with an undefined tensor, then later calls this with
 // another value (DDP's averaged gradient), substitutes that value.
 void accumulateLeafGradient(const Tensor& leaf, const Tensor& grad);
+// From a node's rule while a backward pass runs on this thread: a nested pass
+// over another graph (activation checkpointing's recomputed one) from
+// `outputs` (those that require grad) seeded with `gradOutputs`. Returns the
+// gradient reaching each of `inputs` (undefined where none does or the input
+// needs none); those gradients go nowhere else. The gradient reaching any
+// other leaf of that graph is handed to the running pass as if it had arrived
+// at the leaf's AccumulateGrad node there: its pre-hooks (DDP's), captures
+// (autograd::grad) and sink (.grad, or distributed autograd's context) apply
+// exactly as to the running pass's own leaves. Callbacks queued during the
+// nested pass join the running pass's. StateError outside a backward pass.
+std::vector<Tensor> nestedBackward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gradOutputs,
+                                   const std::vector<Tensor>& inputs);
 }  // namespace autograd
 
 // One backward pass over a graph: dependency counts, the gradient buffers of
@@ -249,6 +261,11 @@ class GraphTask {
   // Gives `grad` to leaf `leaf` as the task's AccumulateGrad nodes would: to
   // BackwardOptions::leafSink when set, else added to leaf.grad().
   void accumulateLeaf(const Tensor& leaf, const Tensor& grad);
+  // Adds g to the gradient of AccumulateGrad node `acc` and queues it unless
+  // the graph still owes it gradients; a node that already ran runs again
+  // with g alone. How a nested pass (autograd::nestedBackward) hands its leaf
+  // gradients to the pass that started it.
+  void deliverToLeaf(const std::shared_ptr<Node>& acc, const Tensor& g);
   // True when `n` was reached by computeDependencies.
   bool contains(const Node* n) const { return alive_.count(const_cast<Node*>(n)) != 0; }
   // The captured gradients (see BackwardOptions::captures), once run.
@@ -256,7 +273,9 @@ class GraphTask {
 
  private:
   BackwardOptions options_;
-  std::unordered_map<Node*, int> deps_;  // -1 once queued
+  std::unordered_map<Node*, int> deps_;  // -1 once queued, kRan once run
+  static constexpr int kRan = -2;
+  GraphTask* parent_ = nullptr;  // a nested pass's: where its leaf gradients go
   std::unordered_map<Node*, std::shared_ptr<Node>> alive_;
   std::unordered_map<Node*, std::vector<Tensor>> buffers_;
   std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captureAt_;
@@ -264,6 +283,8 @@ class GraphTask {
   std::vector<Node*> ready_;  // a heap ordered by sequence number, latest on top
   std::vector<std::function<void()>> callbacks_;
   friend void autograd::queueCallback(std::function<void()> fn);
+  friend std::vector<Tensor> autograd::nestedBackward(const std::vector<Tensor>&, const std::vector<Tensor>&,
+                                                      const std::vector<Tensor>&);
 };
 
 // Runs backward from `roots` (edges) seeded with `rootGrads`. Returns the

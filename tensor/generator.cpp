@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "common/error.h"
+
 namespace weft {
 namespace {
 
@@ -86,6 +88,22 @@ uint64_t Generator::nextBelow(uint64_t n) {
   return static_cast<uint64_t>(m >> 64);
 }
 
+GeneratorState Generator::state() const {
+  GeneratorState st;
+  for (int i = 0; i < 4; ++i) st.words[i] = s_[i];
+  st.haveSpare = haveSpare_;
+  st.spare = spare_;
+  return st;
+}
+
+void Generator::setState(const GeneratorState& st) {
+  WEFT_ENFORCE(st.words[0] != 0 || st.words[1] != 0 || st.words[2] != 0 || st.words[3] != 0, InvalidArgumentError,
+               "Generator::setState: a state whose four words are all zero (xoshiro would produce only zeros)");
+  for (int i = 0; i < 4; ++i) s_[i] = st.words[i];
+  haveSpare_ = st.haveSpare;
+  spare_ = st.spare;
+}
+
 Generator& defaultGenerator() {
   static Generator g(0x5eed);
   return g;
@@ -99,6 +117,16 @@ std::mutex& defaultGeneratorMutex() {
 void manualSeed(uint64_t s) {
   std::lock_guard<std::mutex> lock(defaultGeneratorMutex());
   defaultGenerator().seed(s);
+}
+
+GeneratorState defaultGeneratorState() {
+  std::lock_guard<std::mutex> lock(defaultGeneratorMutex());
+  return defaultGenerator().state();
+}
+
+void setDefaultGeneratorState(const GeneratorState& s) {
+  std::lock_guard<std::mutex> lock(defaultGeneratorMutex());
+  defaultGenerator().setState(s);
 }
 
 }  // namespace weft

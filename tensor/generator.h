@@ -7,12 +7,30 @@
 //
 // The default generator is per process and guarded by a mutex; an explicit
 // Generator is not thread-safe (one per thread).
+//
+// state()/setState() capture and restore everything that decides the next
+// numbers (the xoshiro words and Box-Muller's cached spare normal), so that a
+// restored generator repeats the same sequence (activation checkpointing
+// replays dropout masks this way):
+//
+//   GeneratorState s = g.state();
+//   Tensor a = weft::randn({4}, {}, &g);
+//   g.setState(s);
+//   Tensor b = weft::randn({4}, {}, &g);           // equal to a
 #pragma once
 
 #include <cstdint>
 #include <mutex>
 
 namespace weft {
+
+// A generator's complete state: a value, copyable and comparable.
+struct GeneratorState {
+  uint64_t words[4] = {0, 0, 0, 0};
+  bool haveSpare = false;  // nextNormal() holds the second of a pair
+  double spare = 0;
+  bool operator==(const GeneratorState&) const = default;
+};
 
 class Generator {
  public:
@@ -28,6 +46,12 @@ class Generator {
   // Uniform in [0, n) without modulo bias.
   uint64_t nextBelow(uint64_t n);
 
+  GeneratorState state() const;
+  // Afterwards the generator produces what it produced after state() returned
+  // `s`. A state of all-zero words (never reached by seeding) is an
+  // InvalidArgumentError: xoshiro would then produce only zeros.
+  void setState(const GeneratorState& s);
+
  private:
   uint64_t s_[4];
   bool haveSpare_ = false;
@@ -39,5 +63,8 @@ class Generator {
 Generator& defaultGenerator();
 std::mutex& defaultGeneratorMutex();
 void manualSeed(uint64_t seed);
+// The default generator's state, read and restored under its mutex.
+GeneratorState defaultGeneratorState();
+void setDefaultGeneratorState(const GeneratorState& s);
 
 }  // namespace weft

@@ -12,11 +12,14 @@
 // Families: ops_elementwise.h (arithmetic, activations, comparisons),
 // ops_reduce.h (sum/mean/max/min/argmax, softmax), ops_linalg.h (mm, bmm,
 // matmul, linear), ops_shape.h (cat/stack/split/chunk, indexSelect),
-// ops_nn.h (embedding, conv, pooling, dropout, losses, LSTM cell).
+// ops_nn.h (embedding, conv, pooling, dropout, layer norm, losses, LSTM cell),
+// ops_attention.h (scaled dot-product attention, merging partial attentions).
 #pragma once
 
 #include "tensor/autograd.h"
+#include "tensor/checkpoint.h"
 #include "tensor/generator.h"
+#include "tensor/ops_attention.h"
 #include "tensor/ops_elementwise.h"
 #include "tensor/ops_linalg.h"
 #include "tensor/ops_nn.h"

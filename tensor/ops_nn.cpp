@@ -1,5 +1,5 @@
 // Neural-network ops (embedding, embeddingBag, conv2d, maxPool2d, dropout,
-// lstmCell, lstmLayer); their gradient rules are in grad_rules/nn.cpp. Losses
+// layerNorm, lstmCell, lstmLayer); their gradient rules are in grad_rules/nn.cpp. Losses
 // are in ops_loss.cpp.
 #include <algorithm>
 #include <bit>
@@ -10,6 +10,7 @@
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layer_norm.h"
 #include "kernels/cpu/lstm.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/reduce.h"
@@ -265,6 +266,41 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
     }
   });
   grad_rules::dropoutBackward(x, out, mask);
+  return out;
+}
+
+// ---- layer normalisation -------------------------------------------------------------
+
+Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight, const Tensor& bias,
+                 double eps) {
+  const char* op = "layerNorm";
+  detail::checkDefined(op, x, "input");
+  detail::requireCpu(op, x);
+  detail::requireFloating(op, x);
+  const int64_t nd = static_cast<int64_t>(normalizedShape.size());
+  WEFT_ENFORCE(nd >= 1, InvalidArgumentError, op, ": normalizedShape must have at least one dimension, got ",
+               normalizedShape);
+  bool trailing = x.dim() >= nd;
+  for (int64_t d = 0; trailing && d < nd; ++d) trailing = x.size(x.dim() - nd + d) == normalizedShape[d];
+  WEFT_ENFORCE(trailing, InvalidArgumentError, op, ": input of shape ", x.shape(),
+               " does not end in normalizedShape ", normalizedShape);
+  for (const auto& [t, what] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
+    if (!t->defined()) continue;
+    detail::checkSameKind(op, x, *t);
+    WEFT_ENFORCE(t->shape() == normalizedShape, InvalidArgumentError, op, ": ", what, " of shape ", t->shape(),
+                 " must equal normalizedShape ", normalizedShape);
+  }
+  WEFT_ENFORCE(eps >= 0.0, InvalidArgumentError, op, ": eps must be non-negative, got ", eps);
+  int64_t n = 1;
+  for (int64_t s : normalizedShape) n *= s;
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  Tensor xc = packed(x), wc = packed(weight), bc = packed(bias);
+  Tensor out = empty(x.shape(), like(x));
+  Tensor mean = empty({rows}, like(x)), rstd = empty({rows}, like(x));
+  kernels::cpu::layerNormForward(x.dtype(), xc.rawData(), rows, n, wc.defined() ? wc.rawData() : nullptr,
+                                 bc.defined() ? bc.rawData() : nullptr, eps, out.rawData(), mean.rawData(),
+                                 rstd.rawData());
+  grad_rules::layerNormBackward(x, weight, bias, out, xc, wc, mean, rstd, rows, n);
   return out;
 }
 

@@ -1,5 +1,6 @@
-// Neural-network ops: lookups, convolution, pooling, dropout, losses and the
-// LSTM cell. Semantics and defaults follow PyTorch's functional API.
+// Neural-network ops: lookups, convolution, pooling, dropout, layer
+// normalisation, losses and the LSTM cell. Semantics and defaults follow
+// PyTorch's functional API.
 #pragma once
 
 #include <utility>
@@ -33,6 +34,21 @@ Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride = 0, int64_t pa
 // Zeroes each element with probability p and scales the rest by 1/(1-p) when
 // `training`; identity otherwise. p must lie in [0, 1]; p = 1 gives zeros.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
+
+// Layer normalisation as torch.nn.functional.layer_norm: x [..., *normalizedShape]
+// is normalised over its trailing normalizedShape.size() dimensions (each such
+// row to mean 0 and variance 1: the biased variance, rstd = 1 / sqrt(var + eps)),
+// then scaled by weight and shifted by bias, each of normalizedShape or
+// undefined. Float32 or float64; weight and bias of x's dtype and device.
+// One fused kernel (kernels/cpu/layer_norm.h): the forward reads each row
+// once for its mean and variance and keeps mean and rstd per row for the
+// backward, which gives dx, dweight and dbias together. No double backward:
+// the backward is a kernel, not recorded ops.
+// Errors (InvalidArgumentError naming layerNorm and the shapes): an empty
+// normalizedShape, x's trailing dimensions not equal to it, weight or bias of
+// another shape, dtype or device, a non-floating x, a negative or NaN eps.
+Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight = {}, const Tensor& bias = {},
+                 double eps = 1e-5);
 
 // input [N, C] log-probabilities (or [N, C, d...]), target Int64 [N] (or
 // [N, d...]); entries equal to ignoreIndex contribute nothing. A target out of

@@ -7,8 +7,10 @@
 //   linalg.cpp       the matrix products (mm bmm matmul) and linear
 //   views.cpp        the view ops, clone, and dtype/device conversion
 //   shape.cpp        cat stack split indexSelect
-//   nn.cpp           embedding embeddingBag conv2d maxPool2d dropout lstm
+//   nn.cpp           embedding embeddingBag conv2d maxPool2d dropout layerNorm
+//                    lstm
 //   loss.cpp         nllLoss crossEntropy mseLoss
+//   attention.cpp    scaledDotProductAttention mergeAttention
 //
 // A forward op computes its outputs, then calls its rule with the tensors
 // its node has edges to, its outputs, and whatever forward state the
@@ -31,6 +33,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -113,6 +116,10 @@ void maxPool2dBackward(const Tensor& x, const Tensor& out, const Tensor& argmax,
                        const kernels::cpu::Pool2dGeometry& geo);
 // mask: 0 or 1/(1-p) per element, as the forward applied it.
 void dropoutBackward(const Tensor& x, const Tensor& out, const Tensor& mask);
+// xc, wc: the packed input and weight (undefined without one) the forward
+// read; mean, rstd: its per-row statistics, x seen as [rows, n].
+void layerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& xc,
+                       const Tensor& wc, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t n);
 // inputs: {x, h, c, wIh, wHh, bIh, bHh}; xc, hc, cc, wi, wh: their packed
 // forms; gates: the forward's activated gates [N, 4H].
 void lstmCellBackward(const std::vector<Tensor>& inputs, const Tensor& hNew, const Tensor& cNew, const Tensor& xc,
@@ -134,5 +141,15 @@ void crossEntropyBackward(const Tensor& logits, const Tensor& out, const Tensor&
 // x, t: contiguous input and target.
 void mseLossBackward(const Tensor& input, const Tensor& target, const Tensor& out, const Tensor& x, const Tensor& t,
                      Reduction r);
+
+// ---- attention ----------------------------------------------------------------------
+// qc, kc, vc: the packed q, k, v the forward read; geo: its geometry (with
+// the dropout seed); out and lse: its outputs.
+void attentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       const Tensor& qc, const Tensor& kc, const Tensor& vc,
+                       const kernels::cpu::AttentionGeometry& geo);
+// inputs: {outA, lseA, outB, lseB}; oa, la, ob, lb: their packed forms.
+void mergeAttentionBackward(const std::vector<Tensor>& inputs, const Tensor& out, const Tensor& lse,
+                            const Tensor& oa, const Tensor& la, const Tensor& ob, const Tensor& lb);
 
 }  // namespace weft::grad_rules

@@ -5,6 +5,7 @@
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layer_norm.h"
 #include "kernels/cpu/lstm.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/reduce.h"
@@ -117,6 +118,41 @@ void maxPool2dBackward(const Tensor& x, const Tensor& out, const Tensor& argmax,
 void dropoutBackward(const Tensor& x, const Tensor& out, const Tensor& mask) {
   if (!anyRequiresGrad({&x})) return;
   recordOp("DropoutBackward", {x}, {out}, [mask](const Grads& g) { return Grads{mul(g[0], mask)}; });
+}
+
+// d/dx = rstd·(ĝ - mean_n(ĝ) - x̂·mean_n(ĝ·x̂)) with ĝ = g·weight, d/dweight =
+// sum_rows(g·x̂), d/dbias = sum_rows(g), where x̂ = (x - mean)·rstd
+void layerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& xc,
+                       const Tensor& wc, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t n) {
+  if (!anyRequiresGrad({&x, &weight, &bias})) return;
+  const bool needX = x.requiresGrad(), needW = weight.defined() && weight.requiresGrad();
+  const bool needB = bias.defined() && bias.requiresGrad();
+  // x and the statistics feed dx and dweight; dbias reads g alone.
+  const bool needStats = needX || needW;
+  SavedTensor sx(needStats ? xc : Tensor()), sm(needStats ? mean : Tensor()), sr(needStats ? rstd : Tensor());
+  SavedTensor sw(needX ? wc : Tensor());
+  const Shape xShape = x.shape(), pShape = weight.defined() ? weight.shape() : bias.defined() ? bias.shape() : Shape{};
+  const DType dt = x.dtype();
+  recordOp("LayerNormBackward", {x, weight, bias}, {out},
+           [sx, sm, sr, sw, needX, needW, needB, needStats, xShape, pShape, dt, rows, n](const Grads& g) {
+             const char* name = "LayerNormBackward";
+             Tensor go = g[0].contiguous();
+             Tensor xv = sx.unpack(name), mv = sm.unpack(name), rv = sr.unpack(name), wv = sw.unpack(name);
+             Grads grads(3);
+             if (needX) grads[0] = empty(xShape, {.dtype = dt});
+             if (needW) grads[1] = empty(pShape, {.dtype = dt});
+             if (needB) grads[2] = empty(pShape, {.dtype = dt});
+             if (!needStats) {
+               // Only dbias: g summed over the rows.
+               NoGradGuard ng;
+               grads[2] = sum(go.view({rows, n}), {0}).view(pShape);
+               return grads;
+             }
+             auto raw = [](const Tensor& t) { return t.defined() ? t.rawData() : nullptr; };
+             kernels::cpu::layerNormBackward(dt, go.rawData(), xv.rawData(), mv.rawData(), rv.rawData(), raw(wv), rows,
+                                             n, raw(grads[0]), raw(grads[1]), raw(grads[2]));
+             return grads;
+           });
 }
 
 // Gradients {dx, dh, dc, dwIh, dwHh, dbIh, dbHh} from g = {dhNew, dcNew}

@@ -1,0 +1,77 @@
+// Gradient rules of scaled dot-product attention and of the merge of partial
+// attentions (see grad_rules.h). g = {d out, d lse}; the engine hands zeros
+// for lse when only out was used.
+#include "kernels/cpu/attention.h"
+#include "tensor/autograd.h"
+#include "tensor/grad_rules/grad_rules.h"
+#include "tensor/ops.h"
+
+namespace weft::grad_rules {
+
+using Grads = std::vector<Tensor>;
+
+// FlashAttention-2's backward (kernels/cpu/attention.h): the tiles of the
+// scores and probabilities are recomputed from q, k, v, out and lse, and the
+// dropout mask from the geometry's seed
+void attentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       const Tensor& qc, const Tensor& kc, const Tensor& vc,
+                       const kernels::cpu::AttentionGeometry& geo) {
+  if (!anyRequiresGrad({&q, &k, &v})) return;
+  const bool needQ = q.requiresGrad(), needKV = k.requiresGrad() || v.requiresGrad();
+  const bool needK = k.requiresGrad(), needV = v.requiresGrad();
+  // out and lse are this node's own outputs: an in-place write to either is
+  // caught by the saved version.
+  SavedTensor sq(qc), sk(kc), sv(vc), so(out), sl(lse);
+  const Shape qShape = q.shape(), kShape = k.shape();
+  const DType dt = q.dtype();
+  recordOp("ScaledDotProductAttentionBackward", {q, k, v}, {out, lse},
+           [sq, sk, sv, so, sl, geo, needQ, needKV, needK, needV, qShape, kShape, dt](const Grads& g) {
+             const char* name = "ScaledDotProductAttentionBackward";
+             Tensor qs = sq.unpack(name), ks = sk.unpack(name), vs = sv.unpack(name);
+             Tensor os = so.unpack(name), ls = sl.unpack(name);
+             Tensor gOut = g[0].contiguous(), gLse = g[1].contiguous();
+             Grads grads(3);
+             if (needQ) grads[0] = empty(qShape, {.dtype = dt});
+             Tensor gk = needKV ? empty(kShape, {.dtype = dt}) : Tensor();
+             Tensor gv = needKV ? empty(kShape, {.dtype = dt}) : Tensor();
+             auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
+             kernels::cpu::attentionBackward(dt, geo, qs.rawData(), ks.rawData(), vs.rawData(), os.rawData(),
+                                             ls.rawData(), gOut.rawData(), gLse.rawData(), raw(grads[0]), raw(gk),
+                                             raw(gv));
+             if (needK) grads[1] = gk;
+             if (needV) grads[2] = gv;
+             return grads;
+           });
+}
+
+// out = a outA + b outB with a = exp(lseA - lse), b = exp(lseB - lse):
+// d/doutA = a g_out, d/dlseA = a (g_lse + g_out · (outA - out)), and
+// likewise for B
+void mergeAttentionBackward(const std::vector<Tensor>& inputs, const Tensor& out, const Tensor& lse,
+                            const Tensor& oa, const Tensor& la, const Tensor& ob, const Tensor& lb) {
+  if (!anyRequiresGrad(inputs)) return;
+  std::vector<bool> need(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) need[i] = inputs[i].requiresGrad();
+  SavedTensor soa(oa), sla(la), sob(ob), slb(lb), so(out), sl(lse);
+  const Shape outShape = out.shape(), lseShape = lse.shape();
+  const DType dt = out.dtype();
+  recordOp("MergeAttentionBackward", inputs, {out, lse},
+           [need, soa, sla, sob, slb, so, sl, outShape, lseShape, dt](const Grads& g) {
+             const char* name = "MergeAttentionBackward";
+             Tensor oas = soa.unpack(name), las = sla.unpack(name), obs = sob.unpack(name), lbs = slb.unpack(name);
+             Tensor os = so.unpack(name), ls = sl.unpack(name);
+             Tensor gOut = g[0].contiguous(), gLse = g[1].contiguous();
+             Grads grads(4);
+             for (size_t i = 0; i < 4; ++i) {
+               if (need[i]) grads[i] = empty(i % 2 == 0 ? outShape : lseShape, {.dtype = dt});
+             }
+             auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
+             kernels::cpu::mergeAttentionBackward(dt, ls.numel(), outShape.back(), oas.rawData(), las.rawData(),
+                                                  obs.rawData(), lbs.rawData(), os.rawData(), ls.rawData(),
+                                                  gOut.rawData(), gLse.rawData(), raw(grads[0]), raw(grads[1]),
+                                                  raw(grads[2]), raw(grads[3]));
+             return grads;
+           });
+}
+
+}  // namespace weft::grad_rules

@@ -1,0 +1,111 @@
+// Scaled dot-product attention and the merge of partial attentions; the
+// kernels are in kernels/cpu/attention.cpp, the gradient rules in
+// grad_rules/attention.cpp.
+#include "tensor/ops_attention.h"
+
+#include <cmath>
+#include <mutex>
+
+#include "kernels/cpu/attention.h"
+#include "tensor/autograd.h"
+#include "tensor/generator.h"
+#include "tensor/grad_rules/grad_rules.h"
+#include "tensor/op_utils.h"
+
+namespace weft {
+namespace {
+
+// A contiguous tensor with the same values and no history: what kernels read.
+Tensor packed(const Tensor& t) { return t.detach().contiguous(); }
+
+void checkAttentionArguments(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionOptions& o) {
+  detail::checkDefined(op, q, "q");
+  detail::checkDefined(op, k, "k");
+  detail::checkDefined(op, v, "v");
+  detail::requireCpu(op, q);
+  detail::requireFloating(op, q);
+  detail::checkSameKind(op, q, k);
+  detail::checkSameKind(op, q, v);
+  WEFT_ENFORCE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, InvalidArgumentError, op,
+               ": q, k and v must be 4-D [B, H, S, D], got q of shape ", q.shape(), ", k of shape ", k.shape(),
+               ", v of shape ", v.shape());
+  WEFT_ENFORCE(q.size(0) == k.size(0) && q.size(1) == k.size(1), InvalidArgumentError, op,
+               ": q of shape ", q.shape(), " and k of shape ", k.shape(), " must have the same batch and head counts");
+  WEFT_ENFORCE(k.shape() == v.shape(), InvalidArgumentError, op, ": k of shape ", k.shape(), " and v of shape ",
+               v.shape(), " must have the same shape");
+  WEFT_ENFORCE(q.size(3) == k.size(3), InvalidArgumentError, op, ": q of shape ", q.shape(), " and k of shape ",
+               k.shape(), " must have the same head dimension");
+  WEFT_ENFORCE(q.size(3) > 0, InvalidArgumentError, op, ": the head dimension must be positive, got q of shape ",
+               q.shape());
+  WEFT_ENFORCE(o.dropout >= 0.0 && o.dropout <= 1.0, InvalidArgumentError, op,
+               ": dropout probability has to be between 0 and 1, got ", o.dropout);
+}
+
+uint64_t drawSeed(Generator* gen) {
+  if (gen) return gen->nextU64();
+  std::lock_guard<std::mutex> lock(defaultGeneratorMutex());
+  return defaultGenerator().nextU64();
+}
+
+}  // namespace
+
+AttentionOutput scaledDotProductAttentionWithLse(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const AttentionOptions& o) {
+  const char* op = "scaledDotProductAttention";
+  checkAttentionArguments(op, q, k, v, o);
+  const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
+  kernels::cpu::AttentionGeometry geo{.batchHeads = B * H,
+                                      .queries = Sq,
+                                      .keys = Sk,
+                                      .headDim = D,
+                                      .scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(D)),
+                                      .causal = o.causal,
+                                      .queryOffset = o.queryOffset,
+                                      .keyOffset = o.keyOffset,
+                                      .dropout = o.dropout,
+                                      .seed = o.dropout > 0.0 ? drawSeed(o.generator) : 0};
+  Tensor qc = packed(q), kc = packed(k), vc = packed(v);
+  const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
+  AttentionOutput r{empty({B, H, Sq, D}, like), empty({B, H, Sq}, like)};
+  kernels::cpu::attentionForward(q.dtype(), geo, qc.rawData(), kc.rawData(), vc.rawData(), r.out.rawData(),
+                                 r.lse.rawData());
+  grad_rules::attentionBackward(q, k, v, r.out, r.lse, qc, kc, vc, geo);
+  return r;
+}
+
+Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  return scaledDotProductAttentionWithLse(q, k, v, o).out;
+}
+
+AttentionOutput mergeAttention(const AttentionOutput& a, const AttentionOutput& b) {
+  const char* op = "mergeAttention";
+  detail::checkDefined(op, a.out, "a.out");
+  detail::checkDefined(op, a.lse, "a.lse");
+  detail::checkDefined(op, b.out, "b.out");
+  detail::checkDefined(op, b.lse, "b.lse");
+  detail::requireCpu(op, a.out);
+  detail::requireFloating(op, a.out);
+  detail::checkSameKind(op, a.out, a.lse);
+  detail::checkSameKind(op, a.out, b.out);
+  detail::checkSameKind(op, a.out, b.lse);
+  WEFT_ENFORCE(a.out.shape() == b.out.shape() && a.lse.shape() == b.lse.shape(), InvalidArgumentError, op,
+               ": the two attentions differ in shape: out ", a.out.shape(), " and ", b.out.shape(), ", lse ",
+               a.lse.shape(), " and ", b.lse.shape());
+  Shape rowsShape = a.out.shape();
+  WEFT_ENFORCE(!rowsShape.empty(), InvalidArgumentError, op, ": out must have at least one dimension, got shape ",
+               a.out.shape());
+  const int64_t D = rowsShape.back();
+  rowsShape.pop_back();
+  WEFT_ENFORCE(a.lse.shape() == rowsShape, InvalidArgumentError, op, ": lse of shape ", a.lse.shape(),
+               " does not fit out of shape ", a.out.shape(), " (expected ", rowsShape, ")");
+  Tensor oa = packed(a.out), la = packed(a.lse), ob = packed(b.out), lb = packed(b.lse);
+  const TensorOptions like{.dtype = a.out.dtype(), .device = a.out.device()};
+  AttentionOutput r{empty(a.out.shape(), like), empty(a.lse.shape(), like)};
+  kernels::cpu::mergeAttentionForward(a.out.dtype(), la.numel(), D, oa.rawData(), la.rawData(), ob.rawData(),
+                                      lb.rawData(), r.out.rawData(), r.lse.rawData());
+  grad_rules::mergeAttentionBackward({a.out, a.lse, b.out, b.lse}, r.out, r.lse, oa, la, ob, lb);
+  return r;
+}
+
+}  // namespace weft

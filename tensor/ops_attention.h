@@ -1,0 +1,74 @@
+// Scaled dot-product attention, computed FlashAttention-style: memory grows
+// with the sequence length, never with its square.
+//
+//   using namespace weft;
+//   Tensor q = randn({B, H, T, D}), k = randn({B, H, T, D}), v = randn({B, H, T, D});
+//   Tensor y = scaledDotProductAttention(q, k, v, {.causal = true});   // [B, H, T, D]
+//
+//   // Ring attention: the same queries against two halves of the keys.
+//   AttentionOutput a = scaledDotProductAttentionWithLse(q, k0, v0, {.causal = true});
+//   AttentionOutput b = scaledDotProductAttentionWithLse(q, k1, v1, {.causal = true, .keyOffset = T0});
+//   AttentionOutput all = mergeAttention(a, b);   // exactly attention over all keys
+//
+// softmax(q k^T * scale + mask) v for q [B, H, Sq, D] and k, v [B, H, Sk, D]
+// (float32 or float64, one dtype, CPU). The [Sq, Sk] scores are never held:
+// a tiled forward with an online softmax keeps, per batch-head, O(Sq·D + Sk·D)
+// memory plus one tile per thread; backward recomputes the tiles from q, k, v,
+// the output and lse (kernels/cpu/attention.h has the algorithm, the masking
+// rule, the dropout hash and the threading). Gradients flow to q, k and v,
+// and, from scaledDotProductAttentionWithLse, through lse too.
+//
+// Causal masking: query i sees key j iff j + keyOffset <= i + queryOffset
+// (with zero offsets the lower-triangular mask of torch.tril on [Sq, Sk]). A
+// query that sees no key (a block of a causal sequence wholly in its future)
+// gets out = 0 and lse = -inf; merging with such a block is exact.
+//
+// Dropout applies to the normalised probabilities (kept ones scaled by
+// 1/(1-p)); pass 0 outside training. Each call with dropout draws one 64-bit
+// seed from its generator (the default one, under its mutex, when null) and
+// derives every element's keep bit from (seed, batch-head, i, j), so backward
+// regenerates the mask without storing it, and a generator reset to the same
+// state gives the same mask.
+//
+// Errors (InvalidArgumentError naming the op and the shapes): tensors not
+// 4-D, batch or head counts that differ, k and v of different shapes, a head
+// dimension of 0 or differing between q and k, non-floating or mixed dtypes,
+// a dropout probability outside [0, 1]; for mergeAttention, outputs or lses
+// whose shapes differ or do not fit each other.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "tensor/tensor.h"
+
+namespace weft {
+
+class Generator;
+
+struct AttentionOptions {
+  bool causal = false;          // query i sees key j iff j + keyOffset <= i + queryOffset
+  int64_t queryOffset = 0;      // absolute position of the first query
+  int64_t keyOffset = 0;        // absolute position of the first key
+  std::optional<double> scale = std::nullopt;  // default 1/sqrt(headDim)
+  double dropout = 0.0;         // on the attention probabilities; 0 outside training
+  Generator* generator = nullptr;  // the default generator when null
+};
+
+struct AttentionOutput {
+  Tensor out;  // [B, H, Sq, D], q's dtype
+  Tensor lse;  // [B, H, Sq], log-sum-exp of the scaled, masked scores per query row
+};
+
+Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o = {});
+AttentionOutput scaledDotProductAttentionWithLse(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const AttentionOptions& o = {});
+
+// The exact merge of two attentions of the same queries over disjoint key
+// sets: out = (exp(lseA-m)*outA + exp(lseB-m)*outB) / (exp(lseA-m) + exp(lseB-m)),
+// lse = m + log(exp(lseA-m) + exp(lseB-m)), m = max(lseA, lseB); rows where
+// both lses are -inf give out = 0, lse = -inf. Differentiable in all four
+// tensors. Any leading shape: out [..., D], lse [...].
+AttentionOutput mergeAttention(const AttentionOutput& a, const AttentionOutput& b);
+
+}  // namespace weft
