@@ -3,9 +3,9 @@
 // launched during backward and in order, replicas bit-identical after many SGD steps on different
 // data, noSync accumulation, findUnusedParameters, the bucket rebuild in rank 0's gradient order and
 // rank 0's buffers at each forward, a rank running one pass more than the other
-// (a timeout naming the allreduce and the rank, not a hang), and DDP inside a distributed autograd
-// context (gradients in the context, .grad untouched). Every wait is bounded and every process is
-// checked to be gone at the end.
+// (a timeout naming the allreduce and the rank, not a hang), DDP inside a distributed autograd
+// context (gradients in the context, .grad untouched) and DDP over checkpointed segments. Every
+// wait is bounded and every process is checked to be gone at the end.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -148,6 +148,22 @@ TEST_CASE("ddp inside a distributed autograd context: averaged gradients land in
     CHECK(field(out, r, "ctx_maxdiff_ppb", "input_grad") == 1);
     CHECK(field(out, r, "local_after_ctx_maxdiff_ppb", "local_after_ctx_maxdiff_ppb") <= 1000);
     CHECK(contains(out, p + "shutdown graceful 1"));
+  }
+}
+
+TEST_CASE("ddp over checkpointed segments with dropout: DDP's hooks fire for every parameter and the gradients "
+          "equal those of DDP without checkpointing bit for bit") {
+  auto results = runDdpJob("checkpoint", 2, 25s);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    long long diff = field(out, r, "ckpt_maxdiff_ppb", "ckpt_maxdiff_ppb");
+    CHECK(diff >= 0);
+    CHECK(diff <= 1000);
+    CHECK(field(out, r, "ckpt_maxdiff_ppb", "ckpt_bitwise") == 1);
+    // 8 parameters (4 layers x weight, bias) in 4 buckets of one layer.
+    CHECK(field(out, r, "ckpt_hooks", "ckpt_hooks") == 8);
+    CHECK(field(out, r, "ckpt_hooks", "launches") == 4);
   }
 }
 

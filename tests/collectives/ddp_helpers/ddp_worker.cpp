@@ -33,6 +33,12 @@
 //             input_grad 0|1" (the averaged gradients are in ctx.gradients(), .grad is untouched,
 //             the input's gradient came back through the RPC); then a synced local backward in the
 //             same process: "local_after_ctx_maxdiff_ppb N".
+//   checkpoint [any world size] A module of 4 Linear(16, 16) layers with tanh and dropout (the
+//             default generator, reseeded identically before each forward), run as two
+//             checkpointed segments, in DDP with buckets of one layer; a twin without checkpointing
+//             in another DDP. "ckpt_maxdiff_ppb N" (against the average of the ranks' local plain
+//             gradients), "ckpt_bitwise 0|1" (bit-identical to the plain DDP's gradients),
+//             "ckpt_hooks H launches L" (DDP's hooks and bucket launches in the checkpointed pass).
 // Every rank first prints "rank R pid P started".
 #include <unistd.h>
 
@@ -356,6 +362,73 @@ void runMismatch(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   }
 }
 
+// `layers` Linear(16, 16), each followed by tanh and dropout(0.2); with `segment` > 0 every
+// `segment` layers run as one checkpointed function.
+class DropoutMlp : public weft::nn::Module {
+ public:
+  DropoutMlp(int layers, uint64_t seed, int segment) : Module("DropoutMlp"), segment_(segment) {
+    Generator gen(seed);
+    for (int i = 0; i < layers; ++i) {
+      auto l = registerModule("l" + std::to_string(i), std::make_shared<weft::nn::Linear>(16, 16));
+      l->resetParameters(&gen);
+      layers_.push_back(l);
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    const int n = static_cast<int>(layers_.size());
+    const int step = segment_ > 0 ? segment_ : n;
+    Tensor h = x;
+    for (int from = 0; from < n; from += step) {
+      const int to = std::min(n, from + step);
+      auto fn = [this, from, to](const Tensor& t) {
+        Tensor a = t;
+        for (int i = from; i < to; ++i) a = weft::dropout(weft::tanh(layers_[i]->forward(a)), 0.2, true);
+        return a;
+      };
+      h = segment_ > 0 ? weft::checkpoint(fn, h) : fn(h);
+    }
+    return h;
+  }
+
+ private:
+  int segment_;
+  std::vector<std::shared_ptr<weft::nn::Linear>> layers_;
+};
+
+void runCheckpoint(ProcessGroupGloo& pg) {
+  const int me = pg.rank();
+  auto net = std::make_shared<DropoutMlp>(4, 700 + static_cast<uint64_t>(me), 2);
+  Ddp ddp(net, pg, {.bucketCapBytes = 1088});
+  // The plain twin starts from the checkpointed module's (broadcast) parameters.
+  auto plain = std::make_shared<DropoutMlp>(4, 1, 0);
+  weft::nn::StateDict state;
+  for (auto& [k, v] : net->stateDict()) state[k] = v.clone();
+  plain->loadStateDict(state);
+  Ddp plainDdp(plain, pg, {.bucketCapBytes = 1088});
+  const uint64_t seed = 900 + static_cast<uint64_t>(me);
+  Tensor x = batch(me, 0).requiresGrad_();
+
+  // Each rank's local plain gradients, averaged: the reference.
+  auto local = std::make_shared<DropoutMlp>(4, 1, 0);
+  local->loadStateDict(state);
+  weft::manualSeed(seed);
+  lossOf(local->forward(x)).backward();
+  Tensor want = averageOverRanks(pg, flatGrads(local->parameters(), [](const Tensor& p) { return p.grad(); }));
+
+  weft::manualSeed(seed);
+  lossOf(plainDdp.forward(x)).backward();
+  Tensor plainGot = flatGrads(plain->parameters(), [](const Tensor& p) { return p.grad(); });
+
+  weft::manualSeed(seed);
+  lossOf(ddp.forward(x)).backward();
+  Tensor got = flatGrads(net->parameters(), [](const Tensor& p) { return p.grad(); });
+  Ddp::Stats st = ddp.stats();
+  const bool bitwise = got.toVector<float>() == plainGot.toVector<float>();
+  sayLine("ckpt_maxdiff_ppb " + std::to_string(maxDiffPpb(got, want)) + " ckpt_bitwise " +
+          std::to_string(bitwise ? 1 : 0));
+  sayLine("ckpt_hooks " + std::to_string(st.hookOrder.size()) + " launches " + std::to_string(st.launches.size()));
+}
+
 inline const weft::Function<Tensor(Tensor)> scaleFn{"ddp_worker.scale"};
 
 void runContext(weft::rpc::Agent& agent) {
@@ -397,7 +470,7 @@ void runContext(weft::rpc::Agent& agent) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("ddp_worker", {"train", "rebuild", "mismatch", "context"}, argc, argv,
+  return weft::testing::workerMain("ddp_worker", {"train", "rebuild", "mismatch", "context", "checkpoint"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -419,6 +492,7 @@ int main(int argc, char** argv) {
                                          {.timeout = scenario == "mismatch" ? 1500ms : std::chrono::milliseconds(20s)});
       if (scenario == "train") runTrain(*pg);
       else if (scenario == "rebuild") runRebuild(*pg);
+      else if (scenario == "checkpoint") runCheckpoint(*pg);
       else runMismatch(*pg, store);
     }
     // Rank 0 serves the store: it leaves once every other rank has said it is leaving.
