@@ -24,4 +24,5 @@
 #include "nn/rnn.h"
 #include "nn/sequential.h"
 #include "nn/serialize.h"
+#include "nn/transformer.h"
 #include "nn/utils.h"
