@@ -155,7 +155,7 @@ int runClient(const Args& args) {
   for (auto* m : {l1.get(), l2.get(), l3.get()}) {
     for (auto& p : m->parameters()) localParams.push_back(p);
   }
-  weft::nn::optim::SgdOptions sgd{.lr = 0.01, .momentum = 0.9};
+  weft::nn::optim::SGDOptions sgd{.lr = 0.01, .momentum = 0.9};
   weft::nn::optim::SGD localOpt(localParams, sgd);
 
   // Distributed model: fc1 and fc3 here, starting from the local model's weights; fc2 is built on

@@ -27,8 +27,8 @@ using nn::optim::AdagradOptions;
 using nn::optim::AdamOptions;
 using nn::optim::AdamWOptions;
 using nn::optim::OptimizerOptions;
-using nn::optim::RmspropOptions;
-using nn::optim::SgdOptions;
+using nn::optim::RMSpropOptions;
+using nn::optim::SGDOptions;
 
 }  // namespace
 
@@ -38,11 +38,11 @@ using nn::optim::SgdOptions;
 // nn/optim.h must be added here (the field count is checked on decode, so programs built from
 // different versions refuse each other's options instead of misreading them).
 namespace weft::nn::optim {
-WEFT_CODEC_FIELDS(SgdOptions, lr, momentum, dampening, weightDecay, nesterov, maximize);
+WEFT_CODEC_FIELDS(SGDOptions, lr, momentum, dampening, weightDecay, nesterov, maximize);
 WEFT_CODEC_FIELDS(AdamOptions, lr, betas, eps, weightDecay, amsgrad, maximize);
 WEFT_CODEC_FIELDS(AdamWOptions, lr, betas, eps, weightDecay, amsgrad, maximize);
 WEFT_CODEC_FIELDS(AdagradOptions, lr, lrDecay, weightDecay, initialAccumulatorValue, eps, maximize);
-WEFT_CODEC_FIELDS(RmspropOptions, lr, alpha, eps, weightDecay, momentum, centered, maximize);
+WEFT_CODEC_FIELDS(RMSpropOptions, lr, alpha, eps, weightDecay, momentum, centered, maximize);
 }  // namespace weft::nn::optim
 
 namespace weft {

@@ -14,10 +14,10 @@
 //   }
 //
 // Kinds. The alternative the options hold is the optimizer kind, with PyTorch 1.13's update rules,
-// defaults and argument checks (nn/optim.h): SgdOptions (lr, required; momentum, dampening,
+// defaults and argument checks (nn/optim.h): SGDOptions (lr, required; momentum, dampening,
 // weightDecay, nesterov, maximize), AdamOptions and AdamWOptions (lr, betas, eps, weightDecay,
 // amsgrad, maximize; AdamW decouples the decay), AdagradOptions (lr, lrDecay, weightDecay,
-// initialAccumulatorValue, eps, maximize), RmspropOptions (lr, alpha, eps, weightDecay, momentum,
+// initialAccumulatorValue, eps, maximize), RMSpropOptions (lr, alpha, eps, weightDecay, momentum,
 // centered, maximize). A run is therefore comparable step for step with a local nn::optim
 // optimizer of the same kind, or with PyTorch.
 //
@@ -86,8 +86,8 @@
 
 namespace weft::rpc {
 
-// nn::optim::OptimizerOptions on the wire: the record of the alternative it holds ("SgdOptions",
-// "AdamOptions", "AdamWOptions", "AdagradOptions", "RmspropOptions", each WEFT_CODEC_FIELDS with
+// nn::optim::OptimizerOptions on the wire: the record of the alternative it holds ("SGDOptions",
+// "AdamOptions", "AdamWOptions", "AdagradOptions", "RMSpropOptions", each WEFT_CODEC_FIELDS with
 // every field of the options struct, in declaration order). The receiver decodes the
 // alternative the name selects (ProtocolError for an unknown name or a field count or type that
 // does not match); it does not validate the values (OwnerOptimizer does).

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <iterator>
+#include <optional>
 #include <type_traits>
 
 #include "kernels/cpu/loops.h"
@@ -40,8 +42,8 @@ void checkBetas(const char* opt, std::pair<double, double> betas) {
                betas.second, " (must be in [0, 1))");
 }
 
-void checkOptions(const SgdOptions& o) {
-  WEFT_ENFORCE(!std::isnan(o.lr), InvalidArgumentError, "SGD: the learning rate is required (SgdOptions::lr)");
+void checkOptions(const SGDOptions& o) {
+  WEFT_ENFORCE(!std::isnan(o.lr), InvalidArgumentError, "SGD: the learning rate is required (SGDOptions::lr)");
   checkNonNegative("SGD", "learning rate", o.lr);
   checkNonNegative("SGD", "momentum", o.momentum);
   checkNonNegative("SGD", "weight decay", o.weightDecay);
@@ -69,7 +71,7 @@ void checkOptions(const AdagradOptions& o) {
   checkNonNegative("Adagrad", "epsilon", o.eps);
 }
 
-void checkOptions(const RmspropOptions& o) {
+void checkOptions(const RMSpropOptions& o) {
   checkNonNegative("RMSprop", "learning rate", o.lr);
   checkNonNegative("RMSprop", "epsilon", o.eps);
   checkNonNegative("RMSprop", "momentum", o.momentum);
@@ -80,7 +82,7 @@ void checkOptions(const RmspropOptions& o) {
 // Buffers that must exist once a parameter has been updated (SGD's momentum
 // buffer is re-created from the gradient when absent, as in PyTorch).
 std::vector<std::string> requiredBufferNames(const OptimizerOptions& options) {
-  if (std::holds_alternative<SgdOptions>(options)) return {};
+  if (std::holds_alternative<SGDOptions>(options)) return {};
   return stateBufferNames(options);
 }
 
@@ -118,14 +120,14 @@ OptimizerOptions withLearningRate(OptimizerOptions options, double lr) {
 
 std::vector<std::string> stateBufferNames(const OptimizerOptions& options) {
   struct Names {
-    std::vector<std::string> operator()(const SgdOptions& o) const {
+    std::vector<std::string> operator()(const SGDOptions& o) const {
       if (o.momentum != 0) return {"momentum_buffer"};
       return {};
     }
     std::vector<std::string> operator()(const AdamOptions& o) const { return adamLike(o.amsgrad); }
     std::vector<std::string> operator()(const AdamWOptions& o) const { return adamLike(o.amsgrad); }
     std::vector<std::string> operator()(const AdagradOptions&) const { return {"sum"}; }
-    std::vector<std::string> operator()(const RmspropOptions& o) const {
+    std::vector<std::string> operator()(const RMSpropOptions& o) const {
       std::vector<std::string> n{"square_avg"};
       if (o.momentum > 0) n.push_back("momentum_buffer");
       if (o.centered) n.push_back("grad_avg");
@@ -251,12 +253,12 @@ Tensor effectiveGrad(const Tensor& p, const Tensor& g, bool maximize, double wei
 namespace {
 
 template <class T>
-struct SgdConstants {
+struct SGDConstants {
   T weightDecay, momentum, keep, negLr;
 };
 
 template <class T, bool kMaximize, bool kDecay, bool kMomentum, bool kNesterov, bool kFreshBuffer>
-void sgdRange(int64_t b, int64_t e, T* p, const T* g, T* buf, SgdConstants<T> c) {
+void sgdRange(int64_t b, int64_t e, T* p, const T* g, T* buf, SGDConstants<T> c) {
 #pragma GCC ivdep
   for (int64_t i = b; i < e; ++i) {
     T d = kMaximize ? -g[i] : g[i];
@@ -273,7 +275,7 @@ void sgdRange(int64_t b, int64_t e, T* p, const T* g, T* buf, SgdConstants<T> c)
 }  // namespace
 
 void sgd(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
-         const SgdOptions& o) {
+         const SGDOptions& o) {
   checkOptions(o);
   checkLists("SGD", params, grads, state);
   NoGradGuard ng;
@@ -298,7 +300,7 @@ void sgd(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, st
       WEFT_DISPATCH_FLOATING(p.dtype(), "SGD", [&]<class T>() {
         withFlags(
             [&](auto maximize, auto decay, auto momentum, auto nesterov, auto freshBuffer) {
-              SgdConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.momentum),
+              SGDConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.momentum),
                                 static_cast<T>(1.0 - o.dampening), static_cast<T>(-o.lr)};
               T *pp = p.data<T>(), *bp = ptr<T>(buf);
               const T* gp = g.data<T>();
@@ -504,12 +506,12 @@ void adagrad(const std::vector<Tensor>& params, const std::vector<Tensor>& grads
 namespace {
 
 template <class T>
-struct RmspropConstants {
+struct RMSpropConstants {
   T weightDecay, alpha, oneMinusAlpha, eps, momentum, negLr;
 };
 
 template <class T, bool kMaximize, bool kDecay, bool kCentered, bool kMomentum>
-void rmspropRange(int64_t b, int64_t e, T* p, const T* g, T* sq, T* buf, T* gavg, RmspropConstants<T> c) {
+void rmspropRange(int64_t b, int64_t e, T* p, const T* g, T* sq, T* buf, T* gavg, RMSpropConstants<T> c) {
 #pragma GCC ivdep
   for (int64_t i = b; i < e; ++i) {
     T d = kMaximize ? -g[i] : g[i];
@@ -538,7 +540,7 @@ void rmspropRange(int64_t b, int64_t e, T* p, const T* g, T* sq, T* buf, T* gavg
 }  // namespace
 
 void rmsprop(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
-             const RmspropOptions& o) {
+             const RMSpropOptions& o) {
   checkOptions(o);
   checkLists("RMSprop", params, grads, state);
   NoGradGuard ng;
@@ -556,7 +558,7 @@ void rmsprop(const std::vector<Tensor>& params, const std::vector<Tensor>& grads
       WEFT_DISPATCH_FLOATING(p.dtype(), "RMSprop", [&]<class T>() {
         withFlags(
             [&](auto maximize, auto decay, auto centered, auto momentum) {
-              RmspropConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.alpha),
+              RMSpropConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.alpha),
                                     static_cast<T>(1.0 - o.alpha),  static_cast<T>(o.eps),
                                     static_cast<T>(o.momentum),     static_cast<T>(-o.lr)};
               T *pp = p.data<T>(), *sp = sq.data<T>(), *bp = ptr<T>(buf), *ap = ptr<T>(gavg);
@@ -595,21 +597,48 @@ void step(const OptimizerOptions& options, const std::vector<Tensor>& params, co
     const std::vector<Tensor>& params;
     const std::vector<Tensor>& grads;
     std::vector<ParamState>& state;
-    void operator()(const SgdOptions& o) const { sgd(params, grads, state, o); }
+    void operator()(const SGDOptions& o) const { sgd(params, grads, state, o); }
     void operator()(const AdamOptions& o) const { adam(params, grads, state, o); }
     void operator()(const AdamWOptions& o) const { adamw(params, grads, state, o); }
     void operator()(const AdagradOptions& o) const { adagrad(params, grads, state, o); }
-    void operator()(const RmspropOptions& o) const { rmsprop(params, grads, state, o); }
+    void operator()(const RMSpropOptions& o) const { rmsprop(params, grads, state, o); }
   };
   std::visit(Step{params, grads, state}, options);
+}
+
+// ---- parameter groups ----------------------------------------------------------------------
+
+OptimizerOptions withWeightDecay(OptimizerOptions options, double weightDecay) {
+  std::visit([weightDecay](auto& o) { o.weightDecay = weightDecay; }, options);
+  validate(options);
+  return options;
+}
+
+std::vector<ParamGroup> decayGroups(const std::vector<std::pair<std::string, Tensor>>& named,
+                                    const OptimizerOptions& base) {
+  std::vector<ParamGroup> groups{{{}, base}, {{}, withWeightDecay(base, 0.0)}};
+  for (const auto& [name, p] : named) {
+    WEFT_ENFORCE(p.defined(), InvalidArgumentError, "decayGroups: parameter '", name, "' is undefined");
+    if (!p.requiresGrad()) continue;
+    groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+  }
+  return groups;
 }
 
 // ---- Optimizer ---------------------------------------------------------------------------
 
 Optimizer::Optimizer(std::vector<Tensor> params, OptimizerOptions options)
-    : params_(std::move(params)), options_(std::move(options)), state_(params_.size()) {
-  validate(options_);
-  const char* opt = optimizerName(options_);
+    : Optimizer(std::vector<ParamGroup>{ParamGroup{std::move(params), std::move(options)}}) {}
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  WEFT_ENFORCE(!groups_.empty(), InvalidArgumentError, "Optimizer: got no parameter group");
+  const char* opt = optimizerName(groups_.front().options);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    WEFT_ENFORCE(groups_[g].options.index() == groups_.front().options.index(), InvalidArgumentError, opt,
+                 ": group ", g, " has ", optimizerName(groups_[g].options), " options");
+    validate(groups_[g].options);
+    for (const Tensor& p : groups_[g].params) params_.push_back(p);
+  }
   WEFT_ENFORCE(!params_.empty(), InvalidArgumentError, opt, ": got an empty parameter list");
   for (size_t i = 0; i < params_.size(); ++i) {
     WEFT_ENFORCE(params_[i].defined(), InvalidArgumentError, opt, ": parameter ", i, " is undefined");
@@ -620,6 +649,7 @@ Optimizer::Optimizer(std::vector<Tensor> params, OptimizerOptions options)
                    " is the same tensor as parameter ", j);
     }
   }
+  state_.resize(params_.size());
 }
 
 void Optimizer::step() {
@@ -629,15 +659,65 @@ void Optimizer::step() {
   step(grads);
 }
 
-void Optimizer::step(const std::vector<Tensor>& grads) { optim::step(options_, params_, grads, state_); }
+void Optimizer::step(const std::vector<Tensor>& grads) {
+  WEFT_ENFORCE(grads.size() == params_.size(), InvalidArgumentError, name(), ": ", params_.size(),
+               " parameters but ", grads.size(), " gradients");
+  size_t offset = 0;
+  for (const ParamGroup& group : groups_) {
+    const size_t n = group.params.size();
+    const auto begin = static_cast<std::ptrdiff_t>(offset);
+    const auto end = static_cast<std::ptrdiff_t>(offset + n);
+    std::vector<Tensor> groupGrads(grads.begin() + begin, grads.begin() + end);
+    // The group's slice of the state, moved out and back (handles only).
+    std::vector<ParamState> groupState(std::make_move_iterator(state_.begin() + begin),
+                                       std::make_move_iterator(state_.begin() + end));
+    struct MoveBack {
+      std::vector<ParamState>& from;
+      std::vector<ParamState>& to;
+      std::ptrdiff_t at;
+      ~MoveBack() { std::move(from.begin(), from.end(), to.begin() + at); }
+    } moveBack{groupState, state_, begin};
+    optim::step(group.options, group.params, groupGrads, groupState);
+    offset += n;
+  }
+}
 
 void Optimizer::zeroGrad(bool setToNone) { zeroGrads(params_, setToNone); }
 
+size_t Optimizer::checkGroup(const char* what, size_t group) const {
+  WEFT_ENFORCE(group < groups_.size(), InvalidArgumentError, name(), ".", what, ": group ", group,
+               " out of range (the optimizer has ", groups_.size(), ")");
+  return group;
+}
+
 void Optimizer::setOptions(OptimizerOptions options) {
-  WEFT_ENFORCE(options.index() == options_.index(), InvalidArgumentError, "setOptions: ", optimizerName(options_),
-               " cannot take ", optimizerName(options), " options");
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    WEFT_ENFORCE(options.index() == groups_[g].options.index(), InvalidArgumentError, "setOptions: ", name(),
+                 " cannot take ", optimizerName(options), " options");
+  }
   validate(options);
-  options_ = std::move(options);
+  for (ParamGroup& group : groups_) group.options = options;
+}
+
+void Optimizer::setOptions(size_t group, OptimizerOptions options) {
+  ParamGroup& g = groups_[checkGroup("setOptions", group)];
+  WEFT_ENFORCE(options.index() == g.options.index(), InvalidArgumentError, "setOptions: ", name(), " cannot take ",
+               optimizerName(options), " options");
+  validate(options);
+  g.options = std::move(options);
+}
+
+double Optimizer::lr(size_t group) const { return learningRate(groups_[checkGroup("lr", group)].options); }
+
+void Optimizer::setLr(double lr) {
+  std::vector<OptimizerOptions> updated;
+  for (const ParamGroup& group : groups_) updated.push_back(withLearningRate(group.options, lr));
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(updated[g]);
+}
+
+void Optimizer::setLr(size_t group, double lr) {
+  ParamGroup& g = groups_[checkGroup("setLr", group)];
+  g.options = withLearningRate(g.options, lr);
 }
 
 StateDict Optimizer::stateDict() const {
@@ -645,33 +725,63 @@ StateDict Optimizer::stateDict() const {
   for (size_t i = 0; i < state_.size(); ++i) {
     const ParamState& st = state_[i];
     if (st.step == 0 && st.buffers.empty()) continue;
-    std::string prefix = detail::concat("state.", i, ".");
+    std::string prefix = weft::detail::concat("state.", i, ".");
     out.emplace(prefix + "step", scalarTensor(static_cast<double>(st.step), DType::Int64));
     for (const auto& [name, buf] : st.buffers) out.emplace(prefix + name, buf.detach());
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::string prefix = weft::detail::concat("param_groups.", g, ".");
+    out.emplace(prefix + "params", scalarTensor(static_cast<double>(groups_[g].params.size()), DType::Int64));
+    out.emplace(prefix + "lr", scalarTensor(learningRate(groups_[g].options), DType::Float64));
   }
   return out;
 }
 
+namespace {
+
+// "<prefix><index>.<name>": the index and the name; nothing when malformed.
+std::optional<std::pair<size_t, std::string>> parseIndexedKey(const std::string& key, const std::string& prefix) {
+  if (key.rfind(prefix, 0) != 0) return std::nullopt;
+  const size_t from = prefix.size();
+  const size_t dot = key.find('.', from);
+  if (dot == std::string::npos || dot == from) return std::nullopt;
+  size_t index = 0;
+  auto [end, ec] = std::from_chars(key.data() + from, key.data() + dot, index);
+  if (ec != std::errc() || end != key.data() + dot) return std::nullopt;
+  return std::make_pair(index, key.substr(dot + 1));
+}
+
+}  // namespace
+
 void Optimizer::loadStateDict(const StateDict& dict) {
-  const char* opt = optimizerName(options_);
-  std::vector<std::string> known = knownBufferNames(options_);
+  const char* opt = optimizerName(options());
+  std::vector<std::string> known = knownBufferNames(options());
   std::vector<ParamState> loaded(params_.size());
   std::vector<bool> hasStep(params_.size(), false);
+  std::vector<std::optional<double>> groupSizes(groups_.size());
+  std::vector<std::optional<double>> groupLrs(groups_.size());
+  bool anyGroup = false;
   for (const auto& [key, value] : dict) {
-    // "state.<index>.<name>"
-    size_t dot = key.find('.', 6);
-    size_t index = 0;
-    bool ok = key.rfind("state.", 0) == 0 && dot != std::string::npos && dot > 6;
-    if (ok) {
-      auto [end, ec] = std::from_chars(key.data() + 6, key.data() + dot, index);
-      ok = ec == std::errc() && end == key.data() + dot;
+    if (auto g = parseIndexedKey(key, "param_groups.")) {
+      const auto& [group, field] = *g;
+      WEFT_ENFORCE(group < groups_.size(), InvalidArgumentError, opt, ".loadStateDict: key '", key,
+                   "' refers to group ", group, " but the optimizer has ", groups_.size());
+      WEFT_ENFORCE(field == "params" || field == "lr", InvalidArgumentError, opt,
+                   ".loadStateDict: unexpected group entry '", key, "'");
+      WEFT_ENFORCE(value.defined() && value.numel() == 1, InvalidArgumentError, opt, ".loadStateDict: '", key,
+                   "' must hold one value");
+      (field == "params" ? groupSizes : groupLrs)[group] = value.to(Device::cpu()).item<double>();
+      anyGroup = true;
+      continue;
     }
-    WEFT_ENFORCE(ok, InvalidArgumentError, opt, ".loadStateDict: malformed key '", key,
-                 "' (expected state.<index>.<name>)");
+    auto parsed = parseIndexedKey(key, "state.");
+    WEFT_ENFORCE(parsed.has_value(), InvalidArgumentError, opt, ".loadStateDict: malformed key '", key,
+                 "' (expected state.<index>.<name> or param_groups.<index>.<name>)");
+    const size_t index = parsed->first;
     WEFT_ENFORCE(index < params_.size(), InvalidArgumentError, opt, ".loadStateDict: key '", key,
                  "' refers to parameter ", index, " but the optimizer has ", params_.size());
     WEFT_ENFORCE(value.defined(), InvalidArgumentError, opt, ".loadStateDict: '", key, "' is undefined");
-    std::string name = key.substr(dot + 1);
+    const std::string& name = parsed->second;
     const Tensor& p = params_[index];
     if (name == "step") {
       WEFT_ENFORCE(value.numel() == 1, InvalidArgumentError, opt, ".loadStateDict: '", key,
@@ -689,7 +799,7 @@ void Optimizer::loadStateDict(const StateDict& dict) {
                  value.shape(), " but parameter ", index, " has shape ", p.shape());
     loaded[index].buffers.emplace(name, value);
   }
-  std::vector<std::string> required = requiredBufferNames(options_);
+  std::vector<std::string> required = requiredBufferNames(options());
   for (size_t i = 0; i < loaded.size(); ++i) {
     WEFT_ENFORCE(hasStep[i] || loaded[i].buffers.empty(), InvalidArgumentError, opt,
                  ".loadStateDict: parameter ", i, " has buffers but no 'state.", i, ".step'");
@@ -697,6 +807,19 @@ void Optimizer::loadStateDict(const StateDict& dict) {
     for (const auto& name : required) {
       WEFT_ENFORCE(loaded[i].buffers.count(name), InvalidArgumentError, opt, ".loadStateDict: parameter ", i,
                    " has step ", loaded[i].step, " but no 'state.", i, ".", name, "'");
+    }
+  }
+  std::vector<OptimizerOptions> groupOptions;
+  for (const ParamGroup& group : groups_) groupOptions.push_back(group.options);
+  if (anyGroup) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      WEFT_ENFORCE(groupSizes[g].has_value() && groupLrs[g].has_value(), InvalidArgumentError, opt,
+                   ".loadStateDict: no 'param_groups.", g, ".params' and 'param_groups.", g,
+                   ".lr' (the dict has groups but not as many as the optimizer's ", groups_.size(), ")");
+      WEFT_ENFORCE(*groupSizes[g] == static_cast<double>(groups_[g].params.size()), InvalidArgumentError, opt,
+                   ".loadStateDict: group ", g, " held ", *groupSizes[g], " parameters, this optimizer's has ",
+                   groups_[g].params.size());
+      groupOptions[g] = withLearningRate(groupOptions[g], *groupLrs[g]);
     }
   }
   // Copies, so the optimizer never shares buffers with the dict's owner.
@@ -708,6 +831,7 @@ void Optimizer::loadStateDict(const StateDict& dict) {
     }
   }
   state_ = std::move(loaded);
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(groupOptions[g]);
 }
 
 }  // namespace weft::nn::optim

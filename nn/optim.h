@@ -17,6 +17,14 @@
 //      loss.backward();
 //      opt.step();
 //
+//    optionally over parameter groups, each with its own options of the
+//    optimizer's kind (torch.optim's param_groups); decayGroups() builds the
+//    usual pair, weight decay on matrices only:
+//
+//      nn::optim::AdamW opt(nn::optim::decayGroups(net->namedParameters(),
+//                                                  nn::optim::AdamWOptions{.lr = 6e-4, .weightDecay = 0.1}));
+//      opt.setLr(schedule(step));        // every group; opt.setLr(1, lr) one
+//
 // Contracts shared by every step function:
 //  - params, grads and state have the same length; state[i] belongs to
 //    params[i]. A default ParamState is a fresh one; the step creates the
@@ -48,6 +56,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/error.h"
 #include "nn/module.h"
 #include "tensor/tensor.h"
 
@@ -66,7 +75,7 @@ struct ParamState {
 
 // ---- options (defaults are PyTorch's) -----------------------------------------
 
-struct SgdOptions {
+struct SGDOptions {
   // Required, as in PyTorch: leaving it unset is an InvalidArgumentError.
   double lr = std::numeric_limits<double>::quiet_NaN();
   double momentum = 0.0;
@@ -103,7 +112,7 @@ struct AdagradOptions {
   bool maximize = false;
 };
 
-struct RmspropOptions {
+struct RMSpropOptions {
   double lr = 1e-2;
   double alpha = 0.99;
   double eps = 1e-8;
@@ -114,7 +123,7 @@ struct RmspropOptions {
 };
 
 // Any optimizer's options; the alternative chosen is the optimizer kind.
-using OptimizerOptions = std::variant<SgdOptions, AdamOptions, AdamWOptions, AdagradOptions, RmspropOptions>;
+using OptimizerOptions = std::variant<SGDOptions, AdamOptions, AdamWOptions, AdagradOptions, RMSpropOptions>;
 
 // "SGD", "Adam", "AdamW", "Adagrad", "RMSprop".
 const char* optimizerName(const OptimizerOptions& options);
@@ -132,7 +141,7 @@ std::vector<std::string> stateBufferNames(const OptimizerOptions& options);
 // ---- functional steps --------------------------------------------------------------
 
 void sgd(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
-         const SgdOptions& options);
+         const SGDOptions& options);
 void adam(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
           const AdamOptions& options);
 void adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
@@ -140,77 +149,140 @@ void adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, 
 void adagrad(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
              const AdagradOptions& options);
 void rmsprop(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<ParamState>& state,
-             const RmspropOptions& options);
+             const RMSpropOptions& options);
 // Dispatches on the options' kind.
 void step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
           std::vector<ParamState>& state);
 
+// ---- parameter groups -----------------------------------------------------------
+
+// Parameters updated with their own options (torch.optim's param groups).
+struct ParamGroup {
+  std::vector<Tensor> params;
+  OptimizerOptions options;
+};
+
+// The same options with weightDecay replaced (validated).
+OptimizerOptions withWeightDecay(OptimizerOptions options, double weightDecay);
+
+// Two groups, in this order: the parameters of dim >= 2 (weight matrices and
+// embeddings) with `base`, and the others (biases, norms' gains) with `base`
+// but weight decay 0, as nanoGPT configures AdamW. Parameters that do not
+// require grad are left out; either group may be empty. Order within a group
+// is that of `named`.
+std::vector<ParamGroup> decayGroups(const std::vector<std::pair<std::string, Tensor>>& named,
+                                    const OptimizerOptions& base);
+
 // ---- optimizer objects ---------------------------------------------------------
 
-// Owns the parameter list (handles), the options and one ParamState per
-// parameter. Parameters must be defined, floating and distinct, and the list
-// non-empty (InvalidArgumentError otherwise).
+// Owns the parameter groups (handles and options) and one ParamState per
+// parameter. Every group's options are of one kind; a group may be empty but
+// not all of them; parameters must be defined, floating and distinct across
+// all groups (InvalidArgumentError otherwise). Parameters are indexed over
+// the groups in order (params(), state(), step(grads), the state dict), as in
+// torch.optim's state_dict.
 class Optimizer {
  public:
   Optimizer(std::vector<Tensor> params, OptimizerOptions options);
+  explicit Optimizer(std::vector<ParamGroup> groups);
   virtual ~Optimizer() = default;
 
-  // One update from each parameter's .grad (parameters without one skipped).
+  // One update from each parameter's .grad (parameters without one skipped),
+  // each group with its own options.
   void step();
   // One update from explicit gradients, one per parameter (undefined: skip).
   void step(const std::vector<Tensor>& grads);
   // Zeroes defined gradients in place, or drops them when setToNone.
   void zeroGrad(bool setToNone = false);
 
+  // Every group's parameters, in order.
   const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
   const std::vector<ParamState>& state() const { return state_; }
   std::vector<ParamState>& state() { return state_; }
-  const OptimizerOptions& options() const { return options_; }
-  // Replaces the options; the kind must stay the same (validated).
+  // The first group's options.
+  const OptimizerOptions& options() const { return groups_.front().options; }
+  // Replaces every group's options, or group `group`'s; the kind must stay the
+  // same (validated). A group index out of range is an InvalidArgumentError.
   void setOptions(OptimizerOptions options);
-  double lr() const { return learningRate(options_); }
-  void setLr(double lr) { options_ = withLearningRate(options_, lr); }
-  const char* name() const { return optimizerName(options_); }
+  void setOptions(size_t group, OptimizerOptions options);
+  // The first group's learning rate, or group `group`'s.
+  double lr() const { return learningRate(options()); }
+  double lr(size_t group) const;
+  // Sets every group's learning rate (what a schedule does each step), or
+  // group `group`'s.
+  void setLr(double lr);
+  void setLr(size_t group, double lr);
+  const char* name() const { return optimizerName(options()); }
 
   // The state as named tensors: "state.<i>.step" (an Int64 scalar) and
-  // "state.<i>.<buffer>" for every parameter index i that has state. Buffers
-  // are shared, not copied. Hyper-parameters are not part of it.
+  // "state.<i>.<buffer>" for every parameter index i that has state, and per
+  // group g "param_groups.<g>.params" (its parameter count, Int64) and
+  // "param_groups.<g>.lr" (Float64): the one hyper-parameter a schedule
+  // changes during training. Buffers are shared, not copied.
   StateDict stateDict() const;
   // Replaces all state with `dict` (as produced by stateDict() of an
-  // optimizer of the same kind over parameters of the same shapes). Indices,
-  // buffer names, shapes and steps are all checked before anything changes;
-  // buffers are copied and converted to their parameter's dtype and device.
+  // optimizer of the same kind over parameters of the same shapes, in groups
+  // of the same sizes) and sets each group's lr from it. Indices, buffer
+  // names, shapes, steps and group sizes are all checked before anything
+  // changes; buffers are copied and converted to their parameter's dtype and
+  // device. A dict without param_groups entries leaves the groups' options.
   void loadStateDict(const StateDict& dict);
 
  private:
-  std::vector<Tensor> params_;
-  OptimizerOptions options_;
+  size_t checkGroup(const char* what, size_t group) const;
+
+  std::vector<ParamGroup> groups_;
+  std::vector<Tensor> params_;  // every group's, in order
   std::vector<ParamState> state_;
 };
 
+namespace detail {
+// `groups` when every group's options are `O`; InvalidArgumentError naming
+// `optimizer` and the group otherwise.
+template <class O>
+std::vector<ParamGroup> requireKind(std::vector<ParamGroup> groups, const char* optimizer) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    WEFT_ENFORCE(std::holds_alternative<O>(groups[g].options), InvalidArgumentError, optimizer, ": group ", g,
+                 " has ", optimizerName(groups[g].options), " options");
+  }
+  return groups;
+}
+}  // namespace detail
+
 class SGD : public Optimizer {
  public:
-  SGD(std::vector<Tensor> params, SgdOptions options) : Optimizer(std::move(params), options) {}
+  SGD(std::vector<Tensor> params, SGDOptions options) : Optimizer(std::move(params), options) {}
+  explicit SGD(std::vector<ParamGroup> groups)
+      : Optimizer(detail::requireKind<SGDOptions>(std::move(groups), "SGD")) {}
 };
 
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options = {}) : Optimizer(std::move(params), options) {}
+  explicit Adam(std::vector<ParamGroup> groups)
+      : Optimizer(detail::requireKind<AdamOptions>(std::move(groups), "Adam")) {}
 };
 
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {}) : Optimizer(std::move(params), options) {}
+  explicit AdamW(std::vector<ParamGroup> groups)
+      : Optimizer(detail::requireKind<AdamWOptions>(std::move(groups), "AdamW")) {}
 };
 
 class Adagrad : public Optimizer {
  public:
   Adagrad(std::vector<Tensor> params, AdagradOptions options = {}) : Optimizer(std::move(params), options) {}
+  explicit Adagrad(std::vector<ParamGroup> groups)
+      : Optimizer(detail::requireKind<AdagradOptions>(std::move(groups), "Adagrad")) {}
 };
 
 class RMSprop : public Optimizer {
  public:
-  RMSprop(std::vector<Tensor> params, RmspropOptions options = {}) : Optimizer(std::move(params), options) {}
+  RMSprop(std::vector<Tensor> params, RMSpropOptions options = {}) : Optimizer(std::move(params), options) {}
+  explicit RMSprop(std::vector<ParamGroup> groups)
+      : Optimizer(detail::requireKind<RMSpropOptions>(std::move(groups), "RMSprop")) {}
 };
 
 }  // namespace weft::nn::optim

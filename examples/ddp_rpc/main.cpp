@@ -57,7 +57,7 @@ TrainerReport train(rpc::Agent& agent, collectives::ProcessGroup& group, const F
   std::vector<RRef<Tensor>> params = start.table.remoteParameters();  // on ps
   params.push_back(makeRRef(agent, fc->weight()));                     // here
   params.push_back(makeRRef(agent, fc->bias()));
-  dist_optim::DistributedOptimizer optimizer(agent, nn::optim::SgdOptions{.lr = kLr}, params);
+  dist_optim::DistributedOptimizer optimizer(agent, nn::optim::SGDOptions{.lr = kLr}, params);
 
   Teacher teacher(start.initialTable, flags.seed);
   Generator data(mixSeed(flags.seed, static_cast<uint64_t>(rank)));

@@ -54,7 +54,7 @@ void runTrainer(rpc::Agent& agent, const Flags& flags, Handover& handover) {
   RRef<ParameterServer> ps =
       rank == 1 ? buildModel(agent, flags.seed, flags.update, flags.dataDir) : awaitModel(agent, handover);
   for (int r = 2; rank == 1 && r <= trainers; ++r) agent.sync(r, handOver, ps);
-  dist_optim::DistributedOptimizer optimizer(agent, nn::optim::SgdOptions{.lr = flags.lr}, parameterRRefs(ps));
+  dist_optim::DistributedOptimizer optimizer(agent, nn::optim::SGDOptions{.lr = flags.lr}, parameterRRefs(ps));
 
   // This trainer's shard of the data.
   auto sampler = std::make_shared<data::DistributedSampler>(

@@ -71,7 +71,7 @@ void runTrainer(rpc::Agent& agent, const Flags& flags) {
   for (const Tensor& p : lstmParams) params.push_back(makeRRef(agent, p));
   const int64_t decCount = dec.rpcSync(&Decoder::parameterTensorCount);
   for (int64_t i = 0; i < decCount; ++i) params.push_back(dec.remote(&Decoder::parameter, i));
-  dist_optim::DistributedOptimizer optimizer(agent, nn::optim::SgdOptions{.lr = flags.lr}, params);
+  dist_optim::DistributedOptimizer optimizer(agent, nn::optim::SGDOptions{.lr = flags.lr}, params);
   printModel(agent, flags, params);
 
   std::variant<PeriodicTask, RandomTask> task = makeTask(flags);

@@ -150,19 +150,19 @@ struct Kind {
 
 std::vector<Kind> everyKind() {
   return {
-      {"SGD", optim::SgdOptions{.lr = 0.1}},
+      {"SGD", optim::SGDOptions{.lr = 0.1}},
       {"SGD momentum nesterov weight decay",
-       optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.0, .weightDecay = 0.01, .nesterov = true}},
+       optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.0, .weightDecay = 0.01, .nesterov = true}},
       {"SGD momentum dampening maximize",
-       optim::SgdOptions{.lr = 0.05, .momentum = 0.5, .dampening = 0.3, .maximize = true}},
+       optim::SGDOptions{.lr = 0.05, .momentum = 0.5, .dampening = 0.3, .maximize = true}},
       {"Adam weight decay", optim::AdamOptions{.lr = 0.01, .betas = {0.8, 0.99}, .weightDecay = 0.001}},
       {"AdamW", optim::AdamWOptions{.lr = 0.01}},
       {"AdamW amsgrad", optim::AdamWOptions{.lr = 0.02, .weightDecay = 0.05, .amsgrad = true}},
       {"Adam amsgrad", optim::AdamOptions{.lr = 0.02, .amsgrad = true}},
       {"Adagrad", optim::AdagradOptions{.lr = 0.1, .lrDecay = 0.01, .weightDecay = 0.01, .initialAccumulatorValue = 0.1}},
-      {"RMSprop", optim::RmspropOptions{.lr = 0.01}},
+      {"RMSprop", optim::RMSpropOptions{.lr = 0.01}},
       {"RMSprop centered momentum weight decay",
-       optim::RmspropOptions{.lr = 0.01, .alpha = 0.9, .weightDecay = 0.01, .momentum = 0.9, .centered = true}},
+       optim::RMSpropOptions{.lr = 0.01, .alpha = 0.9, .weightDecay = 0.01, .momentum = 0.9, .centered = true}},
   };
 }
 
@@ -286,7 +286,7 @@ TEST_CASE("distributed optimizer: parameters owned by the trainer itself are upd
   RemoteModule<nn::Linear> fc(trainer, "ps1/cpu", int64_t{3}, int64_t{1});
   std::vector<RRef<Tensor>> params = fc.remoteParameters();
   params.push_back(mine);
-  DistributedOptimizer opt(trainer, optim::SgdOptions{.lr = 0.25}, params);
+  DistributedOptimizer opt(trainer, optim::SGDOptions{.lr = 0.25}, params);
   CHECK(opt.ownerRanks() == std::vector<int>{0, 1});
   Tensor before = params[0].toHere();
   {
@@ -321,7 +321,7 @@ TEST_CASE("distributed optimizer: two trainers stepping the same parameters at o
 
   // loss = sum(x Wᵀ + b): dW[j] = column sums of x, db[j] = rows of x, whatever W is.
   constexpr int kSteps = 40;
-  const optim::SgdOptions sgd{.lr = 1.0 / 64};
+  const optim::SGDOptions sgd{.lr = 1.0 / 64};
   auto train = [&](Agent& agent, const RemoteModule<nn::Linear>& m, const std::vector<RRef<Tensor>>& p, Tensor x) {
     DistributedOptimizer opt(agent, sgd, p);
     for (int i = 0; i < kSteps; ++i) {
@@ -356,7 +356,7 @@ TEST_CASE("distributed optimizer: options of every kind cross the wire unchanged
           CHECK(got.lr == sent.lr);
           CHECK(got.weightDecay == sent.weightDecay);
           CHECK(got.maximize == sent.maximize);
-          if constexpr (std::is_same_v<O, optim::SgdOptions>) {
+          if constexpr (std::is_same_v<O, optim::SGDOptions>) {
             CHECK(got.momentum == sent.momentum);
             CHECK(got.dampening == sent.dampening);
             CHECK(got.nesterov == sent.nesterov);
@@ -387,14 +387,14 @@ TEST_CASE("distributed optimizer: bad arguments are refused before any call") {
   const uint64_t callsBefore = trainer.stats().callsSent;
 
   // Invalid options: PyTorch's rules, with the optimizer and the value named.
-  std::string lrUnset = errorOf([&] { DistributedOptimizer(trainer, optim::SgdOptions{}, params); });
+  std::string lrUnset = errorOf([&] { DistributedOptimizer(trainer, optim::SGDOptions{}, params); });
   CHECK(contains(lrUnset, "SGD"));
-  CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::SgdOptions{}, params), weft::InvalidArgumentError);
+  CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::SGDOptions{}, params), weft::InvalidArgumentError);
   CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::AdamOptions{.betas = {1.0, 0.999}}, params),
                   weft::InvalidArgumentError);
-  CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::SgdOptions{.lr = 0.1, .nesterov = true}, params),
+  CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::SGDOptions{.lr = 0.1, .nesterov = true}, params),
                   weft::InvalidArgumentError);
-  CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::RmspropOptions{.lr = -1.0}, params),
+  CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::RMSpropOptions{.lr = -1.0}, params),
                   weft::InvalidArgumentError);
   // An empty list, an empty handle, the same handle twice.
   CHECK_THROWS_WITH_AS(DistributedOptimizer(trainer, optim::AdamOptions{}, {}),
@@ -418,14 +418,14 @@ TEST_CASE("distributed optimizer: an owner refusing its parameters fails the con
   // Two references to the same tensor (two calls of remoteParameters) pass the trainer's checks.
   std::vector<RRef<Tensor>> once = fc.remoteParameters();
   std::vector<RRef<Tensor>> twice = fc.remoteParameters();
-  std::string same = errorOf([&] { DistributedOptimizer(trainer, optim::SgdOptions{.lr = 0.1}, {once[0], twice[0]}); });
+  std::string same = errorOf([&] { DistributedOptimizer(trainer, optim::SGDOptions{.lr = 0.1}, {once[0], twice[0]}); });
   CHECK(contains(same, "is the same tensor as parameter 0"));
   CHECK(contains(same, "ps1"));
-  CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::SgdOptions{.lr = 0.1}, {once[0], twice[0]}),
+  CHECK_THROWS_AS(DistributedOptimizer(trainer, optim::SGDOptions{.lr = 0.1}, {once[0], twice[0]}),
                   weft::InvalidArgumentError);
   // An integer tensor on ps2, next to valid parameters on ps1: the refusal comes from ps2.
   RRef<Tensor> ints = trainer.sync(2, ownTensor, weft::arange(int64_t{4}));
-  std::string integer = errorOf([&] { DistributedOptimizer(trainer, optim::SgdOptions{.lr = 0.1}, {once[0], ints}); });
+  std::string integer = errorOf([&] { DistributedOptimizer(trainer, optim::SGDOptions{.lr = 0.1}, {once[0], ints}); });
   CHECK(contains(integer, "non-floating dtype"));
   CHECK(contains(integer, "ps2"));
   CHECK_MESSAGE(eventually([&] { return job.optimEmpty(); }, 5s), job.counts());
@@ -439,7 +439,7 @@ TEST_CASE("distributed optimizer: a step in a context an owner does not know fai
   RemoteModule<nn::Linear> fc2(trainer, "ps2/cpu", int64_t{2}, int64_t{2});
   std::vector<RRef<Tensor>> params = fc1.remoteParameters();
   for (const auto& p : fc2.remoteParameters()) params.push_back(p);
-  DistributedOptimizer opt(trainer, optim::SgdOptions{.lr = 0.5}, params);
+  DistributedOptimizer opt(trainer, optim::SGDOptions{.lr = 0.5}, params);
   Tensor x = weft::ones({1, 2});
 
   // A context only ps1 took part in. Stepped on the thread where it is current, the step call
@@ -489,7 +489,7 @@ TEST_CASE("distributed optimizer: a step whose owner shut down fails with Discon
   std::vector<RRef<Tensor>> params = fc1.remoteParameters();
   std::vector<RRef<Tensor>> p2 = fc2.remoteParameters();
   params.insert(params.end(), p2.begin(), p2.end());
-  DistributedOptimizer opt(trainer, optim::SgdOptions{.lr = 0.5}, params);
+  DistributedOptimizer opt(trainer, optim::SGDOptions{.lr = 0.5}, params);
   {
     Context ctx(trainer);
     ctx.backward({fc2.forward(fc1.forward(weft::ones({1, 2}))).sum()});

@@ -163,12 +163,12 @@ TEST_CASE("invalid hyper-parameters are rejected with the optimizer's name") {
   CHECK_THROWS_AS(adam.setLr(-1), InvalidArgumentError);
   adam.setLr(0.5);
   CHECK(adam.lr() == 0.5);
-  CHECK_THROWS_AS(adam.setOptions(optim::SgdOptions{.lr = 0.1}), InvalidArgumentError);
+  CHECK_THROWS_AS(adam.setOptions(optim::SGDOptions{.lr = 0.1}), InvalidArgumentError);
 }
 
 TEST_CASE("bad parameter lists and mismatched gradients are clear errors") {
   Tensor p = zeros({2, 3}).requiresGrad_();
-  CHECK_THROWS_WITH_AS(optim::Adam({}), doctest::Contains("empty parameter list"), InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(optim::Adam(std::vector<Tensor>{}), doctest::Contains("empty parameter list"), InvalidArgumentError);
   CHECK_THROWS_WITH_AS(optim::Adam({p, p}), doctest::Contains("same tensor"), InvalidArgumentError);
   CHECK_THROWS_AS(optim::Adam({zeros({2}, {.dtype = DType::Int64})}), InvalidArgumentError);
   std::vector<optim::ParamState> state(1);
@@ -213,7 +213,7 @@ TEST_CASE("an optimizer's state dict survives a file round trip and resumes iden
     Generator g(100 + k);
     for (auto& p : ps) p.setGrad(randn(p.shape(), {}, &g));
   };
-  optim::RmspropOptions o{.lr = 0.01, .momentum = 0.9, .centered = true};
+  optim::RMSpropOptions o{.lr = 0.01, .momentum = 0.9, .centered = true};
   std::vector<Tensor> pa = makeParams(), pb = makeParams();
   optim::RMSprop a(pa, o), b(pb, o);
   for (int k = 0; k < 3; ++k) {

@@ -133,7 +133,7 @@ int concurrentScenario(Agent& agent, Server& server) {
   } else {
     {
       std::vector<RRef<Tensor>> params = agent.sync("ps", psParameters);
-      weft::dist_optim::DistributedOptimizer opt(agent, weft::nn::optim::SgdOptions{.lr = kLr}, params);
+      weft::dist_optim::DistributedOptimizer opt(agent, weft::nn::optim::SGDOptions{.lr = kLr}, params);
       // Trainer r: r rows of 1/r, so dW = 1 and db = r at every step.
       const int64_t rows = agent.rank();
       Tensor x = weft::full({rows, kWidth}, 1.0 / static_cast<double>(rows));
@@ -204,7 +204,7 @@ int idleHostScenario(Agent& agent) {
   } else {
     agent.store().wait({"idle-host-in-shutdown"}, 30s);
     std::this_thread::sleep_for(300ms);  // worker1 is in its shutdown by now
-    const weft::nn::optim::SgdOptions options{.lr = 0.05, .momentum = 0.9};
+    const weft::nn::optim::SGDOptions options{.lr = 0.05, .momentum = 0.9};
     weft::Generator gen(100 + static_cast<uint64_t>(agent.rank()));
     const Tensor x = weft::randn({5, 8}, {}, &gen);
     const Tensor target = weft::randn({5, 4}, {}, &gen);
