@@ -1,5 +1,5 @@
 // weft's data pipeline in one include: IDX files, Fashion-MNIST/MNIST,
-// datasets, samplers and the DataLoader.
+// datasets, samplers, the DataLoader and byte-level text (data/text.h).
 //
 //   #include "data/data.h"
 //   using namespace weft::data;
@@ -14,4 +14,5 @@
 #include "data/idx.h"
 #include "data/mnist.h"
 #include "data/sampler.h"
+#include "data/text.h"
 #include "data/torch_randperm.h"

@@ -20,6 +20,7 @@
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "nn/lr_schedule.h"
 #include "nn/optim.h"
 #include "nn/rnn.h"
 #include "nn/sequential.h"

@@ -26,6 +26,7 @@ PACKAGES=(
   libgloo-dev                                    # CPU collectives
   doctest-dev                                    # tests
   dataset-fashion-mnist                          # /usr/share/datasets/fashion-mnist
+  fortunes fortunes-min                          # /usr/share/games/fortunes: the text corpus (data/text.h)
   zlib1g-dev                                     # gzip'd IDX files
   python3-matplotlib                             # plots of benchmark results
   clang libclang-rt-14-dev                       # fuzzing and sanitizer runtimes

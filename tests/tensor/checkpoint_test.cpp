@@ -293,3 +293,43 @@ TEST_CASE("checkpointing a deep MLP clearly lowers the peak bytes held by tensor
   // them, a ratio near 0.3.
   CHECK(double(ckpt) < 0.5 * double(plain));
 }
+
+TEST_CASE("a parameter shared by two checkpoints and the outer graph gets every contribution") {
+  Tensor w = randn({4, 4}).requiresGrad_();
+  Tensor x0 = randn({3, 4});
+  auto fn = [&w](const Tensor& t) { return tanh(matmul(t, w)); };
+  // usedBefore: w also feeds the checkpoints' input, so its accumulator still waits for that
+  // gradient when the checkpoints deliver theirs. Otherwise w's only outer use comes after the
+  // checkpoints: its accumulator has run by then and runs again with their gradients.
+  auto run = [&](bool ckpt, bool usedBefore) {
+    w.setGrad(Tensor());
+    Tensor x = x0.detach().clone().requiresGrad_();
+    Tensor h = usedBefore ? matmul(x, w) : x * 2.0;
+    h = ckpt ? checkpoint(fn, h) : fn(h);
+    h = ckpt ? checkpoint(fn, h) : fn(h);
+    Tensor out = matmul(h, w);
+    (out * out).sum().backward();
+    return std::vector<std::vector<float>>{w.grad().toVector<float>(), x.grad().toVector<float>()};
+  };
+  for (bool usedBefore : {true, false}) {
+    CAPTURE(usedBefore);
+    auto plain = run(false, usedBefore);
+    auto ckpt = run(true, usedBefore);
+    CHECK(plain[1] == ckpt[1]);
+    // The contributions are summed in another order: equal to rounding.
+    CHECK(allclose(fromVector(ckpt[0]), fromVector(plain[0]), 1e-6, 1e-6));
+  }
+}
+
+TEST_CASE("with retainGraph a checkpointed graph runs backward twice and gradients accumulate") {
+  Mlp m(2, 6, 0.3, 10);
+  Tensor x = randn({2, 6}).requiresGrad_();
+  manualSeed(4);
+  Tensor loss = checkpoint(segment(m, 0, 2), x).sum();
+  loss.backward(Tensor(), true);
+  auto once = x.grad().toVector<float>();
+  loss.backward();
+  auto twice = x.grad().toVector<float>();
+  REQUIRE(once.size() == twice.size());
+  for (size_t i = 0; i < once.size(); ++i) CHECK(twice[i] == 2 * once[i]);
+}
