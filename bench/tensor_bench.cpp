@@ -6,8 +6,11 @@
 // 2. MLP training step (784-256-128-10, ReLU, batch 64, SGD): weft samples/s,
 //    and when /usr/bin/python3 has torch, the same step in PyTorch measured in
 //    the same run (bench/torch_mlp_step.py), with the ratio.
+// 3. layerNorm forward + backward (float32, affine, dx, dweight and dbias) on
+//    transformer-sized rows, against F.layer_norm in PyTorch with the same
+//    thread count (bench/torch_layer_norm_step.py), median microseconds.
 //
-// Usage: tensor_bench [--quick]
+// Usage: tensor_bench [--quick] [gemm|mlp|layernorm]   (one section, or all)
 #include <cblas.h>
 #include <omp.h>
 
@@ -100,13 +103,34 @@ double torchMlp(int64_t batch, int steps) {
   return v;
 }
 
-}  // namespace
+// Median seconds of one layerNorm forward and backward of x [rows, n]; the
+// backward feeds a fixed gradient g, as y.backward(g) in PyTorch.
+double benchWeftLayerNorm(int64_t rows, int64_t n, int steps) {
+  Generator gen(0);
+  Tensor x = randn({rows, n}, {}, &gen).requiresGrad_();
+  Tensor w = randn({n}, {}, &gen).requiresGrad_(), b = randn({n}, {}, &gen).requiresGrad_();
+  Tensor g = randn({rows, n}, {}, &gen);
+  auto step = [&] {
+    for (const Tensor* t : {&x, &w, &b}) t->setGrad(Tensor());
+    layerNorm(x, {n}, w, b).backward(g);
+  };
+  return bench::medianSeconds(20, steps, step);
+}
 
-int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  std::printf("threads: weft kernels %d (the direct OpenBLAS baseline uses as many OpenMP threads)\n",
-              kernels::cpu::numThreads());
-  benchGemm(quick);
+double torchLayerNorm(int64_t rows, int64_t n, int steps) {
+  std::string cmd = "/usr/bin/python3 " WEFT_BENCH_DIR "/torch_layer_norm_step.py " + std::to_string(rows) + " " +
+                    std::to_string(n) + " " + std::to_string(steps) + " " +
+                    std::to_string(kernels::cpu::numThreads()) + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return 0;
+  char buf[256] = {};
+  double v = 0;
+  if (std::fgets(buf, sizeof buf, p)) v = std::atof(buf);
+  pclose(p);
+  return v;
+}
+
+void benchMlp(bool quick) {
   std::printf("\n== MLP 784-256-128-10 training step (forward, cross-entropy, backward, SGD), median samples/s\n");
   std::printf("%6s %14s %14s %12s\n", "batch", "weft", "pytorch", "weft/pytorch");
   for (int64_t batch : {32, 64, 256}) {
@@ -119,5 +143,46 @@ int main(int argc, char** argv) {
       std::printf("%6lld %14.0f %14s %12s\n", static_cast<long long>(batch), w, "n/a", "n/a");
     }
   }
+}
+
+void benchLayerNorm(bool quick) {
+  std::printf("\n== layerNorm float32 forward + backward (dx, dweight, dbias), median microseconds\n");
+  std::printf("%14s %10s %10s %14s\n", "shape", "weft", "pytorch", "pytorch/weft");
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{16 * 128, 128}, {8 * 256, 256}, {4 * 512, 768}}) {
+    int steps = quick ? 50 : 300;
+    double w = benchWeftLayerNorm(rows, n, steps);
+    double t = torchLayerNorm(rows, n, steps);
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "[%lld, %lld]", static_cast<long long>(rows), static_cast<long long>(n));
+    if (t > 0) {
+      std::printf("%14s %10.1f %10.1f %13.2fx\n", shape, w * 1e6, t * 1e6, t / w);
+    } else {
+      std::printf("%14s %10.1f %10s %14s\n", shape, w * 1e6, "n/a", "n/a");
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  const char* only = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      only = argv[i];
+    }
+  }
+  auto runs = [only](const char* section) { return only == nullptr || std::strcmp(only, section) == 0; };
+  if (only && !runs("gemm") && !runs("mlp") && !runs("layernorm")) {
+    std::fprintf(stderr, "usage: tensor_bench [--quick] [gemm|mlp|layernorm]\n");
+    return 2;
+  }
+  std::printf("threads: weft kernels %d (the direct OpenBLAS baseline uses as many OpenMP threads)\n",
+              kernels::cpu::numThreads());
+  if (runs("gemm")) benchGemm(quick);
+  if (runs("mlp")) benchMlp(quick);
+  if (runs("layernorm")) benchLayerNorm(quick);
   return 0;
 }

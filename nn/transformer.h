@@ -26,10 +26,10 @@
 // root); attention is scaledDotProductAttention (tensor/ops_attention.h) with
 // the causal mask, scale 1/sqrt(width/heads); the MLP's GELU is the exact erf
 // form (torch.nn.GELU() and today's nanoGPT; GPT-2's tanh approximation
-// differs by up to about 1e-3). Dropout, with config.dropout, is applied to
-// the embeddings' sum, to the attention probabilities, and to the output of
-// each residual branch, in training mode only, drawing from the default
-// generator.
+// differs from it by up to about 5e-4). Dropout, with config.dropout, is
+// applied to the embeddings' sum, to the attention probabilities, and to the
+// output of each residual branch, in training mode only, drawing from the
+// default generator.
 //
 // Initialisation (GPT-2's): Linear and Embedding weights N(0, 0.02²), the two
 // residual output projections (attn.c_proj, mlp.c_proj) N(0, (0.02 /

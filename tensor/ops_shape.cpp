@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/index.h"
+#include "tensor/autocast.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_utils.h"
 
@@ -70,7 +71,19 @@ std::vector<Tensor> splitBySizes(const Tensor& a, const std::vector<int64_t>& si
 
 }  // namespace
 
+namespace {
+
+std::vector<Tensor> castAll(const std::vector<Tensor>& tensors, DType d) {
+  std::vector<Tensor> out;
+  out.reserve(tensors.size());
+  for (const Tensor& t : tensors) out.push_back(autocast::detail::cast(t, d, true));
+  return out;
+}
+
+}  // namespace
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (auto d = autocast::detail::promotedFor(tensors)) return cat(castAll(tensors, *d), dim);
   const Tensor& first = checkJoinInputs(tensors, "cat");
   WEFT_ENFORCE(first.dim() > 0, InvalidArgumentError, "cat: zero-dimensional tensors cannot be concatenated; use stack");
   dim = wrapDim(dim, first.dim(), "cat");
@@ -99,6 +112,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (auto d = autocast::detail::promotedFor(tensors)) return stack(castAll(tensors, *d), dim);
   const Tensor& first = checkJoinInputs(tensors, "stack");
   dim = wrapDim(dim, first.dim() + 1, "stack");
   for (size_t k = 0; k < tensors.size(); ++k) {

@@ -16,7 +16,13 @@ namespace {
 // integer wraps.
 template <class D, class S>
 D convertElement(S v) {
-  if constexpr (std::is_same_v<D, bool>) {
+  if constexpr (kIsHalfType<S> && !std::is_same_v<D, S>) {
+    return convertElement<D>(static_cast<float>(v));
+  } else if constexpr (kIsHalfType<D> && !std::is_same_v<D, S>) {
+    // Through float32, as PyTorch's BFloat16/Half constructors.
+    if constexpr (std::is_same_v<S, bool>) return D(v ? 1.0f : 0.0f);
+    else return D(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<D, bool>) {
     return v != S(0);
   } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
     if (std::isnan(v)) return D(0);
@@ -62,8 +68,8 @@ void copyTyped(const S* src, std::span<const int64_t> shape, std::span<const int
 
 void copyStridedToContiguous(DType srcType, const void* src, std::span<const int64_t> shape,
                              std::span<const int64_t> srcStrides, DType dstType, void* dst) {
-  WEFT_DISPATCH_ALL(srcType, "copy", [&]<class S>() {
-    WEFT_DISPATCH_ALL(dstType, "copy", [&]<class D>() {
+  WEFT_DISPATCH_ALL_AND_HALF(srcType, "copy", [&]<class S>() {
+    WEFT_DISPATCH_ALL_AND_HALF(dstType, "copy", [&]<class D>() {
       copyTyped<S, D>(static_cast<const S*>(src), shape, srcStrides, static_cast<D*>(dst));
     });
   });
@@ -71,7 +77,7 @@ void copyStridedToContiguous(DType srcType, const void* src, std::span<const int
 
 void copyContiguousToStrided(DType type, const void* src, std::span<const int64_t> shape, void* dst,
                              std::span<const int64_t> dstStrides) {
-  WEFT_DISPATCH_ALL(type, "copy", [&]<class T>() {
+  WEFT_DISPATCH_ALL_AND_HALF(type, "copy", [&]<class T>() {
     int nd = static_cast<int>(shape.size());
     int64_t srcStrides[16];
     int64_t acc = 1;
@@ -90,7 +96,7 @@ void copyContiguousToStrided(DType type, const void* src, std::span<const int64_
 
 void fill(DType type, void* dst, int64_t n, double value) {
   if (n <= 0) return;
-  WEFT_DISPATCH_ALL(type, "fill", [&]<class T>() {
+  WEFT_DISPATCH_ALL_AND_HALF(type, "fill", [&]<class T>() {
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       WEFT_ENFORCE(std::isfinite(value) && std::trunc(value) >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
                        std::trunc(value) <= static_cast<double>(std::numeric_limits<T>::max()),
@@ -99,14 +105,36 @@ void fill(DType type, void* dst, int64_t n, double value) {
     }
     T v = convertElement<T>(value);
     T* d = static_cast<T*>(dst);
-    if (v == T(0)) {
-      std::memset(d, 0, sizeof(T) * n);
+    if (static_cast<double>(v) == 0.0 && !std::signbit(static_cast<double>(v))) {
+      std::memset(static_cast<void*>(d), 0, sizeof(T) * n);
       return;
     }
     parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) d[i] = v;
     });
   });
+}
+
+void halfToFloat(DType type, const void* src, float* dst, int64_t n) {
+  if (type == DType::BFloat16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = weft::detail::floatFromBFloat16(s[i]);
+  } else {
+    WEFT_CHECK(type == DType::Float16) << dtypeName(type);
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = weft::detail::floatFromFloat16(s[i]);
+  }
+}
+
+void floatToHalf(DType type, const float* src, void* dst, int64_t n) {
+  if (type == DType::BFloat16) {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = weft::detail::bfloat16FromFloat(src[i]);
+  } else {
+    WEFT_CHECK(type == DType::Float16) << dtypeName(type);
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = weft::detail::float16FromFloat(src[i]);
+  }
 }
 
 }  // namespace weft::kernels::cpu

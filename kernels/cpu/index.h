@@ -26,7 +26,8 @@ void indexSelectForward(DType type, const void* in, int64_t outer, int64_t size,
                         const int64_t* index, int64_t n, void* out);
 
 // gradIn [outer, size, inner] (overwritten) = sum over j of g[o, j, i] placed
-// at gradIn[o, index[j], i]: repeated indices accumulate. Floating dtypes.
+// at gradIn[o, index[j], i]: repeated indices accumulate. Floating dtypes
+// (bfloat16/float16 accumulate in float32).
 void indexSelectBackward(DType type, const void* g, int64_t outer, int64_t size, int64_t inner,
                          const int64_t* index, int64_t n, void* gradIn);
 

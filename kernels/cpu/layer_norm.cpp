@@ -15,29 +15,23 @@ namespace {
 template <class T>
 using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
 
-// The vectors one instruction set works on: T's lanes in a register of
-// `Bytes`, and the same lanes widened to Acc<T> for the sums.
+// The vectors one instruction set works on: a register of `Bytes` holds
+// kCount float64 sums, and each step reads kCount values of T into it (half
+// a register of float32, widened). Accumulators of the register's own width
+// stay in registers; wider ones would spill on every step.
 template <class T, int Bytes>
-struct Lanes;
-template <int Bytes>
-struct Lanes<float, Bytes> {
-  typedef float V __attribute__((vector_size(Bytes)));
-  typedef double A __attribute__((vector_size(2 * Bytes)));
-  static constexpr int64_t kCount = Bytes / 4;
-};
-template <int Bytes>
-struct Lanes<double, Bytes> {
-  typedef double V __attribute__((vector_size(Bytes)));
+struct Lanes {
   typedef double A __attribute__((vector_size(Bytes)));
   static constexpr int64_t kCount = Bytes / 8;
+  typedef T Values __attribute__((vector_size(kCount * sizeof(T))));
 };
 
-// kCount consecutive values at p, widened to the accumulator type.
+// kCount consecutive values at p, widened to float64.
 template <class T, int Bytes>
 WEFT_VEC_INLINE typename Lanes<T, Bytes>::A loadWide(const T* p) {
-  typename Lanes<T, Bytes>::V v;
+  typename Lanes<T, Bytes>::Values v;
   std::memcpy(&v, p, sizeof v);
-  if constexpr (std::is_same_v<typename Lanes<T, Bytes>::V, typename Lanes<T, Bytes>::A>) {
+  if constexpr (std::is_same_v<T, double>) {
     return v;
   } else {
     return __builtin_convertvector(v, typename Lanes<T, Bytes>::A);
@@ -56,11 +50,18 @@ WEFT_VEC_INLINE void storeAcc(Acc<T>* p, typename Lanes<T, Bytes>::A v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+// The lanes' sum as a tree of halvings: log2(lanes) dependent additions
+// rather than one per lane, as the row sums sit on the critical path of a
+// short row.
 template <class A>
 WEFT_VEC_INLINE double laneSum(A v) {
-  double s = 0;
-  for (size_t k = 0; k < sizeof(A) / sizeof(double); ++k) s += v[k];
-  return s;
+  constexpr int kN = static_cast<int>(sizeof(A) / sizeof(double));
+  double a[kN];
+  std::memcpy(a, &v, sizeof v);
+  for (int width = kN / 2; width >= 1; width /= 2) {
+    for (int k = 0; k < width; ++k) a[k] += a[k + width];
+  }
+  return a[0];
 }
 
 // ---- forward -----------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gradcheck.h"
 #include "nn/nn.h"
 #include "weft_test.h"
 
@@ -261,6 +262,38 @@ TEST_CASE("GPT's initialisation is reproducible from its generator and leaves th
   Generator g3(6);
   nn::GPT c(smallConfig(), &g3);
   CHECK_FALSE(allclose(a.wte()->weight(), c.wte()->weight(), 0, 0));
+}
+
+TEST_CASE("a transformer block's input gradient matches finite differences, checkpointed or not") {
+  Generator g(31);
+  nn::GPTConfig c{.vocabSize = 8, .blockSize = 4, .layers = 1, .heads = 2, .width = 8};
+  auto block = std::make_shared<nn::TransformerBlock>(c);
+  block->to(DType::Float64);
+  for (const auto& p : block->parameters()) {
+    NoGradGuard ng;
+    Tensor(p).copy_(randn(p.shape(), testing::kF64, &g) * 0.3);
+  }
+  Tensor x = randn({2, 4, 8}, testing::kF64, &g);
+  CHECK(testing::gradcheck([&](const std::vector<Tensor>& in) { return block->forward(in[0]); }, {x}));
+  CHECK(testing::gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return checkpoint([&](const Tensor& t) { return block->forward(t); }, in[0]);
+      },
+      {x}));
+}
+
+TEST_CASE("GPT's dropout acts in training mode only") {
+  nn::GPTConfig c = smallConfig();
+  c.dropout = 0.2;
+  Generator g1(41), g2(41);
+  auto dropping = std::make_shared<nn::GPT>(c, &g1);
+  auto plain = std::make_shared<nn::GPT>(smallConfig(), &g2);  // same weights, no dropout
+  Tensor idx = tokens({1, 5, 9, 2, 7, 3}, {2, 3});
+  NoGradGuard ng;
+  Tensor reference = plain->forward(idx);
+  CHECK_FALSE(allclose(dropping->forward(idx), reference, 1e-6, 1e-7));
+  dropping->eval();
+  CHECK(allclose(dropping->forward(idx), reference, 0, 0));
 }
 
 TEST_CASE("LayerNorm normalises the trailing dimensions as the formula says") {

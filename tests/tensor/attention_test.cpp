@@ -3,6 +3,7 @@
 // differences, and PyTorch 1.13's numbers (fixtures/attention_cases.inc).
 #include <cmath>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -98,7 +99,54 @@ void checkLse(const Tensor& got, const Tensor& expected, const Case& c, double r
   }
 }
 
+// The PyTorch 1.13 references of fixtures/gen_attention_cases.py.
+struct AttentionCase {
+  const char* name;
+  DType dtype;
+  int64_t B, H, Sq, Sk, D;
+  bool causal;
+  int64_t queryOffset, keyOffset;
+  double scale;  // 0: the default
+  std::vector<double> out, lse, dq, dk, dv;
+};
+#include "fixtures/attention_cases.inc"
+
+// wave(shape, phase, scale)[i] = scale * sin(0.37 * i + phase) in float64,
+// then converted to dt: the inputs the fixture's generator used.
+Tensor wave(Shape shape, double phase, DType dt, double scale = 1.0) {
+  std::vector<double> v(static_cast<size_t>(shapeNumel(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(0.37 * static_cast<double>(i) + phase);
+  return fromVector(v, std::move(shape)).to(dt);
+}
+
 }  // namespace
+
+// ---- against PyTorch -----------------------------------------------------------------------
+
+TEST_CASE("attention matches PyTorch 1.13's softmax(q k^T * scale + mask) v, lse and gradients") {
+  for (const AttentionCase& c : kAttentionCases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const DType dt = c.dtype;
+    Tensor q = wave({c.B, c.H, c.Sq, c.D}, 0.1, dt).requiresGrad_();
+    Tensor k = wave({c.B, c.H, c.Sk, c.D}, 0.6, dt, 0.8).requiresGrad_();
+    Tensor v = wave({c.B, c.H, c.Sk, c.D}, 1.3, dt).requiresGrad_();
+    AttentionOptions o{.causal = c.causal, .queryOffset = c.queryOffset, .keyOffset = c.keyOffset};
+    if (c.scale != 0.0) o.scale = c.scale;
+    AttentionOutput r = scaledDotProductAttentionWithLse(q, k, v, o);
+    Tensor loss = sum(r.out * wave(r.out.shape(), 2.1, dt)) + sum(r.lse * wave(r.lse.shape(), 2.9, dt));
+    std::vector<Tensor> g = autograd::grad({loss}, {q, k, v});
+    // float32 to 1e-5 relative (an absolute floor of 1e-6 for values near
+    // zero, where both sides' rounding dominates), float64 to 1e-10.
+    const double rtol = dt == DType::Float32 ? 1e-5 : 1e-10, atol = dt == DType::Float32 ? 1e-6 : 1e-12;
+    auto ref = [](const std::vector<double>& values, const Tensor& like) { return fromVector(values, like.shape()); };
+    expectClose(r.out.to(DType::Float64), ref(c.out, r.out), rtol, atol);
+    expectClose(r.lse.to(DType::Float64), ref(c.lse, r.lse), rtol, atol);
+    expectClose(g[0].to(DType::Float64), ref(c.dq, q), rtol, atol);
+    expectClose(g[1].to(DType::Float64), ref(c.dk, k), rtol, atol);
+    expectClose(g[2].to(DType::Float64), ref(c.dv, v), rtol, atol);
+  }
+}
 
 // ---- against the naive formula ------------------------------------------------------
 
@@ -211,6 +259,174 @@ TEST_CASE("attention passes gradcheck through out and lse, causal, offset and wi
           in));
     }
   }
+}
+
+// ---- dropout ---------------------------------------------------------------------------------
+
+TEST_CASE("attention dropout is reproducible from the generator's state and differs between seeds") {
+  const Case c{2, 2, 40, 70, 8, true, 0, 0};
+  std::vector<Tensor> in = inputs(c, DType::Float32, 12);
+  auto run = [&](Generator* g) {
+    AttentionOptions o = optionsOf(c);
+    o.dropout = 0.4;
+    o.generator = g;
+    return scaledDotProductAttention(in[0], in[1], in[2], o).toVector<float>();
+  };
+  Generator a(3), b(3), other(4);
+  const std::vector<float> fromA = run(&a);
+  CHECK(fromA == run(&b));
+  CHECK(a.nextU64() == b.nextU64());  // and both advanced alike
+  CHECK(fromA != run(&other));
+  manualSeed(21);
+  std::vector<float> first = run(nullptr);
+  manualSeed(21);
+  CHECK(run(nullptr) == first);
+}
+
+TEST_CASE("attention dropout drops about p of the probabilities, independently per head, and scales the rest") {
+  // With v the identity (Sk = D), out is the matrix of probabilities itself:
+  // P ∘ Z, Z = 0 or 1/(1-p).
+  const int64_t B = 2, H = 4, S = 64;
+  Generator gq(13);
+  Tensor q = randn({B, 1, S, S}, kF64, &gq).expand({B, H, S, S}).contiguous();
+  Tensor k = randn({B, 1, S, S}, kF64, &gq).expand({B, H, S, S}).contiguous();
+  std::vector<double> eye(static_cast<size_t>(S * S), 0.0);
+  for (int64_t i = 0; i < S; ++i) eye[i * S + i] = 1.0;
+  Tensor v = fromVector(eye, {1, 1, S, S}).expand({B, H, S, S}).contiguous();
+  std::vector<double> probs = scaledDotProductAttention(q, k, v).toVector<double>();
+  for (double p : {0.1, 0.3, 0.5}) {
+    CAPTURE(p);
+    Generator g(17);
+    std::vector<double> dropped =
+        scaledDotProductAttention(q, k, v, {.dropout = p, .generator = &g}).toVector<double>();
+    int64_t zeros = 0, wrong = 0, sameAsHead0 = 0;
+    for (size_t e = 0; e < probs.size(); ++e) {
+      if (dropped[e] == 0.0) {
+        ++zeros;
+      } else if (std::abs(dropped[e] - probs[e] / (1.0 - p)) > 1e-12 * probs[e]) {
+        ++wrong;
+      }
+      // Heads share their inputs: only their masks tell them apart.
+      const size_t head = (e / static_cast<size_t>(S * S)) % H;
+      const size_t head0 = e - head * static_cast<size_t>(S * S);
+      if (head != 0 && (dropped[e] == 0.0) == (dropped[head0] == 0.0)) ++sameAsHead0;
+    }
+    CHECK(wrong == 0);
+    const double n = static_cast<double>(probs.size());
+    // The standard deviation of the fraction is at most 0.002.
+    CHECK(std::abs(static_cast<double>(zeros) / n - p) < 0.01);
+    // Independent masks agree on a fraction p^2 + (1-p)^2 of the elements.
+    const double agree = static_cast<double>(sameAsHead0) / (n * (H - 1) / H);
+    CHECK(std::abs(agree - (p * p + (1 - p) * (1 - p))) < 0.02);
+  }
+}
+
+TEST_CASE("attention dropout leaves the expected output unchanged") {
+  const Case c{1, 1, 8, 16, 4, false, 0, 0};
+  std::vector<Tensor> in = inputs(c, DType::Float64, 14);
+  Tensor plain = scaledDotProductAttention(in[0], in[1], in[2]);
+  Tensor total = zerosLike(plain);
+  Generator g(15);
+  const int runs = 2000;
+  for (int r = 0; r < runs; ++r) {
+    total = total + scaledDotProductAttention(in[0], in[1], in[2], {.dropout = 0.3, .generator = &g});
+  }
+  // Each element's standard error over the runs is below 0.006.
+  expectClose(total / static_cast<double>(runs), plain, 0.0, 0.04);
+}
+
+// ---- merging partial attentions ----------------------------------------------------------
+
+namespace {
+
+// Attention of q over all keys, and the merge of its two halves split at m,
+// with out, lse and the gradients of both.
+void checkMergeEqualsWhole(const Case& c, int64_t m, bool throughLse) {
+  CAPTURE(c.Sq);
+  CAPTURE(c.Sk);
+  CAPTURE(m);
+  CAPTURE(c.queryOffset);
+  CAPTURE(c.keyOffset);
+  std::vector<Tensor> in = inputs(c, DType::Float64, 16);
+  Result whole = evaluate(
+      [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+        return scaledDotProductAttentionWithLse(q, k, v, optionsOf(c));
+      },
+      in, 17, throughLse);
+  Result merged = evaluate(
+      [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+        AttentionOptions first = optionsOf(c), second = optionsOf(c);
+        second.keyOffset = c.keyOffset + m;
+        AttentionOutput a = scaledDotProductAttentionWithLse(q, k.narrow(2, 0, m), v.narrow(2, 0, m), first);
+        AttentionOutput b =
+            scaledDotProductAttentionWithLse(q, k.narrow(2, m, c.Sk - m), v.narrow(2, m, c.Sk - m), second);
+        return mergeAttention(a, b);
+      },
+      in, 17, throughLse);
+  expectClose(merged.out, whole.out, 1e-12, 1e-13);
+  checkLse(merged.lse, whole.lse, c, 1e-12, 1e-13);
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    for (double x : merged.grads[i].toVector<double>()) CHECK(std::isfinite(x));
+    expectClose(merged.grads[i], whole.grads[i], 1e-10, 1e-12);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mergeAttention of two key blocks equals attention over all keys, values and gradients") {
+  checkMergeEqualsWhole({2, 2, 37, 53, 8, false, 0, 0}, 20, true);
+  // Causal blocks of one sequence: the queries sit after the first block.
+  checkMergeEqualsWhole({1, 2, 37, 53, 8, true, 16, 0}, 20, true);
+  // The second block is partly in the future of every query, wholly for some.
+  checkMergeEqualsWhole({1, 1, 37, 53, 8, true, 0, 0}, 30, true);
+  // ... and wholly in the future of every query (lse -inf on every row of it).
+  checkMergeEqualsWhole({1, 2, 20, 53, 8, true, 0, 0}, 30, true);
+  // The first five queries see neither block: out 0, lse -inf, no NaN.
+  checkMergeEqualsWhole({1, 1, 37, 53, 8, true, 0, 5}, 30, false);
+}
+
+TEST_CASE("mergeAttention passes gradcheck in all four tensors and handles -inf rows") {
+  Generator g(18);
+  Tensor oa = randn({2, 3, 4}, kF64, &g), ob = randn({2, 3, 4}, kF64, &g);
+  Tensor la = randn({2, 3}, kF64, &g), lb = randn({2, 3}, kF64, &g);
+  CHECK(gradcheck(
+      [](const std::vector<Tensor>& x) {
+        AttentionOutput r = mergeAttention({x[0], x[1]}, {x[2], x[3]});
+        return r.out * 0.5 + r.lse.unsqueeze(-1);
+      },
+      {oa, la, ob, lb}));
+  // Rows of lse -inf: on one side the other passes through unchanged; on
+  // both the row is 0 with lse -inf.
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor lseA = fromVector(std::vector<double>{-inf, 0.5, -inf}, {3});
+  Tensor lseB = fromVector(std::vector<double>{1.5, -inf, -inf}, {3});
+  Tensor outA = randn({3, 4}, kF64, &g).requiresGrad_(), outB = randn({3, 4}, kF64, &g).requiresGrad_();
+  Tensor la2 = lseA.clone().requiresGrad_(), lb2 = lseB.clone().requiresGrad_();
+  AttentionOutput r = mergeAttention({outA, la2}, {outB, lb2});
+  expectClose(r.out.narrow(0, 0, 1), outB.detach().narrow(0, 0, 1), 0, 0);
+  expectClose(r.out.narrow(0, 1, 1), outA.detach().narrow(0, 1, 1), 0, 0);
+  CHECK(r.out.narrow(0, 2, 1).toVector<double>() == std::vector<double>(4, 0.0));
+  CHECK(r.lse.toVector<double>() == std::vector<double>{1.5, 0.5, -inf});
+  sum(r.out * randn({3, 4}, kF64, &g)).backward();
+  for (const Tensor& t : {outA, outB, la2, lb2}) {
+    for (double x : t.grad().toVector<double>()) CHECK(std::isfinite(x));
+  }
+  CHECK(outA.grad().narrow(0, 0, 1).toVector<double>() == std::vector<double>(4, 0.0));
+  CHECK(outA.grad().narrow(0, 2, 1).toVector<double>() == std::vector<double>(4, 0.0));
+}
+
+TEST_CASE("mergeAttention names the shapes that do not fit") {
+  Tensor o = randn({1, 2, 5, 4}), l = randn({1, 2, 5});
+  CHECK_THROWS_WITH_AS(mergeAttention({o, l}, {randn({1, 2, 6, 4}), randn({1, 2, 6})}),
+                       doctest::Contains("mergeAttention: the two attentions differ in shape: out [1, 2, 5, 4] and "
+                                         "[1, 2, 6, 4]"),
+                       InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(mergeAttention({o, randn({1, 2, 4})}, {o, randn({1, 2, 4})}),
+                       doctest::Contains("lse of shape [1, 2, 4] does not fit out of shape [1, 2, 5, 4]"),
+                       InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(mergeAttention({o, l}, {o.to(DType::Float64), l.to(DType::Float64)}),
+                       doctest::Contains("dtype mismatch"), InvalidArgumentError);
 }
 
 // ---- threads ---------------------------------------------------------------------------------
