@@ -11,14 +11,15 @@
 //   bool): creation (empty, zeros, ones, full, fromVector, arange), printing,
 //   element access (data<T>, item<T>, toVector<T>), to(dtype) in both
 //   directions between any two of them, views, contiguous, clone, copy_,
-//   fill_, cat/stack/split/indexSelect, comparisons (eq, gt, lt -> bool),
-//   max/min/argmax/argmin, sum (integers and bool sum to int64, as in
-//   PyTorch), RPC (rpc/codec.h), every collective that moves data (send,
-//   broadcast, allGather, ...), state files (nn/serialize.h).
+//   fill_, cat/stack/split/indexSelect, where, maskedFill, triu, tril,
+//   gather, comparisons (eq, gt, lt -> bool), max/min/argmax/argmin, sum and
+//   cumsum (integers and bool sum to int64, as in PyTorch), RPC
+//   (rpc/codec.h), every collective that moves data (send, broadcast,
+//   allGather, ...), state files (nn/serialize.h).
 //   Numeric dtypes (float32, float64, bfloat16, float16, int64, int32,
 //   uint8): add, sub, mul, div (integer division truncates; by zero is an
-//   error), maximum, minimum, pow, neg, abs, square, relu, clamp, the scalar
-//   forms (x + 2, x * 3); reductions across ranks take the dtypes
+//   error), maximum, minimum, pow, neg, abs, square, relu, clamp, scatterAdd,
+//   the scalar forms (x + 2, x * 3); reductions across ranks take the dtypes
 //   collectives/process_group.h lists per backend (gloo: not bfloat16).
 //   Floating dtypes (float32, float64, bfloat16, float16): autograd
 //   (requiresGrad), mean, exp, log, sqrt, tanh, sigmoid, gelu, pow by a

@@ -43,22 +43,26 @@ inline float floatFromBFloat16(uint16_t b) { return std::bit_cast<float>(static_
 // Exponent arithmetic in float does the rounding: scaling by 2^112 then 2^-110
 // moves overflowing values to inf, and adding a power of two chosen from the
 // exponent makes the float adder round the mantissa to half's precision
-// (subnormals included).
+// (subnormals included). Selections are masks and comparisons are on values
+// below 2^31, as signed integers (SSE2 has no unsigned vector compare), so
+// loops over these conversions vectorise.
 inline uint16_t float16FromFloat(float f) {
   const float scaleToInf = std::bit_cast<float>(0x77800000u);   // 2^112
   const float scaleToZero = std::bit_cast<float>(0x08800000u);  // 2^-110
   const uint32_t w = std::bit_cast<uint32_t>(f);
-  float base = (std::bit_cast<float>(w & 0x7fffffffu) * scaleToInf) * scaleToZero;
-  const uint32_t shl1 = w + w;
+  const auto magnitude = static_cast<int32_t>(w & 0x7fffffffu);
+  float base = (std::bit_cast<float>(static_cast<uint32_t>(magnitude)) * scaleToInf) * scaleToZero;
   const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1 & 0xff000000u;
-  if (bias < 0x71000000u) bias = 0x71000000u;
-  base = std::bit_cast<float>((bias >> 1) + 0x07800000u) + base;
+  uint32_t exponent = w & 0x7f800000u;
+  const uint32_t small = 0u - static_cast<uint32_t>(static_cast<int32_t>(exponent) < 0x38800000);
+  exponent = (exponent & ~small) | (0x38800000u & small);
+  base = std::bit_cast<float>(exponent + 0x07800000u) + base;
   const uint32_t bits = std::bit_cast<uint32_t>(base);
   const uint32_t expBits = (bits >> 13) & 0x00007c00u;
   const uint32_t mantissaBits = bits & 0x00000fffu;
   const uint32_t nonsign = expBits + mantissaBits;
-  return static_cast<uint16_t>((sign >> 16) | (shl1 > 0xff000000u ? 0x7e00u : nonsign));
+  const uint32_t nan = 0u - static_cast<uint32_t>(magnitude > 0x7f800000);
+  return static_cast<uint16_t>((sign >> 16) | (nonsign & ~nan) | (0x7e00u & nan));
 }
 
 inline float floatFromFloat16(uint16_t h) {
@@ -68,8 +72,9 @@ inline float floatFromFloat16(uint16_t h) {
   const float expScale = std::bit_cast<float>(0x07800000u);  // 2^-112
   const float normalized = std::bit_cast<float>((twoW >> 4) + (0xe0u << 23)) * expScale;
   const float denormalized = std::bit_cast<float>((twoW >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t subnormal = 0u - static_cast<uint32_t>(static_cast<int32_t>(h & 0x7fffu) < 0x400);
   const uint32_t result =
-      sign | (twoW < (1u << 27) ? std::bit_cast<uint32_t>(denormalized) : std::bit_cast<uint32_t>(normalized));
+      sign | (std::bit_cast<uint32_t>(denormalized) & subnormal) | (std::bit_cast<uint32_t>(normalized) & ~subnormal);
   return std::bit_cast<float>(result);
 }
 

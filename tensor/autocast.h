@@ -13,19 +13,22 @@
 // Op policy while a scope is enabled (the casts are ordinary to(dtype) calls,
 // so they are differentiable and each gradient arrives in its tensor's own
 // dtype):
-//   - low precision: mm, bmm, matmul, linear, conv2d (and the attention op
-//     tensor/ops_attention.h, where it exists) cast their float32 operands
-//     to the scope's dtype. float64 operands are left alone, as in PyTorch.
+//   - low precision: mm, bmm, matmul, linear, conv2d and
+//     scaledDotProductAttention(WithLse) cast their float32 operands to the
+//     scope's dtype. float64 operands are left alone, as in PyTorch.
 //   - float32: softmax, logSoftmax, layerNorm, the losses (nllLoss,
 //     crossEntropy, mseLoss), sum and mean cast bfloat16/float16 operands up
 //     to float32 and return float32.
 //   - every other op follows its inputs; a binary op (add, sub, mul, div,
-//     maximum, minimum, pow, eq, gt, lt) and cat/stack whose floating operands
-//     differ in dtype promote them to the widest (float64 > float32 >
-//     bfloat16, float16; bfloat16 with float16 gives float32). Outside a scope
-//     mixed dtypes stay an InvalidArgumentError.
+//     maximum, minimum, pow, eq, gt, lt), mergeAttention and cat/stack whose
+//     floating operands differ in dtype promote them to the widest (float64 >
+//     float32 > bfloat16, float16; bfloat16 with float16 gives float32).
+//     Outside a scope mixed dtypes stay an InvalidArgumentError.
 // The backward pass runs without autocast (autograd suspends it): each
-// backward rule computes in the dtypes its forward saw.
+// backward rule computes in the dtypes its forward saw. Code that re-runs a
+// forward during backward (activation checkpointing) must re-enter the state
+// of the original forward: isEnabled() and dtype() captured then, a
+// Scope(dtype, enabled) around the recomputation.
 //
 // Threading: the state is per thread. Scopes nest; the innermost decides,
 // and `Scope(dtype, false)` turns autocast off for its extent. Destroy scopes

@@ -93,9 +93,8 @@ std::vector<Tensor> recomputeAndBackward(const Saved& s, const std::vector<Tenso
   std::vector<Tensor> roots;
   roots.reserve(s.slots.size());
   for (size_t slot = 0; slot < s.slots.size(); ++slot) roots.push_back(outputs[s.slots[slot]]);
-  std::vector<Tensor> gradInputs = autograd::nestedBackward(roots, grads, inputs);
-  // One per input, as the node's edges.
-  return gradInputs;
+  // One gradient per input: the node's edges.
+  return autograd::nestedBackward(roots, grads, inputs);
 }
 
 }  // namespace

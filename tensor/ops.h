@@ -9,9 +9,10 @@
 //   Tensor y = logSoftmax(linear(x, w, b), 1);
 //   Tensor loss = nllLoss(y, target);
 //
-// Families: ops_elementwise.h (arithmetic, activations, comparisons),
-// ops_reduce.h (sum/mean/max/min/argmax, softmax), ops_linalg.h (mm, bmm,
-// matmul, linear), ops_shape.h (cat/stack/split/chunk, indexSelect),
+// Families: ops_elementwise.h (arithmetic, activations, comparisons, where,
+// maskedFill, triu/tril), ops_reduce.h (sum/mean/max/min/argmax, softmax,
+// cumsum), ops_linalg.h (mm, bmm, matmul, linear), ops_shape.h
+// (cat/stack/split/chunk, indexSelect, gather/scatterAdd),
 // ops_nn.h (embedding, conv, pooling, dropout, layer norm, losses, LSTM cell),
 // ops_attention.h (scaled dot-product attention, merging partial attentions).
 #pragma once

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/masking.h"
 #include "tensor/autocast.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_utils.h"
@@ -222,6 +223,65 @@ Tensor compareOp(kernels::cpu::CompareOp op, const char* name, const Tensor& a, 
 Tensor eq(const Tensor& a, const Tensor& b) { return compareOp(kernels::cpu::CompareOp::Eq, "eq", a, b); }
 Tensor gt(const Tensor& a, const Tensor& b) { return compareOp(kernels::cpu::CompareOp::Gt, "gt", a, b); }
 Tensor lt(const Tensor& a, const Tensor& b) { return compareOp(kernels::cpu::CompareOp::Lt, "lt", a, b); }
+
+// ---- selection ------------------------------------------------------------------
+
+namespace {
+
+// where's forward; `name` is the node's (where and maskedFill share it).
+Tensor selectOp(const char* op, const char* name, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  detail::checkDefined(op, cond, "condition");
+  detail::requireDType(op, cond, DType::Bool, "condition");
+  detail::checkSameKind(op, a, b);
+  detail::requireCpu(op, a);
+  detail::requireCpu(op, cond);
+  Shape shape = broadcastShapes(broadcastShapes(cond.shape(), a.shape(), op), b.shape(), op);
+  Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
+  if (out.numel() > 0) {
+    kernels::cpu::where(a.dtype(), cond.data<bool>(), detail::broadcastStrides(cond, shape), a.rawData(),
+                        detail::broadcastStrides(a, shape), b.rawData(), detail::broadcastStrides(b, shape),
+                        out.rawData(), shape);
+  }
+  grad_rules::whereBackward(name, cond, a, b, out);
+  return out;
+}
+
+Tensor triangleOp(const char* op, const Tensor& x, int64_t diagonal, bool upper) {
+  detail::checkDefined(op, x, "input");
+  detail::requireCpu(op, x);
+  WEFT_ENFORCE(x.dim() >= 2, InvalidArgumentError, op,
+               ": input must have at least 2 dimensions [..., R, C], got shape ", x.shape());
+  const int64_t R = x.size(-2), C = x.size(-1);
+  Tensor xc = x.contiguous();
+  Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  if (out.numel() > 0) {
+    kernels::cpu::triangle(x.dtype(), xc.rawData(), x.numel() / (R * C), R, C, diagonal, upper, out.rawData());
+  }
+  grad_rules::triangleBackward(upper, diagonal, x, out);
+  return out;
+}
+
+}  // namespace
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  return selectOp("where", "WhereBackward", cond, a, b);
+}
+
+Tensor maskedFill(const Tensor& x, const Tensor& mask, double value) {
+  const char* op = "maskedFill";
+  detail::checkDefined(op, x, "input");
+  detail::checkDefined(op, mask, "mask");
+  detail::requireDType(op, mask, DType::Bool, "mask");
+  WEFT_ENFORCE(broadcastShapes(x.shape(), mask.shape(), op) == x.shape(), InvalidArgumentError, op, ": mask of shape ",
+               mask.shape(), " does not broadcast to the input's shape ", x.shape());
+  WEFT_ENFORCE(isFloating(x.dtype()) || std::isfinite(value), InvalidArgumentError, op, ": value ", value,
+               " cannot be stored in a tensor of dtype ", dtypeName(x.dtype()));
+  Tensor fill = full({}, value, {.dtype = x.dtype(), .device = x.device()});
+  return selectOp(op, "MaskedFillBackward", mask, fill, x);
+}
+
+Tensor triu(const Tensor& x, int64_t diagonal) { return triangleOp("triu", x, diagonal, true); }
+Tensor tril(const Tensor& x, int64_t diagonal) { return triangleOp("tril", x, diagonal, false); }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   if (a.shape() != b.shape()) return false;

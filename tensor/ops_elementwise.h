@@ -45,6 +45,27 @@ Tensor eq(const Tensor& a, const Tensor& b);
 Tensor gt(const Tensor& a, const Tensor& b);
 Tensor lt(const Tensor& a, const Tensor& b);
 
+// Selection, as torch.where / Tensor.masked_fill / torch.triu / torch.tril.
+// Any dtype (the values are moved, never read); differentiable in a and b
+// (where), x (the others): the gradient flows to the elements that were
+// kept and is zero where a value or zero replaced them.
+//
+// out = cond ? a : b, the three broadcast together. cond must be Bool and a
+// and b of one dtype and device (InvalidArgumentError naming the op, the
+// dtypes or the shapes otherwise).
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// x with `value` where mask is true; mask is Bool and must broadcast to x's
+// shape (the result has x's shape). value is converted to x's dtype as
+// full() does; a non-finite value for an integer or bool x is an
+// InvalidArgumentError.
+Tensor maskedFill(const Tensor& x, const Tensor& mask, double value);
+// The upper (triu) or lower (tril) triangle of the matrices in x's last two
+// dimensions, [..., R, C]: element (i, j) is kept when j - i >= diagonal
+// (triu) or j - i <= diagonal (tril), else zero; diagonal 0 is the main
+// diagonal, positive above it. x must have at least two dimensions.
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+
 // Element-wise closeness, as torch.allclose.
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
 

@@ -186,6 +186,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pa
                ": kernel of size (", geo.kernelH, ", ", geo.kernelW, ") is larger than the padded input (",
                geo.height + 2 * ph, ", ", geo.width + 2 * pw, ") of input shape ", x.shape());
   if (isLowPrecision(x.dtype())) {
+    autocast::Scope plain(x.dtype(), false);  // the float32 computation of a 16-bit op: not cast down again
     return conv2d(x.to(DType::Float32), weight.to(DType::Float32), bias.defined() ? bias.to(DType::Float32) : Tensor(),
                   stride, padding)
         .to(x.dtype());
@@ -292,6 +293,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight, const Tensor& bias,
                  double eps) {
   const char* op = "layerNorm";
+  if (autocast::detail::float32For({&x, &weight, &bias})) {
+    return layerNorm(autocast::detail::cast(x, DType::Float32), normalizedShape,
+                     autocast::detail::cast(weight, DType::Float32), autocast::detail::cast(bias, DType::Float32), eps);
+  }
   detail::checkDefined(op, x, "input");
   detail::requireCpu(op, x);
   detail::requireFloating(op, x);
@@ -309,6 +314,10 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
                  " must equal normalizedShape ", normalizedShape);
   }
   WEFT_ENFORCE(eps >= 0.0, InvalidArgumentError, op, ": eps must be non-negative, got ", eps);
+  if (isLowPrecision(x.dtype())) {
+    auto up = [](const Tensor& t) { return t.defined() ? t.to(DType::Float32) : Tensor(); };
+    return layerNorm(up(x), normalizedShape, up(weight), up(bias), eps).to(x.dtype());
+  }
   int64_t n = 1;
   for (int64_t s : normalizedShape) n *= s;
   const int64_t rows = n == 0 ? 0 : x.numel() / n;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/scan.h"
 #include "kernels/cpu/softmax.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd.h"
@@ -224,6 +225,24 @@ Tensor softmax(const Tensor& a, int64_t dim) {
 Tensor logSoftmax(const Tensor& a, int64_t dim) {
   if (autocast::detail::float32For({&a})) return softmaxImpl(a.to(DType::Float32), dim, true);
   return softmaxImpl(a, dim, true);
+}
+
+Tensor cumsum(const Tensor& a, int64_t dim) {
+  detail::checkDefined("cumsum", a, "input");
+  detail::requireCpu("cumsum", a);
+  dim = wrapDim(dim, std::max<int64_t>(a.dim(), 1), "cumsum");
+  const DType outType = isFloating(a.dtype()) ? a.dtype() : DType::Int64;
+  if (!isFloating(a.dtype()) && !isIntegral(a.dtype()) && a.dtype() != DType::Bool) {
+    throwUnsupportedDType("cumsum", a.dtype());
+  }
+  AxisView v = axisView(a.shape(), dim);
+  Tensor x = a.contiguous();
+  Tensor out = empty(a.shape(), {.dtype = outType, .device = a.device()});
+  if (out.numel() > 0) {
+    kernels::cpu::cumsum(a.dtype(), x.rawData(), v.outer, v.size, v.inner, false, outType, out.rawData());
+  }
+  grad_rules::cumsumBackward(a, out, v);
+  return out;
 }
 
 }  // namespace weft

@@ -31,4 +31,13 @@ Tensor argmin(const Tensor& a, int64_t dim, bool keepDim = false);
 Tensor softmax(const Tensor& a, int64_t dim);
 Tensor logSoftmax(const Tensor& a, int64_t dim);
 
+// Running sums along dim, as torch.cumsum: out[..., r, ...] = the sum of
+// a[..., s, ...] over s <= r. Every dtype but bfloat16/float16: floating
+// dtypes keep theirs (float32 accumulates in float64, as PyTorch's CPU
+// cumsum); int64, int32, uint8 and bool give int64 (integer sums wrap). A
+// dim out of range is an error naming cumsum; a 0-D input takes dim 0 or -1.
+// Differentiable for floating a: the gradient is the reversed running sum
+// of g.
+Tensor cumsum(const Tensor& a, int64_t dim);
+
 }  // namespace weft

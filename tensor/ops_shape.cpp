@@ -1,4 +1,5 @@
-// Joining (cat, stack), splitting (split, chunk) and gathering (indexSelect).
+// Joining (cat, stack), splitting (split, chunk), gathering (indexSelect,
+// gather) and scattering (scatterAdd).
 // split and chunk return views of their input that share one backward node.
 // Their gradient rules are in grad_rules/shape.cpp.
 #include "tensor/ops_shape.h"
@@ -68,6 +69,37 @@ std::vector<Tensor> splitBySizes(const Tensor& a, const std::vector<int64_t>& si
   grad_rules::splitBackward(a, pieces, dim);
   return pieces;
 }
+
+// The checks gather and scatterAdd share: index Int64 on the CPU with x's
+// rank, no larger than x except along dim, and every value in [0, x.size(dim)).
+// Returns dim wrapped; a 0-D x, index (and src) are handled as shape [1].
+int64_t checkIndexing(const char* op, const Tensor& x, int64_t dim, const Tensor& index) {
+  detail::checkDefined(op, x, "input");
+  detail::requireCpu(op, x);
+  detail::checkDefined(op, index, "index");
+  detail::requireDType(op, index, DType::Int64, "index");
+  detail::requireCpu(op, index);
+  WEFT_ENFORCE(index.dim() == x.dim(), InvalidArgumentError, op, ": index of shape ", index.shape(),
+               " must have as many dimensions as the input of shape ", x.shape());
+  dim = wrapDim(dim, std::max<int64_t>(x.dim(), 1), op);
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    WEFT_ENFORCE(d == dim || index.size(d) <= x.size(d), InvalidArgumentError, op, ": index of shape ",
+                 index.shape(), " is larger than the input of shape ", x.shape(), " in dimension ", d,
+                 " (only dimension ", dim, " may be larger)");
+  }
+  const int64_t size = x.dim() == 0 ? 1 : x.size(dim);
+  Tensor idx = index.contiguous();
+  const int64_t* ip = idx.data<int64_t>();
+  for (int64_t j = 0; j < idx.numel(); ++j) {
+    WEFT_ENFORCE(ip[j] >= 0 && ip[j] < size, IndexError, op, ": index ", ip[j], " (at flat position ", j,
+                 " of index shape ", index.shape(), ") is out of range for dimension ", dim, " of size ", size,
+                 " in input shape ", x.shape());
+  }
+  return dim;
+}
+
+// A 0-D tensor as shape [1], others as they are: the kernels take rank >= 1.
+Tensor atLeast1d(const Tensor& t) { return t.dim() == 0 ? t.view({1}) : t; }
 
 }  // namespace
 
@@ -199,6 +231,40 @@ Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
     kernels::cpu::indexSelectForward(a.dtype(), x.rawData(), outer, size, inner, ip, n, out.rawData());
   }
   grad_rules::indexSelectBackward(a, out, idx, outer, size, inner);
+  return out;
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  dim = checkIndexing("gather", x, dim, index);
+  Tensor idx = atLeast1d(index.contiguous()), xv = atLeast1d(x);
+  Tensor out = empty(index.shape(), {.dtype = x.dtype(), .device = x.device()});
+  if (out.numel() > 0) {
+    kernels::cpu::gatherForward(x.dtype(), xv.rawData(), xv.strides(), dim, idx.data<int64_t>(), idx.shape(),
+                                out.rawData());
+  }
+  grad_rules::gatherBackward(x, out, idx, dim);
+  return out;
+}
+
+Tensor scatterAdd(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "scatterAdd";
+  dim = checkIndexing(op, x, dim, index);
+  detail::checkSameKind(op, x, src);
+  detail::requireNumeric(op, x);
+  WEFT_ENFORCE(src.dim() == index.dim(), InvalidArgumentError, op, ": src of shape ", src.shape(),
+               " must have as many dimensions as index of shape ", index.shape());
+  for (int64_t d = 0; d < src.dim(); ++d) {
+    WEFT_ENFORCE(index.size(d) <= src.size(d), InvalidArgumentError, op, ": index of shape ", index.shape(),
+                 " is larger than src of shape ", src.shape(), " in dimension ", d);
+  }
+  Tensor idx = atLeast1d(index.contiguous()), sv = atLeast1d(src);
+  Tensor out = x.contiguous().clone().detach();
+  Tensor ov = atLeast1d(out);
+  if (idx.numel() > 0) {
+    kernels::cpu::scatterAddForward(x.dtype(), ov.rawData(), ov.strides(), dim, idx.data<int64_t>(), idx.shape(),
+                                    sv.rawData(), sv.strides());
+  }
+  grad_rules::scatterAddBackward(x, src, out, idx, dim);
   return out;
 }
 

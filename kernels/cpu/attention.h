@@ -47,7 +47,7 @@
 
 namespace weft::kernels::cpu {
 
-inline constexpr int64_t kAttentionQueryBlock = 64;
+inline constexpr int64_t kAttentionQueryBlock = 128;
 inline constexpr int64_t kAttentionKeyBlock = 128;
 
 struct AttentionGeometry {

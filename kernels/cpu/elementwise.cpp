@@ -189,9 +189,32 @@ FloatOperand floatOperand(DType type, const void* p, std::span<const int64_t> st
 void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
             std::span<const int64_t> bStrides, void* out, std::span<const int64_t> shape) {
   if (isLowPrecision(type)) {
-    FloatOperand fa = floatOperand(type, a, aStrides, shape), fb = floatOperand(type, b, bStrides, shape);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    // Each operand contiguous over `shape` or one broadcast value: blocks on the stack.
+    bool aFlat = true, bFlat = true, aScalar = true, bScalar = true;
+    int64_t expect = 1;
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      if (shape[d] != 1) {
+        aFlat &= aStrides[d] == expect;
+        bFlat &= bStrides[d] == expect;
+        aScalar &= aStrides[d] == 0;
+        bScalar &= bStrides[d] == 0;
+      }
+      expect *= shape[d];
+    }
+    if ((aFlat || aScalar) && (bFlat || bScalar)) {
+      forEachHalfBlock(n, [&](int64_t i, int64_t len) {
+        float fa[kHalfBlock], fb[kHalfBlock], fo[kHalfBlock];
+        const int64_t unit = 1, none = 0;
+        halfToFloat(type, static_cast<const char*>(a) + (aFlat ? 2 * i : 0), fa, aFlat ? len : 1);
+        halfToFloat(type, static_cast<const char*>(b) + (bFlat ? 2 * i : 0), fb, bFlat ? len : 1);
+        binary(op, DType::Float32, fa, {aFlat ? &unit : &none, 1}, fb, {bFlat ? &unit : &none, 1}, fo, {&len, 1});
+        floatToHalf(type, fo, static_cast<char*>(out) + 2 * i, len);
+      });
+      return;
+    }
+    FloatOperand fa = floatOperand(type, a, aStrides, shape), fb = floatOperand(type, b, bStrides, shape);
     std::vector<float> fo(static_cast<size_t>(n));
     binary(op, DType::Float32, fa.values.data(), fa.strides, fb.values.data(), fb.strides, fo.data(), shape);
     forEachHalfBlock(n, [&](int64_t i, int64_t len) {

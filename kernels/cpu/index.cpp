@@ -2,12 +2,55 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/loops.h"
 
 namespace weft::kernels::cpu {
+namespace {
+
+std::vector<int64_t> contiguousStrides(std::span<const int64_t> shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t step = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = step;
+    step *= shape[d];
+  }
+  return strides;
+}
+
+// `v` with dimension `dim` moved to the end.
+std::vector<int64_t> dimLast(std::span<const int64_t> v, int64_t dim) {
+  std::vector<int64_t> out(v.begin(), v.end());
+  std::rotate(out.begin() + dim, out.begin() + dim + 1, out.end());
+  return out;
+}
+
+// x + y, wrapping in signed integer types instead of overflowing.
+template <class T>
+T addWrapping(T x, T y) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(x) + static_cast<U>(y));
+  } else {
+    return static_cast<T>(x + y);
+  }
+}
+
+template <class F>
+void byElementSize(DType type, const char* op, F&& fn) {
+  switch (elementSize(type)) {
+    case 1: fn.template operator()<uint8_t>(); break;
+    case 2: fn.template operator()<uint16_t>(); break;
+    case 4: fn.template operator()<uint32_t>(); break;
+    case 8: fn.template operator()<uint64_t>(); break;
+    default: throwUnsupportedDType(op, type);
+  }
+}
+
+}  // namespace
 
 void catForward(DType type, const void* src, int64_t outer, int64_t srcRow, void* dst, int64_t dstRow,
                 int64_t offset) {
@@ -76,6 +119,53 @@ void indexSelectBackward(DType type, const void* g, int64_t outer, int64_t size,
           const T* srcRow = gs + j * inner;
           for (int64_t i = 0; i < len; ++i) dstRow[i] += srcRow[i];
         }
+      }
+    });
+  });
+}
+
+void gatherForward(DType type, const void* in, std::span<const int64_t> inStrides, int64_t dim,
+                   const int64_t* index, std::span<const int64_t> shape, void* out) {
+  // in's stride along dim is applied to the index, not to the position.
+  std::vector<int64_t> inPos(inStrides.begin(), inStrides.end());
+  const int64_t dimStride = inPos[dim];
+  inPos[dim] = 0;
+  const std::vector<int64_t> packed = contiguousStrides(shape);
+  byElementSize(type, "gather", [&]<class U>() {
+    const U* ip = static_cast<const U*>(in);
+    U* op = static_cast<U*>(out);
+    const std::span<const int64_t> strides[2] = {inPos, packed};
+    forEachRow<2>(shape, strides, [&](const int64_t* off, int64_t n, const int64_t* inner) {
+      const U* x = ip + off[0];
+      const int64_t* ix = index + off[1];
+      U* o = op + off[1];
+      for (int64_t i = 0; i < n; ++i) o[i] = x[i * inner[0] + ix[i] * dimStride];
+    });
+  });
+}
+
+void scatterAddForward(DType type, void* out, std::span<const int64_t> outStrides, int64_t dim,
+                       const int64_t* index, std::span<const int64_t> shape, const void* src,
+                       std::span<const int64_t> srcStrides) {
+  // Rows run along dim, so that the elements one row adds into share every
+  // other coordinate: different rows never write the same element, and the
+  // rows can run in parallel while each adds in order.
+  std::vector<int64_t> outPos(outStrides.begin(), outStrides.end());
+  const int64_t dimStride = outPos[dim];
+  outPos[dim] = 0;
+  const std::vector<int64_t> rowShape = dimLast(shape, dim), outRows = dimLast(outPos, dim),
+                             indexRows = dimLast(contiguousStrides(shape), dim), srcRows = dimLast(srcStrides, dim);
+  WEFT_DISPATCH_NUMERIC(type, "scatterAdd", [&]<class T>() {
+    T* op = static_cast<T*>(out);
+    const T* sp = static_cast<const T*>(src);
+    const std::span<const int64_t> strides[3] = {outRows, indexRows, srcRows};
+    forEachRow<3>(rowShape, strides, [&](const int64_t* off, int64_t n, const int64_t* inner) {
+      T* o = op + off[0];
+      const int64_t* ix = index + off[1];
+      const T* s = sp + off[2];
+      for (int64_t i = 0; i < n; ++i) {
+        T& target = o[ix[i * inner[1]] * dimStride];
+        target = addWrapping(target, s[i * inner[2]]);
       }
     });
   });

@@ -1,5 +1,6 @@
 // Gather/scatter kernels behind cat, stack and indexSelect, over contiguous
-// buffers viewed as [outer, size, inner] around the dimension the op works on.
+// buffers viewed as [outer, size, inner] around the dimension the op works on,
+// and behind gather and scatterAdd, over strided operands of equal rank.
 //
 //   // cat two contiguous [2, 3] and [2, 5] float tensors along dim 1 into [2, 8]:
 //   catForward(DType::Float32, a, 2, 3, out, 8, 0);
@@ -10,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "common/dtype.h"
 
@@ -30,5 +32,22 @@ void indexSelectForward(DType type, const void* in, int64_t outer, int64_t size,
 // (bfloat16/float16 accumulate in float32).
 void indexSelectBackward(DType type, const void* g, int64_t outer, int64_t size, int64_t inner,
                          const int64_t* index, int64_t n, void* gradIn);
+
+// out[p] = in[p with its `dim` coordinate replaced by index[p]] for every
+// position p of `shape` (index's shape, also out's). in is read through its
+// element strides inStrides (any layout, same rank as shape); index and out
+// are contiguous. Any dtype; index[p] in [0, in's size along dim).
+void gatherForward(DType type, const void* in, std::span<const int64_t> inStrides, int64_t dim,
+                   const int64_t* index, std::span<const int64_t> shape, void* out);
+
+// out[p with its `dim` coordinate replaced by index[p]] += src[p] for every
+// position p of `shape` (index's shape). out is written through its element
+// strides outStrides and src read through srcStrides (both of shape's rank,
+// each at least shape's sizes); index is contiguous. Repeated targets
+// accumulate in the order of p along dim, so results do not depend on the
+// thread count. Numeric dtypes; index[p] in [0, out's size along dim).
+void scatterAddForward(DType type, void* out, std::span<const int64_t> outStrides, int64_t dim,
+                       const int64_t* index, std::span<const int64_t> shape, const void* src,
+                       std::span<const int64_t> srcStrides);
 
 }  // namespace weft::kernels::cpu

@@ -100,6 +100,29 @@ void powTensorBackward(const Tensor& a, const Tensor& e, const Tensor& out) {
   });
 }
 
+// d/da = g where cond, else 0; d/db = g where not cond (each summed back to
+// its operand's shape)
+void whereBackward(const char* name, const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (!anyRequiresGrad({&a, &b})) return;
+  SavedTensor sc(cond);
+  Shape as = a.shape(), bs = b.shape();
+  bool needA = a.requiresGrad(), needB = b.requiresGrad();
+  recordOp(name, {a, b}, {out}, [sc, as, bs, needA, needB, name](const Grads& g) {
+    Tensor c = sc.unpack(name);
+    Tensor zero = zeros({}, {.dtype = g[0].dtype()});
+    return Grads{needA ? sumTo(where(c, g[0], zero), as) : Tensor(),
+                 needB ? sumTo(where(c, zero, g[0]), bs) : Tensor()};
+  });
+}
+
+// d/dx = g with the same triangle kept
+void triangleBackward(bool upper, int64_t diagonal, const Tensor& x, const Tensor& out) {
+  if (!anyRequiresGrad({&x})) return;
+  recordOp(upper ? "TriuBackward" : "TrilBackward", {x}, {out}, [upper, diagonal](const Grads& g) {
+    return Grads{upper ? triu(g[0], diagonal) : tril(g[0], diagonal)};
+  });
+}
+
 // ---- unary ops ------------------------------------------------------------------
 // One kernel computes every unary derivative (kernels::cpu::unaryBackward);
 // the table says which of the input x and the output y it reads, so that

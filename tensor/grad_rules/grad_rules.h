@@ -1,12 +1,14 @@
 // Gradient rules: the backward of every differentiable op, one function per
 // op, with its siblings in one file per op family (internal to tensor/):
 //
-//   elementwise.cpp  add sub mul div maximum minimum pow, and the unary ops
-//                    as one table of what each derivative reads
-//   reduce.cpp       sum, max/min (whole tensor and along a dim), softmax
+//   elementwise.cpp  add sub mul div maximum minimum pow, where maskedFill
+//                    triu tril, and the unary ops as one table of what each
+//                    derivative reads
+//   reduce.cpp       sum, max/min (whole tensor and along a dim), softmax,
+//                    cumsum
 //   linalg.cpp       the matrix products (mm bmm matmul) and linear
 //   views.cpp        the view ops, clone, and dtype/device conversion
-//   shape.cpp        cat stack split indexSelect
+//   shape.cpp        cat stack split indexSelect gather scatterAdd
 //   nn.cpp           embedding embeddingBag conv2d maxPool2d dropout layerNorm
 //                    lstm
 //   loss.cpp         nllLoss crossEntropy mseLoss
@@ -53,6 +55,11 @@ void divBackward(const Tensor& a, const Tensor& b, const Tensor& out);
 void maximumBackward(const Tensor& a, const Tensor& b, const Tensor& out);
 void minimumBackward(const Tensor& a, const Tensor& b, const Tensor& out);
 void powTensorBackward(const Tensor& a, const Tensor& e, const Tensor& out);
+// where and maskedFill (`name`: WhereBackward, MaskedFillBackward); cond is
+// the Bool condition (mask), a and b the values taken where it holds and
+// where it does not.
+void whereBackward(const char* name, const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);
+void triangleBackward(bool upper, int64_t diagonal, const Tensor& x, const Tensor& out);
 // Every op of kernels::cpu::UnaryOp; `name` is the node's, p0/p1 the op's
 // scalar parameters (exponent, clamp bounds, the scalar added or multiplied).
 void unaryBackward(kernels::cpu::UnaryOp op, const char* name, const Tensor& a, const Tensor& out, double p0 = 0,
@@ -67,6 +74,8 @@ void extremumAllBackward(bool isMax, const Tensor& a, const Tensor& out);
 void extremumAlongBackward(bool isMax, const Tensor& a, const Tensor& values, const Tensor& indices,
                            detail::AxisView v);
 void softmaxBackward(bool log, const Tensor& a, const Tensor& out, detail::AxisView v);
+// v: a's layout around the summed dim.
+void cumsumBackward(const Tensor& a, const Tensor& out, detail::AxisView v);
 
 // ---- matrix products ------------------------------------------------------------
 // out = a · b per element of `batch` (a, b broadcast over it); `name` is the
@@ -100,6 +109,10 @@ void splitBackward(const Tensor& a, const std::vector<Tensor>& pieces, int64_t d
 // index: contiguous; a seen as [outer, size, inner] around the indexed dim.
 void indexSelectBackward(const Tensor& a, const Tensor& out, const Tensor& index, int64_t outer, int64_t size,
                          int64_t inner);
+
+// index: contiguous, of rank >= 1 (a 0-D index seen as [1]); dim wrapped.
+void gatherBackward(const Tensor& x, const Tensor& out, const Tensor& index, int64_t dim);
+void scatterAddBackward(const Tensor& x, const Tensor& src, const Tensor& out, const Tensor& index, int64_t dim);
 
 // ---- nn ----------------------------------------------------------------------------
 // idx: the indices as the forward read them (contiguous).

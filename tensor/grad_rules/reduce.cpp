@@ -1,6 +1,7 @@
 // Gradient rules of the reductions and softmax (see grad_rules.h). g is the
 // gradient of the output.
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/scan.h"
 #include "kernels/cpu/softmax.h"
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
@@ -64,6 +65,19 @@ void softmaxBackward(bool log, const Tensor& a, const Tensor& out, detail::AxisV
     Tensor gi = emptyLike(y);
     if (gi.numel() > 0) {
       kernels::cpu::softmaxBackward(y.dtype(), y.rawData(), go.rawData(), v.outer, v.size, v.inner, log, gi.rawData());
+    }
+    return Grads{gi};
+  });
+}
+
+// cumsum(a, dim): d/da[r] = the sum of g[s] over s >= r along dim
+void cumsumBackward(const Tensor& a, const Tensor& out, detail::AxisView v) {
+  if (!anyRequiresGrad({&a})) return;
+  recordOp("CumsumBackward", {a}, {out}, [v](const Grads& g) {
+    Tensor go = g[0].contiguous();
+    Tensor gi = empty(go.shape(), {.dtype = go.dtype()});
+    if (gi.numel() > 0) {
+      kernels::cpu::cumsum(go.dtype(), go.rawData(), v.outer, v.size, v.inner, true, go.dtype(), gi.rawData());
     }
     return Grads{gi};
   });

@@ -61,4 +61,46 @@ void indexSelectBackward(const Tensor& a, const Tensor& out, const Tensor& index
   });
 }
 
+// d/dx = g scatter-added back to where each element was gathered from
+void gatherBackward(const Tensor& x, const Tensor& out, const Tensor& index, int64_t dim) {
+  if (!anyRequiresGrad({&x})) return;
+  SavedTensor si(index);
+  Shape xShape = x.shape();
+  recordOp("GatherBackward", {x}, {out}, [si, xShape, dim](const Grads& g) {
+    Tensor ix = si.unpack("GatherBackward");
+    Tensor gx = zeros(xShape, {.dtype = g[0].dtype()});
+    Tensor gv = g[0].dim() == 0 ? g[0].view({1}) : g[0];
+    Tensor gxv = gx.dim() == 0 ? gx.view({1}) : gx;
+    if (ix.numel() > 0) {
+      kernels::cpu::scatterAddForward(gx.dtype(), gxv.rawData(), gxv.strides(), dim, ix.data<int64_t>(), ix.shape(),
+                                      gv.rawData(), gv.strides());
+    }
+    return Grads{gx};
+  });
+}
+
+// d/dx = g; d/dsrc = g gathered at index, zero beyond index's extent
+void scatterAddBackward(const Tensor& x, const Tensor& src, const Tensor& out, const Tensor& index, int64_t dim) {
+  if (!anyRequiresGrad({&x, &src})) return;
+  bool needSrc = src.requiresGrad();
+  SavedTensor si(needSrc ? index : Tensor());
+  Shape srcShape = src.shape(), indexShape = index.shape();
+  recordOp("ScatterAddBackward", {x, src}, {out}, [si, needSrc, srcShape, indexShape, dim](const Grads& g) {
+    if (!needSrc) return Grads{g[0], Tensor()};
+    Tensor ix = si.unpack("ScatterAddBackward");
+    Tensor gv = g[0].dim() == 0 ? g[0].view({1}) : g[0];
+    Tensor gs = gather(gv, dim, ix);
+    if (gs.shape() != srcShape) {
+      // index covers part of src (or src is 0-D and index [1]): place the
+      // gathered block at src's origin.
+      Tensor full = zeros(srcShape, {.dtype = gs.dtype()});
+      Tensor region = srcShape.empty() ? full.view({1}) : full;
+      for (int64_t d = 0; d < static_cast<int64_t>(indexShape.size()); ++d) region = region.narrow(d, 0, indexShape[d]);
+      region.copy_(gs);
+      gs = full;
+    }
+    return Grads{g[0], gs};
+  });
+}
+
 }  // namespace weft::grad_rules

@@ -151,12 +151,13 @@ TEST_CASE("attention matches PyTorch 1.13's softmax(q k^T * scale + mask) v, lse
 // ---- against the naive formula ------------------------------------------------------
 
 TEST_CASE("attention matches softmax(q k^T * scale + mask) v in out, lse and every gradient") {
-  // Lengths below, at and above the blocks (64 queries, 128 keys), odd ones,
+  // Lengths below, at and above the blocks (128 queries, 128 keys), odd ones,
   // Sq != Sk both ways, offsets placing the queries after the keys.
   const std::vector<Case> cases = {
-      {1, 1, 37, 53, 24, false, 0, 0},  {2, 3, 37, 53, 24, true, 0, 0},  {1, 2, 53, 37, 24, true, 0, 0},
-      {1, 1, 5, 3, 8, false, 0, 0},      {1, 2, 130, 300, 16, false, 0, 0}, {2, 1, 200, 200, 16, true, 0, 0},
-      {1, 2, 37, 53, 24, true, 100, 60}, {1, 1, 70, 260, 8, true, 190, 0}, {1, 1, 64, 128, 8, true, 0, 0},
+      {1, 1, 37, 53, 24, false, 0, 0},    {2, 3, 37, 53, 24, true, 0, 0},    {1, 2, 53, 37, 24, true, 0, 0},
+      {1, 1, 5, 3, 8, false, 0, 0},        {1, 2, 130, 300, 16, false, 0, 0}, {2, 1, 200, 200, 16, true, 0, 0},
+      {1, 2, 37, 53, 24, true, 100, 60},   {1, 1, 70, 260, 8, true, 190, 0},  {1, 1, 128, 128, 8, true, 0, 0},
+      {1, 1, 129, 257, 8, true, 128, 0},
   };
   for (const Case& c : cases) {
     CAPTURE(c.Sq);
@@ -181,10 +182,10 @@ TEST_CASE("attention matches softmax(q k^T * scale + mask) v in out, lse and eve
   }
 }
 
-TEST_CASE("attention rows that see no key give out 0, lse -inf and no gradient; the others are exact") {
+TEST_CASE("attention rows that see no key give out 0, lse -inf and no gradient, the other rows exact") {
   // Keys start 20 positions after the queries: queries 0..19 see nothing,
-  // including whole query blocks of 64 when the offset is larger.
-  for (const Case& c : {Case{1, 2, 37, 53, 16, true, 0, 20}, Case{1, 1, 150, 40, 8, true, 0, 100}}) {
+  // including a whole query block of 128 when the offset is larger.
+  for (const Case& c : {Case{1, 2, 37, 53, 16, true, 0, 20}, Case{1, 1, 150, 40, 8, true, 0, 140}}) {
     CAPTURE(c.keyOffset);
     std::vector<Tensor> in = inputs(c, DType::Float64, 3);
     const double scale = 0.3;
@@ -209,6 +210,23 @@ TEST_CASE("attention rows that see no key give out 0, lse -inf and no gradient; 
     }
     for (int i = 0; i < 3; ++i) expectClose(flash.grads[i], ref.grads[i], 1e-9, 1e-11);
   }
+}
+
+TEST_CASE("attention over no keys gives zeros and lse -inf, over no queries empty results") {
+  Tensor q = randn({1, 2, 3, 4}, kF64).requiresGrad_(), k = randn({1, 2, 0, 4}, kF64).requiresGrad_();
+  Tensor v = randn({1, 2, 0, 4}, kF64).requiresGrad_();
+  AttentionOutput r = scaledDotProductAttentionWithLse(q, k, v);
+  CHECK(r.out.toVector<double>() == std::vector<double>(24, 0.0));
+  CHECK(r.lse.toVector<double>() == std::vector<double>(6, -std::numeric_limits<double>::infinity()));
+  sum(r.out).backward();
+  CHECK(q.grad().toVector<double>() == std::vector<double>(24, 0.0));
+  CHECK(k.grad().numel() == 0);
+  Tensor none = randn({1, 2, 0, 4}, kF64).requiresGrad_();
+  AttentionOutput e = scaledDotProductAttentionWithLse(none, q, q);
+  CHECK(e.out.shape() == Shape{1, 2, 0, 4});
+  CHECK(e.lse.shape() == Shape{1, 2, 0});
+  sum(e.out).backward();
+  CHECK(q.grad().toVector<double>() == std::vector<double>(24, 0.0));
 }
 
 TEST_CASE("attention in float32 agrees with float64") {

@@ -25,6 +25,16 @@ TEST_CASE("inside an autocast scope products run in the low dtype and float32 le
       CHECK(matmul(x, wa.t()).dtype() == low);
       CHECK(mm(x, wa.t()).dtype() == low);
       CHECK(bmm(x.unsqueeze(0), wa.t().unsqueeze(0)).dtype() == low);
+      Tensor img = randn({1, 2, 5, 5}, {}, &g), ker = randn({3, 2, 3, 3}, {}, &g);
+      Tensor conv = conv2d(img, ker);
+      CHECK(conv.dtype() == low);
+      CHECK(conv.toVector<float>() == conv2d(img.to(low), ker.to(low)).toVector<float>());
+      Tensor q = randn({1, 2, 4, 8}, {}, &g);
+      AttentionOutput att = scaledDotProductAttentionWithLse(q, q, q, {.causal = true});
+      CHECK(att.out.dtype() == low);
+      CHECK(att.lse.dtype() == low);
+      CHECK(att.out.toVector<float>() ==
+            scaledDotProductAttention(q.to(low), q.to(low), q.to(low), {.causal = true}).toVector<float>());
       y.to(DType::Float32).sum().backward();
     }
     CHECK_FALSE(autocast::isEnabled());
@@ -59,6 +69,11 @@ TEST_CASE("inside an autocast scope softmax, losses, sum and mean run in float32
   CHECK(mseLoss(logits, zerosLike(logits)).dtype() == DType::Float32);
   CHECK(logits.sum().dtype() == DType::Float32);
   CHECK(logits.mean({1}).dtype() == DType::Float32);
+  CHECK(layerNorm(logits, {5}).dtype() == DType::Float32);
+  CHECK(layerNorm(logits, {5}).toVector<float>() == [&] {
+    autocast::Scope off(DType::BFloat16, false);
+    return layerNorm(logits.to(DType::Float32), {5}).toVector<float>();
+  }());
   // Values: the float32 op on the bfloat16 values, not rounded to bfloat16.
   Tensor up = logits.to(DType::Float32);
   autocast::Scope off(DType::BFloat16, false);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "kernels/cpu/copy.h"
 #include "tensor/ops.h"
 #include "weft_test.h"
 
@@ -275,4 +276,35 @@ TEST_CASE("ops that need one dtype still name a bfloat16/float32 mismatch outsid
   Tensor a = ones({2}), b = ones({2}, {.dtype = DType::BFloat16});
   CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("dtype mismatch: float32"), InvalidArgumentError);
   CHECK_THROWS_WITH_AS(matmul(a, b), doctest::Contains("dtype mismatch"), InvalidArgumentError);
+}
+
+TEST_CASE("the vectorised float16 and bfloat16 conversions give the portable code's bits for every value") {
+  // Every 16-bit pattern, and float32 values around every float16 rounding
+  // boundary (ties, subnormals, overflow, NaNs with payloads), in lengths that
+  // leave vector tails.
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> floats;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const uint32_t f = std::bit_cast<uint32_t>(static_cast<float>(Float16::fromBits(static_cast<uint16_t>(i))));
+    for (uint32_t delta : {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu}) floats.push_back(std::bit_cast<float>(f + delta));
+  }
+  floats.push_back(std::bit_cast<float>(0x7fa00001u));
+  floats.push_back(std::bit_cast<float>(0xffc12345u));
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    const std::string dtype = dtypeName(dt);
+    CAPTURE(dtype);
+    for (size_t n : {all.size(), size_t{13}}) {
+      std::vector<float> fast(n), portable(n);
+      kernels::cpu::halfToFloat(dt, all.data(), fast.data(), static_cast<int64_t>(n));
+      kernels::cpu::halfToFloatPortable(dt, all.data(), portable.data(), static_cast<int64_t>(n));
+      CHECK(std::memcmp(fast.data(), portable.data(), n * sizeof(float)) == 0);
+    }
+    for (size_t n : {floats.size(), size_t{29}}) {
+      std::vector<uint16_t> fast(n), portable(n);
+      kernels::cpu::floatToHalf(dt, floats.data(), fast.data(), static_cast<int64_t>(n));
+      kernels::cpu::floatToHalfPortable(dt, floats.data(), portable.data(), static_cast<int64_t>(n));
+      CHECK(fast == portable);
+    }
+  }
 }

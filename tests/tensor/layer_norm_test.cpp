@@ -169,12 +169,12 @@ TEST_CASE("layerNorm names the op, the shapes and the value on bad input") {
   };
   CHECK(message([&] { layerNorm(x, {}); }).find("layerNorm: normalizedShape must have at least one dimension") !=
         std::string::npos);
-  CHECK(message([&] { layerNorm(x, {3}); }).find("layerNorm: input of shape [2, 3, 4] does not end in normalizedShape [3]") !=
-        std::string::npos);
+  CHECK(message([&] { layerNorm(x, {3}); })
+            .find("layerNorm: input of shape [2, 3, 4] does not end in normalizedShape [3]") != std::string::npos);
   CHECK(message([&] { layerNorm(x, {1, 2, 3, 4}); }).find("does not end in normalizedShape [1, 2, 3, 4]") !=
         std::string::npos);
-  CHECK(message([&] { layerNorm(x, {3, 4}, zeros({4})); }).find("layerNorm: weight of shape [4] must equal normalizedShape [3, 4]") !=
-        std::string::npos);
+  CHECK(message([&] { layerNorm(x, {3, 4}, zeros({4})); })
+            .find("layerNorm: weight of shape [4] must equal normalizedShape [3, 4]") != std::string::npos);
   CHECK(message([&] { layerNorm(x, {4}, {}, zeros({2})); }).find("layerNorm: bias of shape [2]") != std::string::npos);
   CHECK(message([&] { layerNorm(x, {4}, zeros({4}, kF64)); }).find("layerNorm") != std::string::npos);
   CHECK(message([&] { layerNorm(x, {4}, {}, {}, -1e-5); }).find("layerNorm: eps must be non-negative, got -1e-05") !=
