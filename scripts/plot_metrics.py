@@ -10,8 +10,8 @@ the first column named iteration, episode, step or epoch, else the first column.
 column whose values are all numbers gets its own panel (or only those named by --columns); a
 panel shows the raw values and, with --smooth N (N > 1), their moving average over N rows.
 An empty cell is a value not measured at that row (a validation loss written every K steps): a
-column is drawn through its measured points (marked when they are fewer than half the rows), and
-its moving average runs over those points.
+column is drawn through its measured points; when they are fewer than half the rows they are
+marked and not smoothed, else the moving average runs over them.
 Uses matplotlib (Debian's python3-matplotlib, installed by scripts/setup.sh) without a display.
 """
 
@@ -132,8 +132,8 @@ def main():
         px, py = [p[0] for p in points], [p[1] for p in points]
         sparse = len(points) < len(ys) / 2
         ax.plot(px, py, linewidth=1.2 if sparse else 0.7, marker="o" if sparse else None, markersize=3,
-                alpha=0.45 if args.smooth > 1 else 1.0, label=name)
-        if args.smooth > 1:
+                alpha=0.45 if args.smooth > 1 and not sparse else 1.0, label=name)
+        if args.smooth > 1 and not sparse:
             ax.plot(px, moving_average(py, args.smooth), linewidth=1.5, label=f"{name} (mean of {args.smooth})")
             ax.legend(loc="best", fontsize="small")
         ax.set_ylabel(name)
