@@ -23,17 +23,18 @@ struct Flags {
   int64_t block = 128;  // context length: the training windows and the position table
   double dropout = 0.0;
   std::string checkpoint = "none";  // none, every-block, every:K, sqrt
+  std::string precision = "float32";  // float32, or bf16: products in bfloat16 (tensor/autocast.h)
   // The optimisation.
-  int64_t steps = 250;
+  int64_t steps = 600;
   int64_t batchSize = 16;
   double lr = 1e-3;      // the peak, reached at the end of the warm-up
   double minLr = 1e-4;   // the end of the cosine decay
-  int64_t warmup = 25;   // steps of linear warm-up from lr / warmup
+  int64_t warmup = 50;   // steps of linear warm-up from lr / warmup
   double weightDecay = 0.1;  // on the matrices only (nn::optim::decayGroups)
   double gradClip = 1.0;     // the largest gradient norm; 0 = no clipping
   // Reporting.
-  int64_t logInterval = 10;
-  int64_t evalInterval = 50;  // also at step 0 and after the last step
+  int64_t logInterval = 20;
+  int64_t evalInterval = 100;  // also at step 0 and after the last step
   int64_t evalBatches = 8;    // validation windows: evalBatches x batchSize
   std::string metrics = "gpt_metrics.csv";
   // The sample printed at the end.
@@ -49,7 +50,8 @@ struct Flags {
 [[noreturn]] inline void usage(const std::string& err) {
   app::exitWithUsage(kProgram, err, "",
                      "[--layers N] [--heads N] [--width N] [--block N] [--dropout P]\n"
-                     "           [--checkpoint none|every-block|every:K|sqrt] [--steps N] [--batch-size N]\n"
+                     "           [--checkpoint none|every-block|every:K|sqrt] [--precision float32|bf16]\n"
+                     "           [--steps N] [--batch-size N]\n"
                      "           [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
@@ -92,6 +94,7 @@ inline Flags parseFlags(int argc, char** argv) {
     else if (a == "--block") f.block = args.integer();
     else if (a == "--dropout") f.dropout = args.real(true);
     else if (a == "--checkpoint") f.checkpoint = v;
+    else if (a == "--precision") f.precision = v;
     else if (a == "--steps") f.steps = args.integer();
     else if (a == "--batch-size") f.batchSize = args.integer();
     else if (a == "--lr") f.lr = args.real(true);
@@ -117,6 +120,9 @@ inline Flags parseFlags(int argc, char** argv) {
   if (f.width % f.heads != 0) usage("--heads must divide --width");
   if (f.dropout < 0 || f.dropout >= 1) usage("--dropout must lie in [0, 1)");
   checkpointPolicy(f.checkpoint);
+  if (f.precision != "float32" && f.precision != "bf16") {
+    usage("invalid value '" + f.precision + "' for --precision (float32, bf16)");
+  }
   if (f.steps < 1 || f.batchSize < 1) usage("--steps and --batch-size must be positive");
   if (f.lr <= 0 || f.minLr < 0 || f.minLr > f.lr) usage("--lr must be positive and --min-lr in [0, lr]");
   if (f.warmup < 0 || f.warmup > f.steps) usage("--warmup must lie in [0, steps]");

@@ -11,6 +11,7 @@
 #include "nn/optim.h"
 #include "nn/transformer.h"
 #include "nn/utils.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -28,10 +29,12 @@ class SingleProcess final : public Layout {
         model_(std::make_shared<nn::GPT>(modelConfig(f), &init_)),
         opt_(nn::optim::decayGroups(model_->namedParameters(),
                                     nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = f.weightDecay})),
-        gradClip_(f.gradClip) {}
+        gradClip_(f.gradClip),
+        bf16_(f.precision == "bf16") {}
 
   std::string describe() const override {
-    return "one process, " + std::to_string(kernels::cpu::numThreads()) + " kernel threads";
+    return "one process, " + std::to_string(kernels::cpu::numThreads()) + " kernel threads, " +
+           (bf16_ ? "bfloat16 products (autocast), float32 weights" : "float32");
   }
 
   int64_t numParameters() const override { return model_->numParameters(); }
@@ -39,7 +42,7 @@ class SingleProcess final : public Layout {
   double step(const Tensor& x, const Tensor& y, double lr) override {
     opt_.setLr(lr);
     opt_.zeroGrad(true);
-    Tensor loss = model_->loss(x, y);
+    Tensor loss = forwardLoss(x, y);
     loss.backward();
     if (gradClip_ > 0) nn::clipGradNorm_(model_->parameters(), gradClip_);
     opt_.step();
@@ -49,7 +52,7 @@ class SingleProcess final : public Layout {
   double evaluate(const Tensor& x, const Tensor& y) override {
     NoGradGuard ng;
     model_->eval();
-    double loss = model_->loss(x, y).item<double>();
+    double loss = forwardLoss(x, y).item<double>();
     model_->train();
     return loss;
   }
@@ -65,10 +68,18 @@ class SingleProcess final : public Layout {
   }
 
  private:
+  // The loss; with bf16, under an autocast scope (backward runs outside it, in the dtypes
+  // forward saw).
+  Tensor forwardLoss(const Tensor& x, const Tensor& y) {
+    autocast::Scope amp(DType::BFloat16, bf16_);
+    return model_->loss(x, y);
+  }
+
   Generator init_;
   std::shared_ptr<nn::GPT> model_;
   nn::optim::AdamW opt_;
   double gradClip_;
+  bool bf16_;
 };
 
 }  // namespace

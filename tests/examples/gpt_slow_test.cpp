@@ -1,7 +1,8 @@
 // The GPT example run as a user runs it, at tiny sizes: the validation loss starts at that of a
 // uniform guess over the 256 bytes and falls below that of the corpus's byte frequencies, the
 // sample continues the prompt in printable text, checkpointing changes nothing in the numbers,
-// and bad command lines and a missing corpus are reported.
+// bfloat16 products train about as well, and bad command lines and a missing corpus are
+// reported.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -90,7 +91,21 @@ TEST_CASE("the GPT example with checkpointing every block trains to the same los
   CHECK(checkpointedPeak < 0.9 * plainPeak);
 }
 
-TEST_CASE("the GPT example rejects an unknown flag and a bad checkpointing policy with its usage") {
+TEST_CASE("the GPT example trained with bfloat16 products tracks the float32 run") {
+  std::string f32, bf16;
+  REQUIRE(runShell(std::string(WEFT_GPT) + kTiny + " --metrics /dev/null 2>&1", f32) == 0);
+  REQUIRE(runShell(std::string(WEFT_GPT) + kTiny + " --precision bf16 --metrics /dev/null 2>&1", bf16) == 0);
+  INFO(f32);
+  INFO(bf16);
+  CHECK(bf16.find("bfloat16 products (autocast)") != std::string::npos);
+  const double a = numberAfter(f32, "final validation loss "), b = numberAfter(bf16, "final validation loss ");
+  // bfloat16 keeps 8 bits of mantissa: the runs part, but end within 0.2 nats of each other and
+  // both below the corpus's byte frequencies.
+  CHECK(std::fabs(a - b) < 0.2);
+  CHECK(b < unigramCrossEntropy());
+}
+
+TEST_CASE("the GPT example rejects an unknown flag and bad values with its usage") {
   std::string out;
   CHECK(runShell(std::string(WEFT_GPT) + " --bogus 1 2>&1", out) == 2);
   CHECK(out.find("unknown flag --bogus") != std::string::npos);
@@ -98,6 +113,9 @@ TEST_CASE("the GPT example rejects an unknown flag and a bad checkpointing polic
   out.clear();
   CHECK(runShell(std::string(WEFT_GPT) + " --checkpoint every:0 2>&1", out) == 2);
   CHECK(out.find("invalid value 'every:0' for --checkpoint") != std::string::npos);
+  out.clear();
+  CHECK(runShell(std::string(WEFT_GPT) + " --precision fp8 2>&1", out) == 2);
+  CHECK(out.find("invalid value 'fp8' for --precision") != std::string::npos);
   out.clear();
   CHECK(runShell(std::string(WEFT_GPT) + " --heads 3 --width 128 2>&1", out) == 2);
   CHECK(out.find("--heads must divide --width") != std::string::npos);
