@@ -4,7 +4,7 @@
 // more implementation of this interface, chosen by makeLayout from the flags.
 //
 //   std::unique_ptr<Layout> layout = makeLayout(flags);
-//   auto [x, y] = text.batch(data::Split::Train, flags.batchSize, flags.block, gen,
+//   auto [x, y] = text.batch(data::TextSplit::Train, flags.batchSize, flags.block, gen,
 //                            layout->dataRank(), layout->dataWorld());
 //   double loss = layout->step(x, y, schedule(step));
 //   double val = layout->evaluate(vx, vy);

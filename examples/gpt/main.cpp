@@ -3,8 +3,9 @@
 // in bits per byte every --eval-interval steps, writes per-step metrics to a CSV file, and ends
 // with a text sample continuing a fixed prompt.
 //
-//   ./build/examples/gpt/gpt [--layers 4] [--heads 4] [--width 128] [--block 128] [--steps 250]
-//       [--batch-size 16] [--lr 1e-3] [--checkpoint none] [--seed 0] [--metrics gpt_metrics.csv] ...
+//   ./build/examples/gpt/gpt [--layers 4] [--heads 4] [--width 128] [--block 128] [--steps 600]
+//       [--batch-size 16] [--lr 1e-3] [--checkpoint none] [--precision float32] [--seed 0]
+//       [--metrics gpt_metrics.csv] ...
 //
 // The flags are in flags.h; where the model lives and how a step runs there is the Layout of
 // layout.h, so that this loop is the same for every placement of the model.
