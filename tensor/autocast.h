@@ -20,9 +20,10 @@
 //     crossEntropy, mseLoss), sum and mean cast bfloat16/float16 operands up
 //     to float32 and return float32.
 //   - every other op follows its inputs; a binary op (add, sub, mul, div,
-//     maximum, minimum, pow, eq, gt, lt), mergeAttention and cat/stack whose
-//     floating operands differ in dtype promote them to the widest (float64 >
-//     float32 > bfloat16, float16; bfloat16 with float16 gives float32).
+//     maximum, minimum, pow, eq, gt, lt), where, mergeAttention and cat/stack
+//     whose floating operands differ in dtype promote them to the widest
+//     (float64 > float32 > bfloat16, float16; bfloat16 with float16 gives
+//     float32).
 //     Outside a scope mixed dtypes stay an InvalidArgumentError.
 // The backward pass runs without autocast (autograd suspends it): each
 // backward rule computes in the dtypes its forward saw. Code that re-runs a

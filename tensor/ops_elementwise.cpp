@@ -264,6 +264,9 @@ Tensor triangleOp(const char* op, const Tensor& x, int64_t diagonal, bool upper)
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return where(cond, autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true));
+  }
   return selectOp("where", "WhereBackward", cond, a, b);
 }
 

@@ -257,6 +257,9 @@ Tensor scatterAdd(const Tensor& x, int64_t dim, const Tensor& index, const Tenso
     WEFT_ENFORCE(index.size(d) <= src.size(d), InvalidArgumentError, op, ": index of shape ", index.shape(),
                  " is larger than src of shape ", src.shape(), " in dimension ", d);
   }
+  if (isLowPrecision(x.dtype())) {  // accumulated in float32, rounded once
+    return scatterAdd(x.to(DType::Float32), dim, index, src.to(DType::Float32)).to(x.dtype());
+  }
   Tensor idx = atLeast1d(index.contiguous()), sv = atLeast1d(src);
   Tensor out = x.contiguous().clone().detach();
   Tensor ov = atLeast1d(out);

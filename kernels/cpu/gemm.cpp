@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/error.h"
@@ -167,26 +168,28 @@ void gemmHalf(DType type, const MatrixOperand& a, const MatrixOperand& b, int64_
     });
   };
   const int64_t bRows = b.trans ? n : k, bCols = b.trans ? k : n;
-  std::vector<float> fb(static_cast<size_t>(bRows * bCols));
-  if (k > 0) toFloatRows(pb, b.trans ? normalizedLd(b, n, k) : normalizedLd(b, k, n), bRows, bCols, fb.data());
-  const MatrixOperand fbOp{fb.data(), b.trans, std::max<int64_t>(bCols, 1)};
+  // Uninitialised: every element is written before it is read.
+  std::unique_ptr<float[]> fb(new float[static_cast<size_t>(std::max<int64_t>(bRows * bCols, 1))]);
+  if (k > 0) toFloatRows(pb, b.trans ? normalizedLd(b, n, k) : normalizedLd(b, k, n), bRows, bCols, fb.get());
+  const MatrixOperand fbOp{fb.get(), b.trans, std::max<int64_t>(bCols, 1)};
   const int64_t lda = k == 0 ? 1 : (a.trans ? normalizedLd(a, k, m) : normalizedLd(a, m, k));
   const int64_t panel = std::min(m, kHalfPanelRows);
-  std::vector<float> fa(static_cast<size_t>(panel * k)), fc(static_cast<size_t>(panel * n));
+  std::unique_ptr<float[]> fa(new float[static_cast<size_t>(std::max<int64_t>(panel * k, 1))]);
+  std::unique_ptr<float[]> fc(new float[static_cast<size_t>(std::max<int64_t>(panel * n, 1))]);
   for (int64_t i0 = 0; i0 < m; i0 += panel) {
     const int64_t rows = std::min(panel, m - i0);
     MatrixOperand faOp;
     if (a.trans) {  // stored [k, m]: columns [i0, i0 + rows) of every stored row
-      for (int64_t j = 0; j < k; ++j) halfToFloat(type, pa + j * lda + i0, fa.data() + j * rows, rows);
-      faOp = {fa.data(), true, std::max<int64_t>(rows, 1)};
+      for (int64_t j = 0; j < k; ++j) halfToFloat(type, pa + j * lda + i0, fa.get() + j * rows, rows);
+      faOp = {fa.get(), true, std::max<int64_t>(rows, 1)};
     } else {
-      if (k > 0) toFloatRows(pa + i0 * lda, lda, rows, k, fa.data());
-      faOp = {fa.data(), false, std::max<int64_t>(k, 1)};
+      if (k > 0) toFloatRows(pa + i0 * lda, lda, rows, k, fa.get());
+      faOp = {fa.get(), false, std::max<int64_t>(k, 1)};
     }
-    if (beta != 0.0f) toFloatRows(pc + i0 * ldc, ldc, rows, n, fc.data());
-    gemmTyped<float>(faOp, fa.data(), fbOp, fb.data(), rows, n, k, alpha, beta, fc.data(), n);
+    if (beta != 0.0f) toFloatRows(pc + i0 * ldc, ldc, rows, n, fc.get());
+    gemmTyped<float>(faOp, fa.get(), fbOp, fb.get(), rows, n, k, alpha, beta, fc.get(), n);
     parallelFor(rows, kParallelGrain / n + 1, [&](int64_t rb, int64_t re) {
-      for (int64_t r = rb; r < re; ++r) floatToHalf(type, fc.data() + r * n, pc + (i0 + r) * ldc, n);
+      for (int64_t r = rb; r < re; ++r) floatToHalf(type, fc.get() + r * n, pc + (i0 + r) * ldc, n);
     });
   }
 }

@@ -155,7 +155,7 @@ void scatterAddForward(DType type, void* out, std::span<const int64_t> outStride
   outPos[dim] = 0;
   const std::vector<int64_t> rowShape = dimLast(shape, dim), outRows = dimLast(outPos, dim),
                              indexRows = dimLast(contiguousStrides(shape), dim), srcRows = dimLast(srcStrides, dim);
-  WEFT_DISPATCH_NUMERIC(type, "scatterAdd", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC_AND_HALF(type, "scatterAdd", [&]<class T>() {
     T* op = static_cast<T*>(out);
     const T* sp = static_cast<const T*>(src);
     const std::span<const int64_t> strides[3] = {outRows, indexRows, srcRows};

@@ -45,7 +45,8 @@ void gatherForward(DType type, const void* in, std::span<const int64_t> inStride
 // strides outStrides and src read through srcStrides (both of shape's rank,
 // each at least shape's sizes); index is contiguous. Repeated targets
 // accumulate in the order of p along dim, so results do not depend on the
-// thread count. Numeric dtypes; index[p] in [0, out's size along dim).
+// thread count. Numeric dtypes (bfloat16/float16: each addition in float32,
+// rounded to the dtype); index[p] in [0, out's size along dim).
 void scatterAddForward(DType type, void* out, std::span<const int64_t> outStrides, int64_t dim,
                        const int64_t* index, std::span<const int64_t> shape, const void* src,
                        std::span<const int64_t> srcStrides);

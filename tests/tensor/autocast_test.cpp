@@ -97,6 +97,9 @@ TEST_CASE("inside an autocast scope mixed floating operands promote to the wides
   CHECK((h * q).toVector<float>() == std::vector<float>(3, 1.0f));
   CHECK((f.to(DType::Float64) - h).dtype() == DType::Float64);
   CHECK(gt(h, f).toVector<bool>() == std::vector<bool>(3, true));
+  Tensor w = where(fromVector<bool>({true, false, true}), h, f);
+  CHECK(w.dtype() == DType::Float32);
+  CHECK(w.toVector<float>() == std::vector<float>{2, 1, 2});
   CHECK(cat({f, h}).dtype() == DType::Float32);
   CHECK(stack({h, q}).dtype() == DType::Float32);
   // A float32 leaf added to a bfloat16 activation gets a float32 gradient.

@@ -272,6 +272,36 @@ TEST_CASE("embedding, dropout, losses and conv2d take bfloat16 and compute in fl
   }
 }
 
+TEST_CASE("selection, triangles, gather, scatterAdd and cumsum take bfloat16 and float16") {
+  Generator g(8);
+  Tensor x32 = randn({3, 5}, {}, &g);
+  Tensor mask = gt(x32, zerosLike(x32));
+  Tensor index = fromVector<int64_t>({4, 0, 2, 1, 1, 3}, {3, 2});
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    const std::string dtype = dtypeName(dt);
+    CAPTURE(dtype);
+    Tensor x = x32.to(dt), up = x.to(DType::Float32);
+    // Moves and selections: exactly the float32 results, rounded (they are exact).
+    CHECK(where(mask, x, zerosLike(x)).toVector<float>() == where(mask, up, zerosLike(up)).toVector<float>());
+    CHECK(maskedFill(x, mask, -1.5).toVector<float>() == maskedFill(up, mask, -1.5).toVector<float>());
+    CHECK(triu(x, 1).toVector<float>() == triu(up, 1).toVector<float>());
+    CHECK(tril(x).toVector<float>() == tril(up).toVector<float>());
+    CHECK(gather(x, 1, index).toVector<float>() == gather(up, 1, index).toVector<float>());
+    // Sums: accumulated in float32, rounded once.
+    CHECK(cumsum(x, 1).toVector<float>() == cumsum(up, 1).to(dt).toVector<float>());
+    Tensor src = onesLike(x).narrow(1, 0, 2);
+    CHECK(scatterAdd(x, 1, index, src).toVector<float>() ==
+          scatterAdd(up, 1, index, src.to(DType::Float32)).to(dt).toVector<float>());
+    // Gradients in the dtype.
+    Tensor leaf = x.detach().requiresGrad_();
+    (cumsum(leaf, 1) * 2.0 + gather(leaf, 1, index).sum()).sum().backward();
+    CHECK(leaf.grad().dtype() == dt);
+    Tensor leaf32 = up.detach().requiresGrad_();
+    (cumsum(leaf32, 1) * 2.0 + gather(leaf32, 1, index).sum()).sum().backward();
+    CHECK(leaf.grad().toVector<float>() == leaf32.grad().to(dt).toVector<float>());
+  }
+}
+
 TEST_CASE("ops that need one dtype still name a bfloat16/float32 mismatch outside autocast") {
   Tensor a = ones({2}), b = ones({2}, {.dtype = DType::BFloat16});
   CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("dtype mismatch: float32"), InvalidArgumentError);
