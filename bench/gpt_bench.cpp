@@ -29,7 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/bench_util.h"
+#include "bench/flags.h"
+#include "bench/median_time.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/nn.h"
 #include "nn/optim.h"
@@ -136,20 +137,17 @@ int main(int argc, char** argv) {
   int steps = 0;
   int rounds = 0;
   std::string models = "default,wide";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--no-torch") torch = false;
-    else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-    else if (a == "--models" && i + 1 < argc) models = argv[++i];
-    else {
-      std::fprintf(stderr,
-                   "usage: gpt_bench [--quick] [--threads N] [--steps N] [--rounds R] [--models default,wide] "
-                   "[--no-torch]\n");
-      return 2;
-    }
+  weft::bench::Flags flags;
+  flags.onSwitch("--quick", [&] { quick = true; });
+  flags.onSwitch("--no-torch", [&] { torch = false; });
+  flags.onValue("--threads", [&](const std::string& v) { threads = static_cast<int>(bench::intFlag("--threads", v, 1, 256)); });
+  flags.onValue("--steps", [&](const std::string& v) { steps = static_cast<int>(bench::intFlag("--steps", v, 1, 100000)); });
+  flags.onValue("--rounds", [&](const std::string& v) { rounds = static_cast<int>(bench::intFlag("--rounds", v, 1, 100)); });
+  flags.onValue("--models", [&](const std::string& v) { models = v; });
+  if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "gpt_bench",
+                                      "usage: gpt_bench [--quick] [--threads N] [--steps N] [--rounds R] "
+                                      "[--models default,wide] [--no-torch]\n")) {
+    return 2;
   }
   if (threads < 1) threads = 1;
   if (rounds < 1) rounds = quick ? 1 : 2;
