@@ -25,6 +25,10 @@ constexpr uint64_t splitmix64(uint64_t x) {
   return z ^ (z >> 31);
 }
 
+// The seed of random stream `stream` of a run seeded `seed` (its data, its dropout, its samples):
+// streams of one run, and the same stream of two runs, are independent.
+constexpr uint64_t streamSeed(uint64_t seed, uint64_t stream) { return splitmix64(seed ^ (stream * kGolden)); }
+
 // `x` as a non-negative int64_t (its top 63 bits): for seeds passed where an int64_t is taken.
 constexpr int64_t nonNegative(uint64_t x) { return static_cast<int64_t>(x >> 1); }
 

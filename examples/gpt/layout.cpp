@@ -25,7 +25,7 @@ constexpr uint64_t kInitStream = 1;
 class SingleProcess final : public Layout {
  public:
   explicit SingleProcess(const Flags& f)
-      : init_(app::splitmix64(f.seed ^ (kInitStream * app::kGolden))),
+      : init_(app::streamSeed(f.seed, kInitStream)),
         model_(std::make_shared<nn::GPT>(modelConfig(f), &init_)),
         opt_(nn::optim::decayGroups(model_->namedParameters(),
                                     nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = f.weightDecay})),
