@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "collectives/detail/sharding.h"
 #include "collectives/object_collectives.h"
 #include "common/error.h"
 #include "nn/utils.h"
@@ -18,25 +19,6 @@
 namespace weft::collectives {
 
 namespace {
-
-// Rethrows `e` as the same weft error type with `prefix` in front of its message.
-[[noreturn]] void rethrowPrefixed(const std::exception_ptr& e, const std::string& prefix) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const TimeoutError& x) {
-    throw TimeoutError(prefix + x.what());
-  } catch (const DisconnectedError& x) {
-    throw DisconnectedError(prefix + x.what());
-  } catch (const StateError& x) {
-    throw StateError(prefix + x.what());
-  } catch (const InvalidArgumentError& x) {
-    throw InvalidArgumentError(prefix + x.what());
-  } catch (const ProtocolError& x) {
-    throw ProtocolError(prefix + x.what());
-  } catch (const std::exception& x) {
-    throw Error(prefix + x.what());
-  }
-}
 
 // "state.<index>.<name>": the index and the name; nothing when the key has another form.
 std::optional<std::pair<size_t, std::string>> parseStateKey(const std::string& key) {
@@ -74,52 +56,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<nn::optim::ParamGro
 }
 
 void ZeroRedundancyOptimizer::checkLayoutsAgree() {
-  // [groups, size of each group, (numel, dtype) of each parameter]
-  std::vector<int64_t> layout;
-  layout.push_back(static_cast<int64_t>(groups_.size()));
-  for (const nn::optim::ParamGroup& g : groups_) layout.push_back(static_cast<int64_t>(g.params.size()));
-  for (const Tensor& p : params_) {
-    layout.push_back(p.numel());
-    layout.push_back(static_cast<int64_t>(p.dtype()));
-  }
-  if (group_.size() == 1) return;
-  std::vector<std::vector<int64_t>> all;
-  try {
-    all = allGatherObject(group_, layout);
-  } catch (const std::exception&) {
-    rethrowPrefixed(std::current_exception(),
-                    "ZeroRedundancyOptimizer: comparing the ranks' parameter layouts failed: ");
-  }
-  for (size_t r = 1; r < all.size(); ++r) {
-    if (all[r] == all[0]) continue;
-    const std::vector<int64_t>& a = all[0];
-    const std::vector<int64_t>& b = all[r];
-    std::string what;
-    if (a[0] != b[0]) {
-      what = weft::detail::concat("rank 0 has ", a[0], " parameter groups, rank ", r, " has ", b[0]);
-    } else {
-      const size_t ng = static_cast<size_t>(a[0]);
-      size_t k = 1;
-      for (; k <= ng && what.empty(); ++k) {
-        if (a[k] != b[k]) {
-          what = weft::detail::concat("group ", k - 1, " has ", a[k], " parameters on rank 0 and ", b[k], " on rank ",
-                                      r);
-        }
-      }
-      for (size_t i = ng + 1; what.empty() && i + 1 < std::max(a.size(), b.size()); i += 2) {
-        if (i + 1 >= a.size() || i + 1 >= b.size()) break;
-        if (a[i] != b[i] || a[i + 1] != b[i + 1]) {
-          const size_t index = (i - ng - 1) / 2;
-          what = weft::detail::concat("parameter ", index, " has ", a[i], " elements of ",
-                                      dtypeName(static_cast<DType>(a[i + 1])), " on rank 0 but ", b[i],
-                                      " elements of ", dtypeName(static_cast<DType>(b[i + 1])), " on rank ", r);
-        }
-      }
-    }
-    throw InvalidArgumentError("ZeroRedundancyOptimizer: the ranks wrap different parameters (every rank must pass "
-                               "the same groups of parameters of the same shapes): " +
-                               what);
-  }
+  std::vector<size_t> sizes;
+  for (const nn::optim::ParamGroup& g : groups_) sizes.push_back(g.params.size());
+  detail::checkLayoutsAgree(group_, sizes, params_, "ZeroRedundancyOptimizer");
 }
 
 void ZeroRedundancyOptimizer::partition() {
@@ -216,7 +155,7 @@ void ZeroRedundancyOptimizer::broadcastParameters() {
     }
   }
   if (failure) {
-    rethrowPrefixed(failure, weft::detail::concat("ZeroRedundancyOptimizer::step: broadcasting the parameters "
+    detail::rethrowPrefixed(failure, weft::detail::concat("ZeroRedundancyOptimizer::step: broadcasting the parameters "
                                                   "updated by rank ",
                                                   failedRoot, " failed: "));
   }
@@ -299,7 +238,7 @@ nn::StateDict ZeroRedundancyOptimizer::consolidatedStateDict(int to) {
     try {
       all = allGatherObject(group_, mine);
     } catch (const std::exception&) {
-      rethrowPrefixed(std::current_exception(),
+      detail::rethrowPrefixed(std::current_exception(),
                       "ZeroRedundancyOptimizer::consolidatedStateDict: gathering the shards' state failed: ");
     }
     if (group_.rank() != to) return {};
