@@ -14,14 +14,13 @@
 #include <vector>
 
 #include "collectives/ddp.h"
-#include "collectives/gloo/detail/group.h"
 #include "collectives/zero.h"
 #include "common/error.h"
 #include "nn/linear.h"
 #include "nn/optim.h"
-#include "rpc/store.h"
 #include "tensor/ops.h"
 #include "captured_text.h"
+#include "collectives/thread_ranks.h"
 
 using namespace weft;
 using namespace std::chrono_literals;
@@ -34,41 +33,7 @@ namespace {
 
 using Ddp = DistributedDataParallel;
 using Zero = ZeroRedundancyOptimizer;
-
-// A store and `world` groups, one per rank, built concurrently (the constructor is collective).
-class Ranks {
- public:
-  explicit Ranks(int world, std::chrono::milliseconds timeout = 10s) {
-    server_ = std::make_unique<rpc::StoreServer>(rpc::StoreServer::Config{});
-    for (int r = 0; r < world; ++r) {
-      rpc::StoreClient::Config cc;
-      cc.port = server_->port();
-      cc.timeout = 10s;
-      clients_.push_back(std::make_unique<rpc::StoreClient>(cc));
-    }
-    std::vector<std::future<std::unique_ptr<ProcessGroupGloo>>> made;
-    for (int r = 0; r < world; ++r) {
-      made.push_back(std::async(std::launch::async, [this, r, world, timeout] {
-        return ProcessGroupGloo::create(*clients_[static_cast<size_t>(r)], r, world, {.timeout = timeout});
-      }));
-    }
-    for (auto& f : made) groups_.push_back(f.get());
-  }
-  ProcessGroupGloo& operator[](int r) { return *groups_.at(static_cast<size_t>(r)); }
-  int size() const { return static_cast<int>(groups_.size()); }
-
-  // Runs fn(rank) on one thread per rank and waits for all; rethrows the first failure.
-  void onEachRank(const std::function<void(int)>& fn) {
-    std::vector<std::future<void>> running;
-    for (int r = 0; r < size(); ++r) running.push_back(std::async(std::launch::async, [&fn, r] { fn(r); }));
-    for (auto& f : running) f.get();
-  }
-
- private:
-  std::unique_ptr<rpc::StoreServer> server_;
-  std::vector<std::unique_ptr<rpc::StoreClient>> clients_;  // outlive the groups
-  std::vector<std::unique_ptr<ProcessGroupGloo>> groups_;
-};
+using weft::testing::Ranks;
 
 // 6 -> 12 -> 12 -> 3 with tanh between: matrices and biases of several sizes.
 class Mlp : public nn::Module {

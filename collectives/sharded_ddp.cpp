@@ -1,0 +1,429 @@
+#include "collectives/sharded_ddp.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "collectives/detail/sharding.h"
+#include "common/error.h"
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace weft::collectives {
+
+namespace {
+
+std::vector<nn::optim::ParamGroup> oneGroup(const nn::Module* module, nn::optim::OptimizerOptions options) {
+  WEFT_ENFORCE(module != nullptr, InvalidArgumentError, "ShardedDataParallel: the module is null");
+  std::vector<Tensor> params;
+  for (const Tensor& p : module->parameters()) {
+    if (p.requiresGrad()) params.push_back(p);
+  }
+  return {nn::optim::ParamGroup{std::move(params), std::move(options)}};
+}
+
+}  // namespace
+
+ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, nn::optim::OptimizerOptions options,
+                                         ProcessGroup& group)
+    : ShardedDataParallel(module, oneGroup(module.get(), std::move(options)), group, Options{}) {}
+
+ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, std::vector<nn::optim::ParamGroup> groups,
+                                         ProcessGroup& group, Options options)
+    : module_(std::move(module)), group_(group), options_(options), groups_(std::move(groups)) {
+  WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, "ShardedDataParallel: the module is null");
+  WEFT_ENFORCE(options_.bucketCapBytes > 0, InvalidArgumentError,
+               "ShardedDataParallel: Options::bucketCapBytes must be > 0, got ", options_.bucketCapBytes);
+  { nn::optim::Optimizer check(groups_); }  // the plain optimizer's checks
+  auto named = module_->namedParameters();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const Tensor& p : groups_[g].params) {
+      auto it = std::find_if(named.begin(), named.end(), [&p](const auto& np) { return np.second.sameAs(p); });
+      WEFT_ENFORCE(it != named.end(), InvalidArgumentError, "ShardedDataParallel: parameter ", params_.size(),
+                   " of the groups is not a parameter of module ", module_->typeName());
+      WEFT_ENFORCE(p.requiresGrad(), InvalidArgumentError, "ShardedDataParallel: parameter '", it->first,
+                   "' does not require grad");
+      WEFT_ENFORCE(p.isContiguous(), InvalidArgumentError, "ShardedDataParallel: parameter '", it->first,
+                   "' is not contiguous");
+      Param m;
+      m.tensor = p;
+      m.name = it->first;
+      m.group = g;
+      meta_.push_back(std::move(m));
+      params_.push_back(p);
+    }
+  }
+  std::vector<size_t> sizes;
+  for (const nn::optim::ParamGroup& g : groups_) sizes.push_back(g.params.size());
+  detail::checkLayoutsAgree(group_, sizes, params_, "ShardedDataParallel");
+  broadcastState();
+  layOut();
+  for (size_t i = 0; i < meta_.size(); ++i) {
+    meta_[i].hookId = meta_[i].tensor.gradAccumulator()->registerPreHook(
+        [this, i](std::vector<Tensor>& grads) { onGradient(i, grads); });
+  }
+}
+
+ShardedDataParallel::~ShardedDataParallel() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Param& p : meta_) {
+    if (p.hookId >= 0) p.tensor.gradAccumulator()->removeHook(p.hookId);
+  }
+  for (Bucket& b : buckets_) {
+    if (!b.work.valid()) continue;
+    try {
+      b.work.wait();
+    } catch (const std::exception&) {
+      // Dropped: the destructor has nobody to report to.
+    }
+  }
+}
+
+void ShardedDataParallel::broadcastState() {
+  if (group_.size() == 1) return;
+  std::vector<Tensor> targets = module_->parameters();
+  for (const Tensor& b : module_->buffers()) targets.push_back(b);
+  NoGradGuard noGrad;
+  std::vector<Tensor> sent;
+  std::vector<Work> works;
+  std::exception_ptr failure;
+  try {
+    for (const Tensor& t : targets) {
+      sent.push_back(t.contiguous().clone());
+      works.push_back(group_.broadcast(sent.back(), 0));
+    }
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  for (Work& w : works) {
+    try {
+      w.wait();
+    } catch (const std::exception&) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) {
+    detail::rethrowPrefixed(failure,
+                            "ShardedDataParallel: broadcasting the parameters and buffers from rank 0 failed (every "
+                            "rank must wrap a module with the same parameters and buffers): ");
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    Tensor target = targets[i];  // a handle: copy_ writes the module's tensor
+    target.copy_(sent[i]);
+  }
+}
+
+void ShardedDataParallel::layOut() {
+  int64_t bytes = 0;
+  for (size_t k = meta_.size(); k-- > 0;) {
+    Param& p = meta_[k];
+    const auto pb = static_cast<int64_t>(p.tensor.nbytes());
+    bool fresh = buckets_.empty() || bytes + pb > options_.bucketCapBytes;
+    if (!fresh) fresh = meta_[buckets_.back().params.front()].tensor.dtype() != p.tensor.dtype();
+    if (fresh) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    Bucket& b = buckets_.back();
+    p.bucket = buckets_.size() - 1;
+    p.offset = b.numel;
+    b.params.push_back(k);
+    b.numel += p.tensor.numel();
+    bytes += pb;
+  }
+  const int64_t n = group_.size();
+  const int64_t r = group_.rank();
+  NoGradGuard noGrad;
+  for (Bucket& b : buckets_) {
+    b.chunk = (b.numel + n - 1) / n;
+    const int64_t lo = r * b.chunk;
+    const int64_t hi = lo + b.chunk;
+    for (size_t k : b.params) {
+      const Param& p = meta_[k];
+      const int64_t from = std::max(lo, p.offset);
+      const int64_t to = std::min(hi, p.offset + p.tensor.numel());
+      if (from >= to) continue;
+      Piece piece;
+      piece.param = k;
+      piece.start = from - p.offset;
+      piece.length = to - from;
+      piece.shardOffset = from - lo;
+      piece.values = p.tensor.detach().view({-1}).narrow(0, piece.start, piece.length);
+      b.pieces.push_back(pieces_.size());
+      pieces_.push_back(std::move(piece));
+    }
+  }
+}
+
+void ShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& grads) {
+  Tensor g = grads.empty() ? Tensor() : grads[0];
+  if (!grads.empty()) grads[0] = Tensor();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (passActive_ && passToken_.expired()) abandonPassLocked();
+  if (!passActive_) {
+    auto token = std::make_shared<int>(0);
+    autograd::queueCallback([this, token] { finishPass(); });
+    passToken_ = token;
+    passActive_ = true;
+    nextBucket_ = 0;
+    for (Param& p : meta_) p.ready = false;
+    for (Bucket& b : buckets_) {
+      b.waiting = b.params.size();
+      b.launched = false;
+      b.work = Work();
+    }
+    stats_.launchHooks.clear();
+    stats_.hooks = 0;
+  }
+  ++stats_.hooks;
+  Param& p = meta_[index];
+  Bucket& b = buckets_[p.bucket];
+  NoGradGuard noGrad;
+  if (!b.flat.defined()) {
+    b.flat = empty({b.chunk * group_.size()}, {.dtype = p.tensor.dtype()});
+    b.flat.narrow(0, b.numel, b.flat.numel() - b.numel).zero_();  // padding
+  }
+  Tensor slot = b.flat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.shape());
+  if (p.ready) {
+    WEFT_ENFORCE(!b.launched, StateError, "ShardedDataParallel: parameter '", p.name,
+                 "' received a second gradient in one pass after its bucket ", p.bucket, " was reduced");
+    if (g.defined()) slot.add_(g);
+    return;
+  }
+  if (g.defined()) {
+    slot.copy_(g);
+  } else {
+    slot.zero_();
+  }
+  p.ready = true;
+  --b.waiting;
+  launchReadyLocked();
+}
+
+void ShardedDataParallel::launchReadyLocked() {
+  while (nextBucket_ < buckets_.size() && buckets_[nextBucket_].waiting == 0) {
+    Bucket& b = buckets_[nextBucket_];
+    std::vector<Tensor> inputs;
+    for (int r = 0; r < group_.size(); ++r) inputs.push_back(b.flat.narrow(0, r * b.chunk, b.chunk));
+    b.reduced = empty({b.chunk}, {.dtype = b.flat.dtype()});
+    b.work = group_.reduceScatter(b.reduced, inputs, ReduceOp::Sum);
+    b.launched = true;
+    stats_.launchHooks.push_back(stats_.hooks);
+    ++nextBucket_;
+  }
+}
+
+void ShardedDataParallel::abandonPassLocked() {
+  for (Bucket& b : buckets_) {
+    if (b.work.valid()) {
+      try {
+        b.work.wait();
+      } catch (const std::exception&) {
+        // The pass is over; its failure was (or will be) reported by the group.
+      }
+    }
+    b.work = Work();
+    b.flat = Tensor();
+    b.reduced = Tensor();
+  }
+  passActive_ = false;
+}
+
+void ShardedDataParallel::finishPass() {
+  std::vector<std::pair<size_t, Work>> works;
+  int64_t passNumber = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!passActive_) return;
+    passNumber = stats_.syncedPasses + 1;
+    std::string missing;
+    size_t count = 0;
+    for (const Param& p : meta_) {
+      if (p.ready) continue;
+      missing += (missing.empty() ? "'" : ", '") + p.name + "'";
+      ++count;
+    }
+    if (count > 0) {
+      abandonPassLocked();
+      throw StateError(weft::detail::concat("ShardedDataParallel: backward pass #", passNumber, ": ", count, " of ",
+                                            meta_.size(), " parameters received no gradient (", missing,
+                                            "), so their buckets were never reduced and no gradient was kept (every "
+                                            "parameter must receive a gradient in every pass)"));
+    }
+    WEFT_CHECK(nextBucket_ == buckets_.size()) << nextBucket_ << " of " << buckets_.size() << " buckets launched";
+    for (size_t k = 0; k < buckets_.size(); ++k) works.emplace_back(k, buckets_[k].work);
+  }
+  std::exception_ptr failure;
+  size_t failedBucket = 0;
+  for (auto& [k, w] : works) {
+    try {
+      w.wait();
+    } catch (const std::exception&) {
+      if (!failure) {
+        failure = std::current_exception();
+        failedBucket = k;
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  passActive_ = false;
+  if (failure) {
+    for (Bucket& b : buckets_) {
+      b.work = Work();
+      b.flat = Tensor();
+      b.reduced = Tensor();
+    }
+    detail::rethrowPrefixed(failure, weft::detail::concat("ShardedDataParallel: backward pass #", passNumber,
+                                                          ": the reduce-scatter of bucket ", failedBucket, " (of ",
+                                                          buckets_.size(),
+                                                          ") failed (every rank must run the same number of "
+                                                          "backward passes over the same parameters): "));
+  }
+  NoGradGuard noGrad;
+  const double scale = 1.0 / static_cast<double>(group_.size());
+  for (Bucket& b : buckets_) {
+    if (group_.size() > 1) b.reduced.mul_(scale);
+    if (b.gradShard.defined()) {
+      b.gradShard.add_(b.reduced);
+    } else {
+      b.gradShard = b.reduced;
+    }
+    b.work = Work();
+    b.flat = Tensor();
+    b.reduced = Tensor();
+  }
+  ++stats_.syncedPasses;
+}
+
+void ShardedDataParallel::step() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    WEFT_ENFORCE(!passActive_, StateError, "ShardedDataParallel::step: called during a backward pass");
+    // Each group's slices, with their state moved out and back.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      std::vector<size_t> mine;
+      for (size_t i = 0; i < pieces_.size(); ++i) {
+        if (meta_[pieces_[i].param].group == g) mine.push_back(i);
+      }
+      if (mine.empty()) continue;
+      std::vector<Tensor> values, grads;
+      std::vector<nn::optim::ParamState> state;
+      for (size_t i : mine) {
+        const Piece& piece = pieces_[i];
+        const Bucket& b = buckets_[meta_[piece.param].bucket];
+        values.push_back(piece.values);
+        grads.push_back(b.gradShard.defined() ? b.gradShard.narrow(0, piece.shardOffset, piece.length) : Tensor());
+        state.push_back(std::move(pieces_[i].state));
+      }
+      struct MoveBack {
+        std::vector<nn::optim::ParamState>& from;
+        std::vector<Piece>& to;
+        const std::vector<size_t>& at;
+        ~MoveBack() {
+          for (size_t j = 0; j < at.size(); ++j) to[at[j]].state = std::move(from[j]);
+        }
+      } moveBack{state, pieces_, mine};
+      nn::optim::step(groups_[g].options, values, grads, state);
+    }
+  }
+  // Every bucket's parameters from their owners.
+  NoGradGuard noGrad;
+  std::vector<Tensor> gathered(buckets_.size());
+  std::vector<Work> works;
+  std::exception_ptr failure;
+  size_t failedBucket = 0;
+  try {
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const Bucket& b = buckets_[k];
+      const DType dtype = meta_[b.params.front()].tensor.dtype();
+      Tensor mine = zeros({b.chunk}, {.dtype = dtype});
+      for (size_t i : b.pieces) {
+        const Piece& piece = pieces_[i];
+        mine.narrow(0, piece.shardOffset, piece.length).copy_(piece.values);
+      }
+      gathered[k] = empty({b.chunk * group_.size()}, {.dtype = dtype});
+      failedBucket = k;
+      works.push_back(group_.allGatherInto(gathered[k], mine));
+    }
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  for (size_t k = 0; k < works.size(); ++k) {
+    try {
+      works[k].wait();
+    } catch (const std::exception&) {
+      if (!failure) {
+        failure = std::current_exception();
+        failedBucket = k;
+      }
+    }
+  }
+  if (failure) {
+    detail::rethrowPrefixed(failure, weft::detail::concat("ShardedDataParallel::step: gathering the parameters of "
+                                                          "bucket ",
+                                                          failedBucket, " failed: "));
+  }
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    for (size_t i : buckets_[k].params) {
+      Tensor target = meta_[i].tensor;  // a handle: copy_ writes the module's parameter
+      target.copy_(gathered[k].narrow(0, meta_[i].offset, target.numel()).view(target.shape()));
+    }
+  }
+}
+
+void ShardedDataParallel::zeroGrad(bool setToNone) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  NoGradGuard noGrad;
+  for (Bucket& b : buckets_) {
+    if (setToNone) {
+      b.gradShard = Tensor();
+    } else if (b.gradShard.defined()) {
+      b.gradShard.zero_();
+    }
+  }
+}
+
+std::vector<std::vector<size_t>> ShardedDataParallel::buckets() const {
+  std::vector<std::vector<size_t>> out;
+  for (const Bucket& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
+std::vector<ShardedDataParallel::Slice> ShardedDataParallel::gradientSlices(size_t index) const {
+  WEFT_ENFORCE(index < meta_.size(), IndexError, "ShardedDataParallel::gradientSlices: index ", index,
+               " out of range for ", meta_.size(), " parameters");
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Slice> out;
+  for (const Piece& piece : pieces_) {
+    if (piece.param != index) continue;
+    const Bucket& b = buckets_[meta_[index].bucket];
+    out.push_back({piece.start, b.gradShard.defined() ? b.gradShard.narrow(0, piece.shardOffset, piece.length)
+                                                      : Tensor()});
+  }
+  return out;
+}
+
+int64_t ShardedDataParallel::gradientShardBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t bytes = 0;
+  for (const Bucket& b : buckets_) {
+    if (b.gradShard.defined()) bytes += static_cast<int64_t>(b.gradShard.nbytes());
+  }
+  return bytes;
+}
+
+int64_t ShardedDataParallel::stateBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t bytes = 0;
+  for (const Piece& piece : pieces_) {
+    for (const auto& [name, buffer] : piece.state.buffers) bytes += static_cast<int64_t>(buffer.nbytes());
+  }
+  return bytes;
+}
+
+ShardedDataParallel::Stats ShardedDataParallel::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+}  // namespace weft::collectives
