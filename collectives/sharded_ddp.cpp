@@ -1,6 +1,7 @@
 #include "collectives/sharded_ddp.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <utility>
 
@@ -381,6 +382,50 @@ void ShardedDataParallel::zeroGrad(bool setToNone) {
       b.gradShard.zero_();
     }
   }
+}
+
+double ShardedDataParallel::clipGradNorm_(double maxNorm, double normType, bool errorIfNonfinite) {
+  WEFT_ENFORCE(normType > 0, InvalidArgumentError, "ShardedDataParallel::clipGradNorm_: normType must be positive, got ",
+               normType);
+  WEFT_ENFORCE(maxNorm >= 0, InvalidArgumentError,
+               "ShardedDataParallel::clipGradNorm_: maxNorm must be non-negative, got ", maxNorm);
+  const bool inf = std::isinf(normType);
+  NoGradGuard noGrad;
+  double part = 0.0;  // padding is zero and adds nothing
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Bucket& b : buckets_) {
+      if (!b.gradShard.defined() || b.gradShard.numel() == 0) continue;
+      Tensor a = abs(b.gradShard);
+      if (inf) {
+        part = std::max(part, max(a).item<double>());
+      } else if (normType == 2.0) {
+        part += sum(square(a)).item<double>();
+      } else {
+        part += sum(pow(a, normType)).item<double>();
+      }
+    }
+  }
+  Tensor total = scalarTensor(part, DType::Float64).reshape({1});
+  try {
+    group_.allReduce(total, inf ? ReduceOp::Max : ReduceOp::Sum).wait();
+  } catch (const std::exception&) {
+    detail::rethrowPrefixed(std::current_exception(),
+                            "ShardedDataParallel::clipGradNorm_: reducing the gradients' norm failed: ");
+  }
+  double norm = total.item<double>();
+  if (!inf) norm = normType == 2.0 ? std::sqrt(norm) : std::pow(norm, 1.0 / normType);
+  WEFT_ENFORCE(!errorIfNonfinite || std::isfinite(norm), InvalidArgumentError,
+               "ShardedDataParallel::clipGradNorm_: the total norm of order ", normType, " of the gradients is ",
+               norm);
+  const double coef = maxNorm / (norm + 1e-6);
+  if (coef < 1.0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Bucket& b : buckets_) {
+      if (b.gradShard.defined()) b.gradShard.mul_(coef);
+    }
+  }
+  return norm;
 }
 
 std::vector<std::vector<size_t>> ShardedDataParallel::buckets() const {

@@ -63,6 +63,9 @@
 // what is held. Transient: the flat buffers of the buckets of a pass while
 // it runs, and the gather buffers during step().
 //
+// clipGradNorm_() clips the sharded gradients by their global norm, which
+// needs one allreduce of a scalar.
+//
 // Errors: InvalidArgumentError for bad options or groups (as
 // nn::optim::Optimizer's, and parameters not of the module, frozen or not
 // contiguous); the group's errors (process_group.h) prefixed with what was
@@ -117,6 +120,13 @@ class ShardedDataParallel {
   void step();
   // Zeroes this rank's gradient shard, or drops it when setToNone.
   void zeroGrad(bool setToNone = false);
+  // nn::clipGradNorm_ over the sharded gradients (collective): the
+  // normType-norm of all the averaged gradients, from each rank's part of the
+  // sum of |g|^normType (or of the largest |g|) allreduced in float64; every
+  // rank scales its shard by min(1, maxNorm / (total + 1e-6)) and gets the
+  // same total. InvalidArgumentError as nn::clipGradNorm_'s (on every rank
+  // alike when the total is not finite and errorIfNonfinite).
+  double clipGradNorm_(double maxNorm, double normType = 2.0, bool errorIfNonfinite = false);
 
   const std::shared_ptr<nn::Module>& module() const { return module_; }
   // Every group's parameters in order (the indices used below).

@@ -6,6 +6,7 @@
 // measures the memory through the storage accounting.
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "common/error.h"
 #include "nn/linear.h"
 #include "nn/optim.h"
+#include "nn/utils.h"
 #include "tensor/ops.h"
 #include "captured_text.h"
 #include "collectives/thread_ranks.h"
@@ -180,6 +182,43 @@ TEST_CASE("after 5 AdamW steps the parameters equal DDP's with the plain optimiz
       }
     }
     CHECK(total == 8 * kParams);  // exp_avg and exp_avg_sq of every element, once over the ranks
+  }
+}
+
+TEST_CASE("clipGradNorm_ over the shards gives DDP's total norm and clipped gradients, for the 2-norm and the "
+          "largest element") {
+  for (int world : {2, 3}) {
+    for (double normType : {2.0, std::numeric_limits<double>::infinity()}) {
+      INFO("world " << world << " normType " << normType);
+      Ranks ranks(world);
+      std::vector<double> ddpTotal(static_cast<size_t>(world)), sdpTotal(static_cast<size_t>(world));
+      std::vector<std::vector<Tensor>> clipped(static_cast<size_t>(world));
+      ranks.onEachRank([&](int r) {
+        auto net = std::make_shared<Net>(1);
+        DistributedDataParallel ddp(net, ranks[r]);
+        lossOf(ddp.forward(batchFor(r, 0))).backward();
+        ddpTotal[static_cast<size_t>(r)] = nn::clipGradNorm_(net->parameters(), 0.05, normType);
+        for (const Tensor& p : net->parameters()) clipped[static_cast<size_t>(r)].push_back(p.grad().clone());
+      });
+      ranks.onEachRank([&](int r) {
+        auto net = std::make_shared<Net>(1);
+        Sdp sdp(net, {nn::optim::ParamGroup{net->parameters(), adamw()}}, ranks[r], {.bucketCapBytes = kCap});
+        lossOf(sdp.forward(batchFor(r, 0))).backward();
+        sdpTotal[static_cast<size_t>(r)] = sdp.clipGradNorm_(0.05, normType);
+        for (size_t i = 0; i < sdp.params().size(); ++i) {
+          for (const auto& slice : sdp.gradientSlices(i)) {
+            INFO("rank " << r << " parameter " << i);
+            Tensor want = clipped[0][i].view({-1}).narrow(0, slice.start, slice.grad.numel());
+            CHECK(allclose(slice.grad, want, 1e-5, 1e-9));
+          }
+        }
+      });
+      for (int r = 0; r < world; ++r) {
+        CHECK(ddpTotal[static_cast<size_t>(r)] > 0.05);  // it clipped
+        CHECK(sdpTotal[static_cast<size_t>(r)] == doctest::Approx(ddpTotal[0]).epsilon(1e-5));
+        CHECK(sdpTotal[static_cast<size_t>(r)] == sdpTotal[0]);
+      }
+    }
   }
 }
 
