@@ -100,4 +100,28 @@ TEST_CASE("zero on 4 processes: ZeRO-1 and ZeRO-2 train the GPT as DDP does and 
   checkWorld(4);
 }
 
+TEST_CASE("a rank that dies in the middle of a ZeRO-1 or ZeRO-2 step fails the other's step or backward with "
+          "DisconnectedError, well within the group timeout") {
+  for (const char* scenario : {"kill1", "kill2"}) {
+    INFO(scenario);
+    MpJob job({ZERO_WORKER_PATH, scenario}, 2, [](int) { return weft::testing::fastFailureSettings(4); });
+    auto results = job.finish(40s);
+    job.checkAllGone();
+    const std::string& out = results[0].out;
+    INFO(out);
+    CHECK(results[0].exitCode == 0);
+    CHECK(results[1].exitCode == 3);
+    const long long ms = numberAfter(out, "rank 0 failed in_ms ");
+    CHECK(ms >= 0);
+    CHECK(ms < 10000);  // the group timeout is 20 s: the lost connection was noticed, not waited out
+    const std::string line = restOfLine(out, "rank 0 failed in_ms ");
+    CHECK(contains(line, "DisconnectedError: "));
+    if (std::string(scenario) == "kill1") {
+      CHECK(contains(line, "ZeroRedundancyOptimizer::step: broadcasting the parameters updated by rank"));
+    } else {
+      CHECK(contains(line, "ShardedDataParallel: backward pass #2: the reduce-scatter of bucket 0"));
+    }
+  }
+}
+
 TEST_SUITE_END();

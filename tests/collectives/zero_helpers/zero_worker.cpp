@@ -13,6 +13,8 @@
 // maxdiff_ppb D bitwise 0|1" (its gradient slices after the first pass against DDP's averaged
 // gradients, in parts per billion of the largest gradient). "rank R numel N" gives Ψ.
 //
+// Scenarios kill1 and kill2: see runKill.
+//
 //   WEFT_RANK=0 WEFT_WORLD_SIZE=2 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 zero_worker gpt
 #include <unistd.h>
 
@@ -210,10 +212,49 @@ void runGpt(ProcessGroupGloo& pg) {
   pg.barrier().wait();
 }
 
+// [2 ranks] Rank 1 trains one step, then dies (_exit(3)) in step 2: with "zero1" after its backward,
+// before ZeroRedundancyOptimizer::step; with "zero2" after its forward, before backward. Rank 0 goes
+// on and prints "failed in_ms T <ErrorType>: <message>" for the call that failed.
+void runKill(ProcessGroupGloo& pg, bool stage2) {
+  const int me = pg.rank();
+  auto net = tinyGpt();
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<ShardedDataParallel> sdp;
+  auto groups = weft::nn::optim::decayGroups(net->namedParameters(), adamw());
+  if (stage2) {
+    sdp = std::make_unique<ShardedDataParallel>(net, groups, pg);
+  } else {
+    ddp = std::make_unique<DistributedDataParallel>(net, pg);
+    zero = std::make_unique<ZeroRedundancyOptimizer>(groups, pg);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    for (int s = 0; s < 2; ++s) {
+      auto [idx, targets] = batch(me, s);
+      Tensor logits = stage2 ? sdp->forward(idx) : ddp->forward(idx);
+      Tensor loss = weft::nn::functional::crossEntropy(logits.view({-1, 64}), targets.view({-1}));
+      if (me == 1 && s == 1 && stage2) ::_exit(3);
+      loss.backward();
+      if (me == 1 && s == 1 && !stage2) ::_exit(3);
+      if (stage2) {
+        sdp->step();
+      } else {
+        zero->step();
+      }
+    }
+    sayLine("finished");
+  } catch (const std::exception&) {
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
+    sayLine("failed in_ms " + std::to_string(ms) + " " + weft::testing::describe(std::current_exception()));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("zero_worker", {"gpt"}, argc, argv, [](const std::string&) {
+  return weft::testing::workerMain("zero_worker", {"gpt", "kill1", "kill2"}, argc, argv, [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
     say(weft::testing::prefix(gRank) + "pid " + std::to_string(::getpid()) + " started");
@@ -222,7 +263,13 @@ int main(int argc, char** argv) {
     weft::rpc::StoreClient store(weft::rpc::StoreClient::configFor(opt));
     {
       auto pg = ProcessGroupGloo::create(store, opt.rank, opt.worldSize, {.timeout = std::chrono::milliseconds(20s)});
-      runGpt(*pg);
+      if (scenario == "gpt") {
+        runGpt(*pg);
+      } else {
+        runKill(*pg, scenario == "kill2");
+        sayLine("done");
+        return 0;  // its peer is gone: nobody to wait for
+      }
     }
     // Rank 0 serves the store: it leaves once every other rank has said it is leaving.
     if (opt.rank == 0) {
