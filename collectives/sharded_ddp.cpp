@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "collectives/detail/sharding.h"
+#include "collectives/object_collectives.h"
 #include "common/error.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -426,6 +429,79 @@ double ShardedDataParallel::clipGradNorm_(double maxNorm, double normType, bool 
     }
   }
   return norm;
+}
+
+nn::StateDict ShardedDataParallel::consolidatedStateDict(int to) {
+  WEFT_ENFORCE(to >= 0 && to < group_.size(), InvalidArgumentError,
+               "ShardedDataParallel::consolidatedStateDict: rank ", to, " out of range for a group of ",
+               group_.size());
+  // This rank's slices: "<param>.<start>.step" and "<param>.<start>.<buffer>".
+  std::map<std::string, Tensor> mine;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Piece& piece : pieces_) {
+      if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
+      const std::string key = weft::detail::concat(piece.param, ".", piece.start, ".");
+      mine.emplace(key + "step", scalarTensor(static_cast<double>(piece.state.step), DType::Int64));
+      for (const auto& [name, buffer] : piece.state.buffers) mine.emplace(key + name, buffer.contiguous());
+    }
+  }
+  std::vector<std::map<std::string, Tensor>> all;
+  try {
+    all = allGatherObject(group_, mine);
+  } catch (const std::exception&) {
+    detail::rethrowPrefixed(std::current_exception(),
+                            "ShardedDataParallel::consolidatedStateDict: gathering the slices' state failed: ");
+  }
+  if (group_.rank() != to) return {};
+  nn::StateDict out;
+  NoGradGuard noGrad;
+  for (const auto& slices : all) {
+    for (const auto& [key, value] : slices) {
+      const size_t dot1 = key.find('.');
+      const size_t dot2 = key.find('.', dot1 + 1);
+      const size_t param = std::stoul(key.substr(0, dot1));
+      const int64_t start = std::stoll(key.substr(dot1 + 1, dot2 - dot1 - 1));
+      const std::string name = key.substr(dot2 + 1);
+      const std::string target = weft::detail::concat("state.", param, ".", name);
+      if (name == "step") {
+        out.emplace(target, value);
+        continue;
+      }
+      const Tensor& p = meta_[param].tensor;
+      auto it = out.find(target);
+      if (it == out.end()) it = out.emplace(target, zeros(p.shape(), {.dtype = value.dtype()})).first;
+      it->second.view({-1}).narrow(0, start, value.numel()).copy_(value);
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    out.emplace(weft::detail::concat("param_groups.", g, ".params"),
+                scalarTensor(static_cast<double>(groups_[g].params.size()), DType::Int64));
+    out.emplace(weft::detail::concat("param_groups.", g, ".lr"),
+                scalarTensor(nn::optim::learningRate(groups_[g].options), DType::Float64));
+  }
+  return out;
+}
+
+void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
+  // The plain optimizer checks and converts the whole dict; this rank keeps its slices.
+  nn::optim::Optimizer whole(groups_);
+  try {
+    whole.loadStateDict(full);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(std::string("ShardedDataParallel::loadStateDict: ") + e.what());
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  NoGradGuard noGrad;
+  for (Piece& piece : pieces_) {
+    const nn::optim::ParamState& st = whole.state()[piece.param];
+    piece.state = nn::optim::ParamState{};
+    piece.state.step = st.step;
+    for (const auto& [name, buffer] : st.buffers) {
+      piece.state.buffers.emplace(name, buffer.view({-1}).narrow(0, piece.start, piece.length).clone());
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = whole.groups()[g].options;
 }
 
 std::vector<std::vector<size_t>> ShardedDataParallel::buckets() const {

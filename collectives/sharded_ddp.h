@@ -63,6 +63,10 @@
 // what is held. Transient: the flat buffers of the buckets of a pass while
 // it runs, and the gather buffers during step().
 //
+// State dicts: consolidatedStateDict() gathers the slices' optimizer state
+// into the plain optimizer's format on one rank; loadStateDict() takes each
+// rank's slices of such a dict.
+//
 // clipGradNorm_() clips the sharded gradients by their global norm, which
 // needs one allreduce of a scalar.
 //
@@ -127,6 +131,18 @@ class ShardedDataParallel {
   // same total. InvalidArgumentError as nn::clipGradNorm_'s (on every rank
   // alike when the total is not finite and errorIfNonfinite).
   double clipGradNorm_(double maxNorm, double normType = 2.0, bool errorIfNonfinite = false);
+
+  // Collective. On rank `to`, the whole optimizer state in the format of
+  // nn::optim::Optimizer::stateDict() over params() (each parameter's buffers
+  // assembled from the ranks' slices), loadable into the plain optimizer over
+  // the same groups or into loadStateDict() here; an empty dict elsewhere.
+  // Moves through allGatherObject: each rank briefly holds every slice.
+  nn::StateDict consolidatedStateDict(int to = 0);
+  // Not collective: each rank takes its slices of a full state dict (as
+  // nn::optim::Optimizer::loadStateDict checks and converts it, which first
+  // builds the whole state on this rank) and the groups' lrs.
+  // InvalidArgumentError as that function's.
+  void loadStateDict(const nn::StateDict& full);
 
   const std::shared_ptr<nn::Module>& module() const { return module_; }
   // Every group's parameters in order (the indices used below).

@@ -222,6 +222,83 @@ TEST_CASE("clipGradNorm_ over the shards gives DDP's total norm and clipped grad
   }
 }
 
+TEST_CASE("the consolidated state dict equals the plain optimizer's under DDP, and a fresh ShardedDataParallel "
+          "loaded from it continues exactly as the one that saved it") {
+  for (int world : {2, 3}) {
+    INFO("world " << world);
+    nn::StateDict plain;
+    {
+      Ranks ranks(world);
+      ranks.onEachRank([&](int r) {
+        auto net = std::make_shared<Net>(1);
+        DistributedDataParallel ddp(net, ranks[r]);
+        nn::optim::AdamW opt(nn::optim::decayGroups(net->namedParameters(), adamw()));
+        for (int s = 0; s < 3; ++s) {
+          opt.zeroGrad();
+          lossOf(ddp.forward(batchFor(r, s))).backward();
+          opt.step();
+        }
+        if (r == 0) plain = opt.stateDict();
+      });
+    }
+    Ranks ranks(world);
+    std::vector<nn::StateDict> saved(static_cast<size_t>(world));
+    std::vector<std::vector<Tensor>> continued(static_cast<size_t>(world)), reloaded(static_cast<size_t>(world));
+    auto fourthStep = [&](Sdp& sdp, int r) {
+      sdp.zeroGrad();
+      lossOf(sdp.forward(batchFor(r, 3))).backward();
+      sdp.step();
+    };
+    ranks.onEachRank([&](int r) {
+      const auto ri = static_cast<size_t>(r);
+      auto net = std::make_shared<Net>(1);
+      auto sdp = std::make_unique<Sdp>(net, nn::optim::decayGroups(net->namedParameters(), adamw()), ranks[r],
+                                       Sdp::Options{.bucketCapBytes = kCap});
+      for (int s = 0; s < 3; ++s) {
+        sdp->zeroGrad();
+        lossOf(sdp->forward(batchFor(r, s))).backward();
+        sdp->step();
+      }
+      saved[ri] = sdp->consolidatedStateDict(0);
+      nn::StateDict params;
+      for (auto& [k, v] : net->stateDict()) params[k] = v.clone();
+      fourthStep(*sdp, r);
+      for (const Tensor& p : net->parameters()) continued[ri].push_back(p.detach().clone());
+      // Back to the saved parameters, a new wrapper, the saved state (rank 0's dict on every rank).
+      ranks[r].barrier().wait();
+      sdp.reset();
+      net->loadStateDict(params);
+      sdp = std::make_unique<Sdp>(net, nn::optim::decayGroups(net->namedParameters(), adamw()), ranks[r],
+                                  Sdp::Options{.bucketCapBytes = kCap});
+      sdp->loadStateDict(saved[0]);
+      fourthStep(*sdp, r);
+      for (const Tensor& p : net->parameters()) reloaded[ri].push_back(p.detach().clone());
+    });
+    for (int r = 1; r < world; ++r) CHECK(saved[static_cast<size_t>(r)].empty());
+    REQUIRE(saved[0].size() == plain.size());
+    for (const auto& [key, want] : plain) {
+      INFO(key);
+      REQUIRE(saved[0].count(key) == 1);
+      const Tensor& got = saved[0].at(key);
+      CHECK(got.shape() == want.shape());
+      if (key.find(".step") != std::string::npos || key.find("param_groups") != std::string::npos) {
+        CHECK(got.item<double>() == want.item<double>());
+      } else if (world == 2) {
+        CHECK(got.toVector<float>() == want.toVector<float>());
+      } else {
+        CHECK(allclose(got, want, 1e-4, 1e-9));
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < continued[0].size(); ++i) {
+        INFO("rank " << r << " parameter " << i);
+        CHECK(reloaded[static_cast<size_t>(r)][i].toVector<float>() ==
+              continued[static_cast<size_t>(r)][i].toVector<float>());
+      }
+    }
+  }
+}
+
 TEST_CASE("a parameter without a gradient fails the pass naming it; ranks wrapping different parameters fail "
           "alike") {
   Ranks ranks(2);
