@@ -37,6 +37,8 @@
 // the same collectives. When the pass is over on this worker
 // (autograd::queueCallback), backward waits for them, divides this rank's
 // slices by N and adds them to its gradient shard; the flat buffers are freed.
+// Passes without zeroGrad() between them add up in the shard, as DDP's do in
+// .grad (gradient accumulation, with a reduce-scatter per pass).
 // So the averaged gradient of each element is the one DDP computes (the same
 // sum over the ranks, then the same scaling), and step() updates the
 // parameters as the plain optimizer would with DDP's gradients: to the bit

@@ -185,6 +185,33 @@ TEST_CASE("after 5 AdamW steps the parameters equal DDP's with the plain optimiz
   }
 }
 
+TEST_CASE("passes without zeroGrad between them add up in the gradient shard, as DDP's do in .grad") {
+  Ranks ranks(3);
+  std::vector<Tensor> ddpGrads;
+  ranks.onEachRank([&](int r) {
+    auto net = std::make_shared<Net>(1);
+    DistributedDataParallel ddp(net, ranks[r]);
+    lossOf(ddp.forward(batchFor(r, 0))).backward();
+    lossOf(ddp.forward(batchFor(r, 1))).backward();
+    if (r == 0) {
+      for (const Tensor& p : net->parameters()) ddpGrads.push_back(p.grad().clone());
+    }
+  });
+  ranks.onEachRank([&](int r) {
+    auto net = std::make_shared<Net>(1);
+    Sdp sdp(net, {nn::optim::ParamGroup{net->parameters(), adamw()}}, ranks[r], {.bucketCapBytes = kCap});
+    lossOf(sdp.forward(batchFor(r, 0))).backward();
+    lossOf(sdp.forward(batchFor(r, 1))).backward();
+    CHECK(sdp.stats().syncedPasses == 2);
+    for (size_t i = 0; i < sdp.params().size(); ++i) {
+      for (const auto& slice : sdp.gradientSlices(i)) {
+        INFO("rank " << r << " parameter " << i);
+        CHECK(allclose(slice.grad, ddpGrads[i].view({-1}).narrow(0, slice.start, slice.grad.numel()), 0, 1e-7));
+      }
+    }
+  });
+}
+
 TEST_CASE("clipGradNorm_ over the shards gives DDP's total norm and clipped gradients, for the 2-norm and the "
           "largest element") {
   for (int world : {2, 3}) {
