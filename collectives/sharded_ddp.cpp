@@ -163,6 +163,17 @@ void ShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& grads) {
   Tensor g = grads.empty() ? Tensor() : grads[0];
   if (!grads.empty()) grads[0] = Tensor();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!sync_) {
+    if (!g.defined()) return;
+    NoGradGuard noGrad;
+    Param& p = meta_[index];
+    if (p.pending.defined()) {
+      p.pending.add_(g);
+    } else {
+      p.pending = g.contiguous().clone();
+    }
+    return;
+  }
   if (passActive_ && passToken_.expired()) abandonPassLocked();
   if (!passActive_) {
     auto token = std::make_shared<int>(0);
@@ -198,6 +209,10 @@ void ShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& grads) {
     slot.copy_(g);
   } else {
     slot.zero_();
+  }
+  if (p.pending.defined()) {
+    slot.add_(p.pending);
+    p.pending = Tensor();
   }
   p.ready = true;
   --b.waiting;
@@ -502,6 +517,32 @@ void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = whole.groups()[g].options;
+}
+
+ShardedDataParallel::NoSyncGuard ShardedDataParallel::noSync() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool previous = sync_;
+  sync_ = false;
+  return NoSyncGuard(this, previous);
+}
+
+void ShardedDataParallel::setSync(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sync_ = on;
+}
+
+ShardedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)), previous_(other.previous_) {}
+
+ShardedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  if (owner_ != nullptr) owner_->setSync(previous_);
+}
+
+Tensor ShardedDataParallel::pendingGradient(size_t index) const {
+  WEFT_ENFORCE(index < meta_.size(), IndexError, "ShardedDataParallel::pendingGradient: index ", index,
+               " out of range for ", meta_.size(), " parameters");
+  std::lock_guard<std::mutex> lock(mutex_);
+  return meta_[index].pending;
 }
 
 std::vector<std::vector<size_t>> ShardedDataParallel::buckets() const {

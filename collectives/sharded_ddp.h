@@ -45,11 +45,18 @@
 // where the backend's reduce-scatter adds the ranks' values in the order its
 // allreduce does (two ranks always).
 //
+// noSync() (gradient accumulation without communication). While a
+// NoSyncGuard lives, the hooks add each gradient to a full-size buffer per
+// parameter, with no collective; the next synced pass reduces, for each
+// parameter, its new gradient plus what was accumulated. Those buffers hold
+// the whole gradient (4Ψ in float32) until that pass: accumulation without
+// communication cannot keep only a shard. The noSync passes are each rank's
+// own business; every rank must run the same number of synced passes.
+//
 // Every parameter must receive a gradient in every synced pass (StateError
-// naming the missing ones, raised from backward()). There is no noSync
-// accumulation and no distributed autograd context support: a synced pass is
-// a local backward on the thread that runs it. Buffers are broadcast at
-// construction only.
+// naming the missing ones, raised from backward()). There is no distributed
+// autograd context support: a synced pass is a local backward on the thread
+// that runs it. Buffers are broadcast at construction only.
 //
 // step() (collective): the optimizer's functional step (nn/optim.h, per group
 // with its options) over this rank's slices, with their slices of the
@@ -122,6 +129,27 @@ class ShardedDataParallel {
   Tensor forward(const Tensor& input) { return module_->forward(input); }
   Tensor operator()(const Tensor& input) { return forward(input); }
 
+  // Turns gradient synchronisation off for its lifetime (restores the
+  // previous setting at the end; nests). See "noSync()".
+  class NoSyncGuard {
+   public:
+    ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&& other) noexcept;
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    friend class ShardedDataParallel;
+    NoSyncGuard(ShardedDataParallel* owner, bool previous) : owner_(owner), previous_(previous) {}
+    ShardedDataParallel* owner_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard noSync();
+  // What noSync passes accumulated for parameter `index` (undefined when
+  // nothing); IndexError for a bad index.
+  Tensor pendingGradient(size_t index) const;
+
   // See "step()".
   void step();
   // Zeroes this rank's gradient shard, or drops it when setToNone.
@@ -173,6 +201,7 @@ class ShardedDataParallel {
     int64_t offset = 0;  // in the bucket, elements
     int hookId = -1;
     bool ready = false;
+    Tensor pending;  // noSync accumulation
   };
   // A slice of one parameter inside this rank's part of a bucket.
   struct Piece {
@@ -202,6 +231,7 @@ class ShardedDataParallel {
   void launchReadyLocked();
   void finishPass();
   void abandonPassLocked();
+  void setSync(bool on);
 
   std::shared_ptr<nn::Module> module_;
   ProcessGroup& group_;
@@ -213,6 +243,7 @@ class ShardedDataParallel {
   std::vector<Piece> pieces_;
 
   mutable std::mutex mutex_;
+  bool sync_ = true;
   bool passActive_ = false;
   std::weak_ptr<int> passToken_;  // see DistributedDataParallel
   size_t nextBucket_ = 0;

@@ -212,6 +212,49 @@ TEST_CASE("passes without zeroGrad between them add up in the gradient shard, as
   });
 }
 
+TEST_CASE("passes under noSync accumulate without communication and the next synced pass reduces the sum, as "
+          "DDP's noSync") {
+  Ranks ranks(2);
+  std::vector<Tensor> ddpGrads;
+  ranks.onEachRank([&](int r) {
+    auto net = std::make_shared<Net>(1);
+    DistributedDataParallel ddp(net, ranks[r]);
+    {
+      auto scope = ddp.noSync();
+      lossOf(ddp.forward(batchFor(r, 0))).backward();
+      lossOf(ddp.forward(batchFor(r, 1))).backward();
+    }
+    lossOf(ddp.forward(batchFor(r, 2))).backward();
+    if (r == 0) {
+      for (const Tensor& p : net->parameters()) ddpGrads.push_back(p.grad().clone());
+    }
+  });
+  ranks.onEachRank([&](int r) {
+    auto net = std::make_shared<Net>(1);
+    Sdp sdp(net, {nn::optim::ParamGroup{net->parameters(), adamw()}}, ranks[r], {.bucketCapBytes = kCap});
+    {
+      auto scope = sdp.noSync();
+      lossOf(sdp.forward(batchFor(r, 0))).backward();
+      lossOf(sdp.forward(batchFor(r, 1))).backward();
+      CHECK(sdp.stats().syncedPasses == 0);  // no reduce-scatter was launched
+      CHECK(sdp.pendingGradient(0).defined());
+      CHECK(sdp.gradientShardBytes() == 0);
+    }
+    lossOf(sdp.forward(batchFor(r, 2))).backward();
+    CHECK(sdp.stats().syncedPasses == 1);
+    CHECK_FALSE(sdp.pendingGradient(0).defined());
+    for (size_t i = 0; i < sdp.params().size(); ++i) {
+      CHECK_FALSE(sdp.params()[i].grad().defined());
+      for (const auto& slice : sdp.gradientSlices(i)) {
+        INFO("rank " << r << " parameter " << i);
+        Tensor want = ddpGrads[i].view({-1}).narrow(0, slice.start, slice.grad.numel());
+        CHECK(slice.grad.toVector<float>() == want.toVector<float>());
+      }
+    }
+    CHECK_THROWS_AS(sdp.pendingGradient(8), IndexError);
+  });
+}
+
 TEST_CASE("clipGradNorm_ over the shards gives DDP's total norm and clipped gradients, for the 2-norm and the "
           "largest element") {
   for (int world : {2, 3}) {
