@@ -4,6 +4,7 @@
 #include <cmath>
 #include <exception>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -543,6 +544,116 @@ Tensor ShardedDataParallel::pendingGradient(size_t index) const {
                " out of range for ", meta_.size(), " parameters");
   std::lock_guard<std::mutex> lock(mutex_);
   return meta_[index].pending;
+}
+
+nn::StateDict ShardedDataParallel::shardedStateDict() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  nn::StateDict out;
+  Tensor slices = empty({static_cast<int64_t>(pieces_.size()), 3}, {.dtype = DType::Int64});
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& piece = pieces_[i];
+    int64_t* row = slices.data<int64_t>() + 3 * i;
+    row[0] = static_cast<int64_t>(piece.param);
+    row[1] = piece.start;
+    row[2] = piece.length;
+    if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
+    const std::string key = weft::detail::concat("slice.", piece.param, ".", piece.start, ".");
+    out.emplace(key + "step", scalarTensor(static_cast<double>(piece.state.step), DType::Int64));
+    for (const auto& [name, buffer] : piece.state.buffers) out.emplace(key + name, buffer.detach());
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    out.emplace(weft::detail::concat("param_groups.", g, ".params"),
+                scalarTensor(static_cast<double>(groups_[g].params.size()), DType::Int64));
+    out.emplace(weft::detail::concat("param_groups.", g, ".lr"),
+                scalarTensor(nn::optim::learningRate(groups_[g].options), DType::Float64));
+  }
+  out.emplace("shard.rank", scalarTensor(group_.rank(), DType::Int64));
+  out.emplace("shard.world", scalarTensor(group_.size(), DType::Int64));
+  out.emplace("shard.slices", slices);
+  return out;
+}
+
+void ShardedDataParallel::loadShardedStateDict(const nn::StateDict& shard) {
+  const char* where = "ShardedDataParallel::loadShardedStateDict";
+  auto scalar = [&](const std::string& key) {
+    auto it = shard.find(key);
+    WEFT_ENFORCE(it != shard.end() && it->second.defined() && it->second.numel() == 1, InvalidArgumentError, where,
+                 ": the dict has no '", key, "' (not a shardedStateDict())");
+    return it->second.to(Device::cpu()).item<double>();
+  };
+  const double world = scalar("shard.world");
+  const double rank = scalar("shard.rank");
+  WEFT_ENFORCE(world == group_.size(), InvalidArgumentError, where, ": the shard was saved in a group of ", world,
+               " ranks, this group has ", group_.size());
+  WEFT_ENFORCE(rank == group_.rank(), InvalidArgumentError, where, ": the shard was saved by rank ", rank,
+               ", this is rank ", group_.rank());
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = shard.find("shard.slices");
+  WEFT_ENFORCE(it != shard.end() && it->second.defined(), InvalidArgumentError, where,
+               ": the dict has no 'shard.slices'");
+  std::vector<int64_t> saved = it->second.to(Device::cpu()).toVector<int64_t>();
+  std::vector<int64_t> mine;
+  std::map<std::string, size_t> pieceOf;  // "<param>.<start>" -> piece
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    mine.insert(mine.end(), {static_cast<int64_t>(pieces_[i].param), pieces_[i].start, pieces_[i].length});
+    pieceOf.emplace(weft::detail::concat(pieces_[i].param, ".", pieces_[i].start), i);
+  }
+  WEFT_ENFORCE(saved == mine, InvalidArgumentError, where, ": the shard holds ", saved.size() / 3,
+               " slices other than the ", pieces_.size(),
+               " this rank owns (the parameters, their sizes or the bucket size differ)");
+  std::vector<nn::optim::ParamState> loaded(pieces_.size());
+  std::vector<std::optional<double>> lrs(groups_.size());
+  NoGradGuard noGrad;
+  for (const auto& [key, value] : shard) {
+    if (key.rfind("shard.", 0) == 0) continue;
+    if (key.rfind("param_groups.", 0) == 0) {
+      bool known = false;
+      for (size_t g = 0; g < groups_.size() && !known; ++g) {
+        const std::string prefix = weft::detail::concat("param_groups.", g, ".");
+        if (key != prefix + "params" && key != prefix + "lr") continue;
+        known = true;
+        const double v = scalar(key);
+        if (key == prefix + "lr") {
+          lrs[g] = v;
+        } else {
+          WEFT_ENFORCE(v == static_cast<double>(groups_[g].params.size()), InvalidArgumentError, where, ": '", key,
+                       "' is ", v, " but group ", g, " has ", groups_[g].params.size(), " parameters");
+        }
+      }
+      WEFT_ENFORCE(known, InvalidArgumentError, where, ": unexpected group entry '", key, "'");
+      continue;
+    }
+    // slice.<param>.<start>.<name>
+    WEFT_ENFORCE(key.rfind("slice.", 0) == 0, InvalidArgumentError, where, ": unexpected key '", key, "'");
+    const size_t dot1 = key.find('.', 6);
+    const size_t dot2 = dot1 == std::string::npos ? std::string::npos : key.find('.', dot1 + 1);
+    WEFT_ENFORCE(dot2 != std::string::npos, InvalidArgumentError, where, ": malformed key '", key, "'");
+    auto piece = pieceOf.find(key.substr(6, dot2 - 6));
+    WEFT_ENFORCE(piece != pieceOf.end(), InvalidArgumentError, where, ": key '", key,
+                 "' names a slice this rank does not own");
+    const std::string name = key.substr(dot2 + 1);
+    const Piece& p = pieces_[piece->second];
+    nn::optim::ParamState& st = loaded[piece->second];
+    WEFT_ENFORCE(value.defined(), InvalidArgumentError, where, ": '", key, "' is undefined");
+    if (name == "step") {
+      const double s = scalar(key);
+      WEFT_ENFORCE(s >= 0 && s == std::floor(s) && s < 9.0e15, InvalidArgumentError, where, ": '", key,
+                   "' is not a valid step count: ", s);
+      st.step = static_cast<int64_t>(s);
+      continue;
+    }
+    const auto known = nn::optim::stateBufferNames(groups_[meta_[p.param].group].options);
+    WEFT_ENFORCE(std::find(known.begin(), known.end(), name) != known.end(), InvalidArgumentError, where, ": '", key,
+                 "' is not a buffer of ", nn::optim::optimizerName(groups_[meta_[p.param].group].options),
+                 " with these options");
+    WEFT_ENFORCE(value.numel() == p.length, InvalidArgumentError, where, ": '", key, "' holds ", value.numel(),
+                 " elements, the slice has ", p.length);
+    st.buffers[name] = value.to(Device::cpu()).to(p.values.dtype()).contiguous().view({p.length}).clone();
+  }
+  for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i].state = std::move(loaded[i]);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (lrs[g]) groups_[g].options = nn::optim::withLearningRate(groups_[g].options, *lrs[g]);
+  }
 }
 
 std::vector<std::vector<size_t>> ShardedDataParallel::buckets() const {

@@ -173,6 +173,18 @@ class ShardedDataParallel {
   // builds the whole state on this rank) and the groups' lrs.
   // InvalidArgumentError as that function's.
   void loadStateDict(const nn::StateDict& full);
+  // Not collective: this rank's slices of the optimizer state, for a
+  // checkpoint per rank: "slice.<param>.<start>.step" and
+  // "slice.<param>.<start>.<buffer>" per slice with state, every group's
+  // "param_groups.<g>.params" and ".lr", and "shard.rank", "shard.world"
+  // (Int64 scalars) and "shard.slices" (Int64 [slices, 3]: parameter, start,
+  // length of each slice this rank owns).
+  nn::StateDict shardedStateDict() const;
+  // Not collective: loads a shardedStateDict() saved by the same rank of a
+  // group of the same size over the same parameters and buckets.
+  // InvalidArgumentError naming the difference (rank, size, slices, an
+  // unknown key or buffer, a length, a group's size); nothing changes then.
+  void loadShardedStateDict(const nn::StateDict& shard);
 
   const std::shared_ptr<nn::Module>& module() const { return module_; }
   // Every group's parameters in order (the indices used below).

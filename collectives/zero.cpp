@@ -253,6 +253,55 @@ nn::StateDict ZeroRedundancyOptimizer::consolidatedStateDict(int to) {
   return out;
 }
 
+nn::StateDict ZeroRedundancyOptimizer::shardedStateDict() const {
+  nn::StateDict out;
+  if (local_) {
+    for (const auto& [key, value] : local_->stateDict()) {
+      auto parsed = parseStateKey(key);
+      if (!parsed) continue;  // the local groups' entries
+      out.emplace(weft::detail::concat("state.", mine_[parsed->first], ".", parsed->second), value);
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    out.emplace(groupKey(g, "params"), scalarTensor(static_cast<double>(groups_[g].params.size()), DType::Int64));
+    out.emplace(groupKey(g, "lr"), scalarTensor(nn::optim::learningRate(groups_[g].options), DType::Float64));
+  }
+  out.emplace("shard.rank", scalarTensor(group_.rank(), DType::Int64));
+  out.emplace("shard.world", scalarTensor(group_.size(), DType::Int64));
+  Tensor owned = empty({static_cast<int64_t>(mine_.size())}, {.dtype = DType::Int64});
+  for (size_t k = 0; k < mine_.size(); ++k) owned.data<int64_t>()[k] = static_cast<int64_t>(mine_[k]);
+  out.emplace("shard.params", owned);
+  return out;
+}
+
+void ZeroRedundancyOptimizer::loadShardedStateDict(const nn::StateDict& shard) {
+  const char* where = "ZeroRedundancyOptimizer::loadShardedStateDict";
+  auto scalar = [&](const char* key) {
+    auto it = shard.find(key);
+    WEFT_ENFORCE(it != shard.end() && it->second.defined() && it->second.numel() == 1, InvalidArgumentError, where,
+                 ": the dict has no '", key, "' (not a shardedStateDict())");
+    return it->second.to(Device::cpu()).item<double>();
+  };
+  const double rank = scalar("shard.rank");
+  const double world = scalar("shard.world");
+  WEFT_ENFORCE(world == group_.size(), InvalidArgumentError, where, ": the shard was saved in a group of ", world,
+               " ranks, this group has ", group_.size());
+  WEFT_ENFORCE(rank == group_.rank(), InvalidArgumentError, where, ": the shard was saved by rank ", rank,
+               ", this is rank ", group_.rank());
+  auto it = shard.find("shard.params");
+  WEFT_ENFORCE(it != shard.end() && it->second.defined(), InvalidArgumentError, where,
+               ": the dict has no 'shard.params'");
+  std::vector<int64_t> owned = it->second.to(Device::cpu()).toVector<int64_t>();
+  std::vector<int64_t> mine(mine_.begin(), mine_.end());
+  WEFT_ENFORCE(owned == mine, InvalidArgumentError, where, ": the shard holds ", owned.size(),
+               " parameters other than the ", mine.size(), " this rank owns (the parameters or their sizes differ)");
+  nn::StateDict rest;
+  for (const auto& [key, value] : shard) {
+    if (key.rfind("shard.", 0) != 0) rest.emplace(key, value);
+  }
+  loadStateDict(rest);
+}
+
 void ZeroRedundancyOptimizer::loadStateDict(const nn::StateDict& full) {
   const char* where = "ZeroRedundancyOptimizer::loadStateDict";
   nn::StateDict local;

@@ -61,6 +61,10 @@
 // their old values: the replicas then differ, and the group is unusable anyway
 // after a timeout or a lost peer.
 //
+// Checkpoints: consolidatedStateDict() writes one dict for the whole job;
+// shardedStateDict() lets each rank save its own, reloaded by the same rank
+// of a job of the same size with loadShardedStateDict().
+//
 // Threads: one thread at a time; a step must not run concurrently with
 // anything that reads or writes the parameters.
 #pragma once
@@ -128,6 +132,16 @@ class ZeroRedundancyOptimizer {
   // and the groups' lrs. Checks (group sizes, indices, names, shapes) come
   // before anything changes: InvalidArgumentError naming the key.
   void loadStateDict(const nn::StateDict& full);
+  // Not collective: this rank's state only, for a checkpoint per rank: the
+  // entries of consolidatedStateDict() for the parameters it owns, every
+  // group's entries, and "shard.rank", "shard.world" (Int64 scalars) and
+  // "shard.params" (Int64, the owned global indices, ascending).
+  nn::StateDict shardedStateDict() const;
+  // Not collective: loads a shardedStateDict() saved by the same rank of a
+  // group of the same size over the same parameters. InvalidArgumentError
+  // naming the difference when the rank, the size or the owned parameters
+  // differ, or as loadStateDict() for the rest; nothing changes then.
+  void loadShardedStateDict(const nn::StateDict& shard);
 
  private:
   void partition();

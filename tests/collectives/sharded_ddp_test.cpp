@@ -369,6 +369,59 @@ TEST_CASE("the consolidated state dict equals the plain optimizer's under DDP, a
   }
 }
 
+TEST_CASE("each rank's sharded state dict reloads into a fresh wrapper on that rank, which continues exactly; "
+          "another rank's is refused") {
+  constexpr int kWorld = 3;
+  Ranks ranks(kWorld);
+  std::vector<int64_t> savedElements(kWorld);
+  std::vector<std::string> wrongRank(kWorld);
+  std::vector<std::vector<Tensor>> continued(kWorld), reloaded(kWorld);
+  std::vector<nn::StateDict> saved(kWorld);
+  ranks.onEachRank([&](int r) {
+    const auto ri = static_cast<size_t>(r);
+    auto net = std::make_shared<Net>(1);
+    auto make = [&] {
+      return std::make_unique<Sdp>(net, nn::optim::decayGroups(net->namedParameters(), adamw()), ranks[r],
+                                   Sdp::Options{.bucketCapBytes = kCap});
+    };
+    auto sdp = make();
+    auto stepOn = [&](Sdp& w, int s) {
+      w.zeroGrad();
+      lossOf(w.forward(batchFor(r, s))).backward();
+      w.step();
+    };
+    for (int s = 0; s < 3; ++s) stepOn(*sdp, s);
+    for (auto& [k, v] : sdp->shardedStateDict()) {
+      saved[ri][k] = v.clone();  // the live state changes with the next step
+      if (k.find(".exp_avg_sq") != std::string::npos) savedElements[ri] += v.numel();
+    }
+    nn::StateDict params;
+    for (auto& [k, v] : net->stateDict()) params[k] = v.clone();
+    stepOn(*sdp, 3);
+    for (const Tensor& p : net->parameters()) continued[ri].push_back(p.detach().clone());
+    ranks[r].barrier().wait();
+    sdp.reset();
+    net->loadStateDict(params);
+    sdp = make();
+    wrongRank[ri] = errorOf([&] { sdp->loadShardedStateDict(saved[static_cast<size_t>((r + 1) % kWorld)]); });
+    sdp->loadShardedStateDict(saved[ri]);
+    stepOn(*sdp, 3);
+    for (const Tensor& p : net->parameters()) reloaded[ri].push_back(p.detach().clone());
+  });
+  int64_t total = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    const auto ri = static_cast<size_t>(r);
+    total += savedElements[ri];
+    CHECK(contains(wrongRank[ri], "ShardedDataParallel::loadShardedStateDict: the shard was saved by rank " +
+                                      std::to_string((r + 1) % kWorld) + ", this is rank " + std::to_string(r)));
+    for (size_t i = 0; i < continued[ri].size(); ++i) {
+      INFO("rank " << r << " parameter " << i);
+      CHECK(reloaded[ri][i].toVector<float>() == continued[ri][i].toVector<float>());
+    }
+  }
+  CHECK(total == kParams);  // the shards together hold every element's state once
+}
+
 TEST_CASE("a parameter without a gradient fails the pass naming it; ranks wrapping different parameters fail "
           "alike") {
   Ranks ranks(2);

@@ -250,6 +250,53 @@ TEST_CASE("each rank holds the AdamW state of its shard only; the consolidated s
   }
 }
 
+TEST_CASE("each rank's sharded state dict reloads on that rank and the next step is the same; another rank's "
+          "or another group size's is refused") {
+  constexpr int kWorld = 2;
+  Ranks ranks(kWorld);
+  std::vector<nn::StateDict> saved(kWorld);
+  std::vector<std::vector<Tensor>> continued(kWorld), reloaded(kWorld);
+  std::vector<std::string> wrongRank(kWorld), wrongWorld(kWorld);
+  ranks.onEachRank([&](int r) {
+    const auto ri = static_cast<size_t>(r);
+    auto net = std::make_shared<Mlp>(1);
+    Ddp ddp(net, ranks[r]);
+    auto zero = std::make_unique<Zero>(nn::optim::decayGroups(net->namedParameters(), adamw()), ranks[r]);
+    auto stepOn = [&](int s) {
+      zero->zeroGrad();
+      lossOf(ddp.forward(batchFor(r, s))).backward();
+      zero->step();
+    };
+    for (int s = 0; s < 3; ++s) stepOn(s);
+    for (auto& [k, v] : zero->shardedStateDict()) saved[ri][k] = v.clone();
+    nn::StateDict params;
+    for (auto& [k, v] : net->stateDict()) params[k] = v.clone();
+    stepOn(3);
+    for (const Tensor& p : net->parameters()) continued[ri].push_back(p.detach().clone());
+    ranks[r].barrier().wait();
+    net->loadStateDict(params);
+    zero = std::make_unique<Zero>(nn::optim::decayGroups(net->namedParameters(), adamw()), ranks[r]);
+    wrongRank[ri] = errorOf([&] { zero->loadShardedStateDict(saved[1 - ri]); });
+    nn::StateDict otherWorld = saved[ri];
+    otherWorld["shard.world"] = scalarTensor(3, DType::Int64);
+    wrongWorld[ri] = errorOf([&] { zero->loadShardedStateDict(otherWorld); });
+    zero->loadShardedStateDict(saved[ri]);
+    stepOn(3);
+    for (const Tensor& p : net->parameters()) reloaded[ri].push_back(p.detach().clone());
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    const auto ri = static_cast<size_t>(r);
+    CHECK(contains(wrongRank[ri], "the shard was saved by rank " + std::to_string(1 - r) + ", this is rank " +
+                                      std::to_string(r)));
+    CHECK(contains(wrongWorld[ri], "the shard was saved in a group of 3 ranks, this group has 2"));
+    CHECK(saved[ri].count("shard.params") == 1);
+    for (size_t i = 0; i < continued[ri].size(); ++i) {
+      INFO("rank " << r << " parameter " << i);
+      CHECK(reloaded[ri][i].toVector<float>() == continued[ri][i].toVector<float>());
+    }
+  }
+}
+
 TEST_CASE("a state dict that does not fit the groups is refused naming the key") {
   Ranks ranks(2);
   ranks.onEachRank([&](int r) {
