@@ -54,6 +54,7 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, std
       m.tensor = p;
       m.name = it->first;
       m.group = g;
+      m.moduleIndex = static_cast<size_t>(it - named.begin());
       meta_.push_back(std::move(m));
       params_.push_back(p);
     }
@@ -119,8 +120,13 @@ void ShardedDataParallel::broadcastState() {
 }
 
 void ShardedDataParallel::layOut() {
+  // Reverse module order: the order in which backward usually produces the gradients.
+  std::vector<size_t> order(meta_.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(),
+            [this](size_t a, size_t b) { return meta_[a].moduleIndex > meta_[b].moduleIndex; });
   int64_t bytes = 0;
-  for (size_t k = meta_.size(); k-- > 0;) {
+  for (size_t k : order) {
     Param& p = meta_[k];
     const auto pb = static_cast<int64_t>(p.tensor.nbytes());
     bool fresh = buckets_.empty() || bytes + pb > options_.bucketCapBytes;

@@ -21,10 +21,12 @@
 // require grad, each once, contiguous CPU tensors; the ranks compare their
 // layouts (InvalidArgumentError on every rank naming the first difference),
 // then rank 0's parameters and buffers are broadcast, and the parameters are
-// laid out in buckets as DDP's first layout: in reverse order of the groups'
-// parameters, a new bucket whenever the next parameter would take it past
-// Options::bucketCapBytes or has another dtype (a parameter larger than the
-// cap has a bucket of its own). A bucket of n elements is padded with zeros to
+// laid out in buckets as DDP's first layout: in reverse order of
+// module->parameters() (whatever their groups), a new bucket whenever the
+// next parameter would take it past Options::bucketCapBytes or has another
+// dtype (a parameter larger than the cap has a bucket of its own). There is
+// no rebuild in gradient order. The parameters must keep their storage while
+// wrapped (no Module::to): the slices the optimizer updates are views of it. A bucket of n elements is padded with zeros to
 // n' = N·⌈n/N⌉ elements and rank r owns its elements [r·n'/N, (r+1)·n'/N):
 // slices of whichever parameters fall there (a parameter may be split between
 // ranks; the shard is even to within N−1 elements per bucket).
@@ -209,6 +211,7 @@ class ShardedDataParallel {
     Tensor tensor;
     std::string name;
     size_t group = 0;
+    size_t moduleIndex = 0;  // in module->namedParameters()
     size_t bucket = 0;
     int64_t offset = 0;  // in the bucket, elements
     int hookId = -1;

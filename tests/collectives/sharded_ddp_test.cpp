@@ -112,6 +112,9 @@ TEST_CASE("each rank keeps its slices of DDP's averaged gradients, reduced durin
           if (world == 2) CHECK(slice.grad.toVector<float>() == ref.toVector<float>());
         }
       }
+      // Reverse module order across the groups, cut at 160 B: extra.bias, extra.weight, c.bias,
+      // c.weight, b.bias (116 B) | b.weight (252 B) | a.bias | a.weight.
+      CHECK(sdp.buckets() == std::vector<std::vector<size_t>>{{7, 3, 6, 2, 5}, {1}, {4}, {0}});
       auto stats = sdp.stats();
       CHECK(stats.hooks == 8);
       REQUIRE(stats.launchHooks.size() == sdp.buckets().size());
