@@ -24,12 +24,13 @@
 // laid out in buckets as DDP's first layout: in reverse order of
 // module->parameters() (whatever their groups), a new bucket whenever the
 // next parameter would take it past Options::bucketCapBytes or has another
-// dtype (a parameter larger than the cap has a bucket of its own). There is
-// no rebuild in gradient order. The parameters must keep their storage while
-// wrapped (no Module::to): the slices the optimizer updates are views of it. A bucket of n elements is padded with zeros to
-// n' = N·⌈n/N⌉ elements and rank r owns its elements [r·n'/N, (r+1)·n'/N):
-// slices of whichever parameters fall there (a parameter may be split between
-// ranks; the shard is even to within N−1 elements per bucket).
+// dtype (a parameter larger than the cap has a bucket of its own); there is
+// no rebuild in gradient order. A bucket of n elements is padded with zeros
+// to n' = N·⌈n/N⌉ elements and rank r owns its elements [r·n'/N,
+// (r+1)·n'/N): slices of whichever parameters fall there (a parameter may be
+// split between ranks; the shard is even to within N−1 elements per bucket).
+// The parameters must keep their storage while wrapped (no Module::to): the
+// slices the optimizer updates are views of it.
 //
 // Backward. A pre-hook on each parameter's AccumulateGrad node copies the
 // gradient into its bucket's flat buffer (allocated when the bucket's first
@@ -39,13 +40,13 @@
 // the same collectives. When the pass is over on this worker
 // (autograd::queueCallback), backward waits for them, divides this rank's
 // slices by N and adds them to its gradient shard; the flat buffers are freed.
-// Passes without zeroGrad() between them add up in the shard, as DDP's do in
-// .grad (gradient accumulation, with a reduce-scatter per pass).
 // So the averaged gradient of each element is the one DDP computes (the same
 // sum over the ranks, then the same scaling), and step() updates the
 // parameters as the plain optimizer would with DDP's gradients: to the bit
 // where the backend's reduce-scatter adds the ranks' values in the order its
-// allreduce does (two ranks always).
+// allreduce does (two ranks always). Passes without zeroGrad() between them
+// add up in the shard, as DDP's do in .grad (gradient accumulation, with a
+// reduce-scatter per pass).
 //
 // noSync() (gradient accumulation without communication). While a
 // NoSyncGuard lives, the hooks add each gradient to a full-size buffer per
@@ -76,7 +77,9 @@
 //
 // State dicts: consolidatedStateDict() gathers the slices' optimizer state
 // into the plain optimizer's format on one rank; loadStateDict() takes each
-// rank's slices of such a dict.
+// rank's slices of such a dict. shardedStateDict() lets each rank save its
+// own slices, reloaded by the same rank of a job of the same size and bucket
+// layout with loadShardedStateDict().
 //
 // clipGradNorm_() clips the sharded gradients by their global norm, which
 // needs one allreduce of a scalar.
