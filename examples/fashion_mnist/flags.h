@@ -18,13 +18,16 @@ namespace mlp = weft::examples::fashion_mnist_mlp;
 inline constexpr const char* kProgram = "fashion_mnist";
 
 // ddp: DistributedDataParallel; allreduce: the gradients averaged by hand after backward;
-// local: one process without any process group.
-enum class Mode { Ddp, AllReduce, Local };
+// zero1: DDP with the optimizer state sharded (ZeroRedundancyOptimizer); zero2: gradients and
+// optimizer state sharded (ShardedDataParallel); local: one process without any process group.
+enum class Mode { Ddp, AllReduce, Zero1, Zero2, Local };
 
 inline const char* modeName(Mode m) {
   switch (m) {
     case Mode::Ddp: return "ddp";
     case Mode::AllReduce: return "allreduce";
+    case Mode::Zero1: return "zero1";
+    case Mode::Zero2: return "zero2";
     case Mode::Local: return "local";
   }
   return "?";
@@ -50,7 +53,7 @@ struct Flags {
 
 [[noreturn]] inline void usage(const std::string& err) {
   app::exitWithUsage(kProgram, err, "weftrun -n W",
-                     "[--mode ddp|allreduce|local] [--epochs N] [--batch-size N] [--lr X]\n"
+                     "[--mode ddp|allreduce|zero1|zero2|local] [--epochs N] [--batch-size N] [--lr X]\n"
                      "          [--momentum X] [--seed N] [--max-batches N] [--log-interval N] [--metrics PATH]\n"
                      "          [--save PATH] [--threads N] [--bucket-cap-mb X] [--timeout S] [--check-calls 1|0] [--data-dir DIR]\n"
                      "  (--batch-size is the global batch: each of the W processes takes batch / W of it)\n");
@@ -65,8 +68,10 @@ inline Flags parseFlags(int argc, char** argv) {
     if (a == "--mode") {
       if (v == "ddp") f.mode = Mode::Ddp;
       else if (v == "allreduce") f.mode = Mode::AllReduce;
+      else if (v == "zero1") f.mode = Mode::Zero1;
+      else if (v == "zero2") f.mode = Mode::Zero2;
       else if (v == "local") f.mode = Mode::Local;
-      else usage("unknown mode '" + v + "' (ddp, allreduce or local)");
+      else usage("unknown mode '" + v + "' (ddp, allreduce, zero1, zero2 or local)");
     } else if (a == "--epochs") f.epochs = args.integer();
     else if (a == "--batch-size") f.batchSize = args.integer();
     else if (a == "--lr") f.lr = args.real(true);
@@ -103,7 +108,7 @@ inline Flags parseFlags(int argc, char** argv) {
 inline void checkWorld(const Flags& flags, int world) {
   if (flags.mode == Mode::Local && world != 1) {
     throw Error(std::string("--mode local is the single-process baseline; this job has ") + std::to_string(world) +
-                " processes (use --mode ddp or --mode allreduce, or weftrun -n 1)");
+                " processes (use --mode ddp, allreduce, zero1 or zero2, or weftrun -n 1)");
   }
   if (flags.batchSize % world != 0) {
     throw Error("--batch-size " + std::to_string(flags.batchSize) + " is the global batch and must split evenly over the " +

@@ -2,7 +2,7 @@
 // global batch 64) trained data parallel over the processes of a weftrun job.
 //
 //   ./build/tools/weftrun/weftrun -n 2 ./build/examples/fashion_mnist/fashion_mnist
-//       [--mode ddp|allreduce|local] [--epochs 2] [--batch-size 64] [--lr 0.01] [--momentum 0.9]
+//       [--mode ddp|allreduce|zero1|zero2|local] [--epochs 2] [--batch-size 64] [--lr 0.01] [--momentum 0.9]
 //       [--seed 0] [--max-batches N] [--log-interval 100] [--metrics fashion_mnist_metrics.csv]
 //       [--save PATH] [--threads N] [--bucket-cap-mb 25] [--timeout 120] [--check-calls 1] [--data-dir DIR]
 //
@@ -13,6 +13,9 @@
 // summary and writes the metrics CSV; every rank ends with "rank R: shut down cleanly".
 // Modes: `ddp` wraps the model in collectives::DistributedDataParallel (bucketed allreduces that
 // overlap backward); `allreduce` averages the gradients by hand after backward (replicas.h);
+// `zero1` is DDP with collectives::ZeroRedundancyOptimizer (each process keeps the momentum of its
+// share of the parameters); `zero2` is collectives::ShardedDataParallel (gradients reduce-scattered,
+// each process keeps its slice of gradients and momentum);
 // `local` is the single-process baseline without any process group (a world of one only).
 // README.md describes the output, the measured speed-up and the equivalence with one process.
 #include <algorithm>
@@ -25,6 +28,8 @@
 
 #include "collectives/ddp.h"
 #include "collectives/init.h"
+#include "collectives/sharded_ddp.h"
+#include "collectives/zero.h"
 #include "data/data.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/nn.h"
@@ -64,14 +69,26 @@ int main(int argc, char** argv) {
     // The replica: DDP, or rank 0's parameters broadcast by hand (allreduce), or alone (local).
     manualSeed(flags.seed);
     auto model = mlp::makeModel();
+    const int64_t bucketCapBytes = static_cast<int64_t>(flags.bucketCapMb * 1024 * 1024);
     std::optional<collectives::DistributedDataParallel> ddp;
-    if (flags.mode == Mode::Ddp) {
-      ddp.emplace(model, *pg, collectives::DistributedDataParallel::Options{
-                                  .bucketCapBytes = static_cast<int64_t>(flags.bucketCapMb * 1024 * 1024)});
+    if (flags.mode == Mode::Ddp || flags.mode == Mode::Zero1) {
+      ddp.emplace(model, *pg, collectives::DistributedDataParallel::Options{.bucketCapBytes = bucketCapBytes});
     }
     if (flags.mode == Mode::AllReduce) broadcastParameters(model->parameters(), *pg);
     const std::vector<Tensor> params = model->parameters();
-    nn::optim::SGD opt(params, {.lr = flags.lr, .momentum = flags.momentum});
+    const nn::optim::SGDOptions sgd{.lr = flags.lr, .momentum = flags.momentum};
+    // The optimizer: plain, its state sharded (zero1), or inside the sharded data parallel (zero2).
+    std::optional<nn::optim::SGD> plain;
+    std::optional<collectives::ZeroRedundancyOptimizer> zero1;
+    std::optional<collectives::ShardedDataParallel> zero2;
+    if (flags.mode == Mode::Zero1) {
+      zero1.emplace(params, sgd, *pg);
+    } else if (flags.mode == Mode::Zero2) {
+      zero2.emplace(model, std::vector<nn::optim::ParamGroup>{{params, sgd}}, *pg,
+                    collectives::ShardedDataParallel::Options{.bucketCapBytes = bucketCapBytes});
+    } else {
+      plain.emplace(params, sgd);
+    }
 
     // This process's shard of each epoch.
     auto sampler = std::make_shared<data::DistributedSampler>(
@@ -97,10 +114,14 @@ int main(int argc, char** argv) {
         const auto t0 = app::Clock::now();
         Tensor logits = ddp ? ddp->forward(example.data) : model->forward(example.data);
         Tensor loss = crossEntropy(logits, example.target);
-        opt.zeroGrad();
+        if (zero1) zero1->zeroGrad();
+        else if (zero2) zero2->zeroGrad();
+        else plain->zeroGrad();
         loss.backward();
         if (flags.mode == Mode::AllReduce) averageGradients(params, *pg);
-        opt.step();
+        if (zero1) zero1->step();
+        else if (zero2) zero2->step();
+        else plain->step();
         const double lossValue = loss.item<float>(), correct = app::correctPredictions(logits, example.target);
         progress.step(epoch, batch, perEpoch, lossValue, correct, static_cast<double>(example.target.numel()),
                       app::secondsSince(t0));
@@ -117,6 +138,8 @@ int main(int argc, char** argv) {
       say("saved the final weights to %s\n", flags.save.c_str());
     }
     progress.finish(weights, threads, testAccuracy);
+    zero2.reset();
+    zero1.reset();
     ddp.reset();
     // The job's end: the group closes, and rank 0 serves the store until every other rank has left.
     pg.reset();

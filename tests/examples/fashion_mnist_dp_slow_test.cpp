@@ -1,6 +1,7 @@
 // The data-parallel Fashion-MNIST example (examples/fashion_mnist), run as a user runs it, through
 // weftrun: 100 steps of the global batch of 64 on one process (no process group), on one process
-// of a job and on two, by hand-written per-parameter allreduce and through DDP. The final weights
+// of a job and on two, by hand-written per-parameter allreduce, through DDP, and with the
+// optimizer state (zero1) or gradients and optimizer state (zero2) sharded. The final weights
 // of every data-parallel run must be the single-process ones (bit for bit on one process, within
 // float rounding on two), the model must learn, every process must exit 0 after a clean shutdown;
 // bad configurations fail at start with a clear message.
@@ -85,7 +86,7 @@ TEST_CASE("data-parallel Fashion-MNIST on one and two processes ends with the si
   // Chance is 0.10; 100 steps of 64 reach about 0.73.
   CHECK(local.accuracy >= 0.6);
   double largest = 0;
-  for (const std::string mode : {"allreduce", "ddp"}) {
+  for (const std::string mode : {"allreduce", "ddp", "zero1", "zero2"}) {
     CAPTURE(mode);
     // One process of a job: averaging over a group of one changes nothing, bit for bit.
     const Result one = train(1, mode);
@@ -126,7 +127,7 @@ TEST_CASE("the data-parallel example rejects an unknown mode with its usage") {
   std::string out;
   int rc = runShell(kProgram + " --mode hogwild 2>&1", out);
   CHECK(rc == 2);
-  CHECK(out.find("unknown mode 'hogwild' (ddp, allreduce or local)") != std::string::npos);
+  CHECK(out.find("unknown mode 'hogwild' (ddp, allreduce, zero1, zero2 or local)") != std::string::npos);
   CHECK(out.find("usage: weftrun -n W fashion_mnist") != std::string::npos);
 }
 

@@ -1,0 +1,25 @@
+// What the sharded data-parallel wrappers (zero.h, sharded_ddp.h) share:
+// error prefixing and the check that every rank wraps the same parameters.
+#pragma once
+
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "tensor/tensor.h"
+
+namespace weft::collectives::detail {
+
+// Rethrows `e` as the same weft error type with `prefix` in front of its message.
+[[noreturn]] void rethrowPrefixed(const std::exception_ptr& e, const std::string& prefix);
+
+// Collective (nothing on a group of one): compares every rank's `groupSizes`
+// and each parameter's element count and dtype with rank 0's; on a
+// difference, InvalidArgumentError on every rank, "<who>: the ranks wrap
+// different parameters (...): <the first difference>" ("parameter 1 has 5
+// elements of float32 on rank 0 but 6 elements of float32 on rank 1").
+void checkLayoutsAgree(ProcessGroup& group, const std::vector<size_t>& groupSizes, const std::vector<Tensor>& params,
+                       const std::string& who);
+
+}  // namespace weft::collectives::detail
