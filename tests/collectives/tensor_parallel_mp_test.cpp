@@ -1,0 +1,153 @@
+// Mesh and tensor parallelism across real processes on 127.0.0.1
+// (tests/collectives/tp_helpers/tp_worker.cpp, one process per rank, Gloo): the mesh's coordinates
+// and groups on 4 and 2 processes, a mismatched mesh failing every rank with both meshes named, and
+// the tensor-parallel GPT against the whole nn::GPT loaded with the same weights (loss, logits and
+// every gradient, float64 and float32), with its traffic against the formulas, for T = 2 and 4.
+// Every wait is bounded and every process is checked to be gone at the end.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "captured_text.h"
+#include "mp_job.h"
+
+using namespace std::chrono_literals;
+using weft::testing::contains;
+using weft::testing::MpJob;
+using weft::testing::numberAfter;
+using weft::testing::rankPrefix;
+using weft::testing::restOfLine;
+
+namespace {
+
+bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
+  bool ok = true;
+  for (size_t r = 0; r < results.size(); ++r) {
+    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
+         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
+  }
+  if (!ok) weft::testing::dumpResults(results);
+  return ok;
+}
+
+std::vector<weft::testing::Subprocess::Result> runTpJob(const std::string& scenario, int world,
+                                                        std::chrono::milliseconds timeout) {
+  MpJob job({TP_WORKER_PATH, scenario}, world, [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(timeout);
+  job.checkAllGone();
+  REQUIRE(allClean(results));
+  return results;
+}
+
+// The number after " key " on rank `rank`'s line that starts with `first`.
+long long field(const std::string& out, int rank, const std::string& first, const std::string& key) {
+  const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ");
+  return numberAfter(line, " " + key + " ");
+}
+
+std::string word(const std::string& out, int rank, const std::string& first, const std::string& key) {
+  const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ") + " ";
+  const std::string rest = restOfLine(line, " " + key + " ");
+  return rest.substr(0, rest.find(' '));
+}
+
+// The GPT of tp_worker (width 16, 2 layers, vocab 32, batch 2 x 8) on `t` ranks in `dtype`: every
+// rank's loss, logits and gradients within `toleranceFe` (1e-15 units) of the whole model's, the
+// block matrices split T ways, and the traffic per block and per step against the formulas.
+void checkTpJob(const std::string& scenario, int t, long long toleranceFe) {
+  auto results = runTpJob(scenario, t, 30s);
+  constexpr long long kLayers = 2, kWidth = 16, kRows = 2 * 8, kVocab = 32;
+  for (int r = 0; r < t; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    CHECK(field(out, r, "tp", "loss_diff_fe") <= toleranceFe);
+    CHECK(field(out, r, "tp", "logits_diff_fe") <= toleranceFe);
+    CHECK(field(out, r, "tp", "grad_diff_fe") <= toleranceFe);
+    // wte, wpe, ln_f (2) and 12 per block with biases.
+    CHECK(field(out, r, "tp", "grads") == 4 + 12 * kLayers);
+    // 12·C² matrix elements per block, 1/T of them on each rank.
+    CHECK(field(out, r, "shapes", "block_full") == 12 * kWidth * kWidth);
+    CHECK(field(out, r, "shapes", "block_local") * t == 12 * kWidth * kWidth);
+    // One block: exactly two allreduces of B·S·C elements each way.
+    const long long elem = field(out, r, "block", "elem");
+    const long long bsc = field(out, r, "block", "bsc");
+    CHECK(bsc == kRows * kWidth);
+    CHECK(field(out, r, "block", "fwd_allreduces") == 2);
+    CHECK(field(out, r, "block", "fwd_bytes") == 2 * bsc * elem);
+    CHECK(field(out, r, "block", "bwd_allreduces") == 2);
+    CHECK(field(out, r, "block", "bwd_bytes") == 2 * bsc * elem);
+    // The step: per block 2 + the embedding's 1 + the loss's 3 (of B·S) in forward; per block 2
+    // + the head's 1 in backward.
+    CHECK(field(out, r, "model", "fwd_allreduces") == 2 * kLayers + 1 + 3);
+    CHECK(field(out, r, "model", "fwd_bytes") == (2 * kLayers + 1) * bsc * elem + 3 * kRows * elem);
+    CHECK(field(out, r, "model", "bwd_allreduces") == 2 * kLayers + 1);
+    CHECK(field(out, r, "model", "bwd_bytes") == (2 * kLayers + 1) * bsc * elem);
+    const std::string errors = restOfLine(out, rankPrefix(r) + "errors ");
+    CHECK(contains(errors, "heads InvalidArgumentError: TensorParallelGPT: heads ("));
+    CHECK(contains(errors, "must be divisible by the tensor-parallel size " + std::to_string(t)));
+    CHECK(contains(errors, "target IndexError: vocabParallelCrossEntropy: target " + std::to_string(kVocab)));
+  }
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("tensor_parallel");
+
+TEST_CASE("a mesh {dp: 2, tp: 2} on 4 processes gives row-major coordinates and one working group per "
+          "dimension") {
+  auto results = runTpJob("mesh", 4, 30s);
+  for (int r = 0; r < 4; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    const int dp = r / 2, tp = r % 2;
+    CHECK(word(out, r, "mesh", "coords") == std::to_string(dp) + "," + std::to_string(tp));
+    CHECK(word(out, r, "mesh", "tp_ranks") == std::to_string(2 * dp) + "," + std::to_string(2 * dp + 1));
+    CHECK(word(out, r, "mesh", "dp_ranks") == std::to_string(tp) + "," + std::to_string(tp + 2));
+    CHECK(field(out, r, "mesh", "tp_sum") == 2 * dp + 2 * dp + 1);
+    CHECK(field(out, r, "mesh", "dp_sum") == tp + tp + 2);
+    CHECK(field(out, r, "mesh", "rank_at") == r);
+    CHECK(contains(restOfLine(out, rankPrefix(r) + "lookup "),
+                   "NotFoundError: Mesh {dp: 2, tp: 2}: no dimension named 'pp'"));
+  }
+}
+
+TEST_CASE("a mesh {dp: 1, tp: 2} on 2 processes has a group of one rank along dp") {
+  auto results = runTpJob("mesh", 2, 30s);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    CHECK(word(out, r, "mesh", "coords") == "0," + std::to_string(r));
+    CHECK(word(out, r, "mesh", "tp_ranks") == "0,1");
+    CHECK(word(out, r, "mesh", "dp_ranks") == std::to_string(r));
+    CHECK(field(out, r, "mesh", "tp_sum") == 1);
+    CHECK(field(out, r, "mesh", "dp_sum") == r);
+  }
+}
+
+TEST_CASE("ranks that pass different meshes all fail with an InvalidArgumentError naming both") {
+  auto results = runTpJob("mismatch", 4, 30s);
+  for (int r = 0; r < 4; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    CHECK(restOfLine(out, rankPrefix(r) + "failed ") ==
+          "InvalidArgumentError: Mesh: the ranks passed different meshes: rank 0 passed {dp: 2, tp: 2}, "
+          "rank 3 passed {tp: 2, dp: 2}");
+  }
+}
+
+TEST_CASE("a tensor-parallel GPT on 2 processes equals the whole GPT in float64, with two allreduces "
+          "per block") {
+  checkTpJob("tp64", 2, 1000);  // 1e-12
+}
+
+TEST_CASE("a tensor-parallel GPT on 4 processes equals the whole GPT in float64, with two allreduces "
+          "per block") {
+  checkTpJob("tp64", 4, 1000);
+}
+
+TEST_CASE("a tensor-parallel GPT on 2 and 4 processes equals the whole GPT in float32 to 1e-5") {
+  checkTpJob("tp32", 2, 10'000'000'000LL);
+  checkTpJob("tp32", 4, 10'000'000'000LL);
+}

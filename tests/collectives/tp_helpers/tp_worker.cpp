@@ -1,0 +1,234 @@
+// A program for the multiprocess tests of Mesh and tensor parallelism
+// (tests/collectives/tensor_parallel_mp_test.cpp): one rank of a job, which finds its place through
+// rpc::Options::fromEnv, builds a ProcessGroupGloo and plays its rank's part in the scenario it is
+// given, printing one line per result ("rank R <phrase> key value ..."). Differences are printed in
+// units of 1e-15 (integers) for the test to bound.
+//
+//   WEFT_RANK=0 WEFT_WORLD_SIZE=4 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 tp_worker mesh
+//
+// Scenarios:
+//   mesh      [4 ranks: {dp: 2, tp: 2}; 2 ranks: {dp: 1, tp: 2}] "mesh coords C,C dp_ranks R,R
+//             tp_ranks R,R dp_sum S tp_sum S rank_at A": coordinates, the world ranks of this rank's
+//             group per dimension, an allreduce of the world ranks over each group, the world rank
+//             that rankAt gives for this rank's coordinates; then "lookup <ErrorType>: <message>"
+//             for a dimension the mesh does not have.
+//   mismatch  [any world size] The last rank passes {tp: 2, dp: W/2}, the others {dp: W/2, tp: 2}:
+//             "failed <ErrorType>: <message>".
+//   tp64, tp32 [T ranks, T dividing 4] A GPT (vocab 32, block 16, 2 layers, 4 heads, width 16,
+//             float64 or float32) built whole on every rank from one seed, and a TensorParallelGPT
+//             over the world loaded from it. "tp loss_diff_fe N logits_diff_fe N grad_diff_fe N
+//             grads G": the loss, this rank's logits and every parameter's gradient against the
+//             whole model's (shard of), in 1e-15; "shapes block_local L block_full F": the block
+//             matrices' elements on this rank and in the whole model; "block fwd_allreduces A
+//             fwd_bytes B bwd_allreduces A bwd_bytes B elem E bsc N": the traffic of one block's
+//             forward and backward; "model fwd_allreduces ... bwd_bytes B" the traffic of the loss
+//             and its backward; "errors heads <ErrorType>: ... target <ErrorType>: ...".
+// Every rank first prints "rank R pid P started" and last "rank R done".
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/gloo/detail/group.h"
+#include "collectives/mesh.h"
+#include "collectives/tensor_parallel_gpt.h"
+#include "common/error.h"
+#include "mp_worker.h"
+#include "nn/transformer.h"
+#include "rpc/options.h"
+#include "rpc/store.h"
+#include "tensor/ops.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using weft::DType;
+using weft::Generator;
+using weft::Tensor;
+using weft::collectives::Mesh;
+using weft::collectives::ProcessGroup;
+using weft::collectives::ProcessGroupGloo;
+using weft::testing::say;
+
+int gRank = 0;
+
+void sayLine(const std::string& line) { say(weft::testing::prefix(gRank) + line); }
+
+std::string joined(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+long long diffFe(const Tensor& a, const Tensor& b) {
+  double m = weft::max(weft::abs(a.to(DType::Float64) - b.to(DType::Float64))).item<double>();
+  return std::llround(m * 1e15);
+}
+
+void runMesh(ProcessGroup& world) {
+  std::vector<weft::collectives::MeshDim> dims =
+      world.size() == 4 ? std::vector<weft::collectives::MeshDim>{{"dp", 2}, {"tp", 2}}
+                        : std::vector<weft::collectives::MeshDim>{{"dp", world.size() / 2}, {"tp", 2}};
+  Mesh mesh(world, dims);
+  std::string line = "mesh coords " + joined(mesh.coordinates());
+  for (const char* d : {"dp", "tp"}) {
+    line += std::string(" ") + d + "_ranks " + joined(mesh.groupRanks(d));
+  }
+  for (const char* d : {"dp", "tp"}) {
+    Tensor t = weft::fromVector(std::vector<int64_t>{world.rank()}, {1});
+    mesh.group(d).allReduce(t).wait();
+    line += std::string(" ") + d + "_sum " + std::to_string(t.item<int64_t>());
+  }
+  line += " rank_at " + std::to_string(mesh.rankAt(mesh.coordinates()));
+  sayLine(line);
+  try {
+    mesh.group("pp");
+    sayLine("lookup none");
+  } catch (...) {
+    sayLine("lookup " + weft::testing::describe(std::current_exception()));
+  }
+}
+
+void runMismatch(ProcessGroup& world) {
+  const int half = world.size() / 2;
+  std::vector<weft::collectives::MeshDim> dims = {{"dp", half}, {"tp", 2}};
+  if (world.rank() == world.size() - 1) dims = {{"tp", 2}, {"dp", half}};
+  try {
+    Mesh mesh(world, dims);
+    sayLine("failed none");
+  } catch (...) {
+    sayLine("failed " + weft::testing::describe(std::current_exception()));
+  }
+}
+
+void runTp(ProcessGroup& world, DType dtype) {
+  using namespace weft::collectives;
+  Mesh mesh(world, {{"tp", world.size()}});
+  auto tp = std::make_shared<TpGroup>(mesh.group("tp"));
+  weft::nn::GPTConfig cfg{.vocabSize = 32, .blockSize = 16, .layers = 2, .heads = 4, .width = 16};
+  Generator init(7);
+  auto full = std::make_shared<weft::nn::GPT>(cfg, &init);
+  full->to(dtype);
+  auto model = std::make_shared<TensorParallelGPT>(tp, cfg);
+  model->to(dtype);
+  model->loadFrom(*full);
+
+  const int64_t b = 2, s = 8, c = cfg.width;
+  Generator data(11);
+  Tensor idx = weft::randint(0, cfg.vocabSize, {b, s}, {.dtype = DType::Int64}, &data);
+  Tensor targets = weft::randint(0, cfg.vocabSize, {b, s}, {.dtype = DType::Int64}, &data);
+  {
+    weft::NoGradGuard noGrad;
+    targets.view({-1}).narrow(0, 3, 1).fill_(-100);
+  }
+
+  Tensor fullLogits = full->forward(idx);
+  Tensor fullLoss = full->loss(idx, targets);
+  fullLoss.backward();
+  tp->resetTraffic();
+  Tensor loss = model->loss(idx, targets);
+  TpGroup::Traffic fwd = tp->traffic();
+  loss.backward();
+  TpGroup::Traffic all = tp->traffic();
+  Tensor logits;
+  {
+    weft::NoGradGuard noGrad;
+    logits = model->forward(idx);
+  }
+  const int64_t local = cfg.vocabSize / tp->size();
+  long long logitsDiff = diffFe(logits, fullLogits.narrow(2, tp->rank() * local, local));
+  std::map<std::string, Tensor> fullParams;
+  for (auto& [n, p] : full->namedParameters()) fullParams[n] = p;
+  long long gradDiff = 0;
+  int grads = 0;
+  for (auto& [n, p] : model->namedParameters()) {
+    weft::testing::require(p.grad().defined(), "no gradient for " + n);
+    gradDiff = std::max(gradDiff, diffFe(p.grad(), model->shard(n, fullParams.at(n).grad())));
+    ++grads;
+  }
+  sayLine("tp loss_diff_fe " + std::to_string(diffFe(loss, fullLoss)) + " logits_diff_fe " +
+          std::to_string(logitsDiff) + " grad_diff_fe " + std::to_string(gradDiff) + " grads " +
+          std::to_string(grads));
+
+  int64_t blockLocal = 0, blockFull = 0;
+  for (auto& [n, p] : model->blocks()[0]->namedParameters()) {
+    if (p.dim() == 2) blockLocal += p.numel();
+  }
+  for (auto& [n, p] : full->blocks()[0]->namedParameters()) {
+    if (p.dim() == 2) blockFull += p.numel();
+  }
+  sayLine("shapes block_local " + std::to_string(blockLocal) + " block_full " + std::to_string(blockFull));
+
+  Tensor x = weft::randn({b, s, c}, {.dtype = dtype}, &data).requiresGrad_();
+  tp->resetTraffic();
+  Tensor y = model->blocks()[0]->forward(x);
+  TpGroup::Traffic bf = tp->traffic();
+  weft::sum(weft::square(y)).backward();
+  TpGroup::Traffic bb = tp->traffic();
+  const long long elem = static_cast<long long>(weft::elementSize(dtype));
+  sayLine("block fwd_allreduces " + std::to_string(bf.forwardAllReduces) + " fwd_bytes " +
+          std::to_string(bf.forwardBytes) + " bwd_allreduces " + std::to_string(bb.backwardAllReduces) +
+          " bwd_bytes " + std::to_string(bb.backwardBytes) + " elem " + std::to_string(elem) + " bsc " +
+          std::to_string(b * s * c));
+  sayLine("model fwd_allreduces " + std::to_string(fwd.forwardAllReduces) + " fwd_bytes " +
+          std::to_string(fwd.forwardBytes) + " bwd_allreduces " + std::to_string(all.backwardAllReduces) +
+          " bwd_bytes " + std::to_string(all.backwardBytes));
+
+  std::string errors = "errors heads ";
+  try {
+    weft::nn::GPTConfig bad = cfg;
+    bad.heads = 2;
+    bad.vocabSize = 8 * tp->size();
+    if (tp->size() == 2) bad.heads = 1;
+    TensorParallelGPT wrong(tp, bad);
+    errors += "none";
+  } catch (...) {
+    errors += weft::testing::describe(std::current_exception());
+  }
+  errors += " target ";
+  try {
+    Tensor bogus = targets.clone();
+    {
+      weft::NoGradGuard noGrad;
+      bogus.view({-1}).narrow(0, 0, 1).fill_(static_cast<double>(cfg.vocabSize));
+    }
+    model->loss(idx, bogus);
+    errors += "none";
+  } catch (...) {
+    errors += weft::testing::describe(std::current_exception());
+  }
+  sayLine(errors);
+  world.barrier().wait();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32"}, argc, argv,
+                                   [](const std::string& scenario) {
+    weft::rpc::Options opt = weft::rpc::Options::fromEnv();
+    gRank = opt.rank;
+    say(weft::testing::prefix(gRank) + "pid " + std::to_string(::getpid()) + " started");
+    std::unique_ptr<weft::rpc::StoreServer> server;
+    if (opt.rank == 0) server = std::make_unique<weft::rpc::StoreServer>(weft::rpc::StoreServer::configFor(opt));
+    weft::rpc::StoreClient store(weft::rpc::StoreClient::configFor(opt));
+    {
+      auto pg = ProcessGroupGloo::create(store, opt.rank, opt.worldSize, {.timeout = 20s});
+      if (scenario == "mesh") runMesh(*pg);
+      else if (scenario == "mismatch") runMismatch(*pg);
+      else runTp(*pg, scenario == "tp64" ? DType::Float64 : DType::Float32);
+    }
+    if (opt.rank == 0) {
+      std::vector<std::string> left;
+      for (int r = 1; r < opt.worldSize; ++r) left.push_back("tp_worker/left/" + std::to_string(r));
+      store.wait(left, 20s);
+    } else {
+      store.set("tp_worker/left/" + std::to_string(opt.rank), "1");
+    }
+    sayLine("done");
+    return 0;
+  });
+}
