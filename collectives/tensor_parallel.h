@@ -47,9 +47,12 @@
 // the group's errors (process_group.h) from the allreduces, raised by forward
 // or backward.
 //
-// Threads: as nn/module.h; the allreduces run on the calling thread (forward)
-// and on the thread running backward, and every rank of the group must run
-// the same forwards and backwards in the same order.
+// Threads and lifetimes: as nn/module.h; the allreduces run on the calling
+// thread (forward) and on the thread running backward, and every rank of the
+// group must run the same forwards and backwards in the same order. The
+// layers share their TpGroup; a TpGroup passed to the functions by reference
+// must outlive the graphs recorded through it, and its ProcessGroup the
+// TpGroup.
 #pragma once
 
 #include <atomic>

@@ -151,3 +151,30 @@ TEST_CASE("a tensor-parallel GPT on 2 and 4 processes equals the whole GPT in fl
   checkTpJob("tp32", 2, 10'000'000'000LL);
   checkTpJob("tp32", 4, 10'000'000'000LL);
 }
+
+// Ulysses on `p` ranks: this rank's output and gradients equal whole-sequence causal attention's,
+// with four allToAlls of this rank's q-sized shard each way.
+void checkUlysses(int p) {
+  auto results = runTpJob("ulysses", p, 30s);
+  for (int r = 0; r < p; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    CHECK(field(out, r, "ulysses", "out_diff_fe") <= 1000);
+    CHECK(field(out, r, "ulysses", "grad_diff_fe") <= 1000);
+    const long long local = field(out, r, "ulysses", "local_bytes");
+    CHECK(local == 2 * 4 * (8 / p) * 4 * 8);
+    CHECK(field(out, r, "ulysses", "fwd_a2a") == 4);
+    CHECK(field(out, r, "ulysses", "fwd_bytes") == 4 * local);
+    CHECK(field(out, r, "ulysses", "bwd_a2a") == 4);
+    CHECK(field(out, r, "ulysses", "bwd_bytes") == 4 * local);
+    CHECK(contains(restOfLine(out, rankPrefix(r) + "ulysses_error "),
+                   "InvalidArgumentError: seqToHeads: the heads (" + std::to_string(2 * p + 1) +
+                       ") must be divisible by the sequence-parallel size " + std::to_string(p)));
+  }
+}
+
+TEST_CASE("Ulysses attention on 2 and 4 processes equals whole-sequence causal attention, forward and "
+          "backward, with four all-to-alls each way") {
+  checkUlysses(2);
+  checkUlysses(4);
+}

@@ -23,6 +23,11 @@
 //             fwd_bytes B bwd_allreduces A bwd_bytes B elem E bsc N": the traffic of one block's
 //             forward and backward; "model fwd_allreduces ... bwd_bytes B" the traffic of the loss
 //             and its backward; "errors heads <ErrorType>: ... target <ErrorType>: ...".
+//   ulysses   [P ranks, P dividing 4] Causal attention over q, k, v [2, 4, 8, 4] float64 whole on
+//             every rank, and ulyssesAttention over this rank's 8/P tokens: "ulysses out_diff_fe N
+//             grad_diff_fe N fwd_a2a A fwd_bytes B bwd_a2a A bwd_bytes B local_bytes L" (this rank's
+//             output and q, k, v gradients against the whole attention's, in 1e-15; the allToAlls);
+//             "ulysses_error <ErrorType>: <message>" for 2·P + 1 heads.
 // Every rank first prints "rank R pid P started" and last "rank R done".
 #include <unistd.h>
 
@@ -34,6 +39,7 @@
 
 #include "collectives/gloo/detail/group.h"
 #include "collectives/mesh.h"
+#include "collectives/sequence_parallel.h"
 #include "collectives/tensor_parallel_gpt.h"
 #include "common/error.h"
 #include "mp_worker.h"
@@ -204,10 +210,52 @@ void runTp(ProcessGroup& world, DType dtype) {
   world.barrier().wait();
 }
 
+void runUlysses(ProcessGroup& world) {
+  using namespace weft::collectives;
+  Mesh mesh(world, {{"sp", world.size()}});
+  SpGroup sp(mesh.group("sp"));
+  const int64_t p = world.size(), b = 2, h = 4, s = 8, d = 4, local = s / p;
+  Generator gen(21);
+  weft::TensorOptions f64{.dtype = DType::Float64};
+  Tensor q = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+  Tensor k = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+  Tensor v = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+  Tensor w = weft::randn({b, h, s, d}, f64, &gen);
+  weft::AttentionOptions o;
+  o.causal = true;
+  weft::sum(weft::scaledDotProductAttention(q, k, v, o) * w).backward();
+  Tensor y;
+  {
+    weft::NoGradGuard noGrad;
+    y = weft::scaledDotProductAttention(q, k, v, o);
+  }
+  auto mine = [&](const Tensor& t) { return t.detach().narrow(2, sp.rank() * local, local).contiguous(); };
+  Tensor ql = mine(q).requiresGrad_(), kl = mine(k).requiresGrad_(), vl = mine(v).requiresGrad_();
+  sp.resetTraffic();
+  Tensor yl = ulyssesAttention(sp, ql, kl, vl, o);
+  SpGroup::Traffic fwd = sp.traffic();
+  weft::sum(yl * mine(w)).backward();
+  SpGroup::Traffic all = sp.traffic();
+  long long gradDiff = std::max({diffFe(ql.grad(), mine(q.grad())), diffFe(kl.grad(), mine(k.grad())),
+                                 diffFe(vl.grad(), mine(v.grad()))});
+  sayLine("ulysses out_diff_fe " + std::to_string(diffFe(yl, mine(y))) + " grad_diff_fe " + std::to_string(gradDiff) +
+          " fwd_a2a " + std::to_string(fwd.forwardAllToAlls) + " fwd_bytes " + std::to_string(fwd.forwardBytes) +
+          " bwd_a2a " + std::to_string(all.backwardAllToAlls) + " bwd_bytes " + std::to_string(all.backwardBytes) +
+          " local_bytes " + std::to_string(ql.nbytes()));
+  try {
+    Tensor odd = weft::randn({b, 2 * p + 1, local, d}, f64, &gen);
+    ulyssesAttention(sp, odd, odd, odd, o);
+    sayLine("ulysses_error none");
+  } catch (...) {
+    sayLine("ulysses_error " + weft::testing::describe(std::current_exception()));
+  }
+  world.barrier().wait();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32"}, argc, argv,
+  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -219,6 +267,7 @@ int main(int argc, char** argv) {
       auto pg = ProcessGroupGloo::create(store, opt.rank, opt.worldSize, {.timeout = 20s});
       if (scenario == "mesh") runMesh(*pg);
       else if (scenario == "mismatch") runMismatch(*pg);
+      else if (scenario == "ulysses") runUlysses(*pg);
       else runTp(*pg, scenario == "tp64" ? DType::Float64 : DType::Float32);
     }
     if (opt.rank == 0) {
