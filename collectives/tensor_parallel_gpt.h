@@ -118,6 +118,7 @@ class TensorParallelGPT : public nn::Module {
 
   const nn::GPTConfig& config() const { return config_; }
   const std::shared_ptr<TpGroup>& tp() const { return tp_; }
+  const std::shared_ptr<VocabParallelEmbedding>& wte() const { return wte_; }
   const std::vector<std::shared_ptr<ParallelTransformerBlock>>& blocks() const { return blocks_; }
 
  private:

@@ -178,3 +178,16 @@ TEST_CASE("Ulysses attention on 2 and 4 processes equals whole-sequence causal a
   checkUlysses(2);
   checkUlysses(4);
 }
+
+TEST_CASE("a tensor-parallel GPT in DDP on a mesh {dp: 2, tp: 2} trains as the whole GPT on the whole "
+          "batch") {
+  auto results = runTpJob("dptp", 4, 40s);
+  for (int r = 0; r < 4; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    CHECK(field(out, r, "dptp", "steps") == 6);
+    CHECK(field(out, r, "dptp", "loss_diff_fe") <= 100'000);  // 1e-10
+    CHECK(field(out, r, "dptp", "param_diff_fe") <= 100'000);
+    CHECK(field(out, r, "dptp", "moved_fe") >= 1'000'000'000'000LL);  // the steps changed the weights: > 1e-3
+  }
+}

@@ -28,6 +28,11 @@
 //             grad_diff_fe N fwd_a2a A fwd_bytes B bwd_a2a A bwd_bytes B local_bytes L" (this rank's
 //             output and q, k, v gradients against the whole attention's, in 1e-15; the allToAlls);
 //             "ulysses_error <ErrorType>: <message>" for 2·P + 1 heads.
+//   dptp      [4 ranks] Mesh {dp: 2, tp: 2}: the GPT of tp64 split over tp and wrapped in DDP over
+//             dp, 6 SGD steps (lr 0.1) on batches of 4 sequences, each dp rank taking 2, against the
+//             whole GPT stepping on all 4: "dptp loss_diff_fe N param_diff_fe N moved_fe N steps 6"
+//             (the dp-averaged loss of each step and the final parameters against the reference's,
+//             how far the parameters moved from the start, in 1e-15).
 // Every rank first prints "rank R pid P started" and last "rank R done".
 #include <unistd.h>
 
@@ -38,11 +43,13 @@
 #include <vector>
 
 #include "collectives/gloo/detail/group.h"
+#include "collectives/ddp.h"
 #include "collectives/mesh.h"
 #include "collectives/sequence_parallel.h"
 #include "collectives/tensor_parallel_gpt.h"
 #include "common/error.h"
 #include "mp_worker.h"
+#include "nn/optim.h"
 #include "nn/transformer.h"
 #include "rpc/options.h"
 #include "rpc/store.h"
@@ -252,10 +259,63 @@ void runUlysses(ProcessGroup& world) {
   world.barrier().wait();
 }
 
+void runDpTp(ProcessGroup& world) {
+  using namespace weft::collectives;
+  Mesh mesh(world, {{"dp", 2}, {"tp", 2}});
+  auto tp = std::make_shared<TpGroup>(mesh.group("tp"));
+  weft::nn::GPTConfig cfg{.vocabSize = 32, .blockSize = 16, .layers = 2, .heads = 4, .width = 16};
+  Generator init(7);
+  auto reference = std::make_shared<weft::nn::GPT>(cfg, &init);
+  reference->to(DType::Float64);
+  auto model = std::make_shared<TensorParallelGPT>(tp, cfg);
+  model->to(DType::Float64);
+  model->loadFrom(*reference);
+  DistributedDataParallel ddp(model, mesh.group("dp"));
+  weft::nn::optim::SGD refOpt(reference->parameters(), {.lr = 0.1});
+  weft::nn::optim::SGD opt(model->parameters(), {.lr = 0.1});
+  constexpr int kSteps = 6;
+  const int64_t rows = 4, s = 8, mine = rows / 2, dp = mesh.coordinate("dp");
+  long long lossDiff = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    Generator data(100 + static_cast<uint64_t>(step));
+    Tensor idx = weft::randint(0, cfg.vocabSize, {rows, s}, {.dtype = DType::Int64}, &data);
+    Tensor targets = weft::randint(0, cfg.vocabSize, {rows, s}, {.dtype = DType::Int64}, &data);
+    refOpt.zeroGrad();
+    Tensor refLoss = reference->loss(idx, targets);
+    refLoss.backward();
+    refOpt.step();
+
+    opt.zeroGrad();
+    Tensor logits = ddp.forward(idx.narrow(0, dp * mine, mine).contiguous());
+    Tensor loss = vocabParallelCrossEntropy(*tp, logits.view({-1, logits.size(2)}),
+                                            targets.narrow(0, dp * mine, mine).reshape({-1}),
+                                            model->wte()->vocabStart());
+    loss.backward();
+    opt.step();
+    Tensor mean = loss.detach().clone();
+    mesh.group("dp").allReduce(mean, weft::collectives::ReduceOp::Avg).wait();
+    lossDiff = std::max(lossDiff, diffFe(mean, refLoss));
+  }
+  std::map<std::string, Tensor> refParams;
+  for (auto& [n, p] : reference->namedParameters()) refParams[n] = p;
+  long long paramDiff = 0, moved = 0;
+  Generator again(7);
+  weft::nn::GPT start(cfg, &again);
+  std::map<std::string, Tensor> startParams;
+  for (auto& [n, p] : start.namedParameters()) startParams[n] = p;
+  for (auto& [n, p] : model->namedParameters()) {
+    paramDiff = std::max(paramDiff, diffFe(p, model->shard(n, refParams.at(n))));
+    moved = std::max(moved, diffFe(p, model->shard(n, startParams.at(n))));
+  }
+  sayLine("dptp loss_diff_fe " + std::to_string(lossDiff) + " param_diff_fe " + std::to_string(paramDiff) +
+          " moved_fe " + std::to_string(moved) + " steps " + std::to_string(kSteps));
+  world.barrier().wait();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses"}, argc, argv,
+  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "dptp"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -268,6 +328,7 @@ int main(int argc, char** argv) {
       if (scenario == "mesh") runMesh(*pg);
       else if (scenario == "mismatch") runMismatch(*pg);
       else if (scenario == "ulysses") runUlysses(*pg);
+      else if (scenario == "dptp") runDpTp(*pg);
       else runTp(*pg, scenario == "tp64" ? DType::Float64 : DType::Float32);
     }
     if (opt.rank == 0) {
