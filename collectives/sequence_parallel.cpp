@@ -1,5 +1,7 @@
 #include "collectives/sequence_parallel.h"
 
+#include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "common/error.h"
@@ -22,6 +24,25 @@ void SpGroup::resetTraffic() {
   forwardBytes_ = 0;
   backwardAllToAlls_ = 0;
   backwardBytes_ = 0;
+  forwardSends_ = 0;
+  forwardSendBytes_ = 0;
+  backwardSends_ = 0;
+  backwardSendBytes_ = 0;
+}
+
+SpGroup::Transfers SpGroup::transfers() const {
+  Transfers t;
+  t.forwardSends = forwardSends_.load();
+  t.forwardBytes = forwardSendBytes_.load();
+  t.backwardSends = backwardSends_.load();
+  t.backwardBytes = backwardSendBytes_.load();
+  return t;
+}
+
+Work SpGroup::isend(const Tensor& t, int dst, uint32_t tag, bool backward) {
+  (backward ? backwardSends_ : forwardSends_) += 1;
+  (backward ? backwardSendBytes_ : forwardSendBytes_) += static_cast<int64_t>(t.nbytes());
+  return group_.isend(t, dst, tag);
 }
 
 void SpGroup::allToAll(const Tensor& output, const Tensor& input, bool backward) {
@@ -100,6 +121,144 @@ Tensor ulyssesAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Ten
                ", ", k.defined() ? k.shape() : Shape{}, " and ", v.defined() ? v.shape() : Shape{});
   Tensor y = scaledDotProductAttention(seqToHeads(sp, q), seqToHeads(sp, k), seqToHeads(sp, v), o);
   return headsToSeq(sp, y);
+}
+
+// ---- ring attention ------------------------------------------------------------------
+
+namespace {
+
+// Tags of the ring's transfers: forward blocks travel to rank + 1, their
+// gradients back to rank - 1. Transfers with one tag between two ranks match
+// in issue order, which every rank keeps alike.
+constexpr uint32_t kRingForwardTag = 0x52494e47;
+constexpr uint32_t kRingBackwardTag = 0x52494e48;
+
+struct Chunk {
+  int64_t position;  // of its first token in the whole sequence
+  int64_t local;     // of its first token in the rank's tensor
+  int64_t length;
+};
+
+std::vector<Chunk> chunksOf(int rank, int size, int64_t localLength, RingLayout layout, const char* op) {
+  if (layout == RingLayout::Contiguous) return {{rank * localLength, 0, localLength}};
+  WEFT_ENFORCE(localLength % 2 == 0, InvalidArgumentError, op, ": the zig-zag layout needs an even number of tokens",
+               " per rank, got ", localLength);
+  const int64_t c = localLength / 2;
+  return {{rank * c, 0, c}, {(2 * size - 1 - rank) * c, c, c}};
+}
+
+// Starts the transfer of `packed` to rank + 1 and of rank - 1's into a new
+// tensor; wait() both, then take `received`.
+struct Shift {
+  Work send;
+  Work recv;
+  Tensor received;
+};
+
+Shift startShift(SpGroup& sp, const Tensor& packed, uint32_t tag, bool backward, int to, int from) {
+  Shift s;
+  s.received = emptyLike(packed);
+  s.recv = sp.group().irecv(s.received, from, tag);
+  s.send = sp.isend(packed, to, tag, backward);
+  return s;
+}
+
+}  // namespace
+
+Tensor shardSequence(const Tensor& whole, int64_t dim, const SpGroup& sp, RingLayout layout) {
+  WEFT_ENFORCE(whole.defined() && dim >= 0 && dim < whole.dim(), InvalidArgumentError,
+               "shardSequence: dim ", dim, " is outside a tensor of shape ", whole.defined() ? whole.shape() : Shape{});
+  const int64_t s = whole.size(dim), parts = layout == RingLayout::ZigZag ? 2 * sp.size() : sp.size();
+  WEFT_ENFORCE(s % parts == 0, InvalidArgumentError, "shardSequence: the sequence length ", s,
+               " must be divisible by ", parts, " (the layout's chunks)");
+  std::vector<Tensor> pieces;
+  for (const Chunk& c : chunksOf(sp.rank(), sp.size(), s / sp.size(), layout, "shardSequence")) {
+    pieces.push_back(whole.narrow(dim, c.position, c.length));
+  }
+  return cat(pieces, dim).contiguous();
+}
+
+Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor& v, const RingOptions& o) {
+  check4d("ringAttention", q);
+  WEFT_ENFORCE(k.defined() && v.defined() && k.shape() == q.shape() && v.shape() == q.shape() &&
+                   k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+               InvalidArgumentError, "ringAttention: q, k and v must share one shape and dtype, got ", q.shape(),
+               ", ", k.defined() ? k.shape() : Shape{}, " and ", v.defined() ? v.shape() : Shape{});
+  const int p = sp.size(), r = sp.rank();
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  const int64_t local = q.size(2);
+  const std::vector<Chunk> queries = chunksOf(r, p, local, o.layout, "ringAttention");
+  std::vector<std::optional<AttentionOutput>> acc(queries.size());
+  // k and v travel stacked: [2, B, H, S/P, D].
+  Tensor kv = stack({k, v}, 0);
+  std::vector<Tensor> received;  // every block that came in, for ringJoin
+  for (int step = 0; step < p; ++step) {
+    const int owner = (r - step + p) % p;
+    std::optional<Shift> shift;
+    if (step + 1 < p) {
+      NoGradGuard noGrad;
+      shift = startShift(sp, kv.detach().contiguous(), kRingForwardTag, /*backward=*/false, next, prev);
+    }
+    for (const Chunk& key : chunksOf(owner, p, local, o.layout, "ringAttention")) {
+      Tensor kBlock = kv.select(0, 0).narrow(2, key.local, key.length);
+      Tensor vBlock = kv.select(0, 1).narrow(2, key.local, key.length);
+      for (size_t i = 0; i < queries.size(); ++i) {
+        const Chunk& query = queries[i];
+        // Every key in the future of every query: nothing to compute.
+        if (o.causal && key.position > query.position + query.length - 1) continue;
+        AttentionOptions a;
+        a.causal = o.causal;
+        a.queryOffset = query.position;
+        a.keyOffset = key.position;
+        a.scale = o.scale;
+        AttentionOutput part =
+            scaledDotProductAttentionWithLse(q.narrow(2, query.local, query.length), kBlock, vBlock, a);
+        acc[i] = acc[i] ? mergeAttention(*acc[i], part) : part;
+      }
+    }
+    if (!shift) break;
+    shift->send.wait();
+    shift->recv.wait();
+    Tensor block = shift->received;
+    recordOp("ringShift", {kv}, {block}, [&sp, next, prev](const std::vector<Tensor>& g) {
+      // This block's gradient belongs to rank - 1, where it came from; the
+      // gradient of the block this rank sent comes back from rank + 1.
+      NoGradGuard noGrad;
+      Shift back = startShift(sp, g[0].contiguous(), kRingBackwardTag, /*backward=*/true, prev, next);
+      back.send.wait();
+      back.recv.wait();
+      return std::vector<Tensor>{back.received};
+    });
+    kv = block;
+    received.push_back(block);
+  }
+  std::vector<Tensor> outs;
+  for (auto& a : acc) {
+    WEFT_CHECK(a.has_value()) << "ringAttention: a query chunk saw no key block";
+    outs.push_back(a->out);
+  }
+  Tensor out = outs.size() == 1 ? outs[0] : cat(outs, 2);
+  // Every rank must run every ringShift's backward, or its neighbours wait
+  // for a gradient that never comes: a block wholly in the future of this
+  // rank's queries (causal) is used by nothing, so the output takes every
+  // received block as an input, with a zero gradient.
+  if (received.empty() || !anyRequiresGrad(received)) return out;
+  Tensor joined;
+  {
+    NoGradGuard noGrad;
+    joined = out.detach();
+  }
+  std::vector<Tensor> inputs{out};
+  inputs.insert(inputs.end(), received.begin(), received.end());
+  std::vector<Shape> shapes;
+  for (const Tensor& b : received) shapes.push_back(b.shape());
+  const DType dtype = out.dtype();
+  recordOp("ringJoin", inputs, {joined}, [shapes, dtype](const std::vector<Tensor>& g) {
+    std::vector<Tensor> grads{g[0]};
+    for (const Shape& shape : shapes) grads.push_back(zeros(shape, {.dtype = dtype}));
+    return grads;
+  });
+  return joined;
 }
 
 }  // namespace weft::collectives

@@ -1,12 +1,15 @@
-// Sequence parallelism, DeepSpeed-Ulysses style: the tokens of a sequence
-// are split over the ranks of a sequence-parallel group, and attention
-// re-partitions them with all-to-all so that each rank attends over the
-// whole sequence for a subset of the heads.
+// Sequence parallelism: the tokens of a sequence are split over the ranks of
+// a sequence-parallel group, and attention either re-partitions them with
+// all-to-all so that each rank attends over the whole sequence for a subset
+// of the heads (DeepSpeed-Ulysses: ulyssesAttention), or keeps the queries in
+// place and passes key/value blocks around a ring (ringAttention).
 //
 //   collectives::Mesh mesh(*world, {{"sp", 4}});
 //   collectives::SpGroup sp(mesh.group("sp"));
 //   // q, k, v [B, H, S/P, D]: this rank's tokens [r·S/P, (r+1)·S/P), every head
 //   Tensor y = collectives::ulyssesAttention(sp, q, k, v, {.causal = true});  // [B, H, S/P, D]
+//   // ring attention with the zig-zag layout: q, k, v = shardSequence(whole, 2, sp, RingLayout::ZigZag)
+//   Tensor z = collectives::ringAttention(sp, q, k, v, {.causal = true, .layout = RingLayout::ZigZag});
 //
 // Layout. Rank r of a group of P holds tokens [r·S/P, (r+1)·S/P) (contiguous
 // blocks). seqToHeads turns [B, H, S/P, D] into [B, H/P, S, D], heads
@@ -21,11 +24,32 @@
 // rank draws its own masks for its heads. Output and gradients equal
 // attention over the whole sequence, up to the order of floating additions.
 //
-// Traffic. SpGroup counts the allToAlls and their payload bytes (each rank
-// sends (P−1)/P of it), forward and backward apart.
+// ringAttention keeps q in place and runs P steps: at step s it attends to
+// the key/value block of rank r − s (its own first) with
+// scaledDotProductAttentionWithLse, the positions of both blocks as offsets
+// (so causal masking is the whole sequence's, and a pair of chunks wholly in
+// the future is skipped), and merges the partial outputs exactly through
+// their log-sum-exp (mergeAttention). The next block is already travelling
+// (isend to rank r + 1, irecv from rank r − 1) while a step computes. Its
+// backward is autograd's through the same steps: the gradients of each
+// received key/value block travel back around the ring to their owner, one
+// transfer per step. P − 1 transfers of 2·B·H·(S/P)·D elements each way.
+//
+// Ring layouts. Contiguous: rank r holds tokens [r·S/P, (r+1)·S/P) (S
+// divisible by P). ZigZag: the sequence in 2·P equal chunks, rank r holding
+// chunks r and 2·P − 1 − r, in that order (S divisible by 2·P): with causal
+// masking every rank then has the same number of unmasked query/key pairs,
+// where the contiguous layout leaves rank 0 idle for most steps.
+// shardSequence gives a rank's tokens of a whole tensor for either layout
+// (Ulysses uses Contiguous).
+//
+// Traffic. SpGroup counts the allToAlls and the ring's sends and their
+// payload bytes (an allToAll sends (P−1)/P of its payload), forward and
+// backward apart.
 //
 // Errors: InvalidArgumentError when q, k, v are not 4-D of one shape and
-// dtype, when P does not divide H (naming both); the group's errors
+// dtype, when P does not divide H (Ulysses) or the sequence does not split
+// into the layout's chunks (naming both); the group's errors
 // (process_group.h), raised by forward or backward. Sequences whose length is
 // not a multiple of P must be padded by the caller (with the padded keys
 // masked out); nothing here pads.
@@ -38,6 +62,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 
 #include "collectives/process_group.h"
 #include "tensor/ops_attention.h"
@@ -62,8 +87,18 @@ class SpGroup {
   Traffic traffic() const;
   void resetTraffic();
 
+  struct Transfers {
+    int64_t forwardSends = 0;
+    int64_t forwardBytes = 0;
+    int64_t backwardSends = 0;
+    int64_t backwardBytes = 0;
+  };
+  Transfers transfers() const;
+
   // allToAll (blocking), counted as forward or backward traffic.
   void allToAll(const Tensor& output, const Tensor& input, bool backward);
+  // isend, counted in transfers().
+  Work isend(const Tensor& t, int dst, uint32_t tag, bool backward);
 
  private:
   ProcessGroup& group_;
@@ -71,7 +106,23 @@ class SpGroup {
   std::atomic<int64_t> forwardBytes_{0};
   std::atomic<int64_t> backwardAllToAlls_{0};
   std::atomic<int64_t> backwardBytes_{0};
+  std::atomic<int64_t> forwardSends_{0};
+  std::atomic<int64_t> forwardSendBytes_{0};
+  std::atomic<int64_t> backwardSends_{0};
+  std::atomic<int64_t> backwardSendBytes_{0};
 };
+
+enum class RingLayout { Contiguous, ZigZag };
+
+// This rank's tokens of `whole` along `dim` under `layout`, a contiguous copy.
+Tensor shardSequence(const Tensor& whole, int64_t dim, const SpGroup& sp, RingLayout layout);
+
+struct RingOptions {
+  bool causal = false;
+  RingLayout layout = RingLayout::Contiguous;
+  std::optional<double> scale = std::nullopt;  // default 1/sqrt(headDim)
+};
+
 
 // [B, H, S/P, D] (this rank's tokens, every head) -> [B, H/P, S, D] (this
 // rank's heads, every token). Differentiable: backward is headsToSeq.
@@ -82,5 +133,9 @@ Tensor headsToSeq(SpGroup& sp, const Tensor& x);
 // Attention over the whole sequence from each rank's tokens (see above).
 Tensor ulyssesAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor& v,
                         const AttentionOptions& o = {});
+
+// q, k, v [B, H, S/P, D], this rank's tokens under o.layout -> the output for
+// those tokens, [B, H, S/P, D] (see above).
+Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor& v, const RingOptions& o = {});
 
 }  // namespace weft::collectives

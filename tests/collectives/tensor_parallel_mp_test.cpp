@@ -191,3 +191,31 @@ TEST_CASE("a tensor-parallel GPT in DDP on a mesh {dp: 2, tp: 2} trains as the w
     CHECK(field(out, r, "dptp", "moved_fe") >= 1'000'000'000'000LL);  // the steps changed the weights: > 1e-3
   }
 }
+
+// Ring attention on `p` ranks, every layout and mask: this rank's output and gradients equal
+// whole-sequence attention's, with P - 1 transfers of its k and v each way.
+void checkRing(int p) {
+  auto results = runTpJob("ring", p, 30s);
+  for (int r = 0; r < p; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    for (const char* variant : {"ring_contiguous_causal", "ring_contiguous_full", "ring_zigzag_causal",
+                                "ring_zigzag_full"}) {
+      INFO(variant);
+      CHECK(field(out, r, variant, "out_diff_fe") <= 1000);
+      CHECK(field(out, r, variant, "grad_diff_fe") <= 1000);
+      const long long local = field(out, r, variant, "local_bytes");
+      CHECK(local == 2 * 2 * (16 / p) * 4 * 8);
+      CHECK(field(out, r, variant, "fwd_sends") == p - 1);
+      CHECK(field(out, r, variant, "fwd_bytes") == (p - 1) * 2 * local);
+      CHECK(field(out, r, variant, "bwd_sends") == p - 1);
+      CHECK(field(out, r, variant, "bwd_bytes") == (p - 1) * 2 * local);
+    }
+  }
+}
+
+TEST_CASE("ring attention on 2 and 4 processes, contiguous and zig-zag, causal and not, equals "
+          "whole-sequence attention forward and backward") {
+  checkRing(2);
+  checkRing(4);
+}

@@ -28,6 +28,10 @@
 //             grad_diff_fe N fwd_a2a A fwd_bytes B bwd_a2a A bwd_bytes B local_bytes L" (this rank's
 //             output and q, k, v gradients against the whole attention's, in 1e-15; the allToAlls);
 //             "ulysses_error <ErrorType>: <message>" for 2·P + 1 heads.
+//   ring      [P ranks, P dividing 8] Attention over q, k, v [2, 2, 16, 4] float64 whole on every
+//             rank, and ringAttention over this rank's tokens, for each layout (contiguous, zigzag)
+//             and mask (causal, full): "ring_<layout>_<causal|full> out_diff_fe N grad_diff_fe N
+//             fwd_sends S fwd_bytes B bwd_sends S bwd_bytes B local_bytes L".
 //   dptp      [4 ranks] Mesh {dp: 2, tp: 2}: the GPT of tp64 split over tp and wrapped in DDP over
 //             dp, 6 SGD steps (lr 0.1) on batches of 4 sequences, each dp rank taking 2, against the
 //             whole GPT stepping on all 4: "dptp loss_diff_fe N param_diff_fe N moved_fe N steps 6"
@@ -259,6 +263,45 @@ void runUlysses(ProcessGroup& world) {
   world.barrier().wait();
 }
 
+void runRing(ProcessGroup& world) {
+  using namespace weft::collectives;
+  Mesh mesh(world, {{"sp", world.size()}});
+  SpGroup sp(mesh.group("sp"));
+  const int64_t b = 2, h = 2, s = 16, d = 4;
+  weft::TensorOptions f64{.dtype = DType::Float64};
+  for (RingLayout layout : {RingLayout::Contiguous, RingLayout::ZigZag}) {
+    for (bool causal : {true, false}) {
+      Generator gen(31);
+      Tensor q = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+      Tensor k = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+      Tensor v = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+      Tensor w = weft::randn({b, h, s, d}, f64, &gen);
+      weft::AttentionOptions o;
+      o.causal = causal;
+      Tensor y = weft::scaledDotProductAttention(q, k, v, o);
+      weft::sum(y * w).backward();
+      auto mine = [&](const Tensor& t) { return shardSequence(t.detach(), 2, sp, layout); };
+      Tensor ql = mine(q).requiresGrad_(), kl = mine(k).requiresGrad_(), vl = mine(v).requiresGrad_();
+      sp.resetTraffic();
+      RingOptions ro;
+      ro.causal = causal;
+      ro.layout = layout;
+      Tensor yl = ringAttention(sp, ql, kl, vl, ro);
+      SpGroup::Transfers fwd = sp.transfers();
+      weft::sum(yl * mine(w)).backward();
+      SpGroup::Transfers all = sp.transfers();
+      long long gradDiff = std::max({diffFe(ql.grad(), mine(q.grad())), diffFe(kl.grad(), mine(k.grad())),
+                                     diffFe(vl.grad(), mine(v.grad()))});
+      sayLine(std::string("ring_") + (layout == RingLayout::ZigZag ? "zigzag" : "contiguous") +
+              (causal ? "_causal" : "_full") + " out_diff_fe " + std::to_string(diffFe(yl, mine(y))) +
+              " grad_diff_fe " + std::to_string(gradDiff) + " fwd_sends " + std::to_string(fwd.forwardSends) +
+              " fwd_bytes " + std::to_string(fwd.forwardBytes) + " bwd_sends " + std::to_string(all.backwardSends) +
+              " bwd_bytes " + std::to_string(all.backwardBytes) + " local_bytes " + std::to_string(ql.nbytes()));
+    }
+  }
+  world.barrier().wait();
+}
+
 void runDpTp(ProcessGroup& world) {
   using namespace weft::collectives;
   Mesh mesh(world, {{"dp", 2}, {"tp", 2}});
@@ -315,7 +358,7 @@ void runDpTp(ProcessGroup& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "dptp"}, argc, argv,
+  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "dptp"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -329,6 +372,7 @@ int main(int argc, char** argv) {
       else if (scenario == "mismatch") runMismatch(*pg);
       else if (scenario == "ulysses") runUlysses(*pg);
       else if (scenario == "dptp") runDpTp(*pg);
+      else if (scenario == "ring") runRing(*pg);
       else runTp(*pg, scenario == "tp64" ? DType::Float64 : DType::Float32);
     }
     if (opt.rank == 0) {
