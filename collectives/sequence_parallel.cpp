@@ -261,4 +261,27 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
   return joined;
 }
 
+// ---- 2-D: Ulysses x ring -------------------------------------------------------------
+
+Tensor shardSequence2d(const Tensor& whole, int64_t dim, const SpGroup& ulysses, const SpGroup& ring,
+                       RingLayout layout) {
+  Tensor position = shardSequence(whole, dim, ring, layout);
+  const int64_t s = position.size(dim);
+  WEFT_ENFORCE(s % ulysses.size() == 0, InvalidArgumentError, "shardSequence2d: a ring position's ", s,
+               " tokens must be divisible by the Ulysses size ", ulysses.size());
+  const int64_t part = s / ulysses.size();
+  return position.narrow(dim, ulysses.rank() * part, part).contiguous();
+}
+
+Tensor hybridAttention(SpGroup& ulysses, SpGroup& ring, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const RingOptions& o) {
+  check4d("hybridAttention", q);
+  WEFT_ENFORCE(k.defined() && v.defined() && k.shape() == q.shape() && v.shape() == q.shape() &&
+                   k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+               InvalidArgumentError, "hybridAttention: q, k and v must share one shape and dtype, got ", q.shape(),
+               ", ", k.defined() ? k.shape() : Shape{}, " and ", v.defined() ? v.shape() : Shape{});
+  Tensor y = ringAttention(ring, seqToHeads(ulysses, q), seqToHeads(ulysses, k), seqToHeads(ulysses, v), o);
+  return headsToSeq(ulysses, y);
+}
+
 }  // namespace weft::collectives

@@ -43,6 +43,16 @@
 // shardSequence gives a rank's tokens of a whole tensor for either layout
 // (Ulysses uses Contiguous).
 //
+// 2-D (hybridAttention): Ulysses inside a group × ring across groups. With
+// a mesh {ring: R, ulysses: U} (Ulysses innermost, so its all-to-alls stay
+// on neighbouring ranks), the ring layout splits the sequence over the ring
+// group and each ring position's tokens are split contiguously over its
+// Ulysses group (shardSequence2d). seqToHeads over the Ulysses group gives
+// each rank its heads/U heads of its ring position's tokens, ringAttention
+// over the ring group runs on those, headsToSeq brings the output back: four
+// allToAlls of the Ulysses group and the ring's transfers (of 1/U of the
+// heads) each way.
+//
 // Traffic. SpGroup counts the allToAlls and the ring's sends and their
 // payload bytes (an allToAll sends (P−1)/P of its payload), forward and
 // backward apart.
@@ -137,5 +147,14 @@ Tensor ulyssesAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Ten
 // q, k, v [B, H, S/P, D], this rank's tokens under o.layout -> the output for
 // those tokens, [B, H, S/P, D] (see above).
 Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor& v, const RingOptions& o = {});
+
+// This rank's tokens of `whole` along `dim` for hybridAttention: its ring
+// position's tokens under `layout`, then the Ulysses rank's contiguous part.
+Tensor shardSequence2d(const Tensor& whole, int64_t dim, const SpGroup& ulysses, const SpGroup& ring,
+                       RingLayout layout);
+// q, k, v [B, H, S/(U·R), D] as shardSequence2d gives them -> the output for
+// those tokens. Heads must be divisible by U.
+Tensor hybridAttention(SpGroup& ulysses, SpGroup& ring, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const RingOptions& o = {});
 
 }  // namespace weft::collectives

@@ -219,3 +219,18 @@ TEST_CASE("ring attention on 2 and 4 processes, contiguous and zig-zag, causal a
   checkRing(2);
   checkRing(4);
 }
+
+TEST_CASE("2-D sequence parallelism (Ulysses inside, ring across) on a mesh {ring: 2, ulysses: 2} "
+          "equals whole-sequence causal attention") {
+  auto results = runTpJob("hybrid", 4, 30s);
+  for (int r = 0; r < 4; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    for (const char* variant : {"hybrid_contiguous", "hybrid_zigzag"}) {
+      INFO(variant);
+      CHECK(field(out, r, variant, "tokens") == 4);
+      CHECK(field(out, r, variant, "out_diff_fe") <= 1000);
+      CHECK(field(out, r, variant, "grad_diff_fe") <= 1000);
+    }
+  }
+}

@@ -32,6 +32,9 @@
 //             rank, and ringAttention over this rank's tokens, for each layout (contiguous, zigzag)
 //             and mask (causal, full): "ring_<layout>_<causal|full> out_diff_fe N grad_diff_fe N
 //             fwd_sends S fwd_bytes B bwd_sends S bwd_bytes B local_bytes L".
+//   hybrid    [4 ranks] Mesh {ring: 2, ulysses: 2}: causal attention over [2, 4, 16, 4] float64
+//             against hybridAttention over this rank's 4 tokens, for each ring layout:
+//             "hybrid_<layout> out_diff_fe N grad_diff_fe N tokens T".
 //   dptp      [4 ranks] Mesh {dp: 2, tp: 2}: the GPT of tp64 split over tp and wrapped in DDP over
 //             dp, 6 SGD steps (lr 0.1) on batches of 4 sequences, each dp rank taking 2, against the
 //             whole GPT stepping on all 4: "dptp loss_diff_fe N param_diff_fe N moved_fe N steps 6"
@@ -302,6 +305,39 @@ void runRing(ProcessGroup& world) {
   world.barrier().wait();
 }
 
+void runHybrid(ProcessGroup& world) {
+  using namespace weft::collectives;
+  Mesh mesh(world, {{"ring", 2}, {"ulysses", 2}});
+  SpGroup ring(mesh.group("ring"));
+  SpGroup ulysses(mesh.group("ulysses"));
+  const int64_t b = 2, h = 4, s = 16, d = 4;
+  weft::TensorOptions f64{.dtype = DType::Float64};
+  for (RingLayout layout : {RingLayout::Contiguous, RingLayout::ZigZag}) {
+    Generator gen(41);
+    Tensor q = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+    Tensor k = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+    Tensor v = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
+    Tensor w = weft::randn({b, h, s, d}, f64, &gen);
+    weft::AttentionOptions o;
+    o.causal = true;
+    Tensor y = weft::scaledDotProductAttention(q, k, v, o);
+    weft::sum(y * w).backward();
+    auto mine = [&](const Tensor& t) { return shardSequence2d(t.detach(), 2, ulysses, ring, layout); };
+    Tensor ql = mine(q).requiresGrad_(), kl = mine(k).requiresGrad_(), vl = mine(v).requiresGrad_();
+    RingOptions ro;
+    ro.causal = true;
+    ro.layout = layout;
+    Tensor yl = hybridAttention(ulysses, ring, ql, kl, vl, ro);
+    weft::sum(yl * mine(w)).backward();
+    long long gradDiff = std::max({diffFe(ql.grad(), mine(q.grad())), diffFe(kl.grad(), mine(k.grad())),
+                                   diffFe(vl.grad(), mine(v.grad()))});
+    sayLine(std::string("hybrid_") + (layout == RingLayout::ZigZag ? "zigzag" : "contiguous") + " out_diff_fe " +
+            std::to_string(diffFe(yl, mine(y))) + " grad_diff_fe " + std::to_string(gradDiff) + " tokens " +
+            std::to_string(ql.size(2)));
+  }
+  world.barrier().wait();
+}
+
 void runDpTp(ProcessGroup& world) {
   using namespace weft::collectives;
   Mesh mesh(world, {{"dp", 2}, {"tp", 2}});
@@ -358,7 +394,7 @@ void runDpTp(ProcessGroup& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "dptp"}, argc, argv,
+  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "hybrid", "dptp"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -373,6 +409,7 @@ int main(int argc, char** argv) {
       else if (scenario == "ulysses") runUlysses(*pg);
       else if (scenario == "dptp") runDpTp(*pg);
       else if (scenario == "ring") runRing(*pg);
+      else if (scenario == "hybrid") runHybrid(*pg);
       else runTp(*pg, scenario == "tp64" ? DType::Float64 : DType::Float32);
     }
     if (opt.rank == 0) {
