@@ -234,3 +234,28 @@ TEST_CASE("2-D sequence parallelism (Ulysses inside, ring across) on a mesh {rin
     }
   }
 }
+
+// The sequence-parallel GPT on `p` ranks in every mode that fits: loss and all 28 gradients equal
+// the whole GPT's on the whole sequence.
+void checkSpGpt(int p) {
+  auto results = runTpJob("spgpt", p, 40s);
+  std::vector<std::string> modes = {"spgpt_ulysses", "spgpt_ring"};
+  if (p == 4) modes.push_back("spgpt_hybrid");
+  for (int r = 0; r < p; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    for (const std::string& mode : modes) {
+      INFO(mode);
+      CHECK(field(out, r, mode, "tokens") == 16 / p);
+      CHECK(field(out, r, mode, "grads") == 28);
+      CHECK(field(out, r, mode, "loss_diff_fe") <= 1000);
+      CHECK(field(out, r, mode, "grad_diff_fe") <= 1000);
+    }
+  }
+}
+
+TEST_CASE("a sequence-parallel GPT (Ulysses, ring, 2-D) on 2 and 4 processes has the whole GPT's loss "
+          "and gradients") {
+  checkSpGpt(2);
+  checkSpGpt(4);
+}

@@ -35,6 +35,11 @@
 //   hybrid    [4 ranks] Mesh {ring: 2, ulysses: 2}: causal attention over [2, 4, 16, 4] float64
 //             against hybridAttention over this rank's 4 tokens, for each ring layout:
 //             "hybrid_<layout> out_diff_fe N grad_diff_fe N tokens T".
+//   spgpt     [P ranks, P dividing 8] The GPT of tp64 (float64) on [2, 16] tokens, one target
+//             ignored, whole against a SequenceParallelGPT over this rank's tokens: Ulysses and ring
+//             (zig-zag) over all ranks, and on 4 ranks 2-D {ring: 2, ulysses: 2}:
+//             "spgpt_<mode> loss_diff_fe N grad_diff_fe N grads G tokens T" (the gradients after
+//             allReduceGradients).
 //   dptp      [4 ranks] Mesh {dp: 2, tp: 2}: the GPT of tp64 split over tp and wrapped in DDP over
 //             dp, 6 SGD steps (lr 0.1) on batches of 4 sequences, each dp rank taking 2, against the
 //             whole GPT stepping on all 4: "dptp loss_diff_fe N param_diff_fe N moved_fe N steps 6"
@@ -53,6 +58,7 @@
 #include "collectives/ddp.h"
 #include "collectives/mesh.h"
 #include "collectives/sequence_parallel.h"
+#include "collectives/sequence_parallel_gpt.h"
 #include "collectives/tensor_parallel_gpt.h"
 #include "common/error.h"
 #include "mp_worker.h"
@@ -338,6 +344,59 @@ void runHybrid(ProcessGroup& world) {
   world.barrier().wait();
 }
 
+// The whole GPT's loss and gradients on [2, 16] tokens against a SequenceParallelGPT's with `o`.
+void checkSpGpt(const std::string& name, weft::collectives::SpOptions o) {
+  using namespace weft::collectives;
+  weft::nn::GPTConfig cfg{.vocabSize = 32, .blockSize = 16, .layers = 2, .heads = 4, .width = 16};
+  Generator init(7);
+  weft::nn::GPT full(cfg, &init);
+  full.to(DType::Float64);
+  auto model = std::make_shared<SequenceParallelGPT>(cfg, o);
+  model->to(DType::Float64);
+  model->loadFrom(full);
+  Generator data(51);
+  Tensor idx = weft::randint(0, cfg.vocabSize, {2, 16}, {.dtype = DType::Int64}, &data);
+  Tensor targets = weft::randint(0, cfg.vocabSize, {2, 16}, {.dtype = DType::Int64}, &data);
+  {
+    weft::NoGradGuard noGrad;
+    targets.view({-1}).narrow(0, 5, 1).fill_(-100);
+  }
+  Tensor fullLoss = full.loss(idx, targets);
+  fullLoss.backward();
+  Tensor loss = model->loss(model->shard(idx), model->shard(targets));
+  loss.backward();
+  model->allReduceGradients();
+  std::map<std::string, Tensor> fullParams;
+  for (auto& [n, p] : full.namedParameters()) fullParams[n] = p;
+  long long gradDiff = 0;
+  int grads = 0;
+  for (auto& [n, p] : model->namedParameters()) {
+    weft::testing::require(p.grad().defined(), "no gradient for " + n);
+    gradDiff = std::max(gradDiff, diffFe(p.grad(), fullParams.at(n).grad()));
+    ++grads;
+  }
+  sayLine("spgpt_" + name + " loss_diff_fe " + std::to_string(diffFe(loss, fullLoss)) + " grad_diff_fe " +
+          std::to_string(gradDiff) + " grads " + std::to_string(grads) + " tokens " +
+          std::to_string(model->shard(idx).size(1)));
+}
+
+void runSpGpt(ProcessGroup& world) {
+  using namespace weft::collectives;
+  {
+    Mesh mesh(world, {{"sp", world.size()}});
+    SpGroup sp(mesh.group("sp"));
+    checkSpGpt("ulysses", {.mode = SpMode::Ulysses, .ulysses = &sp});
+    checkSpGpt("ring", {.mode = SpMode::Ring, .ring = &sp, .layout = RingLayout::ZigZag});
+  }
+  if (world.size() == 4) {
+    Mesh mesh(world, {{"ring", 2}, {"ulysses", 2}});
+    SpGroup ring(mesh.group("ring"));
+    SpGroup ulysses(mesh.group("ulysses"));
+    checkSpGpt("hybrid", {.mode = SpMode::Hybrid, .ulysses = &ulysses, .ring = &ring, .layout = RingLayout::ZigZag});
+  }
+  world.barrier().wait();
+}
+
 void runDpTp(ProcessGroup& world) {
   using namespace weft::collectives;
   Mesh mesh(world, {{"dp", 2}, {"tp", 2}});
@@ -394,7 +453,7 @@ void runDpTp(ProcessGroup& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "hybrid", "dptp"}, argc, argv,
+  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "hybrid", "spgpt", "dptp"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -410,6 +469,7 @@ int main(int argc, char** argv) {
       else if (scenario == "dptp") runDpTp(*pg);
       else if (scenario == "ring") runRing(*pg);
       else if (scenario == "hybrid") runHybrid(*pg);
+      else if (scenario == "spgpt") runSpGpt(*pg);
       else runTp(*pg, scenario == "tp64" ? DType::Float64 : DType::Float32);
     }
     if (opt.rank == 0) {
