@@ -1,5 +1,6 @@
 #include "collectives/sequence_parallel_gpt.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -106,20 +107,31 @@ SequenceParallelGPT::SequenceParallelGPT(nn::GPTConfig c, SpOptions o)
   lnF_ = registerModule("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.width}, 1e-5, true, config_.bias));
 }
 
-Tensor SequenceParallelGPT::shard(const Tensor& whole) const {
+int64_t SequenceParallelGPT::paddedLength(int64_t length) const {
+  int64_t multiple = options_.ulysses ? options_.ulysses->size() : 1;
+  if (options_.ring) multiple *= options_.ring->size() * (options_.layout == RingLayout::ZigZag ? 2 : 1);
+  return (length + multiple - 1) / multiple * multiple;
+}
+
+Tensor SequenceParallelGPT::shard(const Tensor& whole, int64_t pad) const {
   WEFT_ENFORCE(whole.defined() && whole.dim() == 2, InvalidArgumentError,
                "SequenceParallelGPT::shard: expected a [B, S] tensor, got shape ",
                whole.defined() ? whole.shape() : Shape{});
+  const int64_t s = whole.size(1), padded = paddedLength(s);
+  Tensor x = whole;
+  if (padded != s) x = cat({whole, full({whole.size(0), padded - s}, static_cast<double>(pad), {.dtype = whole.dtype()})}, 1);
   switch (options_.mode) {
-    case SpMode::Ulysses: return shardSequence(whole, 1, *options_.ulysses, RingLayout::Contiguous);
-    case SpMode::Ring: return shardSequence(whole, 1, *options_.ring, options_.layout);
-    case SpMode::Hybrid: return shardSequence2d(whole, 1, *options_.ulysses, *options_.ring, options_.layout);
+    case SpMode::Ulysses: return shardSequence(x, 1, *options_.ulysses, RingLayout::Contiguous);
+    case SpMode::Ring: return shardSequence(x, 1, *options_.ring, options_.layout);
+    case SpMode::Hybrid: return shardSequence2d(x, 1, *options_.ulysses, *options_.ring, options_.layout);
   }
   return Tensor();
 }
 
 std::vector<int64_t> SequenceParallelGPT::positions(int64_t length) const {
-  return shard(arange(length).view({1, length})).toVector<int64_t>();
+  std::vector<int64_t> p = shard(arange(length).view({1, length})).toVector<int64_t>();
+  for (int64_t& v : p) v = std::min(v, config_.blockSize - 1);
+  return p;
 }
 
 Tensor SequenceParallelGPT::forward(const Tensor& idx) {
@@ -129,8 +141,9 @@ Tensor SequenceParallelGPT::forward(const Tensor& idx) {
   int64_t ranks = 1;
   for (SpGroup* g : {options_.ulysses, options_.ring}) ranks *= g ? g->size() : 1;
   const int64_t length = idx.size(1) * ranks;
-  WEFT_ENFORCE(length <= config_.blockSize, InvalidArgumentError, "SequenceParallelGPT: the whole sequence has ",
-               length, " tokens, more than blockSize = ", config_.blockSize);
+  WEFT_ENFORCE(length <= paddedLength(config_.blockSize), InvalidArgumentError,
+               "SequenceParallelGPT: the whole sequence has ", length, " tokens, more than blockSize = ",
+               config_.blockSize, " padded to ", paddedLength(config_.blockSize));
   Tensor pos = fromVector(positions(length), {idx.size(1)});
   Tensor x = add(wte_->forward(idx), indexSelect(wpe_->weight(), 0, pos));
   for (const auto& blk : blocks_) x = blk->forward(x);

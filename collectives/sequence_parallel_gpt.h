@@ -18,6 +18,12 @@
 // then split contiguously over the Ulysses group (shardSequence2d). The
 // position embedding takes each token's position in the whole sequence.
 //
+// Any sequence length: shard(whole, pad) first pads the end of the sequence
+// to paddedLength() with `pad` (token ids: any id; targets: -100, so that the
+// padding is not counted). Under the causal mask no real token sees a padded
+// one, so loss and gradients are the unpadded sequence's; a padded position
+// past blockSize takes the last position's embedding (it reaches nothing).
+//
 // loss() is the mean cross-entropy over the whole batch's counted tokens (the
 // targets not -100), on every rank: the ranks' sums and counts are summed by
 // allreduce (forward) whose backward is the identity, so each rank's backward
@@ -88,12 +94,16 @@ class SequenceParallelGPT : public nn::Module {
  public:
   SequenceParallelGPT(nn::GPTConfig c, SpOptions o);
 
-  // This rank's tokens of a whole [B, S] tensor (ids or targets).
-  Tensor shard(const Tensor& whole) const;
+  // The smallest length >= `length` that splits into the layout's chunks.
+  int64_t paddedLength(int64_t length) const;
+  // This rank's tokens of a whole [B, S] tensor (ids or targets), padded at
+  // the end with `pad` to paddedLength(S).
+  Tensor shard(const Tensor& whole, int64_t pad = 0) const;
   // The positions in the whole sequence of this rank's tokens, for a whole
-  // sequence of `length` tokens.
+  // (padded) sequence of `length` tokens, capped at blockSize - 1.
   std::vector<int64_t> positions(int64_t length) const;
-  // idx Int64 [B, S/P], this rank's tokens -> logits [B, S/P, vocabSize].
+  // idx Int64 [B, S/P], this rank's tokens of a sequence of S <=
+  // paddedLength(blockSize) -> logits [B, S/P, vocabSize].
   Tensor forward(const Tensor& idx) override;
   // The whole batch's mean cross-entropy (see above), the same on every rank.
   Tensor loss(const Tensor& idx, const Tensor& targets);

@@ -37,7 +37,8 @@
 //             "hybrid_<layout> out_diff_fe N grad_diff_fe N tokens T".
 //   spgpt     [P ranks, P dividing 8] The GPT of tp64 (float64) on [2, 16] tokens, one target
 //             ignored, whole against a SequenceParallelGPT over this rank's tokens: Ulysses and ring
-//             (zig-zag) over all ranks, and on 4 ranks 2-D {ring: 2, ulysses: 2}:
+//             (zig-zag) over all ranks, and on 4 ranks 2-D {ring: 2, ulysses: 2}; each again on 13
+//             tokens ("_len13", padded by shard()):
 //             "spgpt_<mode> loss_diff_fe N grad_diff_fe N grads G tokens T" (the gradients after
 //             allReduceGradients).
 //   dptp      [4 ranks] Mesh {dp: 2, tp: 2}: the GPT of tp64 split over tp and wrapped in DDP over
@@ -345,7 +346,7 @@ void runHybrid(ProcessGroup& world) {
 }
 
 // The whole GPT's loss and gradients on [2, 16] tokens against a SequenceParallelGPT's with `o`.
-void checkSpGpt(const std::string& name, weft::collectives::SpOptions o) {
+void checkSpGpt(const std::string& name, weft::collectives::SpOptions o, int64_t length = 16) {
   using namespace weft::collectives;
   weft::nn::GPTConfig cfg{.vocabSize = 32, .blockSize = 16, .layers = 2, .heads = 4, .width = 16};
   Generator init(7);
@@ -355,15 +356,15 @@ void checkSpGpt(const std::string& name, weft::collectives::SpOptions o) {
   model->to(DType::Float64);
   model->loadFrom(full);
   Generator data(51);
-  Tensor idx = weft::randint(0, cfg.vocabSize, {2, 16}, {.dtype = DType::Int64}, &data);
-  Tensor targets = weft::randint(0, cfg.vocabSize, {2, 16}, {.dtype = DType::Int64}, &data);
+  Tensor idx = weft::randint(0, cfg.vocabSize, {2, length}, {.dtype = DType::Int64}, &data);
+  Tensor targets = weft::randint(0, cfg.vocabSize, {2, length}, {.dtype = DType::Int64}, &data);
   {
     weft::NoGradGuard noGrad;
     targets.view({-1}).narrow(0, 5, 1).fill_(-100);
   }
   Tensor fullLoss = full.loss(idx, targets);
   fullLoss.backward();
-  Tensor loss = model->loss(model->shard(idx), model->shard(targets));
+  Tensor loss = model->loss(model->shard(idx), model->shard(targets, -100));
   loss.backward();
   model->allReduceGradients();
   std::map<std::string, Tensor> fullParams;
@@ -387,12 +388,16 @@ void runSpGpt(ProcessGroup& world) {
     SpGroup sp(mesh.group("sp"));
     checkSpGpt("ulysses", {.mode = SpMode::Ulysses, .ulysses = &sp});
     checkSpGpt("ring", {.mode = SpMode::Ring, .ring = &sp, .layout = RingLayout::ZigZag});
+    checkSpGpt("ulysses_len13", {.mode = SpMode::Ulysses, .ulysses = &sp}, 13);
+    checkSpGpt("ring_len13", {.mode = SpMode::Ring, .ring = &sp, .layout = RingLayout::ZigZag}, 13);
   }
   if (world.size() == 4) {
     Mesh mesh(world, {{"ring", 2}, {"ulysses", 2}});
     SpGroup ring(mesh.group("ring"));
     SpGroup ulysses(mesh.group("ulysses"));
     checkSpGpt("hybrid", {.mode = SpMode::Hybrid, .ulysses = &ulysses, .ring = &ring, .layout = RingLayout::ZigZag});
+    checkSpGpt("hybrid_len13",
+               {.mode = SpMode::Hybrid, .ulysses = &ulysses, .ring = &ring, .layout = RingLayout::ZigZag}, 13);
   }
   world.barrier().wait();
 }
