@@ -34,6 +34,10 @@
 // backward is autograd's through the same steps: the gradients of each
 // received key/value block travel back around the ring to their owner, one
 // transfer per step. P − 1 transfers of 2·B·H·(S/P)·D elements each way.
+// Memory: autograd keeps every received block for backward, so a rank holds
+// the whole sequence's keys and values by the end of forward (its queries,
+// outputs and the rest of the model's activations stay at 1/P); Ulysses
+// holds 1/P of everything.
 //
 // Ring layouts. Contiguous: rank r holds tokens [r·S/P, (r+1)·S/P) (S
 // divisible by P). ZigZag: the sequence in 2·P equal chunks, rank r holding
