@@ -198,11 +198,11 @@ void runLayouts(ProcessGroup& world, const Config& c) {
     const long long local = kSequences * (s / n) * c.width * e;     // this rank's activations
     long long theory = grads;
     if (mode == SpMode::Ulysses) theory += c.layers * 8 * local;   // 4 all-to-alls each way
-    if (mode == SpMode::Ring) theory += c.layers * 2 * (n - 1) * 2 * local;  // k and v, each way
-    if (hybrid) {
-      const long long r = n / 2;
-      theory += c.layers * 8 * local + c.layers * 2 * (r - 1) * 2 * local;
-    }
+    // Ring over R ranks: forward R - 1 blocks of k and v; backward R - 1 blocks of k, v and
+    // their gradients, then the gradients home.
+    auto ring = [&](long long r) { return c.layers * ((r - 1) * 2 * local + (r - 1) * 4 * local + 2 * local); };
+    if (mode == SpMode::Ring) theory += ring(n);
+    if (hybrid) theory += c.layers * 8 * local + ring(n / 2);
     addRow({name, sec, 0, peak, counted / steps + grads, theory});
   };
   spRow("sp ulysses" + std::to_string(n), SpMode::Ulysses);

@@ -1,10 +1,12 @@
 #include "collectives/sequence_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/attention.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -178,6 +180,29 @@ Tensor shardSequence(const Tensor& whole, int64_t dim, const SpGroup& sp, RingLa
   return cat(pieces, dim).contiguous();
 }
 
+namespace {
+
+// What one ring step computes for one pair of chunks: q chunk `query`
+// against key chunk `key` of the block held.
+struct Pair {
+  const Chunk* query;
+  const Chunk* key;
+};
+
+std::vector<Pair> pairsOf(const std::vector<Chunk>& queries, const std::vector<Chunk>& keys, bool causal) {
+  std::vector<Pair> pairs;
+  for (const Chunk& key : keys) {
+    for (const Chunk& query : queries) {
+      // Every key in the future of every query: nothing to compute.
+      if (causal && key.position > query.position + query.length - 1) continue;
+      pairs.push_back({&query, &key});
+    }
+  }
+  return pairs;
+}
+
+}  // namespace
+
 Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor& v, const RingOptions& o) {
   check4d("ringAttention", q);
   WEFT_ENFORCE(k.defined() && v.defined() && k.shape() == q.shape() && v.shape() == q.shape() &&
@@ -186,79 +211,109 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
                ", ", k.defined() ? k.shape() : Shape{}, " and ", v.defined() ? v.shape() : Shape{});
   const int p = sp.size(), r = sp.rank();
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
-  const int64_t local = q.size(2);
+  const int64_t b = q.size(0), h = q.size(1), local = q.size(2), d = q.size(3);
+  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(d));
   const std::vector<Chunk> queries = chunksOf(r, p, local, o.layout, "ringAttention");
-  std::vector<std::optional<AttentionOutput>> acc(queries.size());
-  // k and v travel stacked: [2, B, H, S/P, D].
-  Tensor kv = stack({k, v}, 0);
-  std::vector<Tensor> received;  // every block that came in, for ringJoin
-  for (int step = 0; step < p; ++step) {
-    const int owner = (r - step + p) % p;
-    std::optional<Shift> shift;
-    if (step + 1 < p) {
-      NoGradGuard noGrad;
-      shift = startShift(sp, kv.detach().contiguous(), kRingForwardTag, /*backward=*/false, next, prev);
-    }
-    for (const Chunk& key : chunksOf(owner, p, local, o.layout, "ringAttention")) {
-      Tensor kBlock = kv.select(0, 0).narrow(2, key.local, key.length);
-      Tensor vBlock = kv.select(0, 1).narrow(2, key.local, key.length);
-      for (size_t i = 0; i < queries.size(); ++i) {
-        const Chunk& query = queries[i];
-        // Every key in the future of every query: nothing to compute.
-        if (o.causal && key.position > query.position + query.length - 1) continue;
-        AttentionOptions a;
-        a.causal = o.causal;
-        a.queryOffset = query.position;
-        a.keyOffset = key.position;
-        a.scale = o.scale;
-        AttentionOutput part =
-            scaledDotProductAttentionWithLse(q.narrow(2, query.local, query.length), kBlock, vBlock, a);
-        acc[i] = acc[i] ? mergeAttention(*acc[i], part) : part;
-      }
-    }
-    if (!shift) break;
-    shift->send.wait();
-    shift->recv.wait();
-    Tensor block = shift->received;
-    recordOp("ringShift", {kv}, {block}, [&sp, next, prev](const std::vector<Tensor>& g) {
-      // This block's gradient belongs to rank - 1, where it came from; the
-      // gradient of the block this rank sent comes back from rank + 1.
-      NoGradGuard noGrad;
-      Shift back = startShift(sp, g[0].contiguous(), kRingBackwardTag, /*backward=*/true, prev, next);
-      back.send.wait();
-      back.recv.wait();
-      return std::vector<Tensor>{back.received};
-    });
-    kv = block;
-    received.push_back(block);
-  }
-  std::vector<Tensor> outs;
-  for (auto& a : acc) {
-    WEFT_CHECK(a.has_value()) << "ringAttention: a query chunk saw no key block";
-    outs.push_back(a->out);
-  }
-  Tensor out = outs.size() == 1 ? outs[0] : cat(outs, 2);
-  // Every rank must run every ringShift's backward, or its neighbours wait
-  // for a gradient that never comes: a block wholly in the future of this
-  // rank's queries (causal) is used by nothing, so the output takes every
-  // received block as an input, with a zero gradient.
-  if (received.empty() || !anyRequiresGrad(received)) return out;
-  Tensor joined;
+
+  // ---- forward: no graph inside; the merged out and lse per query chunk.
+  Tensor out, lse;
   {
     NoGradGuard noGrad;
-    joined = out.detach();
+    std::vector<std::optional<AttentionOutput>> acc(queries.size());
+    // k and v travel stacked: [2, B, H, S/P, D].
+    Tensor kv = stack({k.detach(), v.detach()}, 0).contiguous();
+    for (int step = 0; step < p; ++step) {
+      const int owner = (r - step + p) % p;
+      std::optional<Shift> shift;
+      if (step + 1 < p) shift = startShift(sp, kv, kRingForwardTag, /*backward=*/false, next, prev);
+      const std::vector<Chunk> keys = chunksOf(owner, p, local, o.layout, "ringAttention");
+      for (const Pair& pair : pairsOf(queries, keys, o.causal)) {
+        AttentionOptions a;
+        a.causal = o.causal;
+        a.queryOffset = pair.query->position;
+        a.keyOffset = pair.key->position;
+        a.scale = scale;
+        AttentionOutput part = scaledDotProductAttentionWithLse(
+            q.detach().narrow(2, pair.query->local, pair.query->length),
+            kv.select(0, 0).narrow(2, pair.key->local, pair.key->length),
+            kv.select(0, 1).narrow(2, pair.key->local, pair.key->length), a);
+        auto& slot = acc[static_cast<size_t>(pair.query - queries.data())];
+        slot = slot ? mergeAttention(*slot, part) : part;
+      }
+      if (!shift) break;
+      shift->send.wait();
+      shift->recv.wait();
+      kv = shift->received;
+    }
+    std::vector<Tensor> outs, lses;
+    for (auto& a : acc) {
+      WEFT_CHECK(a.has_value()) << "ringAttention: a query chunk saw no key block";
+      outs.push_back(a->out);
+      lses.push_back(a->lse);
+    }
+    out = (outs.size() == 1 ? outs[0] : cat(outs, 2)).contiguous();
+    lse = (lses.size() == 1 ? lses[0] : cat(lses, 2)).contiguous();
   }
-  std::vector<Tensor> inputs{out};
-  inputs.insert(inputs.end(), received.begin(), received.end());
-  std::vector<Shape> shapes;
-  for (const Tensor& b : received) shapes.push_back(b.shape());
-  const DType dtype = out.dtype();
-  recordOp("ringJoin", inputs, {joined}, [shapes, dtype](const std::vector<Tensor>& g) {
-    std::vector<Tensor> grads{g[0]};
-    for (const Shape& shape : shapes) grads.push_back(zeros(shape, {.dtype = dtype}));
-    return grads;
-  });
-  return joined;
+
+  // ---- backward: the blocks go around again, each with the gradient of its
+  // k and v accumulated by the ranks it visited, and a last hop takes that
+  // gradient home. Only q, k, v, out and lse are kept.
+  Tensor qs = q.detach().contiguous(), ks = k.detach().contiguous(), vs = v.detach().contiguous();
+  const RingLayout layout = o.layout;
+  const bool causal = o.causal;
+  recordOp("ringAttention", {q, k, v}, {out},
+           [&sp, qs, ks, vs, out, lse, queries, layout, causal, scale, p, r, next, prev, b, h, local,
+            d](const std::vector<Tensor>& g) {
+             NoGradGuard noGrad;
+             const DType dt = qs.dtype();
+             Tensor gOut = g[0].contiguous();
+             Tensor gq = zeros(qs.shape(), {.dtype = dt});
+             // [k, v, dk, dv] of the block held.
+             Tensor block = stack({ks, vs, zeros(ks.shape(), {.dtype = dt}), zeros(ks.shape(), {.dtype = dt})}, 0)
+                                .contiguous();
+             auto chunkOf = [&](const Tensor& t, const Chunk& c) { return t.narrow(2, c.local, c.length).contiguous(); };
+             for (int step = 0; step < p; ++step) {
+               const int owner = (r - step + p) % p;
+               const std::vector<Chunk> keys = chunksOf(owner, p, local, layout, "ringAttention");
+               Tensor kb = block.select(0, 0), vb = block.select(0, 1);
+               Tensor dkb = block.select(0, 2), dvb = block.select(0, 3);
+               for (const Pair& pair : pairsOf(queries, keys, causal)) {
+                 const Chunk& qc = *pair.query;
+                 const Chunk& kc = *pair.key;
+                 kernels::cpu::AttentionGeometry geo{.batchHeads = b * h,
+                                                     .queries = qc.length,
+                                                     .keys = kc.length,
+                                                     .headDim = d,
+                                                     .scale = scale,
+                                                     .causal = causal,
+                                                     .queryOffset = qc.position,
+                                                     .keyOffset = kc.position};
+                 Tensor qPart = chunkOf(qs, qc), oPart = chunkOf(out, qc), gPart = chunkOf(gOut, qc);
+                 Tensor lPart = lse.narrow(2, qc.local, qc.length).contiguous();
+                 Tensor kPart = chunkOf(kb, kc), vPart = chunkOf(vb, kc);
+                 Tensor dq = empty(qPart.shape(), {.dtype = dt});
+                 Tensor dk = empty(kPart.shape(), {.dtype = dt}), dv = empty(kPart.shape(), {.dtype = dt});
+                 kernels::cpu::attentionBackward(dt, geo, qPart.rawData(), kPart.rawData(), vPart.rawData(),
+                                                 oPart.rawData(), lPart.rawData(), gPart.rawData(), nullptr,
+                                                 dq.rawData(), dk.rawData(), dv.rawData());
+                 gq.narrow(2, qc.local, qc.length).add_(dq);
+                 dkb.narrow(2, kc.local, kc.length).add_(dk);
+                 dvb.narrow(2, kc.local, kc.length).add_(dv);
+               }
+               if (p == 1) break;
+               // Steps 0..P-2 pass the whole block on; after the last step
+               // only its gradients travel, to their owner (rank + 1).
+               Tensor payload = step + 1 < p ? block : block.narrow(0, 2, 2).contiguous();
+               Shift shift = startShift(sp, payload, kRingBackwardTag, /*backward=*/true, next, prev);
+               shift.send.wait();
+               shift.recv.wait();
+               block = shift.received;
+             }
+             // This rank's own dk, dv: [2, B, H, S/P, D].
+             Tensor own = p == 1 ? block.narrow(0, 2, 2) : block;
+             return std::vector<Tensor>{gq, own.select(0, 0).contiguous(), own.select(0, 1).contiguous()};
+           });
+  return out;
 }
 
 // ---- 2-D: Ulysses x ring -------------------------------------------------------------

@@ -30,14 +30,17 @@
 // (so causal masking is the whole sequence's, and a pair of chunks wholly in
 // the future is skipped), and merges the partial outputs exactly through
 // their log-sum-exp (mergeAttention). The next block is already travelling
-// (isend to rank r + 1, irecv from rank r − 1) while a step computes. Its
-// backward is autograd's through the same steps: the gradients of each
-// received key/value block travel back around the ring to their owner, one
-// transfer per step. P − 1 transfers of 2·B·H·(S/P)·D elements each way.
-// Memory: autograd keeps every received block for backward, so a rank holds
-// the whole sequence's keys and values by the end of forward (its queries,
-// outputs and the rest of the model's activations stay at 1/P); Ulysses
-// holds 1/P of everything.
+// (isend to rank r + 1, irecv from rank r − 1) while a step computes. Only q,
+// k, v, the output and its log-sum-exp are kept for backward, which passes
+// the key/value blocks around the ring again, each with the gradients of its
+// keys and values accumulated by every rank it visits (FlashAttention-2's
+// backward per pair of chunks, against the merged output and log-sum-exp),
+// and a last hop takes those gradients to their owner. Transfers: forward
+// P − 1 of 2·B·H·(S/P)·D elements; backward P − 1 of 4·B·H·(S/P)·D and one
+// of 2·B·H·(S/P)·D. Every rank of the group must backpropagate through its
+// output, in the same order relative to its other ring backwards (an output
+// that reaches no loss leaves the ring's neighbours waiting until the group's
+// timeout). No dropout.
 //
 // Ring layouts. Contiguous: rank r holds tokens [r·S/P, (r+1)·S/P) (S
 // divisible by P). ZigZag: the sequence in 2·P equal chunks, rank r holding
