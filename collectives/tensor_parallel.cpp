@@ -86,6 +86,24 @@ Tensor sliceParts(const Tensor& full, int64_t parts, int rank, int size) {
   return cat(pieces, 0).contiguous().clone();
 }
 
+// The inverse of sliceParts: rank i's shard holds, per part, rows
+// [i·slice, (i+1)·slice) of that part.
+Tensor joinParts(const std::vector<Tensor>& shards, int64_t parts) {
+  std::vector<Tensor> pieces;
+  for (int64_t p = 0; p < parts; ++p) {
+    for (const Tensor& s : shards) {
+      const int64_t slice = s.size(0) / parts;
+      pieces.push_back(s.narrow(0, p * slice, slice));
+    }
+  }
+  return cat(pieces, 0).contiguous();
+}
+
+void checkShards(const char* layer, const std::vector<Tensor>& shards, int size) {
+  WEFT_ENFORCE(static_cast<int>(shards.size()) == size, InvalidArgumentError, layer, ": unshard takes ", size,
+               " shards, one per rank, got ", shards.size());
+}
+
 void copyInto(Tensor param, const Tensor& value) {
   NoGradGuard noGrad;
   param.copy_(value);
@@ -123,6 +141,13 @@ Tensor ColumnParallelLinear::shard(const std::string& param, const Tensor& full)
   return sliceParts(full, parts_, tp_->rank(), tp_->size());
 }
 
+Tensor ColumnParallelLinear::unshard(const std::string& param, const std::vector<Tensor>& shards) const {
+  checkShards("ColumnParallelLinear", shards, tp_->size());
+  Tensor full = joinParts(shards, parts_);
+  shard(param, full);  // checks the name and the whole shape
+  return full;
+}
+
 void ColumnParallelLinear::loadFull(const Tensor& weight, const Tensor& bias) {
   copyInto(weight_, shard("weight", weight));
   if (bias_.defined()) copyInto(bias_, shard("bias", bias));
@@ -158,6 +183,13 @@ Tensor RowParallelLinear::shard(const std::string& param, const Tensor& full) co
   checkFull("RowParallelLinear", param, full, {out_, in_});
   const int64_t local = in_ / tp_->size();
   return full.narrow(1, tp_->rank() * local, local).contiguous().clone();
+}
+
+Tensor RowParallelLinear::unshard(const std::string& param, const std::vector<Tensor>& shards) const {
+  checkShards("RowParallelLinear", shards, tp_->size());
+  Tensor full = param == "bias" ? shards[0].contiguous().clone() : cat(shards, 1).contiguous();
+  shard(param, full);
+  return full;
 }
 
 void RowParallelLinear::loadFull(const Tensor& weight, const Tensor& bias) {
@@ -200,6 +232,13 @@ Tensor VocabParallelEmbedding::shard(const std::string& param, const Tensor& ful
   WEFT_ENFORCE(param == "weight", NotFoundError, "VocabParallelEmbedding: no parameter '", param, "'");
   checkFull("VocabParallelEmbedding", param, full, {vocab_, dim_});
   return full.narrow(0, start_, weight_.size(0)).contiguous().clone();
+}
+
+Tensor VocabParallelEmbedding::unshard(const std::string& param, const std::vector<Tensor>& shards) const {
+  checkShards("VocabParallelEmbedding", shards, tp_->size());
+  Tensor full = cat(shards, 0).contiguous();
+  shard(param, full);
+  return full;
 }
 
 void VocabParallelEmbedding::loadFull(const Tensor& weight) { copyInto(weight_, shard("weight", weight)); }

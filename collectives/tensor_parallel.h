@@ -59,6 +59,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/process_group.h"
 #include "nn/module.h"
@@ -107,6 +108,11 @@ class TpSharded {
   // This rank's part of `full`, the whole layer's tensor for parameter
   // `param` ("weight", "bias"); a contiguous copy.
   virtual Tensor shard(const std::string& param, const Tensor& full) const = 0;
+  // The whole layer's tensor for `param` from every rank's shard (shards[i]:
+  // rank i's), the inverse of shard().
+  virtual Tensor unshard(const std::string& param, const std::vector<Tensor>& shards) const = 0;
+  // Whether `param` is split across the ranks (false: whole on every rank).
+  virtual bool split(const std::string& param) const { return true; }
 };
 
 // y = x·Wᵀ + b with W's output features split (see "Sharding"): x [*, in]
@@ -118,6 +124,7 @@ class ColumnParallelLinear : public nn::Module, public TpSharded {
   ColumnParallelLinear(std::shared_ptr<TpGroup> tp, int64_t in, int64_t out, bool bias = true, int64_t parts = 1);
   Tensor forward(const Tensor& x) override;
   Tensor shard(const std::string& param, const Tensor& full) const override;
+  Tensor unshard(const std::string& param, const std::vector<Tensor>& shards) const override;
   // Copies this rank's shard of a whole layer's weight [out, in] and bias [out].
   void loadFull(const Tensor& weight, const Tensor& bias = Tensor());
   const Tensor& weight() const { return weight_; }
@@ -137,6 +144,8 @@ class RowParallelLinear : public nn::Module, public TpSharded {
   RowParallelLinear(std::shared_ptr<TpGroup> tp, int64_t in, int64_t out, bool bias = true);
   Tensor forward(const Tensor& x) override;
   Tensor shard(const std::string& param, const Tensor& full) const override;
+  Tensor unshard(const std::string& param, const std::vector<Tensor>& shards) const override;
+  bool split(const std::string& param) const override { return param != "bias"; }
   void loadFull(const Tensor& weight, const Tensor& bias = Tensor());
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
@@ -159,6 +168,7 @@ class VocabParallelEmbedding : public nn::Module, public TpSharded {
   // outside the vocabulary.
   Tensor forward(const Tensor& ids) override;
   Tensor shard(const std::string& param, const Tensor& full) const override;
+  Tensor unshard(const std::string& param, const std::vector<Tensor>& shards) const override;
   void loadFull(const Tensor& weight);
   const Tensor& weight() const { return weight_; }
   int64_t vocabStart() const { return start_; }

@@ -1,5 +1,6 @@
 #include "collectives/tensor_parallel_gpt.h"
 
+#include <cmath>
 #include <utility>
 
 #include "common/error.h"
@@ -129,12 +130,17 @@ Tensor TensorParallelGPT::loss(const Tensor& idx, const Tensor& targets) {
                                    wte_->vocabStart());
 }
 
-Tensor TensorParallelGPT::shard(const std::string& name, const Tensor& full) const {
+const TpSharded* TensorParallelGPT::shardingOf(const std::string& name, std::string* param) const {
   const auto dot = name.rfind('.');
   const std::string path = dot == std::string::npos ? std::string() : name.substr(0, dot);
-  const std::string param = dot == std::string::npos ? name : name.substr(dot + 1);
+  *param = dot == std::string::npos ? name : name.substr(dot + 1);
   auto it = sharded_.find(path);
-  if (it != sharded_.end()) return it->second->shard(param, full);
+  return it == sharded_.end() ? nullptr : it->second;
+}
+
+Tensor TensorParallelGPT::shard(const std::string& name, const Tensor& full) const {
+  std::string param;
+  if (const TpSharded* s = shardingOf(name, &param)) return s->shard(param, full);
   for (const auto& [n, p] : namedParameters()) {
     if (n != name) continue;
     WEFT_ENFORCE(full.defined() && full.shape() == p.shape(), InvalidArgumentError, "TensorParallelGPT: parameter '",
@@ -153,14 +159,57 @@ void TensorParallelGPT::loadFrom(const nn::GPT& full) {
                ", blockSize ", c.blockSize, ", layers ", c.layers, ", heads ", c.heads, ", width ", c.width,
                ") differs from this one's (vocabSize ", config_.vocabSize, ", blockSize ", config_.blockSize,
                ", layers ", config_.layers, ", heads ", config_.heads, ", width ", config_.width, ")");
-  std::map<std::string, Tensor> mine;
-  for (auto& [n, p] : namedParameters()) mine[n] = p;
+  nn::StateDict dict;
+  for (const auto& [n, p] : full.namedParameters()) dict[n] = p;
+  loadFullStateDict(dict);
+}
+
+void TensorParallelGPT::loadFullStateDict(const nn::StateDict& full) {
   NoGradGuard noGrad;
-  for (const auto& [n, p] : full.namedParameters()) {
-    auto it = mine.find(n);
-    WEFT_ENFORCE(it != mine.end(), NotFoundError, "TensorParallelGPT::loadFrom: no parameter named '", n, "'");
-    it->second.copy_(shard(n, p));
+  for (auto& [n, p] : namedParameters()) {
+    auto it = full.find(n);
+    WEFT_ENFORCE(it != full.end(), NotFoundError, "TensorParallelGPT::loadFullStateDict: no entry '", n, "'");
+    p.copy_(shard(n, it->second));
   }
+}
+
+nn::StateDict TensorParallelGPT::fullStateDict() {
+  NoGradGuard noGrad;
+  nn::StateDict dict;
+  for (auto& [n, p] : namedParameters()) {
+    std::string param;
+    const TpSharded* s = shardingOf(n, &param);
+    if (!s || !s->split(param)) {
+      dict[n] = p.detach().contiguous().clone();
+      continue;
+    }
+    std::vector<Tensor> shards;
+    tp_->group().allGather(shards, p.detach().contiguous()).wait();
+    dict[n] = s->unshard(param, shards);
+  }
+  return dict;
+}
+
+double TensorParallelGPT::clipGradNorm(double maxNorm) {
+  NoGradGuard noGrad;
+  double sharded = 0, whole = 0;
+  std::vector<Tensor> grads;
+  for (auto& [n, p] : namedParameters()) {
+    if (!p.grad().defined()) continue;
+    std::string param;
+    const double sq = sum(square(p.grad().to(DType::Float64))).item<double>();
+    const TpSharded* s = shardingOf(n, &param);
+    (s && s->split(param) ? sharded : whole) += sq;
+    grads.push_back(p.grad());
+  }
+  Tensor t = full({1}, sharded, {.dtype = DType::Float64});
+  tp_->group().allReduce(t, ReduceOp::Sum).wait();
+  const double norm = std::sqrt(t.item<double>() + whole);
+  const double coef = maxNorm / (norm + 1e-6);
+  if (coef < 1.0) {
+    for (Tensor& g : grads) g.mul_(coef);
+  }
+  return norm;
 }
 
 }  // namespace weft::collectives

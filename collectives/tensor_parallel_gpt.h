@@ -115,6 +115,21 @@ class TensorParallelGPT : public nn::Module {
   // Copies this rank's part of every parameter of `full`, whose config must
   // equal this model's (vocabSize, blockSize, layers, heads, width, bias).
   void loadFrom(const nn::GPT& full);
+  // The same from a whole nn::GPT's state dict (a checkpoint): every one of
+  // this model's names must be there with its whole shape (NotFoundError,
+  // InvalidArgumentError).
+  void loadFullStateDict(const nn::StateDict& full);
+  // The whole model's state dict, nn::GPT's names and shapes, assembled from
+  // every rank's shards: collective over the tp group (one allGather per
+  // sharded parameter), the same on every rank. Saved with nn::saveStateDict,
+  // it loads into an nn::GPT, or into a TensorParallelGPT of any T.
+  nn::StateDict fullStateDict();
+  // torch.nn.utils.clip_grad_norm_ (2-norm) over the whole model: the norm of
+  // every gradient of the unsplit model (sharded parameters' squares summed
+  // over the group, replicated ones counted once), every gradient scaled by
+  // min(1, maxNorm / (norm + 1e-6)). Collective over the tp group (one
+  // allreduce); returns the norm, the same on every rank.
+  double clipGradNorm(double maxNorm);
 
   const nn::GPTConfig& config() const { return config_; }
   const std::shared_ptr<TpGroup>& tp() const { return tp_; }
@@ -129,6 +144,11 @@ class TensorParallelGPT : public nn::Module {
   std::shared_ptr<nn::Sequential> h_;
   std::vector<std::shared_ptr<ParallelTransformerBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> lnF_;
+  // The layer that shards parameter `name` (null: a replicated module's);
+  // *param gets the name within that layer. A row-parallel bias has one but
+  // is whole (TpSharded::split).
+  const TpSharded* shardingOf(const std::string& name, std::string* param) const;
+
   std::map<std::string, const TpSharded*> sharded_;  // module path -> its sharding
 };
 

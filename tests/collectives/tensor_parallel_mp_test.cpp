@@ -67,6 +67,10 @@ void checkTpJob(const std::string& scenario, int t, long long toleranceFe) {
     CHECK(field(out, r, "tp", "grad_diff_fe") <= toleranceFe);
     // wte, wpe, ln_f (2) and 12 per block with biases.
     CHECK(field(out, r, "tp", "grads") == 4 + 12 * kLayers);
+    // Gradient clipping over the whole model.
+    CHECK(field(out, r, "clip", "clipped") == 1);
+    CHECK(field(out, r, "clip", "norm_diff_fe") <= toleranceFe);
+    CHECK(field(out, r, "clip", "grad_diff_fe") <= toleranceFe);
     // 12·C² matrix elements per block, 1/T of them on each rank.
     CHECK(field(out, r, "shapes", "block_full") == 12 * kWidth * kWidth);
     CHECK(field(out, r, "shapes", "block_local") * t == 12 * kWidth * kWidth);
@@ -180,7 +184,7 @@ TEST_CASE("Ulysses attention on 2 and 4 processes equals whole-sequence causal a
 }
 
 TEST_CASE("a tensor-parallel GPT in DDP on a mesh {dp: 2, tp: 2} trains as the whole GPT on the whole "
-          "batch") {
+          "batch, and its gathered state dict is the whole GPT's") {
   auto results = runTpJob("dptp", 4, 40s);
   for (int r = 0; r < 4; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].out;
@@ -189,6 +193,10 @@ TEST_CASE("a tensor-parallel GPT in DDP on a mesh {dp: 2, tp: 2} trains as the w
     CHECK(field(out, r, "dptp", "loss_diff_fe") <= 100'000);  // 1e-10
     CHECK(field(out, r, "dptp", "param_diff_fe") <= 100'000);
     CHECK(field(out, r, "dptp", "moved_fe") >= 1'000'000'000'000LL);  // the steps changed the weights: > 1e-3
+    // The state gathered from the shards is the reference's, and loads into an nn::GPT.
+    CHECK(field(out, r, "state", "keys_equal") == 1);
+    CHECK(field(out, r, "state", "state_diff_fe") <= 100'000);
+    CHECK(field(out, r, "state", "restored_diff_fe") <= 100'000);
   }
 }
 

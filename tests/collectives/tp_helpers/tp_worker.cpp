@@ -21,7 +21,9 @@
 //             whole model's (shard of), in 1e-15; "shapes block_local L block_full F": the block
 //             matrices' elements on this rank and in the whole model; "block fwd_allreduces A
 //             fwd_bytes B bwd_allreduces A bwd_bytes B elem E bsc N": the traffic of one block's
-//             forward and backward; "model fwd_allreduces ... bwd_bytes B" the traffic of the loss
+//             forward and backward; "clip norm_diff_fe N grad_diff_fe N clipped 0|1":
+//             clipGradNorm(0.01) against nn::clipGradNorm_ on the whole model (the norm and the
+//             clipped gradients); "model fwd_allreduces ... bwd_bytes B" the traffic of the loss
 //             and its backward; "errors heads <ErrorType>: ... target <ErrorType>: ...".
 //   ulysses   [P ranks, P dividing 4] Causal attention over q, k, v [2, 4, 8, 4] float64 whole on
 //             every rank, and ulyssesAttention over this rank's 8/P tokens: "ulysses out_diff_fe N
@@ -45,7 +47,9 @@
 //             dp, 6 SGD steps (lr 0.1) on batches of 4 sequences, each dp rank taking 2, against the
 //             whole GPT stepping on all 4: "dptp loss_diff_fe N param_diff_fe N moved_fe N steps 6"
 //             (the dp-averaged loss of each step and the final parameters against the reference's,
-//             how far the parameters moved from the start, in 1e-15).
+//             how far the parameters moved from the start, in 1e-15); "state keys_equal 0|1
+//             state_diff_fe N restored_diff_fe N": fullStateDict against the reference's state dict,
+//             and an nn::GPT loaded from it (strict).
 // Every rank first prints "rank R pid P started" and last "rank R done".
 #include <unistd.h>
 
@@ -64,6 +68,7 @@
 #include "common/error.h"
 #include "mp_worker.h"
 #include "nn/optim.h"
+#include "nn/utils.h"
 #include "nn/transformer.h"
 #include "rpc/options.h"
 #include "rpc/store.h"
@@ -186,6 +191,17 @@ void runTp(ProcessGroup& world, DType dtype) {
   }
   for (auto& [n, p] : full->blocks()[0]->namedParameters()) {
     if (p.dim() == 2) blockFull += p.numel();
+  }
+  {
+    // Clipping to a norm below the gradients' own: the whole model's norm, and the same scaling.
+    const double fullNorm = weft::nn::clipGradNorm_(full->parameters(), 0.01);
+    const double norm = model->clipGradNorm(0.01);
+    long long clippedDiff = 0;
+    for (auto& [n, p] : model->namedParameters()) {
+      clippedDiff = std::max(clippedDiff, diffFe(p.grad(), model->shard(n, fullParams.at(n).grad())));
+    }
+    sayLine("clip norm_diff_fe " + std::to_string(std::llround(std::abs(norm - fullNorm) * 1e15)) + " grad_diff_fe " +
+            std::to_string(clippedDiff) + " clipped " + std::to_string(fullNorm > 0.01 ? 1 : 0));
   }
   sayLine("shapes block_local " + std::to_string(blockLocal) + " block_full " + std::to_string(blockFull));
 
@@ -450,6 +466,24 @@ void runDpTp(ProcessGroup& world) {
     paramDiff = std::max(paramDiff, diffFe(p, model->shard(n, refParams.at(n))));
     moved = std::max(moved, diffFe(p, model->shard(n, startParams.at(n))));
   }
+  weft::nn::StateDict gathered = model->fullStateDict();
+  weft::nn::StateDict want = reference->stateDict();
+  bool keysEqual = gathered.size() == want.size();
+  long long stateDiff = 0;
+  for (auto& [n, t] : want) {
+    auto it = gathered.find(n);
+    if (it == gathered.end() || it->second.shape() != t.shape()) {
+      keysEqual = false;
+      continue;
+    }
+    stateDiff = std::max(stateDiff, diffFe(it->second, t));
+  }
+  weft::nn::GPT restored(cfg);
+  restored.to(DType::Float64);
+  restored.loadStateDict(gathered);
+  sayLine("state keys_equal " + std::to_string(keysEqual ? 1 : 0) + " state_diff_fe " + std::to_string(stateDiff) +
+          " restored_diff_fe " +
+          std::to_string(diffFe(restored.parameters()[0], reference->parameters()[0])));
   sayLine("dptp loss_diff_fe " + std::to_string(lossDiff) + " param_diff_fe " + std::to_string(paramDiff) +
           " moved_fe " + std::to_string(moved) + " steps " + std::to_string(kSteps));
   world.barrier().wait();
