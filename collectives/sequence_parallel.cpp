@@ -339,4 +339,81 @@ Tensor hybridAttention(SpGroup& ulysses, SpGroup& ring, const Tensor& q, const T
   return headsToSeq(ulysses, y);
 }
 
+// ---- a model's sequence-parallel layout -------------------------------------------------
+
+SpOptions checkedSpOptions(SpOptions o, int64_t heads, const char* who) {
+  const bool needsUlysses = o.mode != SpMode::Ring, needsRing = o.mode != SpMode::Ulysses;
+  WEFT_ENFORCE(!needsUlysses || o.ulysses, InvalidArgumentError, who,
+               ": this mode needs SpOptions::ulysses, the Ulysses group");
+  WEFT_ENFORCE(!needsRing || o.ring, InvalidArgumentError, who, ": this mode needs SpOptions::ring, the ring group");
+  if (!needsUlysses) o.ulysses = nullptr;
+  if (!needsRing) o.ring = nullptr;
+  WEFT_ENFORCE(!o.ulysses || heads % o.ulysses->size() == 0, InvalidArgumentError, who, ": heads (", heads,
+               ") must be divisible by the Ulysses size ", o.ulysses ? o.ulysses->size() : 1);
+  return o;
+}
+
+int64_t spRanks(const SpOptions& o) {
+  int64_t n = 1;
+  for (SpGroup* g : {o.ulysses, o.ring}) n *= g ? g->size() : 1;
+  return n;
+}
+
+int64_t spPaddedLength(const SpOptions& o, int64_t length) {
+  int64_t multiple = o.ulysses ? o.ulysses->size() : 1;
+  if (o.ring) multiple *= o.ring->size() * (o.layout == RingLayout::ZigZag ? 2 : 1);
+  return (length + multiple - 1) / multiple * multiple;
+}
+
+Tensor spShardTokens(const SpOptions& o, const Tensor& whole, int64_t pad) {
+  WEFT_ENFORCE(whole.defined() && whole.dim() == 2, InvalidArgumentError,
+               "spShardTokens: expected a [B, S] tensor, got shape ", whole.defined() ? whole.shape() : Shape{});
+  const int64_t s = whole.size(1), padded = spPaddedLength(o, s);
+  Tensor x = whole;
+  if (padded != s) {
+    x = cat({whole, full({whole.size(0), padded - s}, static_cast<double>(pad), {.dtype = whole.dtype()})}, 1);
+  }
+  switch (o.mode) {
+    case SpMode::Ulysses: return shardSequence(x, 1, *o.ulysses, RingLayout::Contiguous);
+    case SpMode::Ring: return shardSequence(x, 1, *o.ring, o.layout);
+    case SpMode::Hybrid: return shardSequence2d(x, 1, *o.ulysses, *o.ring, o.layout);
+  }
+  return Tensor();
+}
+
+std::vector<int64_t> spPositions(const SpOptions& o, int64_t length, int64_t cap) {
+  std::vector<int64_t> p = spShardTokens(o, arange(length).view({1, length})).toVector<int64_t>();
+  for (int64_t& v : p) v = std::min(v, cap);
+  return p;
+}
+
+Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (o.mode == SpMode::Ulysses) {
+    AttentionOptions a;
+    a.causal = true;
+    return ulyssesAttention(*o.ulysses, q, k, v, a);
+  }
+  RingOptions r;
+  r.causal = true;
+  r.layout = o.layout;
+  return o.mode == SpMode::Ring ? ringAttention(*o.ring, q, k, v, r) : hybridAttention(*o.ulysses, *o.ring, q, k, v, r);
+}
+
+void spSumInPlace(const SpOptions& o, const Tensor& t) {
+  for (SpGroup* g : {o.ulysses, o.ring}) {
+    if (g) g->group().allReduce(t, ReduceOp::Sum).wait();
+  }
+}
+
+Tensor reduceFromSp(const SpOptions& o, const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard noGrad;
+    out = x.contiguous().clone();
+  }
+  spSumInPlace(o, out);
+  recordOp("reduceFromSp", {x}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+
 }  // namespace weft::collectives

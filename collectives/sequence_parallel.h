@@ -80,6 +80,7 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "collectives/process_group.h"
 #include "tensor/ops_attention.h"
@@ -163,5 +164,41 @@ Tensor shardSequence2d(const Tensor& whole, int64_t dim, const SpGroup& ulysses,
 // those tokens. Heads must be divisible by U.
 Tensor hybridAttention(SpGroup& ulysses, SpGroup& ring, const Tensor& q, const Tensor& k, const Tensor& v,
                        const RingOptions& o = {});
+
+// ---- a model's sequence-parallel layout --------------------------------------------
+// Which attention a model uses and over which groups; the helpers below
+// place its tokens accordingly (SequenceParallelGPT, and TensorParallelGPT
+// with sequence parallelism).
+enum class SpMode { Ulysses, Ring, Hybrid };
+
+struct SpOptions {
+  SpMode mode = SpMode::Ulysses;
+  SpGroup* ulysses = nullptr;  // Ulysses and Hybrid
+  SpGroup* ring = nullptr;     // Ring and Hybrid
+  RingLayout layout = RingLayout::Contiguous;  // Ring and Hybrid
+};
+
+// `o` with the groups its mode does not use cleared; InvalidArgumentError
+// (naming `who`) when a group it needs is missing or `heads` is not divisible
+// by the Ulysses size.
+SpOptions checkedSpOptions(SpOptions o, int64_t heads, const char* who);
+// The number of ranks the tokens are split over (the product of the groups').
+int64_t spRanks(const SpOptions& o);
+// The smallest length >= `length` that splits into o's chunks.
+int64_t spPaddedLength(const SpOptions& o, int64_t length);
+// This rank's tokens of a whole [B, S] tensor, padded at the end with `pad`
+// to spPaddedLength(S).
+Tensor spShardTokens(const SpOptions& o, const Tensor& whole, int64_t pad = 0);
+// The positions in the whole sequence of this rank's tokens, for a (padded)
+// whole sequence of `length` tokens, capped at `cap`.
+std::vector<int64_t> spPositions(const SpOptions& o, int64_t length, int64_t cap);
+// Causal attention over the whole sequence with o's mode: q, k, v
+// [B, H, S/P, D] of this rank's tokens.
+Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v);
+// Sums `t` in place over o's groups (blocking): over every rank holding
+// tokens of the sequence.
+void spSumInPlace(const SpOptions& o, const Tensor& t);
+// Sum over o's groups in forward, identity in backward.
+Tensor reduceFromSp(const SpOptions& o, const Tensor& x);
 
 }  // namespace weft::collectives

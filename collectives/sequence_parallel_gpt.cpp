@@ -11,47 +11,10 @@
 
 namespace weft::collectives {
 
-namespace {
-
-SpOptions checked(SpOptions o, const nn::GPTConfig& c) {
-  const bool needsUlysses = o.mode != SpMode::Ring, needsRing = o.mode != SpMode::Ulysses;
-  WEFT_ENFORCE(!needsUlysses || o.ulysses, InvalidArgumentError,
-               "SequenceParallelGPT: this mode needs SpOptions::ulysses, the Ulysses group");
-  WEFT_ENFORCE(!needsRing || o.ring, InvalidArgumentError,
-               "SequenceParallelGPT: this mode needs SpOptions::ring, the ring group");
-  if (!needsUlysses) o.ulysses = nullptr;
-  if (!needsRing) o.ring = nullptr;
-  WEFT_ENFORCE(!o.ulysses || c.heads % o.ulysses->size() == 0, InvalidArgumentError, "SequenceParallelGPT: heads (",
-               c.heads, ") must be divisible by the Ulysses size ", o.ulysses ? o.ulysses->size() : 1);
-  return o;
-}
-
-// Sums `t` over the groups of `o` in place (blocking): over the whole grid of
-// sequence-parallel ranks.
-void sumOverGroups(const SpOptions& o, const Tensor& t) {
-  for (SpGroup* g : {o.ulysses, o.ring}) {
-    if (g) g->group().allReduce(t, ReduceOp::Sum).wait();
-  }
-}
-
-// Sum over the groups in forward, identity in backward.
-Tensor reduceFromSp(const SpOptions& o, const Tensor& x) {
-  Tensor out;
-  {
-    NoGradGuard noGrad;
-    out = x.contiguous().clone();
-  }
-  sumOverGroups(o, out);
-  recordOp("reduceFromSp", {x}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
-  return out;
-}
-
-}  // namespace
-
 // ---- attention and block ------------------------------------------------------------------
 
 SequenceParallelAttention::SequenceParallelAttention(const nn::GPTConfig& c, SpOptions o)
-    : Module("SequenceParallelAttention"), heads_(c.heads), width_(c.width), options_(checked(o, c)) {
+    : Module("SequenceParallelAttention"), heads_(c.heads), width_(c.width), options_(checkedSpOptions(o, c.heads, "SequenceParallelAttention")) {
   cAttn_ = registerModule("c_attn", std::make_shared<nn::Linear>(c.width, 3 * c.width, c.bias));
   cProj_ = registerModule("c_proj", std::make_shared<nn::Linear>(c.width, c.width, c.bias));
 }
@@ -64,18 +27,7 @@ Tensor SequenceParallelAttention::forward(const Tensor& x) {
   std::vector<Tensor> qkv = split(cAttn_->forward(x), width_, 2);
   auto heads = [&](const Tensor& part) { return part.view({b, t, heads_, d}).transpose(1, 2).contiguous(); };
   Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  Tensor y;
-  if (options_.mode == SpMode::Ulysses) {
-    AttentionOptions a;
-    a.causal = true;
-    y = ulyssesAttention(*options_.ulysses, q, k, v, a);
-  } else {
-    RingOptions r;
-    r.causal = true;
-    r.layout = options_.layout;
-    y = options_.mode == SpMode::Ring ? ringAttention(*options_.ring, q, k, v, r)
-                                      : hybridAttention(*options_.ulysses, *options_.ring, q, k, v, r);
-  }
+  Tensor y = spAttention(options_, q, k, v);
   return cProj_->forward(y.transpose(1, 2).reshape({b, t, width_}));
 }
 
@@ -94,7 +46,7 @@ Tensor SequenceParallelBlock::forward(const Tensor& x) {
 // ---- the model ---------------------------------------------------------------------------
 
 SequenceParallelGPT::SequenceParallelGPT(nn::GPTConfig c, SpOptions o)
-    : Module("SequenceParallelGPT"), config_(std::move(c)), options_(checked(o, config_)) {
+    : Module("SequenceParallelGPT"), config_(std::move(c)), options_(checkedSpOptions(o, config_.heads, "SequenceParallelGPT")) {
   WEFT_ENFORCE(config_.dropout == 0.0, InvalidArgumentError,
                "SequenceParallelGPT: dropout is not supported, got ", config_.dropout);
   wte_ = registerModule("wte", std::make_shared<nn::Embedding>(config_.vocabSize, config_.width));
@@ -107,40 +59,21 @@ SequenceParallelGPT::SequenceParallelGPT(nn::GPTConfig c, SpOptions o)
   lnF_ = registerModule("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.width}, 1e-5, true, config_.bias));
 }
 
-int64_t SequenceParallelGPT::paddedLength(int64_t length) const {
-  int64_t multiple = options_.ulysses ? options_.ulysses->size() : 1;
-  if (options_.ring) multiple *= options_.ring->size() * (options_.layout == RingLayout::ZigZag ? 2 : 1);
-  return (length + multiple - 1) / multiple * multiple;
-}
+int64_t SequenceParallelGPT::paddedLength(int64_t length) const { return spPaddedLength(options_, length); }
 
 Tensor SequenceParallelGPT::shard(const Tensor& whole, int64_t pad) const {
-  WEFT_ENFORCE(whole.defined() && whole.dim() == 2, InvalidArgumentError,
-               "SequenceParallelGPT::shard: expected a [B, S] tensor, got shape ",
-               whole.defined() ? whole.shape() : Shape{});
-  const int64_t s = whole.size(1), padded = paddedLength(s);
-  Tensor x = whole;
-  if (padded != s) x = cat({whole, full({whole.size(0), padded - s}, static_cast<double>(pad), {.dtype = whole.dtype()})}, 1);
-  switch (options_.mode) {
-    case SpMode::Ulysses: return shardSequence(x, 1, *options_.ulysses, RingLayout::Contiguous);
-    case SpMode::Ring: return shardSequence(x, 1, *options_.ring, options_.layout);
-    case SpMode::Hybrid: return shardSequence2d(x, 1, *options_.ulysses, *options_.ring, options_.layout);
-  }
-  return Tensor();
+  return spShardTokens(options_, whole, pad);
 }
 
 std::vector<int64_t> SequenceParallelGPT::positions(int64_t length) const {
-  std::vector<int64_t> p = shard(arange(length).view({1, length})).toVector<int64_t>();
-  for (int64_t& v : p) v = std::min(v, config_.blockSize - 1);
-  return p;
+  return spPositions(options_, length, config_.blockSize - 1);
 }
 
 Tensor SequenceParallelGPT::forward(const Tensor& idx) {
   WEFT_ENFORCE(idx.defined() && idx.dtype() == DType::Int64 && idx.dim() == 2, InvalidArgumentError,
                "SequenceParallelGPT: idx must be Int64 [B, S/P], got ",
                idx.defined() ? shapeString(idx.shape()) + " " + dtypeName(idx.dtype()) : std::string("undefined"));
-  int64_t ranks = 1;
-  for (SpGroup* g : {options_.ulysses, options_.ring}) ranks *= g ? g->size() : 1;
-  const int64_t length = idx.size(1) * ranks;
+  const int64_t length = idx.size(1) * spRanks(options_);
   WEFT_ENFORCE(length <= paddedLength(config_.blockSize), InvalidArgumentError,
                "SequenceParallelGPT: the whole sequence has ", length, " tokens, more than blockSize = ",
                config_.blockSize, " padded to ", paddedLength(config_.blockSize));
@@ -162,13 +95,13 @@ Tensor SequenceParallelGPT::loss(const Tensor& idx, const Tensor& targets) {
   double counted = 0;
   for (int64_t t : flat.toVector<int64_t>()) counted += t == -100 ? 0.0 : 1.0;
   Tensor count = full({}, counted, {.dtype = DType::Float64});
-  sumOverGroups(options_, count);
+  spSumInPlace(options_, count);
   return div(reduceFromSp(options_, sum), count.to(sum.dtype()));
 }
 
 void SequenceParallelGPT::allReduceGradients() {
   for (const Tensor& p : parameters()) {
-    if (p.grad().defined()) sumOverGroups(options_, p.grad());
+    if (p.grad().defined()) spSumInPlace(options_, p.grad());
   }
 }
 

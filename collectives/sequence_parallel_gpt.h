@@ -55,15 +55,6 @@
 
 namespace weft::collectives {
 
-enum class SpMode { Ulysses, Ring, Hybrid };
-
-struct SpOptions {
-  SpMode mode = SpMode::Ulysses;
-  SpGroup* ulysses = nullptr;  // Ulysses and Hybrid
-  SpGroup* ring = nullptr;     // Ring and Hybrid
-  RingLayout layout = RingLayout::Contiguous;  // Ring and Hybrid
-};
-
 // x [B, S/P, C], this rank's tokens -> [B, S/P, C]: nn's CausalSelfAttention
 // ("c_attn", "c_proj") with its attention over the whole sequence.
 class SequenceParallelAttention : public nn::Module {

@@ -245,7 +245,10 @@ void VocabParallelEmbedding::loadFull(const Tensor& weight) { copyInto(weight_, 
 
 // ---- vocabulary-parallel cross-entropy ------------------------------------------------------
 
-Tensor vocabParallelCrossEntropy(TpGroup& tp, const Tensor& logits, const Tensor& targets, int64_t vocabStart) {
+Tensor vocabParallelCrossEntropy(TpGroup& tp, const Tensor& logits, const Tensor& targets, int64_t vocabStart,
+                                 Reduction reduction) {
+  WEFT_ENFORCE(reduction != Reduction::None, InvalidArgumentError,
+               "vocabParallelCrossEntropy: the reduction must be Mean or Sum");
   WEFT_ENFORCE(logits.defined() && logits.dim() == 2 && isFloating(logits.dtype()), InvalidArgumentError,
                "vocabParallelCrossEntropy: logits must be a floating [N, V/T] tensor, got ",
                logits.defined() ? shapeString(logits.shape()) + " " + dtypeName(logits.dtype())
@@ -283,6 +286,7 @@ Tensor vocabParallelCrossEntropy(TpGroup& tp, const Tensor& logits, const Tensor
   Tensor picked = mul(gather(shifted, 1, fromVector(column, {n, 1})).view({n}), fromVector(owned, {n}).to(dt));
   Tensor target = reduceFromTp(tp, picked);
   Tensor perRow = mul(sub(log(sumExp), target), fromVector(counted, {n}).to(dt));
+  if (reduction == Reduction::Sum) return sum(perRow);
   return div(sum(perRow), full({}, rows, {.dtype = dt}));
 }
 

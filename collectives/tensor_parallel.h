@@ -63,6 +63,7 @@
 
 #include "collectives/process_group.h"
 #include "nn/module.h"
+#include "tensor/ops_nn.h"
 #include "tensor/tensor.h"
 
 namespace weft::collectives {
@@ -187,6 +188,8 @@ class VocabParallelEmbedding : public nn::Module, public TpSharded {
 // crossEntropy of the gathered logits without gathering them: three
 // allreduces of N elements (the row maxima, the sums of exponentials, the
 // target logits). Differentiable in logits; every rank returns the same loss.
-Tensor vocabParallelCrossEntropy(TpGroup& tp, const Tensor& logits, const Tensor& targets, int64_t vocabStart);
+// Reduction::Sum gives the sum over the counted rows instead of the mean.
+Tensor vocabParallelCrossEntropy(TpGroup& tp, const Tensor& logits, const Tensor& targets, int64_t vocabStart,
+                                 Reduction reduction = Reduction::Mean);
 
 }  // namespace weft::collectives

@@ -24,10 +24,12 @@ void checkSplit(const nn::GPTConfig& c, int t) {
 
 // ---- attention, MLP, block ------------------------------------------------------------
 
-ParallelCausalSelfAttention::ParallelCausalSelfAttention(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c)
+ParallelCausalSelfAttention::ParallelCausalSelfAttention(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c,
+                                                         std::optional<SpOptions> sp)
     : Module("ParallelCausalSelfAttention"), width_(c.width), dropout_(c.dropout) {
   checkSplit(c, tp->size());
   localHeads_ = c.heads / tp->size();
+  if (sp) sp_ = checkedSpOptions(*sp, localHeads_, "ParallelCausalSelfAttention");
   headDim_ = c.width / c.heads;
   cAttn_ = registerModule("c_attn", std::make_shared<ColumnParallelLinear>(tp, c.width, 3 * c.width, c.bias, 3));
   cProj_ = registerModule("c_proj", std::make_shared<RowParallelLinear>(tp, c.width, c.width, c.bias));
@@ -44,7 +46,9 @@ Tensor ParallelCausalSelfAttention::forward(const Tensor& x) {
   AttentionOptions o;
   o.causal = true;
   o.dropout = isTraining() ? dropout_ : 0.0;
-  Tensor y = scaledDotProductAttention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), o);
+  Tensor y = sp_ ? spAttention(*sp_, heads(qkv[0]).contiguous(), heads(qkv[1]).contiguous(),
+                               heads(qkv[2]).contiguous())
+                 : scaledDotProductAttention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), o);
   y = y.transpose(1, 2).reshape({b, t, local});
   return dropout(cProj_->forward(y), dropout_, isTraining());
 }
@@ -60,10 +64,11 @@ Tensor ParallelMLP::forward(const Tensor& x) {
   return dropout(cProj_->forward(gelu(cFc_->forward(x))), dropout_, isTraining());
 }
 
-ParallelTransformerBlock::ParallelTransformerBlock(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c)
+ParallelTransformerBlock::ParallelTransformerBlock(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c,
+                                                   std::optional<SpOptions> sp)
     : Module("ParallelTransformerBlock") {
   ln1_ = registerModule("ln_1", std::make_shared<nn::LayerNorm>(Shape{c.width}, 1e-5, true, c.bias));
-  attn_ = registerModule("attn", std::make_shared<ParallelCausalSelfAttention>(tp, c));
+  attn_ = registerModule("attn", std::make_shared<ParallelCausalSelfAttention>(tp, c, sp));
   ln2_ = registerModule("ln_2", std::make_shared<nn::LayerNorm>(Shape{c.width}, 1e-5, true, c.bias));
   mlp_ = registerModule("mlp", std::make_shared<ParallelMLP>(tp, c));
 }
@@ -75,7 +80,7 @@ Tensor ParallelTransformerBlock::forward(const Tensor& x) {
 
 // ---- the model -------------------------------------------------------------------------
 
-TensorParallelGPT::TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig c)
+TensorParallelGPT::TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig c, std::optional<SpOptions> sp)
     : Module("TensorParallelGPT"), tp_(std::move(tp)), config_(std::move(c)) {
   // nn::GPT validates the sizes it shares with this model.
   WEFT_ENFORCE(config_.blockSize > 0 && config_.layers > 0, InvalidArgumentError,
@@ -84,11 +89,16 @@ TensorParallelGPT::TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig 
   WEFT_ENFORCE(config_.dropout >= 0.0 && config_.dropout < 1.0, InvalidArgumentError,
                "TensorParallelGPT: dropout must lie in [0, 1), got ", config_.dropout);
   checkSplit(config_, tp_->size());
+  if (sp) {
+    sp_ = checkedSpOptions(*sp, config_.heads / tp_->size(), "TensorParallelGPT");
+    WEFT_ENFORCE(config_.dropout == 0.0, InvalidArgumentError,
+                 "TensorParallelGPT: dropout is not supported with sequence parallelism, got ", config_.dropout);
+  }
   wte_ = registerModule("wte", std::make_shared<VocabParallelEmbedding>(tp_, config_.vocabSize, config_.width));
   wpe_ = registerModule("wpe", std::make_shared<nn::Embedding>(config_.blockSize, config_.width));
   h_ = registerModule("h", std::make_shared<nn::Sequential>());
   for (int64_t i = 0; i < config_.layers; ++i) {
-    blocks_.push_back(std::make_shared<ParallelTransformerBlock>(tp_, config_));
+    blocks_.push_back(std::make_shared<ParallelTransformerBlock>(tp_, config_, sp_));
     h_->push_back(blocks_.back());
   }
   lnF_ = registerModule("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.width}, 1e-5, true, config_.bias));
@@ -107,9 +117,20 @@ Tensor TensorParallelGPT::features(const Tensor& idx) {
                "TensorParallelGPT: idx must be Int64 [B, T], got ",
                idx.defined() ? shapeString(idx.shape()) + " " + dtypeName(idx.dtype()) : std::string("undefined"));
   const int64_t t = idx.size(1);
-  WEFT_ENFORCE(t >= 1 && t <= config_.blockSize, InvalidArgumentError, "TensorParallelGPT: idx has sequence length T = ",
-               t, ", which must lie in [1, blockSize = ", config_.blockSize, "]");
-  Tensor x = add(wte_->forward(idx), wpe_->weight().narrow(0, 0, t));
+  Tensor x;
+  if (sp_) {
+    const int64_t length = t * spRanks(*sp_);
+    WEFT_ENFORCE(t >= 1 && length <= spPaddedLength(*sp_, config_.blockSize), InvalidArgumentError,
+                 "TensorParallelGPT: the whole sequence has ", length, " tokens, more than blockSize = ",
+                 config_.blockSize, " padded to ", spPaddedLength(*sp_, config_.blockSize));
+    Tensor pos = fromVector(spPositions(*sp_, length, config_.blockSize - 1), {t});
+    x = add(wte_->forward(idx), indexSelect(wpe_->weight(), 0, pos));
+  } else {
+    WEFT_ENFORCE(t >= 1 && t <= config_.blockSize, InvalidArgumentError,
+                 "TensorParallelGPT: idx has sequence length T = ", t, ", which must lie in [1, blockSize = ",
+                 config_.blockSize, "]");
+    x = add(wte_->forward(idx), wpe_->weight().narrow(0, 0, t));
+  }
   x = dropout(x, config_.dropout, isTraining());
   for (const auto& blk : blocks_) x = blk->forward(x);
   return lnF_->forward(x);
@@ -126,8 +147,26 @@ Tensor TensorParallelGPT::loss(const Tensor& idx, const Tensor& targets) {
       idx.defined() ? idx.shape() : Shape{}, ", got ",
       targets.defined() ? shapeString(targets.shape()) + " " + dtypeName(targets.dtype()) : std::string("undefined"));
   Tensor logits = forward(idx);
-  return vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), targets.reshape({-1}),
-                                   wte_->vocabStart());
+  Tensor flat = targets.reshape({-1});
+  if (!sp_) return vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart());
+  Tensor sum = vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart(),
+                                         Reduction::Sum);
+  double counted = 0;
+  for (int64_t v : flat.toVector<int64_t>()) counted += v == -100 ? 0.0 : 1.0;
+  Tensor count = full({}, counted, {.dtype = DType::Float64});
+  spSumInPlace(*sp_, count);
+  return div(reduceFromSp(*sp_, sum), count.to(sum.dtype()));
+}
+
+Tensor TensorParallelGPT::shardTokens(const Tensor& whole, int64_t pad) const {
+  return sp_ ? spShardTokens(*sp_, whole, pad) : whole;
+}
+
+void TensorParallelGPT::allReduceGradients() {
+  if (!sp_) return;
+  for (const Tensor& p : parameters()) {
+    if (p.grad().defined()) spSumInPlace(*sp_, p.grad());
+  }
 }
 
 const TpSharded* TensorParallelGPT::shardingOf(const std::string& name, std::string* param) const {

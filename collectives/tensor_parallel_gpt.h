@@ -29,6 +29,15 @@
 // in forward, the head's of B·S·C in backward, and the loss's three of B·S
 // elements in forward. TpGroup::traffic() counts them.
 //
+// Sequence parallelism (tp × sp): given SpOptions, every rank holds the
+// tokens spShardTokens gives it (the same on every rank of its tp group) and
+// each tp rank's heads/T heads attend over the whole sequence through
+// spAttention (Ulysses needs heads/T divisible by its size); the MLP, the
+// embeddings and the vocabulary-parallel loss work on the rank's tokens, the
+// loss is the whole batch's mean, and allReduceGradients() sums the
+// gradients over the sequence-parallel groups after backward. Mesh order
+// puts tp innermost: {{"sp", P}, {"tp", T}}.
+//
 // Numerics: without dropout, forward and gradients equal nn::GPT's loaded
 // with the same weights up to the order of floating additions. With dropout,
 // each rank draws its own masks for its heads; the replicated dropouts
@@ -43,10 +52,12 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "collectives/sequence_parallel.h"
 #include "collectives/tensor_parallel.h"
 #include "nn/sequential.h"
 #include "nn/transformer.h"
@@ -54,9 +65,12 @@
 namespace weft::collectives {
 
 // x [B, S, C] replicated -> [B, S, C] replicated; heads/T heads on this rank.
+// With `sp`, x holds this rank's tokens and the heads/T heads attend over the
+// whole sequence through spAttention.
 class ParallelCausalSelfAttention : public nn::Module {
  public:
-  ParallelCausalSelfAttention(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c);
+  ParallelCausalSelfAttention(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c,
+                              std::optional<SpOptions> sp = std::nullopt);
   Tensor forward(const Tensor& x) override;
   const std::shared_ptr<ColumnParallelLinear>& cAttn() const { return cAttn_; }
   const std::shared_ptr<RowParallelLinear>& cProj() const { return cProj_; }
@@ -64,6 +78,7 @@ class ParallelCausalSelfAttention : public nn::Module {
  private:
   int64_t localHeads_, width_, headDim_;
   double dropout_;
+  std::optional<SpOptions> sp_;
   std::shared_ptr<ColumnParallelLinear> cAttn_;
   std::shared_ptr<RowParallelLinear> cProj_;
 };
@@ -85,7 +100,8 @@ class ParallelMLP : public nn::Module {
 
 class ParallelTransformerBlock : public nn::Module {
  public:
-  ParallelTransformerBlock(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c);
+  ParallelTransformerBlock(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c,
+                           std::optional<SpOptions> sp = std::nullopt);
   Tensor forward(const Tensor& x) override;
   const std::shared_ptr<ParallelCausalSelfAttention>& attn() const { return attn_; }
   const std::shared_ptr<ParallelMLP>& mlp() const { return mlp_; }
@@ -100,15 +116,25 @@ class ParallelTransformerBlock : public nn::Module {
 class TensorParallelGPT : public nn::Module {
  public:
   // Parameters initialised as the parallel layers do; loadFrom for GPT-2's.
-  TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig c);
+  // With `sp` (tp × sp), the tokens are split over the sequence-parallel
+  // groups as well (see "Sequence parallelism" above).
+  TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig c, std::optional<SpOptions> sp = std::nullopt);
 
-  // idx Int64 [B, S] (the same on every rank) -> this rank's vocabulary slice
-  // of the logits [B, S, V/T], columns [wte.vocabStart(), + V/T).
+  // idx Int64 [B, S] (the same on every rank of the tp group; with sp, this
+  // rank's tokens) -> this rank's vocabulary slice of the logits [B, S, V/T],
+  // columns [wte.vocabStart(), + V/T).
   Tensor forward(const Tensor& idx) override;
-  // The final LayerNorm's output [B, S, C], replicated.
+  // The final LayerNorm's output [B, S, C], replicated over the tp group.
   Tensor features(const Tensor& idx);
-  // nn::GPT::loss's value, through vocabParallelCrossEntropy.
+  // nn::GPT::loss's value, through vocabParallelCrossEntropy (with sp: the
+  // whole batch's mean over every rank's tokens).
   Tensor loss(const Tensor& idx, const Tensor& targets);
+  // This rank's tokens of a whole [B, S] tensor: the tensor itself without
+  // sp, spShardTokens with it (padded with `pad`).
+  Tensor shardTokens(const Tensor& whole, int64_t pad = 0) const;
+  // With sp: sums every gradient over the sequence-parallel groups (each
+  // rank's backward gives its tokens' share); nothing without.
+  void allReduceGradients();
 
   // This rank's part of parameter `name` of the whole model (see Layout).
   Tensor shard(const std::string& name, const Tensor& full) const;
@@ -139,6 +165,7 @@ class TensorParallelGPT : public nn::Module {
  private:
   std::shared_ptr<TpGroup> tp_;
   nn::GPTConfig config_;
+  std::optional<SpOptions> sp_;
   std::shared_ptr<VocabParallelEmbedding> wte_;
   std::shared_ptr<nn::Embedding> wpe_;
   std::shared_ptr<nn::Sequential> h_;

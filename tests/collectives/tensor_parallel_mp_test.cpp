@@ -272,3 +272,20 @@ TEST_CASE("a sequence-parallel GPT (Ulysses, ring, 2-D) on 2 and 4 processes has
   checkSpGpt(2);
   checkSpGpt(4);
 }
+
+TEST_CASE("a tensor-parallel GPT with sequence parallelism on a mesh {sp: 2, tp: 2} (Ulysses, ring) has "
+          "the whole GPT's loss and gradients") {
+  auto results = runTpJob("tpsp", 4, 40s);
+  for (int r = 0; r < 4; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    INFO(out);
+    for (const char* mode : {"tpsp_ulysses_len16", "tpsp_ring_len16", "tpsp_ulysses_len13", "tpsp_ring_len13"}) {
+      INFO(mode);
+      // 16 tokens over 2 ranks; 13 padded to 14 (Ulysses) or 16 (ring zig-zag, chunks of 4).
+      const std::string m = mode;
+      CHECK(field(out, r, mode, "tokens") == (m == "tpsp_ulysses_len13" ? 7 : 8));
+      CHECK(field(out, r, mode, "loss_diff_fe") <= 1000);
+      CHECK(field(out, r, mode, "grad_diff_fe") <= 1000);
+    }
+  }
+}

@@ -43,6 +43,10 @@
 //             tokens ("_len13", padded by shard()):
 //             "spgpt_<mode> loss_diff_fe N grad_diff_fe N grads G tokens T" (the gradients after
 //             allReduceGradients).
+//   tpsp      [4 ranks] Mesh {sp: 2, tp: 2}: the GPT of tp64 as a TensorParallelGPT with sequence
+//             parallelism (Ulysses, then ring zig-zag) on [2, 16] and [2, 13] tokens against the
+//             whole GPT: "tpsp_<mode>_len<S> loss_diff_fe N grad_diff_fe N tokens T" (gradients after
+//             allReduceGradients, against the whole model's shards).
 //   dptp      [4 ranks] Mesh {dp: 2, tp: 2}: the GPT of tp64 split over tp and wrapped in DDP over
 //             dp, 6 SGD steps (lr 0.1) on batches of 4 sequences, each dp rank taking 2, against the
 //             whole GPT stepping on all 4: "dptp loss_diff_fe N param_diff_fe N moved_fe N steps 6"
@@ -418,6 +422,46 @@ void runSpGpt(ProcessGroup& world) {
   world.barrier().wait();
 }
 
+void runTpSp(ProcessGroup& world) {
+  using namespace weft::collectives;
+  Mesh mesh(world, {{"sp", 2}, {"tp", 2}});
+  auto tp = std::make_shared<TpGroup>(mesh.group("tp"));
+  SpGroup sp(mesh.group("sp"));
+  weft::nn::GPTConfig cfg{.vocabSize = 32, .blockSize = 16, .layers = 2, .heads = 4, .width = 16};
+  for (int64_t length : {16, 13}) {
+    for (SpMode mode : {SpMode::Ulysses, SpMode::Ring}) {
+      SpOptions o{.mode = mode, .layout = RingLayout::ZigZag};
+      (mode == SpMode::Ulysses ? o.ulysses : o.ring) = &sp;
+      Generator init(7);
+      weft::nn::GPT full(cfg, &init);
+      full.to(DType::Float64);
+      auto model = std::make_shared<TensorParallelGPT>(tp, cfg, o);
+      model->to(DType::Float64);
+      model->loadFrom(full);
+      Generator data(61);
+      Tensor idx = weft::randint(0, cfg.vocabSize, {2, length}, {.dtype = DType::Int64}, &data);
+      Tensor targets = weft::randint(0, cfg.vocabSize, {2, length}, {.dtype = DType::Int64}, &data);
+      Tensor fullLoss = full.loss(idx, targets);
+      fullLoss.backward();
+      Tensor loss = model->loss(model->shardTokens(idx), model->shardTokens(targets, -100));
+      loss.backward();
+      model->allReduceGradients();
+      std::map<std::string, Tensor> fullParams;
+      for (auto& [n, p] : full.namedParameters()) fullParams[n] = p;
+      long long gradDiff = 0;
+      for (auto& [n, p] : model->namedParameters()) {
+        weft::testing::require(p.grad().defined(), "no gradient for " + n);
+        gradDiff = std::max(gradDiff, diffFe(p.grad(), model->shard(n, fullParams.at(n).grad())));
+      }
+      sayLine(std::string("tpsp_") + (mode == SpMode::Ulysses ? "ulysses" : "ring") + "_len" +
+              std::to_string(length) + " loss_diff_fe " + std::to_string(diffFe(loss, fullLoss)) +
+              " grad_diff_fe " + std::to_string(gradDiff) + " tokens " +
+              std::to_string(model->shardTokens(idx).size(1)));
+    }
+  }
+  world.barrier().wait();
+}
+
 void runDpTp(ProcessGroup& world) {
   using namespace weft::collectives;
   Mesh mesh(world, {{"dp", 2}, {"tp", 2}});
@@ -492,7 +536,7 @@ void runDpTp(ProcessGroup& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "hybrid", "spgpt", "dptp"}, argc, argv,
+  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "hybrid", "spgpt", "tpsp", "dptp"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -509,6 +553,7 @@ int main(int argc, char** argv) {
       else if (scenario == "ring") runRing(*pg);
       else if (scenario == "hybrid") runHybrid(*pg);
       else if (scenario == "spgpt") runSpGpt(*pg);
+      else if (scenario == "tpsp") runTpSp(*pg);
       else runTp(*pg, scenario == "tp64" ? DType::Float64 : DType::Float32);
     }
     if (opt.rank == 0) {
