@@ -67,9 +67,10 @@
 // Errors: InvalidArgumentError when q, k, v are not 4-D of one shape and
 // dtype, when P does not divide H (Ulysses) or the sequence does not split
 // into the layout's chunks (naming both); the group's errors
-// (process_group.h), raised by forward or backward. Sequences whose length is
-// not a multiple of P must be padded by the caller (with the padded keys
-// masked out); nothing here pads.
+// (process_group.h), raised by forward or backward. The attention functions
+// do not pad: a sequence whose length the layout does not divide is padded
+// before it is split, as spShardTokens (below) does at the end of a model's
+// token ids, which causal attention keeps out of every real token's view.
 //
 // Threads and lifetimes: every rank of the group runs the same forwards and
 // backwards in the same order; the allToAlls run on the calling thread and on
