@@ -205,6 +205,32 @@ void runLayouts(ProcessGroup& world, const Config& c) {
     if (hybrid) theory += c.layers * 8 * local + ring(n / 2);
     addRow({name, sec, 0, peak, counted / steps + grads, theory});
   };
+  if (n % 2 == 0 && n > 2) {  // tp2 x Ulysses over the rest
+    const int spSize = n / 2;
+    Mesh mesh(world, {{"sp", spSize}, {"tp", 2}});
+    auto tp = std::make_shared<TpGroup>(mesh.group("tp"));
+    SpGroup sp(mesh.group("sp"));
+    SpOptions o{.mode = SpMode::Ulysses, .ulysses = &sp};
+    auto model = std::make_shared<TensorParallelGPT>(tp, cfg, o);
+    Tensor x = model->shardTokens(idx), y = model->shardTokens(targets, -100);
+    tp->resetTraffic();
+    auto [sec, peak] = measure(c.iters, [&] {
+      model->zeroGrad();
+      model->loss(x, y).backward();
+      model->allReduceGradients();
+    });
+    const long long steps = c.iters + 2;
+    const TpGroup::Traffic t = tp->traffic();
+    const SpGroup::Traffic a = sp.traffic();
+    const long long grads = paramBytes(*model);
+    const long long tokens = s / spSize;  // per sequence on this rank
+    const long long act = kSequences * tokens * c.width * e;
+    const long long theory = (2 * c.layers + 1) * act * 2 + 3 * kSequences * tokens * e  // tp
+                             + c.layers * 8 * act / 2                                     // Ulysses, heads/2
+                             + grads;
+    addRow({"sp ulysses" + std::to_string(spSize) + " x tp2", sec, 0, peak,
+            (t.forwardBytes + t.backwardBytes + a.forwardBytes + a.backwardBytes) / steps + grads, theory});
+  }
   spRow("sp ulysses" + std::to_string(n), SpMode::Ulysses);
   spRow("sp ring" + std::to_string(n) + " zigzag", SpMode::Ring);
   if (n % 2 == 0 && n > 2) spRow("sp ring" + std::to_string(n / 2) + " x ulysses2", SpMode::Hybrid);

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -289,3 +290,33 @@ TEST_CASE("a tensor-parallel GPT with sequence parallelism on a mesh {sp: 2, tp:
     }
   }
 }
+
+#ifdef PARALLEL_LAYOUTS_PATH
+TEST_CASE("bench/parallel_layouts runs on 4 processes and counts each layout's bytes as its formula") {
+  MpJob job({PARALLEL_LAYOUTS_PATH, "--seq", "16", "--iters", "1", "--width", "16"}, 4,
+            [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(60s);
+  job.checkAllGone();
+  bool ok = true;
+  for (const auto& r : results) ok = ok && !r.timedOut && r.exitCode == 0;
+  if (!ok) weft::testing::dumpResults(results);
+  REQUIRE(ok);
+  const std::string& out = results[0].out;
+  INFO(out);
+  int rows = 0;
+  for (const char* layout : {"dp4 ", "tp4 ", "dp2 x tp2 ", "sp ulysses2 x tp2 ", "sp ulysses4 ", "sp ring4 zigzag ",
+                             "sp ring2 x ulysses2 "}) {
+    INFO(layout);
+    // "<layout> step tokens/s peak bytes formula": the last two columns.
+    std::istringstream row(restOfLine(out, std::string("\n") + layout));
+    std::vector<std::string> cells;
+    for (std::string cell; row >> cell;) cells.push_back(cell);
+    REQUIRE(cells.size() >= 2);
+    const std::vector<long long> numbers = {std::stoll(cells[cells.size() - 2]), std::stoll(cells.back())};
+    CHECK(numbers[numbers.size() - 1] == numbers[numbers.size() - 2]);
+    CHECK(numbers.back() > 0);
+    ++rows;
+  }
+  CHECK(rows == 7);
+}
+#endif
