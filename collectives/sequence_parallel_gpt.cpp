@@ -14,7 +14,12 @@ namespace weft::collectives {
 // ---- attention and block ------------------------------------------------------------------
 
 SequenceParallelAttention::SequenceParallelAttention(const nn::GPTConfig& c, SpOptions o)
-    : Module("SequenceParallelAttention"), heads_(c.heads), width_(c.width), options_(checkedSpOptions(o, c.heads, "SequenceParallelAttention")) {
+    : Module("SequenceParallelAttention"),
+      heads_(c.heads),
+      width_(c.width),
+      options_(checkedSpOptions(o, c.heads, "SequenceParallelAttention")) {
+  WEFT_ENFORCE(c.dropout == 0.0, InvalidArgumentError, "SequenceParallelAttention: dropout is not supported, got ",
+               c.dropout);
   cAttn_ = registerModule("c_attn", std::make_shared<nn::Linear>(c.width, 3 * c.width, c.bias));
   cProj_ = registerModule("c_proj", std::make_shared<nn::Linear>(c.width, c.width, c.bias));
 }

@@ -56,7 +56,8 @@
 namespace weft::collectives {
 
 // x [B, S/P, C], this rank's tokens -> [B, S/P, C]: nn's CausalSelfAttention
-// ("c_attn", "c_proj") with its attention over the whole sequence.
+// ("c_attn", "c_proj") with its attention over the whole sequence. A config
+// with dropout is refused (InvalidArgumentError).
 class SequenceParallelAttention : public nn::Module {
  public:
   SequenceParallelAttention(const nn::GPTConfig& c, SpOptions o);

@@ -29,7 +29,11 @@ ParallelCausalSelfAttention::ParallelCausalSelfAttention(std::shared_ptr<TpGroup
     : Module("ParallelCausalSelfAttention"), width_(c.width), dropout_(c.dropout) {
   checkSplit(c, tp->size());
   localHeads_ = c.heads / tp->size();
-  if (sp) sp_ = checkedSpOptions(*sp, localHeads_, "ParallelCausalSelfAttention");
+  if (sp) {
+    sp_ = checkedSpOptions(*sp, localHeads_, "ParallelCausalSelfAttention");
+    WEFT_ENFORCE(c.dropout == 0.0, InvalidArgumentError,
+                 "ParallelCausalSelfAttention: dropout is not supported with sequence parallelism, got ", c.dropout);
+  }
   headDim_ = c.width / c.heads;
   cAttn_ = registerModule("c_attn", std::make_shared<ColumnParallelLinear>(tp, c.width, 3 * c.width, c.bias, 3));
   cProj_ = registerModule("c_proj", std::make_shared<RowParallelLinear>(tp, c.width, c.width, c.bias));

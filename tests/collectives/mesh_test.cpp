@@ -13,7 +13,9 @@
 
 #include "collectives/gloo/detail/group.h"
 #include "collectives/mesh.h"
+#include "collectives/sequence_parallel_gpt.h"
 #include "collectives/tensor_parallel.h"
+#include "collectives/tensor_parallel_gpt.h"
 #include "common/error.h"
 #include "rpc/store.h"
 #include "tensor/ops.h"
@@ -170,4 +172,31 @@ TEST_CASE("the vocabulary-parallel cross-entropy on 2 ranks equals crossEntropy 
     });
     checkNone(errors);
   }
+}
+
+TEST_CASE("sequence-parallel models refuse dropout and a mode without its group") {
+  Ranks ranks(2);
+  std::vector<std::string> errors = ranks.run([](ProcessGroup& w) {
+    SpGroup sp(w);
+    auto tp = std::make_shared<TpGroup>(w);
+    nn::GPTConfig cfg{.vocabSize = 8, .blockSize = 8, .layers = 1, .heads = 2, .width = 8, .dropout = 0.1};
+    CHECK_THROWS_WITH_AS(SequenceParallelGPT(cfg, {.mode = SpMode::Ulysses, .ulysses = &sp}),
+                         "SequenceParallelGPT: dropout is not supported, got 0.1", InvalidArgumentError);
+    CHECK_THROWS_WITH_AS(SequenceParallelAttention(cfg, {.mode = SpMode::Ulysses, .ulysses = &sp}),
+                         "SequenceParallelAttention: dropout is not supported, got 0.1", InvalidArgumentError);
+    CHECK_THROWS_WITH_AS(ParallelCausalSelfAttention(tp, cfg, SpOptions{.mode = SpMode::Ulysses, .ulysses = &sp}),
+                         "ParallelCausalSelfAttention: heads (1) must be divisible by the Ulysses size 2",
+                         InvalidArgumentError);
+    CHECK_THROWS_WITH_AS(TensorParallelGPT(tp, cfg, SpOptions{.mode = SpMode::Ring, .ring = &sp}),
+                         "TensorParallelGPT: dropout is not supported with sequence parallelism, got 0.1",
+                         InvalidArgumentError);
+    cfg.dropout = 0.0;
+    CHECK_THROWS_WITH_AS(SequenceParallelGPT(cfg, {.mode = SpMode::Ring}),
+                         "SequenceParallelGPT: this mode needs SpOptions::ring, the ring group", InvalidArgumentError);
+    cfg.heads = 1;
+    CHECK_THROWS_WITH_AS(SequenceParallelGPT(cfg, {.mode = SpMode::Ulysses, .ulysses = &sp}),
+                         "SequenceParallelGPT: heads (1) must be divisible by the Ulysses size 2",
+                         InvalidArgumentError);
+  });
+  checkNone(errors);
 }
