@@ -71,6 +71,8 @@ inline std::string describe(std::exception_ptr e) {
     text = std::string("InvalidArgumentError: ") + x.what();
   } catch (const NotFoundError& x) {
     text = std::string("NotFoundError: ") + x.what();
+  } catch (const IndexError& x) {
+    text = std::string("IndexError: ") + x.what();
   } catch (const CancelledError& x) {
     text = std::string("CancelledError: ") + x.what();
   } catch (const ProtocolError& x) {
