@@ -1,0 +1,141 @@
+// PipelineExecutor: runs one pipeline stage per process, following a
+// Schedule (pipeline/schedule.h), over a ProcessGroup's point-to-point
+// transfers: activations forward to the next stage, their gradients back.
+// One training step = every action of this stage's list for M micro-batches,
+// with gradients accumulated into the stage's parameters' .grad; the
+// optimizer then steps this stage's parameters locally.
+//
+//   auto pg = collectives::init();                          // one rank per stage
+//   const int stage = pg->rank(), P = pg->size();
+//   auto gpt = std::make_shared<nn::GPT>(cfg, &gen);        // same seed on every rank
+//   auto layers = pipeline::gptLayers(gpt);
+//   auto mine = pipeline::splitSequential(*layers, pipeline::cutsByParameterCount(*layers, P))[stage];
+//   pipeline::PipelineExecutor pipe(*pg, mine, pipeline::oneFOneB(P, /*microbatches=*/4),
+//       [](const Tensor& logits, const Tensor& y) {
+//         return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+//       },
+//       pipeline::gptTiedParameters(*gpt, stage, P));
+//   nn::AdamW opt(mine->parameters(), ...);
+//   opt.zeroGrad();
+//   Tensor loss = pipe.step(x, y);   // x read on stage 0, y on the last; loss defined on the last
+//   opt.step();
+//
+// Contract.
+//  - Stage s is rank s of `pg`; the schedule has pg.size() stages (checked
+//    with checkSchedule at construction: InvalidArgumentError otherwise).
+//    Every rank constructs its executor with the same schedule and calls
+//    step() the same number of times.
+//  - step(input, target): stage 0 splits `input` along dim 0 into M equal
+//    micro-batches, the last stage splits `target` alike (each must be
+//    defined there, with dim 0 divisible by M: InvalidArgumentError naming
+//    the size and M); other stages ignore what they are passed. The loss
+//    function returns a scalar, the mean over its micro-batch; each
+//    micro-batch's loss is scaled by 1/M before its backward, so the
+//    accumulated gradients are those of the mean loss over the whole batch,
+//    as one single-process step on it (up to float rounding of the sum).
+//    step() returns the mean of the micro-batch losses (detached) on the last
+//    stage and an undefined Tensor on the others. It adds into .grad: zero
+//    the gradients between steps (the optimizer's zeroGrad).
+//  - Shapes are agreed once per step: before the first activation of a step,
+//    each stage sends the next the dtype and shape of its output (a small
+//    Int64 message); every micro-batch's activation must have them
+//    (InvalidArgumentError naming both shapes otherwise). Gradients have the
+//    activation's shape. Activations and gradients are sent as they are
+//    (contiguous tensors are not copied) and receives land in tensors
+//    allocated once per micro-batch.
+//  - Sends are isends, waited for at the end of the step, so computation
+//    overlaps them; receives block the stage, as the schedule says.
+//  - Activations: Forward(mb) keeps mb's input and output (and the autograd
+//    graph between them) until Backward(mb) releases them, so the schedule's
+//    peakActivations is the number of micro-batches whose activations a stage
+//    holds at once.
+//
+// Tied parameters. A parameter listed in `tied` (TiedParameter, see
+// pipeline/stage.h) also lives on stage peerStage; after the step's last
+// backward the two stages exchange its gradient and each adds the other's,
+// in the order the lists give (both stages list them in the same order).
+//
+// Errors. A failed transfer raises the process group's error with the same
+// type, its message prefixed by what the stage was doing:
+// "pipeline stage 2: receiving the activation of micro-batch 3 from stage 1:
+// ...". A stage whose process died gives its neighbours DisconnectedError
+// naming its rank; a stage that stalls, TimeoutError after the group's
+// timeout. Either reaches every other stage in turn, within the group
+// timeout, since no stage waits on a receive forever (the process group
+// bounds each). The group is unusable afterwards (StateError), as
+// collectives/process_group.h says.
+//
+// Threading: call step() from one thread; the stage's module must not be
+// used elsewhere during a step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "nn/module.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage.h"
+
+namespace weft::pipeline {
+
+// (output of the last stage for one micro-batch, its target) -> scalar loss.
+using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+// What the last step did on this stage.
+struct StepStats {
+  double computeSeconds = 0.0;  // in Forward and Backward actions (the loss included)
+  double waitSeconds = 0.0;     // blocked on receives and on the sends' completion
+  int peakActivations = 0;      // micro-batches whose activations were alive at once
+};
+
+class PipelineExecutor {
+ public:
+  // `loss` is used on the last stage only (may be empty elsewhere).
+  PipelineExecutor(collectives::ProcessGroup& pg, std::shared_ptr<nn::Module> stage, Schedule schedule, LossFn loss,
+                   std::vector<TiedParameter> tied = {});
+
+  Tensor step(const Tensor& input, const Tensor& target = Tensor());
+
+  int stage() const { return stage_; }
+  int numStages() const { return numStages_; }
+  const Schedule& schedule() const { return schedule_; }
+  const StepStats& lastStats() const { return stats_; }
+
+ private:
+  struct Micro;
+  void forward(Micro& m, int mb);
+  void backward(Micro& m, int mb);
+  void sendActivation(Micro& m, int mb);
+  void recvActivation(Micro& m, int mb);
+  void sendGrad(Micro& m, int mb);
+  void recvGrad(Micro& m, int mb);
+  void exchangeTied();
+  void waitFor(const collectives::Work& work, const std::string& what);
+  uint32_t tagOf(int kind, int mb) const;
+
+  collectives::ProcessGroup& pg_;
+  std::shared_ptr<nn::Module> module_;
+  Schedule schedule_;
+  LossFn loss_;
+  std::vector<TiedParameter> tied_;
+  int stage_;
+  int numStages_;
+  StepStats stats_;
+
+  // State of the step in progress.
+  std::vector<Micro>* micros_ = nullptr;
+  std::vector<collectives::Work> pendingSends_;
+  std::vector<Tensor> sendBuffers_;  // kept alive until pendingSends_ complete
+  bool shapeSent_ = false;
+  bool shapeKnown_ = false;
+  Shape shape_;        // this step's activation shape, received from the previous stage
+  DType dtype_ = DType::Float32;
+  Shape sentShape_;    // this step's shape sent to the next stage
+  DType sentDtype_ = DType::Float32;
+  int alive_ = 0;
+};
+
+}  // namespace weft::pipeline

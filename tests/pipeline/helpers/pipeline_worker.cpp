@@ -1,0 +1,240 @@
+// A program for the multiprocess tests of the pipeline executor (tests/pipeline/pipeline_mp_test.cpp):
+// one stage of a pipeline, rank R of the job (rpc::Options::fromEnv, a Gloo group through
+// collectives::init). Every rank builds the whole model from the same seed, keeps its stage
+// (cut by parameter count) and runs pipelined steps; beside it a twin of the whole model takes the
+// same steps in this one process on the whole batch, the reference. Differences are printed in
+// parts per billion (integers) for the test to bound; every line starts with "rank R ".
+//
+//   WEFT_RANK=0 WEFT_WORLD_SIZE=2 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 pipeline_worker mlp 1f1b 3
+//
+// Scenarios (argv: scenario schedule microbatches):
+//   mlp   A Sequential of 7 layers (4 Linear with Tanh between), MSE loss, SGD with momentum.
+//   gpt   The tiny GPT (3 blocks: 5 layers; wte tied between the first and the last stage), its
+//         cross-entropy loss, SGD with momentum.
+//   For each of 3 steps (each on a new batch): "step K grad_maxdiff_ppb N loss_diff_ppb L peak A
+//   params P" (N: this stage's gradients against the twin's, after the tied exchange; L: the
+//   pipelined loss against the twin's, on the last stage, -1 elsewhere; A: the stage's peak
+//   live micro-batches; P: its parameter count), then both optimizers step; at the end
+//   "final param_maxdiff_ppb N" (this stage's parameters against the twin's).
+//   die   3 stages of the mlp, group timeout 4 s. Stage 1 exits (status 3) at its first forward of
+//         the second step; the others print "failed in_ms T <ErrorType>: <message>" (T from the
+//         start of that step).
+// "done" at the end of a clean run.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "collectives/init.h"
+#include "common/error.h"
+#include "mp_worker.h"
+#include "nn/layers.h"
+#include "nn/linear.h"
+#include "nn/optim.h"
+#include "pipeline/executor.h"
+#include "pipeline/stage.h"
+#include "tensor/ops.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using weft::DType;
+using weft::Generator;
+using weft::Tensor;
+using weft::testing::say;
+namespace nn = weft::nn;
+namespace pipeline = weft::pipeline;
+using Clock = std::chrono::steady_clock;
+
+int gRank = 0;
+
+void sayLine(const std::string& line) { say(weft::testing::prefix(gRank) + line); }
+
+long long ppb(double v) { return std::llround(v * 1e9); }
+
+std::shared_ptr<nn::Sequential> mlp() {
+  Generator g(11);
+  std::vector<std::shared_ptr<nn::Module>> layers;
+  const int64_t widths[] = {12, 24, 16, 16, 4};
+  for (int i = 0; i < 4; ++i) {
+    auto l = std::make_shared<nn::Linear>(widths[i], widths[i + 1]);
+    l->resetParameters(&g);
+    layers.push_back(l);
+    if (i < 3) layers.push_back(std::make_shared<nn::Tanh>());
+  }
+  return nn::makeSequential(layers);
+}
+
+nn::GPTConfig gptConfig() { return {.vocabSize = 32, .blockSize = 8, .layers = 3, .heads = 2, .width = 16}; }
+
+std::shared_ptr<nn::GPT> gpt() {
+  Generator g(12);
+  return std::make_shared<nn::GPT>(gptConfig(), &g);
+}
+
+// Forwards to `inner`; the process exits with status 3 at forward call number `dieAt` (from 1).
+class DyingStage : public nn::Module {
+ public:
+  DyingStage(std::shared_ptr<nn::Module> inner, int dieAt) : Module("DyingStage"), dieAt_(dieAt) {
+    inner_ = registerModule("inner", std::move(inner));
+  }
+  Tensor forward(const Tensor& x) override {
+    if (++calls_ == dieAt_) {
+      sayLine("dying");
+      std::_Exit(3);
+    }
+    return inner_->forward(x);
+  }
+
+ private:
+  std::shared_ptr<nn::Module> inner_;
+  int dieAt_;
+  int calls_ = 0;
+};
+
+struct Batch {
+  Tensor x, y;
+};
+
+Batch mlpBatch(int step, int rows) {
+  Generator g(900 + static_cast<uint64_t>(step));
+  return {weft::randn({rows, 12}, {}, &g), weft::randn({rows, 4}, {}, &g)};
+}
+
+Batch gptBatch(int step, int rows) {
+  Generator g(700 + static_cast<uint64_t>(step));
+  auto o = weft::TensorOptions{.dtype = DType::Int64};
+  return {weft::randint(0, 32, {rows, 8}, o, &g), weft::randint(0, 32, {rows, 8}, o, &g)};
+}
+
+double maxDiff(const Tensor& a, const Tensor& b) { return weft::max(weft::abs(a - b)).item<double>(); }
+
+// This stage's parameters of `model` with their names in `model`.
+std::vector<std::pair<std::string, Tensor>> stageParameters(const nn::Module& model, const nn::Module& stage) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  auto mine = stage.parameters();
+  for (auto& [name, p] : model.namedParameters()) {
+    for (const Tensor& q : mine)
+      if (q.sameAs(p)) out.emplace_back(name, p);
+  }
+  return out;
+}
+
+pipeline::Schedule scheduleOf(const std::string& name, int stages, int m) {
+  if (name == "gpipe") return pipeline::gpipe(stages, m);
+  if (name == "1f1b") return pipeline::oneFOneB(stages, m);
+  throw weft::InvalidArgumentError("pipeline_worker: unknown schedule '" + name + "'");
+}
+
+void runTraining(weft::collectives::ProcessGroup& pg, bool isGpt, const std::string& scheduleName, int m) {
+  const int stage = pg.rank(), stages = pg.size();
+  // The model this process splits and its twin, the single-process reference.
+  std::shared_ptr<nn::Module> model, twin;
+  std::shared_ptr<nn::Sequential> layers;
+  std::vector<pipeline::TiedParameter> tied;
+  pipeline::LossFn lossFn;
+  std::function<Tensor(const Batch&)> twinLoss;
+  if (isGpt) {
+    auto g = gpt();
+    auto t = gpt();
+    model = g;
+    twin = t;
+    layers = pipeline::gptLayers(g);
+    tied = pipeline::gptTiedParameters(*g, stage, stages);
+    lossFn = [](const Tensor& logits, const Tensor& y) {
+      return weft::crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+    };
+    twinLoss = [t](const Batch& b) { return t->loss(b.x, b.y); };
+  } else {
+    layers = mlp();
+    auto t = mlp();
+    model = layers;
+    twin = t;
+    lossFn = [](const Tensor& out, const Tensor& y) { return weft::mseLoss(out, y); };
+    twinLoss = [t](const Batch& b) { return weft::mseLoss(t->forward(b.x), b.y); };
+  }
+  auto cuts = pipeline::cutsByParameterCount(*layers, stages);
+  auto mine = pipeline::splitSequential(*layers, cuts)[static_cast<size_t>(stage)];
+  pipeline::PipelineExecutor pipe(pg, mine, scheduleOf(scheduleName, stages, m), lossFn, tied);
+  const auto named = stageParameters(*model, *mine);
+  int64_t count = 0;
+  for (auto& np : named) count += np.second.numel();
+  // The tied wte is the stage's own parameter and also listed once: one optimizer over the stage.
+  nn::optim::SGD opt(mine->parameters(), {.lr = 0.05, .momentum = 0.9});
+  nn::optim::SGD twinOpt(twin->parameters(), {.lr = 0.05, .momentum = 0.9});
+  const int rows = 2 * m;
+  for (int step = 0; step < 3; ++step) {
+    Batch b = isGpt ? gptBatch(step, rows) : mlpBatch(step, rows);
+    twinOpt.zeroGrad();
+    Tensor want = twinLoss(b);
+    want.backward();
+    opt.zeroGrad();
+    Tensor got = pipe.step(b.x, b.y);
+    double worst = 0.0;
+    for (auto& [name, p] : named) worst = std::max(worst, maxDiff(p.grad(), twin->namedTensor(name).grad()));
+    long long lossDiff = got.defined() ? ppb(std::fabs(got.item<double>() - want.item<double>())) : -1;
+    sayLine("step " + std::to_string(step) + " grad_maxdiff_ppb " + std::to_string(ppb(worst)) + " loss_diff_ppb " +
+            std::to_string(lossDiff) + " peak " + std::to_string(pipe.lastStats().peakActivations) + " params " +
+            std::to_string(count));
+    opt.step();
+    twinOpt.step();
+  }
+  double worst = 0.0;
+  for (auto& [name, p] : named) worst = std::max(worst, maxDiff(p.detach(), twin->namedTensor(name).detach()));
+  sayLine("final param_maxdiff_ppb " + std::to_string(ppb(worst)));
+}
+
+void runDie(weft::collectives::ProcessGroup& pg) {
+  const int stage = pg.rank(), stages = pg.size();
+  constexpr int kM = 4;
+  auto layers = mlp();
+  auto cuts = pipeline::cutsByParameterCount(*layers, stages);
+  std::shared_ptr<nn::Module> mine = pipeline::splitSequential(*layers, cuts)[static_cast<size_t>(stage)];
+  if (stage == 1) mine = std::make_shared<DyingStage>(mine, kM + 1);
+  pipeline::PipelineExecutor pipe(pg, mine, pipeline::oneFOneB(stages, kM),
+                                  [](const Tensor& out, const Tensor& y) { return weft::mseLoss(out, y); });
+  Batch b = mlpBatch(0, 2 * kM);
+  pipe.step(b.x, b.y);
+  sayLine("first step done");
+  const auto t0 = Clock::now();
+  try {
+    pipe.step(b.x, b.y);
+    sayLine("second step done");
+  } catch (const weft::Error& e) {
+    const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    std::string type = dynamic_cast<const weft::DisconnectedError*>(&e) ? "DisconnectedError"
+                       : dynamic_cast<const weft::TimeoutError*>(&e)    ? "TimeoutError"
+                       : dynamic_cast<const weft::StateError*>(&e)      ? "StateError"
+                                                                         : "Error";
+    sayLine("failed in_ms " + std::to_string(ms) + " " + type + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return weft::testing::workerMain("pipeline_worker", {"mlp", "gpt", "die"}, argc, argv,
+                                   [argc, argv](const std::string& scenario) {
+    weft::rpc::Options opt = weft::rpc::Options::fromEnv();
+    gRank = opt.rank;
+    say(weft::testing::prefix(gRank) + "pid " + std::to_string(::getpid()) + " started");
+    {
+      auto pg = weft::collectives::init(opt, {.timeout = scenario == "die" ? std::chrono::milliseconds(4s)
+                                                                           : std::chrono::milliseconds(20s)});
+      if (scenario == "die") {
+        runDie(*pg);
+      } else {
+        WEFT_ENFORCE(argc == 4, weft::InvalidArgumentError, "usage: pipeline_worker ", scenario,
+                     " gpipe|1f1b MICROBATCHES");
+        runTraining(*pg, scenario == "gpt", argv[2], std::atoi(argv[3]));
+      }
+    }
+    sayLine("done");
+    return 0;
+  });
+}
