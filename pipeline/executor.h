@@ -15,7 +15,7 @@
 //         return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
 //       },
 //       pipeline::gptTiedParameters(*gpt, stage, P));
-//   nn::AdamW opt(mine->parameters(), ...);
+//   nn::optim::AdamW opt(mine->parameters(), {.lr = 3e-4});
 //   opt.zeroGrad();
 //   Tensor loss = pipe.step(x, y);   // x read on stage 0, y on the last; loss defined on the last
 //   opt.step();
@@ -60,9 +60,10 @@
 // "pipeline stage 2: receiving the activation of micro-batch 3 from stage 1:
 // ...". A stage whose process died gives its neighbours DisconnectedError
 // naming its rank; a stage that stalls, TimeoutError after the group's
-// timeout. Either reaches every other stage in turn, within the group
-// timeout, since no stage waits on a receive forever (the process group
-// bounds each). The group is unusable afterwards (StateError), as
+// timeout. Stages further away hear of it from their failed neighbour in
+// turn: DisconnectedError when its process ends, TimeoutError while it lives
+// on; no stage waits on a receive forever (the process group bounds each).
+// The group is unusable afterwards (StateError), as
 // collectives/process_group.h says.
 //
 // Threading: call step() from one thread; the stage's module must not be
