@@ -1,6 +1,7 @@
 #include "pipeline/executor.h"
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -27,6 +28,10 @@ constexpr int64_t kShapeLen = 2 + kMaxDims;
 constexpr int64_t kMaxActivationBytes = int64_t{1} << 40;
 
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double nowUs() {
+  return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
+}
 
 template <class E>
 [[noreturn]] void rethrowAs(const E& e, const std::string& context) {
@@ -86,6 +91,9 @@ void PipelineExecutor::waitFor(const collectives::Work& work, const std::string&
   } catch (const ProtocolError& e) {
     rethrowAs(e, context);
   } catch (const StateError& e) {
+    // The group broke on another transfer first (a send to a stage that
+    // died, say): raise that transfer's error, whose type says what happened.
+    rethrowFirstFailure(context);
     rethrowAs(e, context);
   } catch (const InvalidArgumentError& e) {
     rethrowAs(e, context);
@@ -95,6 +103,23 @@ void PipelineExecutor::waitFor(const collectives::Work& work, const std::string&
     rethrowAs(e, context);
   }
   stats_.waitSeconds += secondsSince(t0);
+}
+
+void PipelineExecutor::rethrowFirstFailure(const std::string& context) const {
+  std::vector<collectives::Work> works = pendingSends_;
+  works.push_back(postedActivation_.work);
+  works.push_back(postedGrad_.work);
+  for (const collectives::Work& w : works) {
+    if (!w.valid() || !w.isCompleted() || w.isSuccess()) continue;
+    try {
+      w.wait();
+    } catch (const DisconnectedError& e) {
+      rethrowAs(e, context);
+    } catch (const TimeoutError& e) {
+      rethrowAs(e, context);
+    } catch (const Error&) {
+    }
+  }
 }
 
 Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
@@ -113,8 +138,15 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   if (stage_ == 0) splitInto(input, "input", micros, false);
   if (stage_ == numStages_ - 1) splitInto(target, "target", micros, true);
 
+  WEFT_ENFORCE(!broken_, StateError, "PipelineExecutor::step: stage ", stage_,
+               ": an earlier step failed, and transfers it left pending may match this step's; build a new "
+               "process group and executor");
+  broken_ = true;
+  const auto stepStart = Clock::now();
   stats_ = StepStats{};
   micros_ = &micros;
+  postedActivation_ = Posted{};
+  postedGrad_ = Posted{};
   pendingSends_.clear();
   sendBuffers_.clear();
   shapeSent_ = shapeKnown_ = false;
@@ -127,7 +159,10 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
     }
   } reset{this};
 
-  for (const Action& a : schedule_.stages[static_cast<size_t>(stage_)]) {
+  const auto& actions = schedule_.stages[static_cast<size_t>(stage_)];
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    position_ = i;
     Micro& mi = micros[static_cast<size_t>(a.microbatch)];
     switch (a.kind) {
       case ActionKind::Forward:
@@ -153,6 +188,8 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   for (size_t i = 0; i < pendingSends_.size(); ++i) waitFor(pendingSends_[i], "completing its sends");
   pendingSends_.clear();
   exchangeTied();
+  stats_.stepSeconds = secondsSince(stepStart);
+  broken_ = false;
 
   if (stage_ != numStages_ - 1) return Tensor();
   double sum = 0.0;
@@ -164,6 +201,7 @@ void PipelineExecutor::forward(Micro& m, int mb) {
   WEFT_ENFORCE(m.input.defined(), StateError, "pipeline stage ", stage_, ": micro-batch ", mb,
                " has no input at its forward");
   const auto t0 = Clock::now();
+  const double startUs = nowUs();
   Tensor out = module_->forward(m.input);
   if (stage_ == numStages_ - 1) {
     Tensor loss = loss_(out, m.target);
@@ -176,10 +214,12 @@ void PipelineExecutor::forward(Micro& m, int mb) {
   m.alive = true;
   stats_.peakActivations = std::max(stats_.peakActivations, ++alive_);
   stats_.computeSeconds += secondsSince(t0);
+  record(ActionKind::Forward, mb, startUs);
 }
 
 void PipelineExecutor::backward(Micro& m, int mb) {
   const auto t0 = Clock::now();
+  const double startUs = nowUs();
   if (stage_ == numStages_ - 1) {
     mul(m.output, 1.0 / schedule_.microbatches).backward();
   } else {
@@ -193,6 +233,7 @@ void PipelineExecutor::backward(Micro& m, int mb) {
   m.alive = false;
   --alive_;
   stats_.computeSeconds += secondsSince(t0);
+  record(ActionKind::Backward, mb, startUs);
 }
 
 void PipelineExecutor::sendActivation(Micro& m, int mb) {
@@ -246,11 +287,61 @@ void PipelineExecutor::recvActivation(Micro& m, int mb) {
     shape_ = shape;
     shapeKnown_ = true;
   }
-  Tensor buf = empty(shape_, {.dtype = dtype_});
-  waitFor(pg_.irecv(buf, prev, tagOf(kKindActivation, mb)),
-          "receiving the activation of micro-batch " + std::to_string(mb) + " from stage " + std::to_string(prev));
+  Tensor buf = receive(ActionKind::RecvActivation, mb,
+                       "receiving the activation of micro-batch " + std::to_string(mb) + " from stage " +
+                           std::to_string(prev));
   if (isFloating(dtype_)) buf.requiresGrad_();
   m.input = buf;
+}
+
+void PipelineExecutor::post(ActionKind kind, int mb) {
+  const bool activation = kind == ActionKind::RecvActivation;
+  Posted& p = activation ? postedActivation_ : postedGrad_;
+  p.microbatch = mb;
+  p.buffer = activation ? empty(shape_, {.dtype = dtype_}) : empty(sentShape_, {.dtype = sentDtype_});
+  p.work = pg_.irecv(p.buffer, activation ? stage_ - 1 : stage_ + 1,
+                     tagOf(activation ? kKindActivation : kKindGrad, mb));
+}
+
+Tensor PipelineExecutor::receive(ActionKind kind, int mb, const std::string& what) {
+  Posted& p = kind == ActionKind::RecvActivation ? postedActivation_ : postedGrad_;
+  if (p.microbatch != mb) post(kind, mb);
+  const double startUs = nowUs();
+  waitFor(p.work, what);
+  record(kind, mb, startUs);
+  Tensor buf = p.buffer;
+  p = Posted{};
+  const auto& actions = schedule_.stages[static_cast<size_t>(stage_)];
+  for (size_t i = position_ + 1; i < actions.size(); ++i) {
+    if (actions[i].kind == kind) {
+      post(kind, actions[i].microbatch);
+      break;
+    }
+  }
+  return buf;
+}
+
+void PipelineExecutor::record(ActionKind kind, int mb, double startUs) {
+  stats_.events.push_back({kind, mb, startUs, nowUs()});
+}
+
+std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"stage %d\"}}",
+                stage, stage);
+  out += line;
+  for (const TraceEvent& e : events) {
+    const bool compute = e.kind == ActionKind::Forward || e.kind == ActionKind::Backward;
+    std::snprintf(line, sizeof line,
+                  ",{\"name\":\"%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,"
+                  "\"dur\":%.3f}",
+                  actionKindName(e.kind), e.microbatch, compute ? "compute" : "wait", stage, e.startUs,
+                  e.endUs - e.startUs);
+    out += line;
+  }
+  return out;
 }
 
 void PipelineExecutor::sendGrad(Micro& m, int mb) {
@@ -263,9 +354,9 @@ void PipelineExecutor::sendGrad(Micro& m, int mb) {
 
 void PipelineExecutor::recvGrad(Micro& m, int mb) {
   const int next = stage_ + 1;
-  Tensor buf = empty(sentShape_, {.dtype = sentDtype_});
-  waitFor(pg_.irecv(buf, next, tagOf(kKindGrad, mb)),
-          "receiving the gradient of micro-batch " + std::to_string(mb) + " from stage " + std::to_string(next));
+  Tensor buf = receive(ActionKind::RecvGrad, mb,
+                       "receiving the gradient of micro-batch " + std::to_string(mb) + " from stage " +
+                           std::to_string(next));
   m.gradOut = buf;
 }
 

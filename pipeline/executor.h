@@ -44,7 +44,10 @@
 //    (contiguous tensors are not copied) and receives land in tensors
 //    allocated once per micro-batch.
 //  - Sends are isends, waited for at the end of the step, so computation
-//    overlaps them; receives block the stage, as the schedule says.
+//    overlaps them. A receive blocks the stage, as the schedule says, but is
+//    posted early: when a stage takes a received activation (or gradient)
+//    it posts the receive of the next one in its list, so that transfer
+//    overlaps the computation between them (one extra buffer per kind).
 //  - Activations: Forward(mb) keeps mb's input and output (and the autograd
 //    graph between them) until Backward(mb) releases them, so the schedule's
 //    peakActivations is the number of micro-batches whose activations a stage
@@ -66,6 +69,10 @@
 // The group is unusable afterwards (StateError), as
 // collectives/process_group.h says.
 //
+// A step that throws leaves receives it posted pending, which could match
+// the transfers of a later step: the executor then refuses further steps
+// (StateError); recovery is a new process group and executor.
+//
 // Threading: call step() from one thread; the stage's module must not be
 // used elsewhere during a step.
 #pragma once
@@ -85,12 +92,29 @@ namespace weft::pipeline {
 // (output of the last stage for one micro-batch, its target) -> scalar loss.
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
+// One action of a step as it ran, in microseconds of the steady clock
+// (CLOCK_MONOTONIC: comparable between processes of one machine).
+struct TraceEvent {
+  ActionKind kind;
+  int microbatch;
+  double startUs;
+  double endUs;
+};
+
 // What the last step did on this stage.
 struct StepStats {
   double computeSeconds = 0.0;  // in Forward and Backward actions (the loss included)
   double waitSeconds = 0.0;     // blocked on receives and on the sends' completion
+  double stepSeconds = 0.0;     // the whole step, from its start to its return
   int peakActivations = 0;      // micro-batches whose activations were alive at once
+  std::vector<TraceEvent> events;  // Forward, Backward and the receives' waits, in order
 };
+
+// The events of stage `stage` as Chrome trace events ("X" events, one
+// process per stage, named "stage S"), comma-separated without the enclosing
+// brackets, so that the stages' strings joined with commas and wrapped in
+// [ ] are a trace file chrome://tracing and Perfetto open.
+std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events);
 
 class PipelineExecutor {
  public:
@@ -115,7 +139,21 @@ class PipelineExecutor {
   void recvGrad(Micro& m, int mb);
   void exchangeTied();
   void waitFor(const collectives::Work& work, const std::string& what);
+  // Raises the DisconnectedError or TimeoutError of a failed transfer of this
+  // step, if there is one, prefixed with `context`.
+  void rethrowFirstFailure(const std::string& context) const;
   uint32_t tagOf(int kind, int mb) const;
+  // A receive posted ahead of its action.
+  struct Posted {
+    int microbatch = -1;
+    Tensor buffer;
+    collectives::Work work;
+  };
+  // Takes mb's receive of `kind` (posting it now unless posted ahead) and
+  // posts the next receive of that kind in this stage's list.
+  Tensor receive(ActionKind kind, int mb, const std::string& what);
+  void post(ActionKind kind, int mb);
+  void record(ActionKind kind, int mb, double startUs);
 
   collectives::ProcessGroup& pg_;
   std::shared_ptr<nn::Module> module_;
@@ -137,6 +175,10 @@ class PipelineExecutor {
   Shape sentShape_;    // this step's shape sent to the next stage
   DType sentDtype_ = DType::Float32;
   int alive_ = 0;
+  size_t position_ = 0;  // the action running, in this stage's list
+  bool broken_ = false;  // a step threw: transfers it posted may still be pending
+  Posted postedActivation_;
+  Posted postedGrad_;
 };
 
 }  // namespace weft::pipeline

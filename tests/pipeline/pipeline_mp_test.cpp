@@ -3,8 +3,8 @@
 // tiny GPT (uneven layer counts per stage, M not divisible by P), the pipelined loss and every
 // stage's gradients equal those of one single-process step on the whole batch, and after three
 // optimizer steps each stage's parameters equal the single-process model's; the peak of live
-// micro-batches is the schedule's. A stage dying mid-step gives the others a DisconnectedError
-// naming it, within the group timeout. Every wait is bounded and every process is checked to be
+// micro-batches is the schedule's and the step's trace holds every forward, backward and receive. A stage dying mid-step gives the others a DisconnectedError
+// naming it, within the group timeout, and the executors refuse further steps. Every wait is bounded and every process is checked to be
 // gone at the end.
 #include <doctest/doctest.h>
 
@@ -71,6 +71,10 @@ void checkTraining(const std::string& model, int world, const std::string& sched
       const long long peak = field(line, "peak");
       CHECK(peak == (schedule == "gpipe" ? m : std::min(world - r, m)));
       CHECK(field(line, "params") > 0);
+      CHECK(field(line, "forwards") == m);
+      CHECK(field(line, "backwards") == m);
+      CHECK(field(line, "receives") == m * ((r > 0 ? 1 : 0) + (r < world - 1 ? 1 : 0)));
+      CHECK(field(line, "ordered") == 1);
       if (step == 0) params += field(line, "params");
     }
     const long long final = numberAfter(out, rankPrefix(r) + "final param_maxdiff_ppb ");
@@ -127,6 +131,9 @@ TEST_CASE("a stage dying mid-step gives the other stages a DisconnectedError nam
     CHECK(contains(line, "DisconnectedError: pipeline stage " + std::to_string(r) + ": receiving the "));
     CHECK(contains(line, "from stage 1"));
     CHECK(contains(line, "the connection to rank 1 was lost"));
+    // The executor refuses to go on after a failed step.
+    CHECK(contains(out, rankPrefix(r) + "again StateError: PipelineExecutor::step: stage " + std::to_string(r) +
+                            ": an earlier step failed"));
     CHECK(contains(out, rankPrefix(r) + "done"));
   }
 }

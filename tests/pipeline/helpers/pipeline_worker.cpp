@@ -14,11 +14,12 @@
 //   For each of 3 steps (each on a new batch): "step K grad_maxdiff_ppb N loss_diff_ppb L peak A
 //   params P" (N: this stage's gradients against the twin's, after the tied exchange; L: the
 //   pipelined loss against the twin's, on the last stage, -1 elsewhere; A: the stage's peak
-//   live micro-batches; P: its parameter count), then both optimizers step; at the end
+//   live micro-batches; P: its parameter count; then the trace's counts "forwards F backwards B
+//   receives R ordered 0|1", 1 when no event overlaps the next), then both optimizers step; at the end
 //   "final param_maxdiff_ppb N" (this stage's parameters against the twin's).
 //   die   3 stages of the mlp, group timeout 4 s. Stage 1 exits (status 3) at its first forward of
 //         the second step; the others print "failed in_ms T <ErrorType>: <message>" (T from the
-//         start of that step).
+//         start of that step), then "again StateError: <message>" from a third step.
 // "done" at the end of a clean run.
 #include <unistd.h>
 
@@ -178,9 +179,21 @@ void runTraining(weft::collectives::ProcessGroup& pg, bool isGpt, const std::str
     double worst = 0.0;
     for (auto& [name, p] : named) worst = std::max(worst, maxDiff(p.grad(), twin->namedTensor(name).grad()));
     long long lossDiff = got.defined() ? ppb(std::fabs(got.item<double>() - want.item<double>())) : -1;
+    // The trace: one event per forward, backward and receive, in order, none overlapping the next.
+    const auto& events = pipe.lastStats().events;
+    int forwards = 0, backwards = 0, receives = 0, ordered = 1;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const auto k = events[i].kind;
+      forwards += k == pipeline::ActionKind::Forward;
+      backwards += k == pipeline::ActionKind::Backward;
+      receives += k == pipeline::ActionKind::RecvActivation || k == pipeline::ActionKind::RecvGrad;
+      if (events[i].endUs < events[i].startUs || (i > 0 && events[i].startUs < events[i - 1].endUs)) ordered = 0;
+    }
     sayLine("step " + std::to_string(step) + " grad_maxdiff_ppb " + std::to_string(ppb(worst)) + " loss_diff_ppb " +
             std::to_string(lossDiff) + " peak " + std::to_string(pipe.lastStats().peakActivations) + " params " +
-            std::to_string(count));
+            std::to_string(count) + " forwards " + std::to_string(forwards) + " backwards " +
+            std::to_string(backwards) + " receives " + std::to_string(receives) + " ordered " +
+            std::to_string(ordered));
     opt.step();
     twinOpt.step();
   }
@@ -212,6 +225,11 @@ void runDie(weft::collectives::ProcessGroup& pg) {
                        : dynamic_cast<const weft::StateError*>(&e)      ? "StateError"
                                                                          : "Error";
     sayLine("failed in_ms " + std::to_string(ms) + " " + type + ": " + e.what());
+    try {
+      pipe.step(b.x, b.y);
+    } catch (const weft::StateError& again) {
+      sayLine(std::string("again StateError: ") + again.what());
+    }
   }
 }
 
