@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "tensor/storage.h"
 
 namespace weft::pipeline {
 
@@ -106,7 +107,8 @@ void PipelineExecutor::waitFor(const collectives::Work& work, const std::string&
 }
 
 void PipelineExecutor::rethrowFirstFailure(const std::string& context) const {
-  std::vector<collectives::Work> works = pendingSends_;
+  std::vector<collectives::Work> works;
+  for (const PendingSend& p : pendingSends_) works.push_back(p.work);
   works.push_back(postedActivation_.work);
   works.push_back(postedGrad_.work);
   for (const collectives::Work& w : works) {
@@ -148,14 +150,14 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   postedActivation_ = Posted{};
   postedGrad_ = Posted{};
   pendingSends_.clear();
-  sendBuffers_.clear();
+  liveAtStart_ = Storage::memoryStats().liveBytes;
   shapeSent_ = shapeKnown_ = false;
   alive_ = 0;
   struct Reset {
     PipelineExecutor* self;
     ~Reset() {
       self->micros_ = nullptr;
-      self->sendBuffers_.clear();
+      self->pendingSends_.clear();
     }
   } reset{this};
 
@@ -163,6 +165,7 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     position_ = i;
+    dropCompletedSends();
     Micro& mi = micros[static_cast<size_t>(a.microbatch)];
     switch (a.kind) {
       case ActionKind::Forward:
@@ -185,7 +188,7 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
         break;
     }
   }
-  for (size_t i = 0; i < pendingSends_.size(); ++i) waitFor(pendingSends_[i], "completing its sends");
+  for (size_t i = 0; i < pendingSends_.size(); ++i) waitFor(pendingSends_[i].work, "completing its sends");
   pendingSends_.clear();
   exchangeTied();
   stats_.stepSeconds = secondsSince(stepStart);
@@ -215,6 +218,7 @@ void PipelineExecutor::forward(Micro& m, int mb) {
   stats_.peakActivations = std::max(stats_.peakActivations, ++alive_);
   stats_.computeSeconds += secondsSince(t0);
   record(ActionKind::Forward, mb, startUs);
+  noteActivationBytes();
 }
 
 void PipelineExecutor::backward(Micro& m, int mb) {
@@ -247,8 +251,7 @@ void PipelineExecutor::sendActivation(Micro& m, int mb) {
     p[0] = static_cast<int64_t>(out.dtype());
     p[1] = out.dim();
     for (int64_t d = 0; d < out.dim(); ++d) p[2 + d] = out.size(d);
-    pendingSends_.push_back(pg_.isend(meta, next, tagOf(kKindShape, 0)));
-    sendBuffers_.push_back(meta);
+    send(meta, next, tagOf(kKindShape, 0));
     sentShape_ = out.shape();
     sentDtype_ = out.dtype();
     shapeSent_ = true;
@@ -257,8 +260,7 @@ void PipelineExecutor::sendActivation(Micro& m, int mb) {
                stage_, ": micro-batch ", mb, "'s activation is ", out.shape(), " ", dtypeName(out.dtype()),
                ", but this step's activations are ", sentShape_, " ", dtypeName(sentDtype_),
                " (every micro-batch of a step must have the same shape)");
-  pendingSends_.push_back(pg_.isend(out, next, tagOf(kKindActivation, mb)));
-  sendBuffers_.push_back(out);
+  send(out, next, tagOf(kKindActivation, mb));
 }
 
 void PipelineExecutor::recvActivation(Micro& m, int mb) {
@@ -292,6 +294,19 @@ void PipelineExecutor::recvActivation(Micro& m, int mb) {
                            std::to_string(prev));
   if (isFloating(dtype_)) buf.requiresGrad_();
   m.input = buf;
+}
+
+void PipelineExecutor::send(const Tensor& t, int dst, uint32_t tag) {
+  pendingSends_.push_back({pg_.isend(t, dst, tag), t});
+}
+
+void PipelineExecutor::dropCompletedSends() {
+  std::erase_if(pendingSends_, [](const PendingSend& p) { return p.work.isCompleted() && p.work.isSuccess(); });
+}
+
+void PipelineExecutor::noteActivationBytes() {
+  const size_t live = Storage::memoryStats().liveBytes;
+  if (live > liveAtStart_) stats_.activationBytes = std::max(stats_.activationBytes, live - liveAtStart_);
 }
 
 void PipelineExecutor::post(ActionKind kind, int mb) {
@@ -347,8 +362,7 @@ std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events) 
 void PipelineExecutor::sendGrad(Micro& m, int mb) {
   Tensor g = m.input.defined() ? m.input.grad() : Tensor();
   g = g.defined() ? g.contiguous() : zeros(shape_, {.dtype = dtype_});
-  pendingSends_.push_back(pg_.isend(g, stage_ - 1, tagOf(kKindGrad, mb)));
-  sendBuffers_.push_back(g);
+  send(g, stage_ - 1, tagOf(kKindGrad, mb));
   m.input = Tensor();
 }
 

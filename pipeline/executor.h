@@ -33,6 +33,8 @@
 //    micro-batch's loss is scaled by 1/M before its backward, so the
 //    accumulated gradients are those of the mean loss over the whole batch,
 //    as one single-process step on it (up to float rounding of the sum).
+//    Dropout draws from each stage process's own default generator, so with
+//    dropout the step equals a single-process one in distribution only.
 //    step() returns the mean of the micro-batch losses (detached) on the last
 //    stage and an undefined Tensor on the others. It adds into .grad: zero
 //    the gradients between steps (the optimizer's zeroGrad).
@@ -107,6 +109,11 @@ struct StepStats {
   double waitSeconds = 0.0;     // blocked on receives and on the sends' completion
   double stepSeconds = 0.0;     // the whole step, from its start to its return
   int peakActivations = 0;      // micro-batches whose activations were alive at once
+  // The most tensor bytes live (Storage::memoryStats) above the step's start,
+  // sampled after each Forward: the activations the stage holds (and the
+  // receive buffers posted), without backward's temporaries. Process-wide:
+  // meaningful where the stage's process does nothing else meanwhile.
+  size_t activationBytes = 0;
   std::vector<TraceEvent> events;  // Forward, Backward and the receives' waits, in order
 };
 
@@ -166,8 +173,18 @@ class PipelineExecutor {
 
   // State of the step in progress.
   std::vector<Micro>* micros_ = nullptr;
-  std::vector<collectives::Work> pendingSends_;
-  std::vector<Tensor> sendBuffers_;  // kept alive until pendingSends_ complete
+  // Sends not yet seen complete, with the tensors they read (kept alive until
+  // then; dropped as soon as they complete, so that a sent activation is not
+  // held longer than its micro-batch).
+  struct PendingSend {
+    collectives::Work work;
+    Tensor buffer;
+  };
+  std::vector<PendingSend> pendingSends_;
+  void send(const Tensor& t, int dst, uint32_t tag);
+  void dropCompletedSends();
+  void noteActivationBytes();
+  size_t liveAtStart_ = 0;
   bool shapeSent_ = false;
   bool shapeKnown_ = false;
   Shape shape_;        // this step's activation shape, received from the previous stage
