@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -50,12 +51,14 @@ struct PipelineExecutor::Micro {
 };
 
 PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::shared_ptr<nn::Module> stage, Schedule schedule,
-                                   LossFn loss, std::vector<TiedParameter> tied)
+                                   LossFn loss, std::vector<TiedParameter> tied,
+                                   collectives::ProcessGroup* dataParallel)
     : pg_(pg),
       module_(std::move(stage)),
       schedule_(std::move(schedule)),
       loss_(std::move(loss)),
       tied_(std::move(tied)),
+      dataParallel_(dataParallel),
       stage_(pg.rank()),
       numStages_(pg.size()) {
   WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, "PipelineExecutor: null stage module");
@@ -191,13 +194,15 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   for (size_t i = 0; i < pendingSends_.size(); ++i) waitFor(pendingSends_[i].work, "completing its sends");
   pendingSends_.clear();
   exchangeTied();
+  double loss = 0.0;
+  if (stage_ == numStages_ - 1) {
+    for (const Micro& mi : micros) loss += mi.output.item<double>();
+    loss /= m;
+  }
+  if (dataParallel_ != nullptr) averageOverReplicas(loss);
   stats_.stepSeconds = secondsSince(stepStart);
   broken_ = false;
-
-  if (stage_ != numStages_ - 1) return Tensor();
-  double sum = 0.0;
-  for (const Micro& mi : micros) sum += mi.output.item<double>();
-  return full({}, sum / m);
+  return stage_ == numStages_ - 1 ? full({}, loss) : Tensor();
 }
 
 void PipelineExecutor::forward(Micro& m, int mb) {
@@ -372,6 +377,41 @@ void PipelineExecutor::recvGrad(Micro& m, int mb) {
                        "receiving the gradient of micro-batch " + std::to_string(mb) + " from stage " +
                            std::to_string(next));
   m.gradOut = buf;
+}
+
+void PipelineExecutor::averageOverReplicas(double& loss) {
+  const std::vector<Tensor> params = module_->parameters();
+  int64_t total = 0;
+  for (const Tensor& p : params) total += p.numel();
+  const bool last = stage_ == numStages_ - 1;
+  Tensor flat = empty({total + (last ? 1 : 0)});
+  float* out = flat.data<float>();
+  std::vector<Tensor> grads;
+  int64_t offset = 0;
+  for (const Tensor& p : params) {
+    WEFT_ENFORCE(p.dtype() == DType::Float32, InvalidArgumentError, "PipelineExecutor: averaging over replicas takes "
+                 "float32 parameters, got ", dtypeName(p.dtype()));
+    Tensor g = p.grad();
+    if (!g.defined()) {
+      g = zerosLike(p.detach());
+      p.setGrad(g);
+    }
+    g = g.detach().contiguous();
+    std::memcpy(out + offset, g.data<float>(), static_cast<size_t>(g.numel()) * sizeof(float));
+    grads.push_back(p.grad());
+    offset += p.numel();
+  }
+  if (last) out[total] = static_cast<float>(loss);
+  waitFor(dataParallel_->allReduce(flat, collectives::ReduceOp::Avg),
+          "averaging the gradients over the data-parallel group '" + dataParallel_->name() + "'");
+  offset = 0;
+  NoGradGuard noGrad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    grads[i].copy_(flat.narrow(0, offset, n).view(params[i].shape()));
+    offset += n;
+  }
+  if (last) loss = out[total];
 }
 
 void PipelineExecutor::exchangeTied() {

@@ -60,6 +60,21 @@
 // backward the two stages exchange its gradient and each adds the other's,
 // in the order the lists give (both stages list them in the same order).
 //
+// Data parallel (dp x pp). Several replicas of the pipeline, each a group of
+// P ranks (`pg`), train on different parts of a batch; `dataParallel` is the
+// group of the ranks that hold this stage in every replica. After the tied
+// exchange, the stage's gradients (and, on the last stage, the step's loss)
+// are averaged over that group in one allReduce of a flat buffer, so every
+// replica holds the gradients of the mean loss over all replicas' batches
+// and takes the same optimizer step. Groups for D replicas of P stages on
+// D·P ranks, replica d being ranks d·P .. d·P + P − 1 (every rank calls
+// newGroup for every list, in the same order):
+//
+//   std::unique_ptr<ProcessGroup> pp, dp;
+//   for (int d = 0; d < D; ++d) if (auto g = world->newGroup(ranksOfReplica(d))) pp = std::move(g);
+//   for (int s = 0; s < P; ++s) if (auto g = world->newGroup(ranksOfStage(s))) dp = std::move(g);
+//   PipelineExecutor pipe(*pp, mine, oneFOneB(P, M), loss, tied, dp.get());
+//
 // Errors. A failed transfer raises the process group's error with the same
 // type, its message prefixed by what the stage was doing:
 // "pipeline stage 2: receiving the activation of micro-batch 3 from stage 1:
@@ -126,8 +141,10 @@ std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events);
 class PipelineExecutor {
  public:
   // `loss` is used on the last stage only (may be empty elsewhere).
+  // `dataParallel`: the group of this stage's replicas (see "Data parallel"),
+  // or null; it must outlive the executor.
   PipelineExecutor(collectives::ProcessGroup& pg, std::shared_ptr<nn::Module> stage, Schedule schedule, LossFn loss,
-                   std::vector<TiedParameter> tied = {});
+                   std::vector<TiedParameter> tied = {}, collectives::ProcessGroup* dataParallel = nullptr);
 
   Tensor step(const Tensor& input, const Tensor& target = Tensor());
 
@@ -145,6 +162,8 @@ class PipelineExecutor {
   void sendGrad(Micro& m, int mb);
   void recvGrad(Micro& m, int mb);
   void exchangeTied();
+  // Averages the gradients (and `loss` on the last stage) over dataParallel_.
+  void averageOverReplicas(double& loss);
   void waitFor(const collectives::Work& work, const std::string& what);
   // Raises the DisconnectedError or TimeoutError of a failed transfer of this
   // step, if there is one, prefixed with `context`.
@@ -167,6 +186,7 @@ class PipelineExecutor {
   Schedule schedule_;
   LossFn loss_;
   std::vector<TiedParameter> tied_;
+  collectives::ProcessGroup* dataParallel_;
   int stage_;
   int numStages_;
   StepStats stats_;

@@ -3,7 +3,8 @@
 // tiny GPT (uneven layer counts per stage, M not divisible by P), the pipelined loss and every
 // stage's gradients equal those of one single-process step on the whole batch, and after three
 // optimizer steps each stage's parameters equal the single-process model's; the peak of live
-// micro-batches is the schedule's and the step's trace holds every forward, backward and receive. A stage dying mid-step gives the others a DisconnectedError
+// micro-batches is the schedule's and the step's trace holds every forward, backward and receive;
+// likewise 2 data-parallel replicas of a 2-stage pipeline (dp x pp) on half the batch each. A stage dying mid-step gives the others a DisconnectedError
 // naming it, within the group timeout, and the executors refuse further steps. Every wait is bounded and every process is checked to be
 // gone at the end.
 #include <doctest/doctest.h>
@@ -49,35 +50,38 @@ long long field(const std::string& line, const std::string& key) { return number
 
 // Runs `model` (mlp|gpt) on `world` stages under `schedule` with `m` micro-batches and checks every
 // stage against the single-process reference.
-void checkTraining(const std::string& model, int world, const std::string& schedule, int m) {
-  auto results = runJob({model, schedule, std::to_string(m)}, world, 40s);
+void checkTraining(const std::string& model, int world, const std::string& schedule, int m, int replicas = 1) {
+  auto results = runJob({replicas > 1 ? model + "dp" : model, schedule, std::to_string(m)}, world, 40s);
   REQUIRE(allClean(results));
+  const int stages = world / replicas;
   long long params = 0;
-  for (int r = 0; r < world; ++r) {
-    const std::string& out = results[static_cast<size_t>(r)].out;
+  for (int rank = 0; rank < world; ++rank) {
+    const int r = rank % stages;  // the stage
+    const std::string& out = results[static_cast<size_t>(rank)].out;
+    const std::string prefix = rankPrefix(rank);
     INFO(out);
     for (int step = 0; step < 3; ++step) {
-      const std::string line = restOfLine(out, rankPrefix(r) + "step " + std::to_string(step) + " ");
+      const std::string line = restOfLine(out, prefix + "step " + std::to_string(step) + " ");
       REQUIRE(!line.empty());
       // float32 sums in a different order: a few ulps of the gradients' size.
       CHECK(field(line, "grad_maxdiff_ppb") >= 0);
       CHECK(field(line, "grad_maxdiff_ppb") <= 20000);
-      if (r == world - 1) {
+      if (r == stages - 1) {
         CHECK(field(line, "loss_diff_ppb") >= 0);
         CHECK(field(line, "loss_diff_ppb") <= 20000);
       } else {
         CHECK(field(line, "loss_diff_ppb") == -1);
       }
       const long long peak = field(line, "peak");
-      CHECK(peak == (schedule == "gpipe" ? m : std::min(world - r, m)));
+      CHECK(peak == (schedule == "gpipe" ? m : std::min(stages - r, m)));
       CHECK(field(line, "params") > 0);
       CHECK(field(line, "forwards") == m);
       CHECK(field(line, "backwards") == m);
-      CHECK(field(line, "receives") == m * ((r > 0 ? 1 : 0) + (r < world - 1 ? 1 : 0)));
+      CHECK(field(line, "receives") == m * ((r > 0 ? 1 : 0) + (r < stages - 1 ? 1 : 0)));
       CHECK(field(line, "ordered") == 1);
-      if (step == 0) params += field(line, "params");
+      if (step == 0 && rank < stages) params += field(line, "params");
     }
-    const long long final = numberAfter(out, rankPrefix(r) + "final param_maxdiff_ppb ");
+    const long long final = numberAfter(out, prefix + "final param_maxdiff_ppb ");
     CHECK(final >= 0);
     CHECK(final <= 50000);
   }
@@ -86,7 +90,7 @@ void checkTraining(const std::string& model, int world, const std::string& sched
   if (model == "mlp") CHECK(params == 1052);
   if (model == "gpt") {
     const long long v = 32, c = 16, t = 8, l = 3;
-    CHECK(params == v * c + t * c + l * (12 * c * c + 13 * c) + 2 * c + (world > 1 ? v * c : 0));
+    CHECK(params == v * c + t * c + l * (12 * c * c + 13 * c) + 2 * c + (stages > 1 ? v * c : 0));
   }
 }
 
@@ -112,6 +116,12 @@ TEST_CASE("the tiny GPT pipelined on 2 and 3 stages, wte tied across the ends, e
   checkTraining("gpt", 2, "1f1b", 3);
   checkTraining("gpt", 3, "gpipe", 4);
   checkTraining("gpt", 3, "1f1b", 4);
+}
+
+TEST_CASE("dp x pp: 2 replicas of a 2-stage pipeline on 4 processes, each on half the batch, equal the "
+          "single-process step on the whole batch") {
+  checkTraining("mlp", 4, "1f1b", 3, 2);
+  checkTraining("gpt", 4, "gpipe", 2, 2);
 }
 
 TEST_CASE("a stage dying mid-step gives the other stages a DisconnectedError naming it within the group timeout") {

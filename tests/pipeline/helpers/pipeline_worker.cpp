@@ -17,6 +17,9 @@
 //   live micro-batches; P: its parameter count; then the trace's counts "forwards F backwards B
 //   receives R ordered 0|1", 1 when no event overlaps the next), then both optimizers step; at the end
 //   "final param_maxdiff_ppb N" (this stage's parameters against the twin's).
+//   mlpdp, gptdp  As mlp and gpt on 4 ranks as 2 replicas of a 2-stage pipeline (dp x pp): replica d
+//         (ranks 2d, 2d + 1) trains on rows [d·2M, (d+1)·2M) of the twin's batch of 4M rows, the
+//         gradients averaged over the stage's replicas; the same lines, against the twin.
 //   die   3 stages of the mlp, group timeout 4 s. Stage 1 exits (status 3) at its first forward of
 //         the second step; the others print "failed in_ms T <ErrorType>: <message>" (T from the
 //         start of that step), then "again StateError: <message>" from a third step.
@@ -132,8 +135,26 @@ pipeline::Schedule scheduleOf(const std::string& name, int stages, int m) {
   throw weft::InvalidArgumentError("pipeline_worker: unknown schedule '" + name + "'");
 }
 
-void runTraining(weft::collectives::ProcessGroup& pg, bool isGpt, const std::string& scheduleName, int m) {
-  const int stage = pg.rank(), stages = pg.size();
+void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::string& scheduleName, int m,
+                 int replicas) {
+  // Replica d is ranks d*P .. d*P + P - 1; the stage s ranks of every replica form its data-parallel group.
+  const int stages = world.size() / replicas;
+  std::unique_ptr<weft::collectives::ProcessGroup> pipeGroup, dpGroup;
+  if (replicas > 1) {
+    for (int d = 0; d < replicas; ++d) {
+      std::vector<int> ranks;
+      for (int s = 0; s < stages; ++s) ranks.push_back(d * stages + s);
+      if (auto g = world.newGroup(ranks)) pipeGroup = std::move(g);
+    }
+    for (int s = 0; s < stages; ++s) {
+      std::vector<int> ranks;
+      for (int d = 0; d < replicas; ++d) ranks.push_back(d * stages + s);
+      if (auto g = world.newGroup(ranks)) dpGroup = std::move(g);
+    }
+  }
+  weft::collectives::ProcessGroup& pg = replicas > 1 ? *pipeGroup : world;
+  const int replica = world.rank() / stages;
+  const int stage = pg.rank();
   // The model this process splits and its twin, the single-process reference.
   std::shared_ptr<nn::Module> model, twin;
   std::shared_ptr<nn::Sequential> layers;
@@ -161,21 +182,21 @@ void runTraining(weft::collectives::ProcessGroup& pg, bool isGpt, const std::str
   }
   auto cuts = pipeline::cutsByParameterCount(*layers, stages);
   auto mine = pipeline::splitSequential(*layers, cuts)[static_cast<size_t>(stage)];
-  pipeline::PipelineExecutor pipe(pg, mine, scheduleOf(scheduleName, stages, m), lossFn, tied);
+  pipeline::PipelineExecutor pipe(pg, mine, scheduleOf(scheduleName, stages, m), lossFn, tied, dpGroup.get());
   const auto named = stageParameters(*model, *mine);
   int64_t count = 0;
   for (auto& np : named) count += np.second.numel();
   // The tied wte is the stage's own parameter and also listed once: one optimizer over the stage.
   nn::optim::SGD opt(mine->parameters(), {.lr = 0.05, .momentum = 0.9});
   nn::optim::SGD twinOpt(twin->parameters(), {.lr = 0.05, .momentum = 0.9});
-  const int rows = 2 * m;
+  const int rows = 2 * m;  // per replica; the twin takes all replicas' rows at once
   for (int step = 0; step < 3; ++step) {
-    Batch b = isGpt ? gptBatch(step, rows) : mlpBatch(step, rows);
+    Batch b = isGpt ? gptBatch(step, rows * replicas) : mlpBatch(step, rows * replicas);
     twinOpt.zeroGrad();
     Tensor want = twinLoss(b);
     want.backward();
     opt.zeroGrad();
-    Tensor got = pipe.step(b.x, b.y);
+    Tensor got = pipe.step(b.x.narrow(0, replica * rows, rows), b.y.narrow(0, replica * rows, rows));
     double worst = 0.0;
     for (auto& [name, p] : named) worst = std::max(worst, maxDiff(p.grad(), twin->namedTensor(name).grad()));
     long long lossDiff = got.defined() ? ppb(std::fabs(got.item<double>() - want.item<double>())) : -1;
@@ -236,7 +257,7 @@ void runDie(weft::collectives::ProcessGroup& pg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("pipeline_worker", {"mlp", "gpt", "die"}, argc, argv,
+  return weft::testing::workerMain("pipeline_worker", {"mlp", "gpt", "mlpdp", "gptdp", "die"}, argc, argv,
                                    [argc, argv](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -249,7 +270,8 @@ int main(int argc, char** argv) {
       } else {
         WEFT_ENFORCE(argc == 4, weft::InvalidArgumentError, "usage: pipeline_worker ", scenario,
                      " gpipe|1f1b MICROBATCHES");
-        runTraining(*pg, scenario == "gpt", argv[2], std::atoi(argv[3]));
+        const bool dp = scenario == "mlpdp" || scenario == "gptdp";
+        runTraining(*pg, scenario == "gpt" || scenario == "gptdp", argv[2], std::atoi(argv[3]), dp ? 2 : 1);
       }
     }
     sayLine("done");
