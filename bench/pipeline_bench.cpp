@@ -7,7 +7,7 @@
 //     the timed steps) beside the theory (P - 1) / (M + P - 1).
 //  2. Memory: the peak activation memory per stage (StepStats::activationBytes: tensor bytes live
 //     above the step's start, sampled after each forward), GPipe against 1F1B at M = 8 (goal:
-//     1F1B <= (P/M + 0.1) x GPipe, the largest stage).
+//     1F1B <= (P/M + 0.1) x GPipe, the largest stage), and GPipe with activation checkpointing.
 //  3. Throughput: the GPT (vocab 256, 64 tokens, 4 blocks of width 128) trained for a few steps:
 //     tokens/s of one process (all the CPUs' threads), of vanilla model parallelism (P = 2, M = 1)
 //     and of the 2-stage pipeline at M = 4 and 8, both schedules (goal: pipelined >= 1.5 x
@@ -109,8 +109,9 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
   auto mine = pipeline::splitSequential(*layers, pipeline::cutsByParameterCount(*layers, stages))
                   [static_cast<size_t>(stage)];
   pipeline::Schedule schedule =
-      scheduleName == "gpipe" ? pipeline::gpipe(stages, m) : pipeline::oneFOneB(stages, m);
-  pipeline::PipelineExecutor pipe(*pg, mine, schedule, lossFn, tied);
+      scheduleName.rfind("gpipe", 0) == 0 ? pipeline::gpipe(stages, m) : pipeline::oneFOneB(stages, m);
+  pipeline::PipelineExecutor pipe(*pg, mine, schedule, lossFn,
+                                  {.tied = tied, .checkpoint = scheduleName == "gpipe-ckpt"});
   nn::optim::SGD opt(mine->parameters(), {.lr = 0.01, .momentum = 0.9});
 
   weft::Generator data(4);
@@ -281,6 +282,7 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
   for (int p : {2, 4}) {
     RunResult g = runJob("mlp", p, memM, "gpipe", steps);
     RunResult f = runJob("mlp", p, memM, "1f1b", steps);
+    RunResult c = runJob("mlp", p, memM, "gpipe-ckpt", steps);
     auto row = [p](const char* name, const RunResult& r) {
       std::string per;
       for (double b : r.peakBytes) per += (per.empty() ? "" : " ") + std::to_string(static_cast<long long>(b));
@@ -288,6 +290,7 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
     };
     row("gpipe", g);
     row("1f1b", f);
+    row("gpipe+ck", c);
     std::printf("    1f1b / gpipe = %.3f (goal <= P/M + 0.1 = %.3f)\n", largest(f.peakBytes) / largest(g.peakBytes),
                 static_cast<double>(p) / memM + 0.1);
     std::fflush(stdout);

@@ -7,7 +7,9 @@
 #include <utility>
 
 #include "common/error.h"
+#include "nn/sequential.h"
 #include "tensor/autograd.h"
+#include "tensor/checkpoint.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 
@@ -51,14 +53,14 @@ struct PipelineExecutor::Micro {
 };
 
 PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::shared_ptr<nn::Module> stage, Schedule schedule,
-                                   LossFn loss, std::vector<TiedParameter> tied,
-                                   collectives::ProcessGroup* dataParallel)
+                                   LossFn loss, ExecutorOptions options)
     : pg_(pg),
       module_(std::move(stage)),
       schedule_(std::move(schedule)),
       loss_(std::move(loss)),
-      tied_(std::move(tied)),
-      dataParallel_(dataParallel),
+      tied_(std::move(options.tied)),
+      dataParallel_(options.dataParallel),
+      checkpoint_(options.checkpoint),
       stage_(pg.rank()),
       numStages_(pg.size()) {
   WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, "PipelineExecutor: null stage module");
@@ -210,7 +212,7 @@ void PipelineExecutor::forward(Micro& m, int mb) {
                " has no input at its forward");
   const auto t0 = Clock::now();
   const double startUs = nowUs();
-  Tensor out = module_->forward(m.input);
+  Tensor out = checkpoint_ ? checkpointedForward(m.input) : module_->forward(m.input);
   if (stage_ == numStages_ - 1) {
     Tensor loss = loss_(out, m.target);
     WEFT_ENFORCE(loss.defined() && loss.numel() == 1, InvalidArgumentError,
@@ -224,6 +226,21 @@ void PipelineExecutor::forward(Micro& m, int mb) {
   stats_.computeSeconds += secondsSince(t0);
   record(ActionKind::Forward, mb, startUs);
   noteActivationBytes();
+}
+
+Tensor PipelineExecutor::checkpointedForward(const Tensor& input) {
+  std::shared_ptr<nn::Module> module = module_;
+  Tensor x = input;
+  if (!input.requiresGrad()) {
+    auto seq = std::dynamic_pointer_cast<nn::Sequential>(module_);
+    if (seq != nullptr && seq->size() >= 2) {
+      x = seq->at(0)->forward(input);
+      auto rest = std::make_shared<nn::Sequential>();
+      for (size_t i = 1; i < seq->size(); ++i) rest->push_back(seq->at(i));
+      module = rest;
+    }
+  }
+  return checkpoint([module](const Tensor& t) { return module->forward(t); }, x);
 }
 
 void PipelineExecutor::backward(Micro& m, int mb) {

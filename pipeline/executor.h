@@ -14,7 +14,7 @@
 //       [](const Tensor& logits, const Tensor& y) {
 //         return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
 //       },
-//       pipeline::gptTiedParameters(*gpt, stage, P));
+//       {.tied = pipeline::gptTiedParameters(*gpt, stage, P)});
 //   nn::optim::AdamW opt(mine->parameters(), {.lr = 3e-4});
 //   opt.zeroGrad();
 //   Tensor loss = pipe.step(x, y);   // x read on stage 0, y on the last; loss defined on the last
@@ -73,7 +73,16 @@
 //   std::unique_ptr<ProcessGroup> pp, dp;
 //   for (int d = 0; d < D; ++d) if (auto g = world->newGroup(ranksOfReplica(d))) pp = std::move(g);
 //   for (int s = 0; s < P; ++s) if (auto g = world->newGroup(ranksOfStage(s))) dp = std::move(g);
-//   PipelineExecutor pipe(*pp, mine, oneFOneB(P, M), loss, tied, dp.get());
+//   PipelineExecutor pipe(*pp, mine, oneFOneB(P, M), loss, {.tied = tied, .dataParallel = dp.get()});
+//
+// Checkpointing (ExecutorOptions::checkpoint, typically with GPipe). Each
+// Forward runs the stage under checkpoint() (tensor/checkpoint.h): a
+// micro-batch keeps only its input and output until its Backward, which runs
+// the stage's forward again and back-propagates through it; gradients equal
+// those without checkpointing, dropout included. An input that requires no
+// gradient (the first stage's data) would make checkpoint() run plainly, so
+// there, when the stage is a Sequential of several layers, its first layer
+// runs plainly and the rest under checkpoint().
 //
 // Errors. A failed transfer raises the process group's error with the same
 // type, its message prefixed by what the stage was doing:
@@ -138,13 +147,21 @@ struct StepStats {
 // [ ] are a trace file chrome://tracing and Perfetto open.
 std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events);
 
+struct ExecutorOptions {
+  // Parameters shared with another stage (see "Tied parameters").
+  std::vector<TiedParameter> tied;
+  // The group of this stage's replicas (see "Data parallel"), or null; it
+  // must outlive the executor.
+  collectives::ProcessGroup* dataParallel = nullptr;
+  // Activation checkpointing (see "Checkpointing").
+  bool checkpoint = false;
+};
+
 class PipelineExecutor {
  public:
   // `loss` is used on the last stage only (may be empty elsewhere).
-  // `dataParallel`: the group of this stage's replicas (see "Data parallel"),
-  // or null; it must outlive the executor.
   PipelineExecutor(collectives::ProcessGroup& pg, std::shared_ptr<nn::Module> stage, Schedule schedule, LossFn loss,
-                   std::vector<TiedParameter> tied = {}, collectives::ProcessGroup* dataParallel = nullptr);
+                   ExecutorOptions options = {});
 
   Tensor step(const Tensor& input, const Tensor& target = Tensor());
 
@@ -156,6 +173,7 @@ class PipelineExecutor {
  private:
   struct Micro;
   void forward(Micro& m, int mb);
+  Tensor checkpointedForward(const Tensor& input);
   void backward(Micro& m, int mb);
   void sendActivation(Micro& m, int mb);
   void recvActivation(Micro& m, int mb);
@@ -187,6 +205,7 @@ class PipelineExecutor {
   LossFn loss_;
   std::vector<TiedParameter> tied_;
   collectives::ProcessGroup* dataParallel_;
+  bool checkpoint_;
   int stage_;
   int numStages_;
   StepStats stats_;

@@ -7,7 +7,8 @@
 //
 //   WEFT_RANK=0 WEFT_WORLD_SIZE=2 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 pipeline_worker mlp 1f1b 3
 //
-// Scenarios (argv: scenario schedule microbatches):
+// Scenarios (argv: scenario schedule microbatches; schedule gpipe, 1f1b, or gpipe-ckpt: GPipe with
+// activation checkpointing):
 //   mlp   A Sequential of 7 layers (4 Linear with Tanh between), MSE loss, SGD with momentum.
 //   gpt   The tiny GPT (3 blocks: 5 layers; wte tied between the first and the last stage), its
 //         cross-entropy loss, SGD with momentum.
@@ -15,7 +16,8 @@
 //   params P" (N: this stage's gradients against the twin's, after the tied exchange; L: the
 //   pipelined loss against the twin's, on the last stage, -1 elsewhere; A: the stage's peak
 //   live micro-batches; P: its parameter count; then the trace's counts "forwards F backwards B
-//   receives R ordered 0|1", 1 when no event overlaps the next), then both optimizers step; at the end
+//   receives R ordered 0|1", 1 when no event overlaps the next, and "act_bytes B", the step's
+//   activation memory), then both optimizers step; at the end
 //   "final param_maxdiff_ppb N" (this stage's parameters against the twin's).
 //   mlpdp, gptdp  As mlp and gpt on 4 ranks as 2 replicas of a 2-stage pipeline (dp x pp): replica d
 //         (ranks 2d, 2d + 1) trains on rows [d·2M, (d+1)·2M) of the twin's batch of 4M rows, the
@@ -130,7 +132,7 @@ std::vector<std::pair<std::string, Tensor>> stageParameters(const nn::Module& mo
 }
 
 pipeline::Schedule scheduleOf(const std::string& name, int stages, int m) {
-  if (name == "gpipe") return pipeline::gpipe(stages, m);
+  if (name == "gpipe" || name == "gpipe-ckpt") return pipeline::gpipe(stages, m);
   if (name == "1f1b") return pipeline::oneFOneB(stages, m);
   throw weft::InvalidArgumentError("pipeline_worker: unknown schedule '" + name + "'");
 }
@@ -182,7 +184,8 @@ void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::
   }
   auto cuts = pipeline::cutsByParameterCount(*layers, stages);
   auto mine = pipeline::splitSequential(*layers, cuts)[static_cast<size_t>(stage)];
-  pipeline::PipelineExecutor pipe(pg, mine, scheduleOf(scheduleName, stages, m), lossFn, tied, dpGroup.get());
+  pipeline::PipelineExecutor pipe(pg, mine, scheduleOf(scheduleName, stages, m), lossFn,
+                                  {.tied = tied, .dataParallel = dpGroup.get(), .checkpoint = scheduleName == "gpipe-ckpt"});
   const auto named = stageParameters(*model, *mine);
   int64_t count = 0;
   for (auto& np : named) count += np.second.numel();
@@ -214,7 +217,7 @@ void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::
             std::to_string(lossDiff) + " peak " + std::to_string(pipe.lastStats().peakActivations) + " params " +
             std::to_string(count) + " forwards " + std::to_string(forwards) + " backwards " +
             std::to_string(backwards) + " receives " + std::to_string(receives) + " ordered " +
-            std::to_string(ordered));
+            std::to_string(ordered) + " act_bytes " + std::to_string(pipe.lastStats().activationBytes));
     opt.step();
     twinOpt.step();
   }
