@@ -1,5 +1,7 @@
 #include "pipeline/stage.h"
 
+#include <algorithm>
+#include <chrono>
 #include <limits>
 #include <string>
 
@@ -68,6 +70,35 @@ std::vector<size_t> balancedCuts(const std::vector<double>& costs, int stages) {
     cuts[k - 2] = j;
   }
   return cuts;
+}
+
+std::vector<double> measureLayerTimes(nn::Sequential& seq, const Tensor& sample, int repeats) {
+  WEFT_ENFORCE(repeats >= 1, InvalidArgumentError, "measureLayerTimes: repeats must be >= 1, got ", repeats);
+  WEFT_ENFORCE(sample.defined(), InvalidArgumentError, "measureLayerTimes: the sample input is undefined");
+  using Clock = std::chrono::steady_clock;
+  // Every parameter's gradient as it was, restored at the end.
+  std::vector<std::pair<Tensor, Tensor>> saved;
+  for (const Tensor& p : seq.parameters()) saved.emplace_back(p, p.grad().defined() ? p.grad().clone() : Tensor());
+  std::vector<double> times;
+  Tensor x = sample;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    const auto& layer = seq.at(i);
+    std::vector<double> runs;
+    Tensor out;
+    for (int r = 0; r < repeats; ++r) {
+      Tensor in = x.detach();
+      if (isFloating(in.dtype())) in.requiresGrad_();
+      const auto t0 = Clock::now();
+      out = layer->forward(in);
+      if (out.requiresGrad()) out.backward(onesLike(out));
+      runs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(runs.begin(), runs.end());
+    times.push_back(runs[runs.size() / 2]);
+    x = out.detach();
+  }
+  for (auto& [p, g] : saved) p.setGrad(g);
+  return times;
 }
 
 std::vector<int64_t> layerParameterCounts(const nn::Sequential& seq) {

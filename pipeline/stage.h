@@ -20,8 +20,17 @@
 // programming over prefixes, O(P·n²)); among equally good cuts it takes, from
 // the last stage backwards, the latest possible start of each stage. With parameter counts as costs (cutsByParameterCount) this is the
 // "equal parameter counts" split; with measured forward+backward times per
-// layer it is a time-balanced split (a re-balancing policy, as layers freeze,
-// calls it again with new costs and rebuilds the stages).
+// layer (measureLayerTimes) it is a time-balanced split. A re-balancing
+// policy (as layers freeze, say) calls it again with new costs and rebuilds
+// the stages.
+//
+// Measuring. measureLayerTimes(seq, sample, repeats) feeds `sample` through
+// the layers once to get each layer's input, then times each layer alone:
+// its forward on a detached copy of its input (requiring grad when
+// floating), and its backward from a gradient of ones, the median of
+// `repeats` runs each. Parameters' .grad are restored afterwards. The times
+// are seconds on this process's CPUs at the moment of measuring: measure
+// with the micro-batch size the pipeline will use.
 //
 // Names. A stage keeps the names its layers had in the Sequential ("2.weight"
 // stays "2.weight" in the stage that holds layer 2), so state dicts of the
@@ -60,6 +69,9 @@ std::vector<std::shared_ptr<nn::Sequential>> splitSequential(const nn::Sequentia
 // cost (see "Balancing"). costs non-empty and >= 0, 1 <= stages <=
 // costs.size(); InvalidArgumentError otherwise.
 std::vector<size_t> balancedCuts(const std::vector<double>& costs, int stages);
+
+// Each layer's forward+backward seconds (see "Measuring"); repeats >= 1.
+std::vector<double> measureLayerTimes(nn::Sequential& seq, const Tensor& sample, int repeats = 3);
 
 // The number of parameter elements of each layer of `seq`.
 std::vector<int64_t> layerParameterCounts(const nn::Sequential& seq);

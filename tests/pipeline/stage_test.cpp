@@ -149,6 +149,32 @@ TEST_CASE("equal parameter counts: the layers' counts and the cuts that balance 
   CHECK(largestStage({40, 0, 72, 0, 27}, three) == 72);
 }
 
+TEST_CASE("measured layer times: one per layer, non-negative, gradients left as they were, usable as costs") {
+  auto net = mlp(3);
+  Generator g(8);
+  Tensor x = weft::randn({16, 4}, {}, &g);
+  // Layer 0 has a gradient from an earlier backward; the others have none.
+  weft::sum(net->at(0)->forward(x)).backward();
+  Tensor before = net->namedTensor("0.weight").grad().clone();
+  auto times = pipeline::measureLayerTimes(*net, x, 3);
+  REQUIRE(times.size() == 5);
+  for (double t : times) {
+    CHECK(std::isfinite(t));
+    CHECK(t >= 0.0);
+  }
+  CHECK(maxDiff(net->namedTensor("0.weight").grad(), before) == 0.0);
+  CHECK_FALSE(net->namedTensor("2.weight").grad().defined());
+  auto cuts = pipeline::balancedCuts(times, 3);
+  REQUIRE(cuts.size() == 2);
+  CHECK(pipeline::splitSequential(*net, cuts).size() == 3);
+  CHECK_THROWS_AS(pipeline::measureLayerTimes(*net, x, 0), InvalidArgumentError);
+  // A GPT's layers take token ids: the embedding's input needs no gradient.
+  nn::GPTConfig cfg{.vocabSize = 11, .blockSize = 4, .layers = 2, .heads = 2, .width = 8};
+  Generator init(2);
+  auto layers = pipeline::gptLayers(std::make_shared<nn::GPT>(cfg, &init));
+  CHECK(pipeline::measureLayerTimes(*layers, weft::zeros({2, 4}, {.dtype = weft::DType::Int64}), 1).size() == 4);
+}
+
 TEST_CASE("the GPT as a Sequential of layers gives GPT::forward's logits and gradients") {
   nn::GPTConfig cfg{.vocabSize = 23, .blockSize = 8, .layers = 3, .heads = 2, .width = 16};
   Generator init(5);
