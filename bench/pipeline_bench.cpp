@@ -13,6 +13,8 @@
 //     and of the 2-stage pipeline at M = 4 and 8, both schedules (goal: pipelined >= 1.5 x
 //     vanilla). With --trace PATH, the last step of the 2-stage 1F1B run at M = 4 is written as a
 //     Chrome trace (chrome://tracing, Perfetto).
+//  4. Pipe over RPC: the MLP's training rows/s through a controller and remote stages, unsplit on
+//     one worker, as vanilla model parallelism (2 stages, M = 1) and pipelined (M = 4, 8).
 //
 //   pipeline_bench [--quick] [--steps N] [--trace PATH]
 //
@@ -45,7 +47,11 @@
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/optim.h"
+#include "dist_autograd/dist_autograd.h"
+#include "dist_optim/distributed_optimizer.h"
 #include "pipeline/executor.h"
+#include "pipeline/pipe.h"
+#include "rpc/agent.h"
 #include "tensor/ops.h"
 
 namespace {
@@ -72,6 +78,19 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// kMlpBlocks x (Linear(kMlpWidth, kMlpWidth), tanh), initialised from a fixed seed.
+std::shared_ptr<nn::Sequential> benchMlp() {
+  weft::Generator init(3);
+  std::vector<std::shared_ptr<nn::Module>> blocks;
+  for (int i = 0; i < kMlpBlocks; ++i) {
+    auto l = std::make_shared<nn::Linear>(kMlpWidth, kMlpWidth);
+    l->resetParameters(&init);
+    blocks.push_back(l);
+    blocks.push_back(std::make_shared<nn::Tanh>());
+  }
+  return nn::makeSequential(blocks);
+}
+
 // ---- a worker: one stage ---------------------------------------------------------------------
 
 // What rank 0 prints for a run, one line: "result bubble B step_ms S tokens_per_s T peak_bytes A,B,..".
@@ -96,14 +115,7 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
       return weft::crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
     };
   } else {
-    std::vector<std::shared_ptr<nn::Module>> blocks;
-    for (int i = 0; i < kMlpBlocks; ++i) {
-      auto l = std::make_shared<nn::Linear>(kMlpWidth, kMlpWidth);
-      l->resetParameters(&init);
-      blocks.push_back(l);
-      blocks.push_back(std::make_shared<nn::Tanh>());
-    }
-    layers = nn::makeSequential(blocks);
+    layers = benchMlp();
     lossFn = [](const Tensor& out, const Tensor& y) { return weft::mseLoss(out, y); };
   }
   auto mine = pipeline::splitSequential(*layers, pipeline::cutsByParameterCount(*layers, stages))
@@ -170,11 +182,47 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
   }
   if (stage == 0) {
     std::string p;
-    for (double b : peaks) p += (p.empty() ? "" : ",") + std::to_string(static_cast<long long>(b));
+    for (double b : peaks) {
+      if (!p.empty()) p += ',';
+      p += std::to_string(static_cast<long long>(b));
+    }
     std::printf("result bubble %.4f step_ms %.2f tokens_per_s %.1f peak_bytes %s\n", median(bubbles),
                 median(stepSeconds) * 1e3, static_cast<double>(tokensPerStep) * steps / elapsed, p.c_str());
     std::fflush(stdout);
   }
+  return 0;
+}
+
+// ---- a Pipe over RPC -----------------------------------------------------------------------------
+
+// Rank 0 drives a Pipe over ranks 1.. (the stages, one kernel thread each; a lone stage takes every
+// CPU) and prints "result rows_per_s R".
+int runPipeWorker(int m, int steps) {
+  weft::rpc::Agent agent(weft::rpc::Options::fromEnv());
+  const int stages = agent.worldSize() - 1;
+  weft::kernels::cpu::setNumThreads(stages == 1 ? static_cast<int>(std::thread::hardware_concurrency()) : 1);
+  agent.start();
+  if (agent.rank() == 0) {
+    std::vector<std::string> workers;
+    for (int r = 1; r <= stages; ++r) workers.push_back("worker" + std::to_string(r));
+    pipeline::Pipe pipe(agent, "bench-mlp", workers, m);
+    weft::dist_optim::DistributedOptimizer opt(agent, nn::optim::SGDOptions{.lr = 0.01}, pipe.remoteParameters());
+    weft::Generator data(4);
+    Tensor x = weft::randn({kMlpBatch, kMlpWidth}, {}, &data), y = weft::randn({kMlpBatch, kMlpWidth}, {}, &data);
+    constexpr int kWarmup = 2;
+    Clock::time_point t0;
+    for (int s = 0; s < kWarmup + steps; ++s) {
+      if (s == kWarmup) t0 = Clock::now();
+      weft::dist_autograd::Context ctx(agent);
+      Tensor loss = weft::mseLoss(pipe.forward(x), y);
+      ctx.backward({loss});
+      opt.step(ctx);
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("result rows_per_s %.1f\n", static_cast<double>(kMlpBatch) * steps / elapsed);
+    std::fflush(stdout);
+  }
+  agent.shutdown();
   return 0;
 }
 
@@ -185,16 +233,17 @@ struct RunResult {
   std::vector<double> peakBytes;
 };
 
-// Runs a job of `stages` worker processes and parses rank 0's result line.
-RunResult runJob(const std::string& model, int stages, int m, const std::string& schedule, int steps,
-                 const std::string& tracePath = "") {
+// Runs `world` processes of this program with `args` (after argv[0]), placed as ranks of one job
+// whose store is on a free port; returns rank 0's standard output once all have exited, or throws
+// naming `what` when one failed.
+std::string spawnJob(const std::vector<std::string>& args, int world, const std::string& what) {
   const uint16_t port = weft::bench::freePort();
   int pipeFds[2];
   if (::pipe(pipeFds) != 0) fail(weft::bench::errnoText("pipe"));
   std::vector<pid_t> pids;
   const pid_t parent = ::getpid();
   std::fflush(nullptr);
-  for (int r = 0; r < stages; ++r) {
+  for (int r = 0; r < world; ++r) {
     pid_t pid = ::fork();
     if (pid < 0) fail(weft::bench::errnoText("fork"));
     if (pid == 0) {
@@ -205,13 +254,13 @@ RunResult runJob(const std::string& model, int stages, int m, const std::string&
       ::close(pipeFds[1]);
       ::setenv("WEFT_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WEFT_LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WEFT_WORLD_SIZE", std::to_string(stages).c_str(), 1);
+      ::setenv("WEFT_WORLD_SIZE", std::to_string(world).c_str(), 1);
       ::setenv("WEFT_MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("WEFT_MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<std::string> args{"pipeline_bench", "--worker", model, std::to_string(stages), std::to_string(m),
-                                    schedule, std::to_string(steps), tracePath.empty() ? "-" : tracePath};
+      std::vector<std::string> full{"pipeline_bench"};
+      full.insert(full.end(), args.begin(), args.end());
       std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
+      for (auto& a : full) argv.push_back(a.data());
       argv.push_back(nullptr);
       ::execv("/proc/self/exe", argv.data());
       ::_exit(127);
@@ -237,14 +286,22 @@ RunResult runJob(const std::string& model, int stages, int m, const std::string&
     ::waitpid(pid, &status, 0);
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
+  if (!ok || out.find("result ") == std::string::npos) fail("the run " + what + " failed; rank 0 printed: " + out);
+  return out.substr(out.find("result "));
+}
+
+// Runs a pipeline of `stages` worker processes and parses rank 0's result line.
+RunResult runJob(const std::string& model, int stages, int m, const std::string& schedule, int steps,
+                 const std::string& tracePath = "") {
   const std::string what = model + " P=" + std::to_string(stages) + " M=" + std::to_string(m) + " " + schedule;
-  const size_t at = out.find("result ");
-  if (!ok || at == std::string::npos) fail("the run " + what + " failed; rank 0 printed: " + out);
+  const std::string line = spawnJob({"--worker", model, std::to_string(stages), std::to_string(m), schedule,
+                                     std::to_string(steps), tracePath.empty() ? "-" : tracePath},
+                                    stages, what);
   RunResult r;
   char peaks[1024] = {0};
-  if (std::sscanf(out.c_str() + at, "result bubble %lf step_ms %lf tokens_per_s %lf peak_bytes %1000s", &r.bubble,
+  if (std::sscanf(line.c_str(), "result bubble %lf step_ms %lf tokens_per_s %lf peak_bytes %1000s", &r.bubble,
                   &r.stepMs, &r.tokensPerS, peaks) != 4) {
-    fail("the run " + what + " printed no result line: " + out);
+    fail("the run " + what + " printed no result line: " + line);
   }
   std::string p = peaks;
   for (size_t s = 0; s < p.size();) {
@@ -254,6 +311,16 @@ RunResult runJob(const std::string& model, int stages, int m, const std::string&
     s = e + 1;
   }
   return r;
+}
+
+// A Pipe over RPC of `stages` remote stages (plus the controller) and M micro-batches: rows/s.
+double runPipeJob(int stages, int m, int steps) {
+  const std::string what = "Pipe stages=" + std::to_string(stages) + " M=" + std::to_string(m);
+  const std::string line =
+      spawnJob({"--pipe-worker", std::to_string(m), std::to_string(steps)}, stages + 1, what);
+  double rowsPerS = 0;
+  if (std::sscanf(line.c_str(), "result rows_per_s %lf", &rowsPerS) != 1) fail(what + ": no result line: " + line);
+  return rowsPerS;
 }
 
 double largest(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
@@ -285,7 +352,10 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
     RunResult c = runJob("mlp", p, memM, "gpipe-ckpt", steps);
     auto row = [p](const char* name, const RunResult& r) {
       std::string per;
-      for (double b : r.peakBytes) per += (per.empty() ? "" : " ") + std::to_string(static_cast<long long>(b));
+      for (double b : r.peakBytes) {
+        if (!per.empty()) per += ' ';
+        per += std::to_string(static_cast<long long>(b));
+      }
       std::printf("%3d %-8s %-40s %10lld\n", p, name, per.c_str(), static_cast<long long>(largest(r.peakBytes)));
     };
     row("gpipe", g);
@@ -318,6 +388,18 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
   }
   std::printf("goal: pipelined >= 1.5 x vanilla\n");
   if (!tracePath.empty()) std::printf("trace of the last P=2 M=4 1f1b step: %s\n", tracePath.c_str());
+
+  std::printf("\n4. Pipe over RPC (a controller, remote stages), the MLP of section 1, training rows/s\n");
+  const double unsplit = runPipeJob(1, 1, steps);
+  const double vanillaRpc = runPipeJob(2, 1, steps);
+  std::printf("%-34s %12s %10s\n", "run", "rows/s", "/vanilla");
+  std::printf("%-34s %12.1f %10.2f\n", "unsplit on one worker", unsplit, unsplit / vanillaRpc);
+  std::printf("%-34s %12.1f %10.2f\n", "vanilla model parallel 2 stages", vanillaRpc, 1.0);
+  for (int m : {4, 8}) {
+    const double r = runPipeJob(2, m, steps);
+    std::printf("%-34s %12.1f %10.2f\n", ("Pipe 2 stages M=" + std::to_string(m)).c_str(), r, r / vanillaRpc);
+    std::fflush(stdout);
+  }
   return 0;
 }
 
@@ -325,6 +407,15 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
 
 int main(int argc, char** argv) {
   try {
+    pipeline::declareStageBuilder("bench-mlp", [](int64_t stage, int64_t stages) -> std::shared_ptr<nn::Module> {
+      auto net = benchMlp();
+      return pipeline::splitSequential(*net, pipeline::cutsByParameterCount(*net, static_cast<int>(stages)))
+          [static_cast<size_t>(stage)];
+    });
+    if (argc > 1 && std::string(argv[1]) == "--pipe-worker") {
+      if (argc != 4) fail("--pipe-worker takes M STEPS");
+      return runPipeWorker(std::atoi(argv[2]), std::atoi(argv[3]));
+    }
     if (argc > 1 && std::string(argv[1]) == "--worker") {
       if (argc != 8) fail("--worker takes MODEL P M SCHEDULE STEPS TRACE");
       const std::string trace = argv[7];
