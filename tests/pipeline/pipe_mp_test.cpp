@@ -2,7 +2,8 @@
 // controller drives 2 and 3 remote stages with micro-batches (the last one smaller), backward runs
 // through distributed autograd and a DistributedOptimizer steps the stages' parameters; loss and
 // parameters after three steps equal a local twin's. No reference, context or optimizer state is
-// left, every worker shuts down gracefully and every process is gone.
+// left, every worker shuts down gracefully and every process is gone. A stage dying mid-step fails
+// the controller's step with a DisconnectedError naming its worker.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -55,3 +56,24 @@ TEST_SUITE_BEGIN("pipe");
 TEST_CASE("a Pipe of 2 remote stages with 3 micro-batches trains as the local model does") { checkPipe(2, 3); }
 
 TEST_CASE("a Pipe of 3 remote stages with 4 micro-batches trains as the local model does") { checkPipe(3, 4); }
+
+TEST_CASE("a Pipe stage dying mid-step fails the controller's step with a DisconnectedError naming it") {
+  MpJob job({PIPE_WORKER_PATH, "die", "2"}, 3, [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(40s);
+  job.checkAllGone();
+  INFO(weft::testing::resultsText(results));
+  CHECK(results[1].exitCode == 3);
+  CHECK(contains(results[1].out, "rank 1 dying"));
+  const std::string& out = results[0].out;
+  CHECK(contains(out, "rank 0 step 0 done"));
+  const std::string line = weft::testing::restOfLine(out, "rank 0 failed in_ms ");
+  REQUIRE(!line.empty());
+  const long long ms = numberAfter(out, "rank 0 failed in_ms ");
+  CHECK(ms >= 0);
+  CHECK(ms < 5000);  // a closed connection is seen at once; margin for a loaded machine
+  CHECK(contains(line, "DisconnectedError: rpc: worker 'worker1' (rank 1) disconnected"));
+  for (int r : {0, 2}) {
+    CHECK(results[static_cast<size_t>(r)].exitCode == 0);
+    CHECK(contains(results[static_cast<size_t>(r)].out, rankPrefix(r) + "done\n"));
+  }
+}

@@ -11,8 +11,14 @@
 // fetched after the step, against the twin's). Every rank then waits until no RRef, context or
 // optimizer state is left ("state_empty 0|1 counts ..."), shuts down gracefully ("shutdown
 // graceful 1 ...") and prints "done".
+//
+// Scenario die M: 2 stages; the first stage's process exits (status 3) at its forward of the
+// second step's first micro-batch ("rank 1 dying"). The controller prints "failed in_ms T
+// <ErrorType>: <message>" (T from the start of that step); the surviving stage waits for it in
+// the store, then every survivor shuts down and prints "done".
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -73,6 +79,53 @@ void settle(Agent& agent) {
   weft::testing::sayShutdown(agent);
 }
 
+// Forwards to `inner`; the process exits with status 3 at forward call number `dieAt` (from 1).
+class DyingStage : public nn::Module {
+ public:
+  DyingStage(std::shared_ptr<nn::Module> inner, int dieAt) : Module("DyingStage"), dieAt_(dieAt) {
+    inner_ = registerModule("inner", std::move(inner));
+  }
+  Tensor forward(const Tensor& x) override {
+    if (++calls_ == dieAt_) {
+      say("rank 1 dying");
+      std::_Exit(3);
+    }
+    return inner_->forward(x);
+  }
+
+ private:
+  std::shared_ptr<nn::Module> inner_;
+  int dieAt_;
+  std::atomic<int> calls_{0};
+};
+
+void runDyingController(Agent& agent, int m) {
+  pipeline::Pipe pipe(agent, "mlp-dying", {"worker1", "worker2"}, m);
+  std::vector<RRef<Tensor>> params = pipe.remoteParameters();
+  weft::dist_optim::DistributedOptimizer opt(agent, nn::optim::SGDOptions{.lr = 0.05}, params);
+  Generator g(5);
+  Tensor x = weft::randn({4 * m, 12}, {}, &g), y = weft::randn({4 * m, 4}, {}, &g);
+  for (int step = 0; step < 2; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      weft::dist_autograd::Context ctx(agent);
+      Tensor loss = weft::mseLoss(pipe.forward(x), y);
+      ctx.backward({loss});
+      opt.step(ctx);
+      say(prefix(agent) + "step " + std::to_string(step) + " done");
+    } catch (const weft::Error& e) {
+      const long long ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      std::string type = dynamic_cast<const weft::DisconnectedError*>(&e) ? "DisconnectedError"
+                         : dynamic_cast<const weft::TimeoutError*>(&e)    ? "TimeoutError"
+                         : dynamic_cast<const weft::RemoteError*>(&e)     ? "RemoteError"
+                                                                           : "Error";
+      say(prefix(agent) + "failed in_ms " + std::to_string(ms) + " " + type + ": " + e.what());
+      return;
+    }
+  }
+}
+
 void runController(Agent& agent, int m) {
   std::vector<std::string> workers;
   for (int r = 1; r < agent.worldSize(); ++r) workers.push_back("worker" + std::to_string(r));
@@ -119,11 +172,32 @@ int main(int argc, char** argv) {
     return pipeline::splitSequential(*net, pipeline::cutsByParameterCount(*net, static_cast<int>(stages)))
         [static_cast<size_t>(stage)];
   });
-  return weft::testing::workerMain("pipe_worker", {"train"}, argc, argv, [argc, argv](const std::string&) {
-    WEFT_ENFORCE(argc == 3, weft::InvalidArgumentError, "usage: pipe_worker train MICROBATCHES");
+  pipeline::declareStageBuilder("mlp-dying", [argc, argv](int64_t stage, int64_t stages) -> std::shared_ptr<nn::Module> {
+    auto net = mlp();
+    auto mine = pipeline::splitSequential(*net, pipeline::cutsByParameterCount(*net, static_cast<int>(stages)))
+        [static_cast<size_t>(stage)];
+    if (stage != 0) return mine;
+    // The first forward of the second step.
+    return std::make_shared<DyingStage>(mine, argc == 3 ? std::atoi(argv[2]) + 1 : 2);
+  });
+  return weft::testing::workerMain("pipe_worker", {"train", "die"}, argc, argv, [argc, argv](const std::string& scenario) {
+    WEFT_ENFORCE(argc == 3, weft::InvalidArgumentError, "usage: pipe_worker train|die MICROBATCHES");
     Agent agent(weft::rpc::Options::fromEnv());
     agent.start();
     weft::testing::sayStarted(agent);
+    if (scenario == "die") {
+      // The stages wait for the controller's verdict before leaving, so that only the dying stage
+      // goes away while the controller runs.
+      if (agent.rank() == 0) {
+        runDyingController(agent, std::atoi(argv[2]));
+        agent.store().set("pipe-die/controller-done", "1");
+      } else if (agent.rank() == 2) {
+        agent.store().wait({"pipe-die/controller-done"}, 30s);
+      }
+      weft::testing::sayShutdown(agent);
+      say(prefix(agent) + "done");
+      return 0;
+    }
     if (agent.rank() == 0) runController(agent, std::atoi(argv[2]));
     settle(agent);
     say(prefix(agent) + "done");
