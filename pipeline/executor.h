@@ -46,7 +46,8 @@
 //    (contiguous tensors are not copied) and receives land in tensors
 //    allocated once per micro-batch.
 //  - Sends are isends, waited for at the end of the step, so computation
-//    overlaps them. A receive blocks the stage, as the schedule says, but is
+//    overlaps them; a sent tensor is released as soon as its send completes
+//    (checked before each action). A receive blocks the stage, as the schedule says, but is
 //    posted early: when a stage takes a received activation (or gradient)
 //    it posts the receive of the next one in its list, so that transfer
 //    overlaps the computation between them (one extra buffer per kind).
@@ -64,7 +65,8 @@
 // P ranks (`pg`), train on different parts of a batch; `dataParallel` is the
 // group of the ranks that hold this stage in every replica. After the tied
 // exchange, the stage's gradients (and, on the last stage, the step's loss)
-// are averaged over that group in one allReduce of a flat buffer, so every
+// are averaged over that group in one allReduce of a flat buffer (float32
+// parameters; InvalidArgumentError otherwise), so every
 // replica holds the gradients of the mean loss over all replicas' batches
 // and takes the same optimizer step. Groups for D replicas of P stages on
 // D·P ranks, replica d being ranks d·P .. d·P + P − 1 (every rank calls
