@@ -110,8 +110,11 @@ TEST_CASE("a 3-stage MLP pipeline equals the single-process step, 1F1B M = 5 and
   checkTraining("mlp", 3, "gpipe", 2);
 }
 
-TEST_CASE("a 4-stage MLP pipeline under 1F1B with M = 6 equals the single-process step") {
+TEST_CASE("a 4-stage pipeline equals the single-process step: the MLP under 1F1B (M = 6) and GPipe (M = 5), "
+          "the GPT under 1F1B (M = 5)") {
   checkTraining("mlp", 4, "1f1b", 6);
+  checkTraining("mlp", 4, "gpipe", 5);
+  checkTraining("gpt", 4, "1f1b", 5);
 }
 
 TEST_CASE("the tiny GPT pipelined on 2 and 3 stages, wte tied across the ends, equals the single-process step") {
