@@ -45,9 +45,9 @@
 // stage: each process builds the whole GPT from the same seed and keeps its
 // stage, and gptTiedParameters names wte.weight on both, so the executor sums
 // its two gradients (PipelineExecutor, "Tied parameters") and both copies
-// stay equal under the same optimizer. Activation checkpointing
-// (GPTConfig::checkpoint) is not applied by the layers: checkpoint a stage as
-// a whole if needed.
+// stay equal under the same optimizer. The layers do not apply
+// GPTConfig::checkpoint: the executor checkpoints whole stages instead
+// (ExecutorOptions::checkpoint, pipeline/executor.h).
 //
 // Threading: as nn/module.h.
 #pragma once
