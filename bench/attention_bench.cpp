@@ -17,6 +17,7 @@
 #include <limits>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/median_time.h"
 #include "kernels/cpu/parallel.h"
 #include "tensor/ops.h"
@@ -64,7 +65,12 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  weft::bench::Flags flags;
+  flags.onSwitch("--quick", [&] { quick = true; });
+  if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "attention_bench", "usage: attention_bench [--quick]\n")) {
+    return 2;
+  }
   std::printf("== attention, float32, causal, B=%lld H=%lld D=%lld, %d kernel threads\n",
               static_cast<long long>(kBatch), static_cast<long long>(kHeads), static_cast<long long>(kHeadDim),
               kernels::cpu::numThreads());

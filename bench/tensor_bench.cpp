@@ -9,14 +9,19 @@
 // 3. layerNorm forward + backward (float32, affine, dx, dweight and dbias) on
 //    transformer-sized rows, against F.layer_norm in PyTorch with the same
 //    thread count (bench/torch_layer_norm_step.py), median microseconds.
+// 4. bfloat16 and float16 against float32: mm (forward), a linear layer's
+//    forward + backward, elementwise add, gelu and sum, median microseconds
+//    per call and the ratio to float32 (the 16-bit types compute through
+//    float32: the ratio is the price of the conversions).
 //
-// Usage: tensor_bench [--quick] [gemm|mlp|layernorm]   (one section, or all)
+// Usage: tensor_bench [--quick] [gemm|mlp|layernorm|lowp]   (one section, or all)
 #include <cblas.h>
 #include <omp.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "bench/flags.h"
@@ -163,6 +168,70 @@ void benchLayerNorm(bool quick) {
   }
 }
 
+// Median seconds per call of fn over `steps` calls (after a few to warm up).
+double perCall(int steps, const std::function<void()>& fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  return bench::medianSeconds(0, steps, fn);
+}
+
+void benchLowPrecision(bool quick) {
+  std::printf("\n== bfloat16 / float16 vs float32 (16-bit types compute through float32), median microseconds\n");
+  std::printf("%-28s %10s %10s %10s %9s %9s\n", "op", "float32", "bfloat16", "float16", "bf16/f32", "f16/f32");
+  const int steps = quick ? 20 : 100;
+  auto row = [&](const char* name, const std::function<void(DType)>& op) {
+    double t[3];
+    const DType types[3] = {DType::Float32, DType::BFloat16, DType::Float16};
+    for (int i = 0; i < 3; ++i) t[i] = perCall(steps, [&] { op(types[i]); });
+    std::printf("%-28s %10.1f %10.1f %10.1f %8.2fx %8.2fx\n", name, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[1] / t[0],
+                t[2] / t[0]);
+  };
+  for (int64_t n : {128, 512, 1024}) {
+    if (quick && n > 512) break;
+    Tensor a = randn({n, n}), b = randn({n, n});
+    Tensor ab[3] = {a, a.to(DType::BFloat16), a.to(DType::Float16)};
+    Tensor bb[3] = {b, b.to(DType::BFloat16), b.to(DType::Float16)};
+    auto idx = [](DType d) { return d == DType::Float32 ? 0 : (d == DType::BFloat16 ? 1 : 2); };
+    char name[64];
+    std::snprintf(name, sizeof name, "mm [%lld]^2", static_cast<long long>(n));
+    row(name, [&](DType d) { (void)mm(ab[idx(d)], bb[idx(d)]); });
+  }
+  {
+    // A transformer-sized linear layer, forward and backward.
+    const int64_t rows = 16 * 128, in = 128, out = 512;
+    Tensor x = randn({rows, in}), w = randn({out, in}), bias = randn({out});
+    auto idx = [](DType d) { return d == DType::Float32 ? 0 : (d == DType::BFloat16 ? 1 : 2); };
+    Tensor xs[3], ws[3], bs[3];
+    for (DType d : {DType::Float32, DType::BFloat16, DType::Float16}) {
+      xs[idx(d)] = x.to(d).detach().requiresGrad_();
+      ws[idx(d)] = w.to(d).detach().requiresGrad_();
+      bs[idx(d)] = bias.to(d).detach().requiresGrad_();
+    }
+    row("linear fwd+bwd [2048,128]x512", [&](DType d) {
+      int i = idx(d);
+      linear(xs[i], ws[i], bs[i]).sum().backward();
+      xs[i].setGrad({});
+      ws[i].setGrad({});
+      bs[i].setGrad({});
+    });
+  }
+  {
+    const int64_t n = quick ? (1 << 18) : (1 << 22);
+    Tensor a = randn({n}), b = randn({n});
+    auto idx = [](DType d) { return d == DType::Float32 ? 0 : (d == DType::BFloat16 ? 1 : 2); };
+    Tensor as[3] = {a, a.to(DType::BFloat16), a.to(DType::Float16)};
+    Tensor bs[3] = {b, b.to(DType::BFloat16), b.to(DType::Float16)};
+    char name[64];
+    std::snprintf(name, sizeof name, "add [%lld]", static_cast<long long>(n));
+    row(name, [&](DType d) { (void)add(as[idx(d)], bs[idx(d)]); });
+    std::snprintf(name, sizeof name, "gelu [%lld]", static_cast<long long>(n));
+    row(name, [&](DType d) { (void)gelu(as[idx(d)]); });
+    std::snprintf(name, sizeof name, "sum [%lld]", static_cast<long long>(n));
+    row(name, [&](DType d) { (void)sum(as[idx(d)]); });
+    std::snprintf(name, sizeof name, "from f32 (f32: clone) [%lld]", static_cast<long long>(n));
+    row(name, [&](DType d) { (void)(d == DType::Float32 ? a.clone() : a.to(d)); });
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,13 +240,13 @@ int main(int argc, char** argv) {
   weft::bench::Flags flags;
   flags.onSwitch("--quick", [&] { quick = true; });
   flags.onValue("--only", [&](const std::string& v) {
-    if (v != "gemm" && v != "mlp" && v != "layernorm") {
-      throw weft::bench::FlagError("--only takes gemm, mlp or layernorm, got '" + v + "'");
+    if (v != "gemm" && v != "mlp" && v != "layernorm" && v != "lowp") {
+      throw weft::bench::FlagError("--only takes gemm, mlp, layernorm or lowp, got '" + v + "'");
     }
     only = v;
   });
   if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "tensor_bench",
-                                      "usage: tensor_bench [--quick] [--only gemm|mlp|layernorm]\n")) {
+                                      "usage: tensor_bench [--quick] [--only gemm|mlp|layernorm|lowp]\n")) {
     return 2;
   }
   auto runs = [&](const char* section) { return only.empty() || only == section; };
@@ -186,5 +255,6 @@ int main(int argc, char** argv) {
   if (runs("gemm")) benchGemm(quick);
   if (runs("mlp")) benchMlp(quick);
   if (runs("layernorm")) benchLayerNorm(quick);
+  if (runs("lowp")) benchLowPrecision(quick);
   return 0;
 }

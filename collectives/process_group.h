@@ -29,7 +29,8 @@
 //    checked: allGather fills `outputs` (size() tensors shaped like the input;
 //    undefined entries are allocated for the caller, so a vector of undefined
 //    tensors works), gather fills them on the root only, scatter and
-//    reduceScatter fill `output` from size() inputs, allToAll splits input and
+//    reduceScatter fill `output` from size() inputs (reduceScatter's may be
+//    of uneven sizes), allToAll splits input and
 //    output into size() equal chunks along dim 0 (chunk i goes to rank i).
 //  - Tensors must be contiguous CPU tensors; any dtype moves (broadcast,
 //    gather, send, ...; bool included), reductions take the dtypes listed at
@@ -104,7 +105,8 @@ namespace weft::collectives {
 //   Max      the largest x_r
 // Per dtype (gloo backend):
 //   float32, float64  every op, in that precision. The order in which ranks'
-//                     values are added is fixed by the ring, not by rank, so
+//                     values are added is fixed by the algorithm (gloo:
+//                     "Allreduce algorithms"), not always by rank, so
 //                     Sum/Avg/Product may differ from a rank-ordered sum in
 //                     the last bits; the result is the same on every rank.
 //                     A NaN on any rank makes Sum/Avg/Product NaN; Min/Max of
@@ -119,6 +121,25 @@ namespace weft::collectives {
 //                     or Min (all).
 enum class ReduceOp : uint8_t { Sum = 0, Avg = 1, Product = 2, Min = 3, Max = 4 };
 const char* reduceOpName(ReduceOp op);  // "sum", "avg", ...
+
+// What a process group put on the wire and took off it, counted by the
+// backend at its transport (gloo: every send and every completed receive of
+// the group's connections, whichever layer posted it: the collective
+// algorithms, the call exchange, point-to-point transfers; see
+// gloo/detail/traffic.h). Bytes are payload bytes, without the transport's
+// fixed-size per-message framing; a message is one send or receive.
+// Counters of a sub-group are its own.
+struct TrafficStats {
+  int64_t bytesSent = 0;
+  int64_t bytesReceived = 0;
+  int64_t messagesSent = 0;
+  int64_t messagesReceived = 0;
+  // Sends of more than kControlMessageBytes: the messages that carry tensor
+  // data, apart from notifications, barriers and headers (an algorithm's
+  // communication steps).
+  int64_t dataMessagesSent = 0;
+  static constexpr int64_t kControlMessageBytes = 64;
+};
 
 // "[0, 2, 3]", for messages.
 std::string rankList(const std::vector<int>& ranks);
@@ -153,6 +174,10 @@ class ProcessGroup {
   // output on rank i receives root's inputs[i]; other ranks pass no inputs.
   virtual Work scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) = 0;
   // output on rank i receives the reduction over the ranks of their inputs[i].
+  // The inputs may differ in size (a flat buffer cut into shards of uneven
+  // length: pass views of it, nothing is copied); inputs[i] has the dtype of
+  // the output, and inputs[rank()] its number of elements. Every rank passes
+  // the same sizes (gloo: checked with the call, InvalidArgumentError).
   virtual Work reduceScatter(const Tensor& output, const std::vector<Tensor>& inputs,
                              ReduceOp op = ReduceOp::Sum) = 0;
   // input and output have the same shape, dim 0 divisible by size(): chunk i of
@@ -177,6 +202,13 @@ class ProcessGroup {
   void recv(const Tensor& tensor, int src, uint32_t tag = 0);
   // Returns the rank the tensor came from.
   int recvAny(const Tensor& tensor, uint32_t tag = 0);
+
+  // ---- traffic -------------------------------------------------------------------
+  // This rank's traffic on this group since it was built or last reset (see
+  // TrafficStats). Any thread; a reset while ops run splits their traffic
+  // between the two readings. Backends that do not count (nccl) return zeros.
+  virtual TrafficStats trafficStats() const { return {}; }
+  virtual void resetTrafficStats() {}
 
   // ---- sub-groups ------------------------------------------------------------------
   // A group of the given ranks of this group (new rank i is ranks[i] here),

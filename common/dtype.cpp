@@ -38,6 +38,8 @@ bool isFloating(DType t) {
 
 bool isIntegral(DType t) { return t == DType::Int64 || t == DType::Int32 || t == DType::UInt8; }
 
+bool isLowPrecision(DType t) { return t == DType::BFloat16 || t == DType::Float16; }
+
 std::ostream& operator<<(std::ostream& os, DType t) { return os << dtypeName(t); }
 
 std::string Device::str() const {

@@ -7,7 +7,7 @@
 //
 // What each CPU dtype supports (others give InvalidArgumentError naming the
 // op and the dtype, e.g. "exp: dtype int32 is not supported"):
-//   every dtype but bfloat16/float16 (float32, float64, int64, int32, uint8,
+//   every dtype (float32, float64, bfloat16, float16, int64, int32, uint8,
 //   bool): creation (empty, zeros, ones, full, fromVector, arange), printing,
 //   element access (data<T>, item<T>, toVector<T>), to(dtype) in both
 //   directions between any two of them, views, contiguous, clone, copy_,
@@ -16,24 +16,35 @@
 //   cumsum (integers and bool sum to int64, as in PyTorch), RPC
 //   (rpc/codec.h), every collective that moves data (send, broadcast,
 //   allGather, ...), state files (nn/serialize.h).
-//   Numeric dtypes (float32, float64, int64, int32, uint8): add, sub, mul,
-//   div (integer division truncates; by zero is an error), maximum, minimum,
-//   pow, neg, abs, square, relu, clamp, scatterAdd, the scalar forms (x + 2,
-//   x * 3) and reductions across ranks (collectives/process_group.h lists
-//   the ops).
-//   Floating dtypes only (float32, float64): autograd (requiresGrad), mean,
-//   exp, log, sqrt, tanh, sigmoid, gelu, pow by a scalar, 1 / x, softmax,
-//   matmul, the nn layers, losses, optimizers and initialisers.
+//   Numeric dtypes (float32, float64, bfloat16, float16, int64, int32,
+//   uint8): add, sub, mul, div (integer division truncates; by zero is an
+//   error), maximum, minimum, pow, neg, abs, square, relu, clamp, scatterAdd,
+//   the scalar forms (x + 2, x * 3); reductions across ranks take the dtypes
+//   collectives/process_group.h lists per backend (gloo: not bfloat16).
+//   Floating dtypes (float32, float64, bfloat16, float16): autograd
+//   (requiresGrad), mean, exp, log, sqrt, tanh, sigmoid, gelu, pow by a
+//   scalar, 1 / x, softmax, matmul, the nn layers, losses, optimizers and
+//   initialisers.
+// bfloat16 and float16 (common/half.h) compute in float32: an op converts its
+// operands to float32, runs the float32 kernel (accumulating in float32) and
+// rounds the result back once, so a result matches PyTorch's CPU result for
+// the same inputs up to the float32 kernel's own rounding. Gradients of a
+// bfloat16/float16 tensor are of its dtype. Mixed dtypes are an error outside
+// an autocast scope (tensor/autocast.h).
 // Conversions follow PyTorch: to bool is `x != 0`; from bool gives 0 or 1;
 // between integer types the value wraps modulo 2^bits; a floating value
 // converted to an integer type is truncated toward zero, saturates at the
-// type's limits, and NaN becomes 0 (where PyTorch leaves it undefined).
+// type's limits, and NaN becomes 0 (where PyTorch leaves it undefined); to
+// bfloat16/float16 rounds to nearest even (common/half.h), from float64 and
+// the integers through float32.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <ostream>
 #include <string>
+
+#include "common/half.h"
 
 namespace weft {
 
@@ -45,9 +56,8 @@ enum class DType : uint8_t {
   Float32 = 0,
   Float64 = 1,
   Int64 = 2,
-  // Storage-only types reserved for GPU work; CPU kernels reject them.
-  BFloat16 = 3,
-  Float16 = 4,
+  BFloat16 = 3,  // weft::BFloat16 (common/half.h)
+  Float16 = 4,  // weft::Float16, IEEE half
   Int32 = 5,
   UInt8 = 6,
   Bool = 7,  // one byte per element, always 0 or 1
@@ -59,6 +69,7 @@ size_t elementSize(DType t);
 const char* dtypeName(DType t);  // "float32", "float64", ...
 bool isFloating(DType t);  // float32, float64, bfloat16, float16
 bool isIntegral(DType t);  // int64, int32, uint8 (not bool)
+bool isLowPrecision(DType t);  // bfloat16, float16: computed through float32
 std::ostream& operator<<(std::ostream& os, DType t);
 
 template <class T>
@@ -87,8 +98,16 @@ template <>
 struct DTypeOf<bool> {
   static constexpr DType value = DType::Bool;
 };
-// True for the C++ types that have a DType (float, double, int64_t, int32_t,
-// uint8_t, bool): what fromVector, item and toVector accept.
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct DTypeOf<Float16> {
+  static constexpr DType value = DType::Float16;
+};
+// True for the C++ types that have a DType (float, double, BFloat16, Float16,
+// int64_t, int32_t, uint8_t, bool): what fromVector, item and toVector accept.
 template <class T>
 inline constexpr bool kIsElementType = requires { DTypeOf<T>::value; };
 template <class T>
@@ -118,7 +137,9 @@ std::ostream& operator<<(std::ostream& os, Device d);
 // Calls `fn.template operator()<T>()` with T the C++ type of `dtype`; any
 // other dtype throws InvalidArgumentError naming `opname` and the dtype.
 // FLOATING: float32, float64. NUMERIC: those and int64, int32, uint8.
-// ALL: the numeric ones and bool.
+// ALL: the numeric ones and bool. ALL_AND_HALF, NUMERIC_AND_HALF: those and
+// BFloat16, Float16 (for kernels that move, compare or accumulate elements;
+// arithmetic on the 16-bit types goes through float32 blocks).
 #define WEFT_DISPATCH_FLOATING(dtype, opname, ...)                         \
   do {                                                                    \
     switch (dtype) {                                                      \
@@ -148,6 +169,27 @@ std::ostream& operator<<(std::ostream& os, Device d);
     switch (dtype) {                                                      \
       WEFT_DISPATCH_NUMERIC_CASES(__VA_ARGS__)                            \
       case ::weft::DType::Bool: (__VA_ARGS__).template operator()<bool>(); break;      \
+      default: ::weft::throwUnsupportedDType(opname, dtype);              \
+    }                                                                     \
+  } while (0)
+
+#define WEFT_DISPATCH_ALL_AND_HALF(dtype, opname, ...)                     \
+  do {                                                                    \
+    switch (dtype) {                                                      \
+      WEFT_DISPATCH_NUMERIC_CASES(__VA_ARGS__)                            \
+      case ::weft::DType::Bool: (__VA_ARGS__).template operator()<bool>(); break;      \
+      case ::weft::DType::BFloat16: (__VA_ARGS__).template operator()<::weft::BFloat16>(); break; \
+      case ::weft::DType::Float16: (__VA_ARGS__).template operator()<::weft::Float16>(); break;   \
+      default: ::weft::throwUnsupportedDType(opname, dtype);              \
+    }                                                                     \
+  } while (0)
+
+#define WEFT_DISPATCH_NUMERIC_AND_HALF(dtype, opname, ...)                 \
+  do {                                                                    \
+    switch (dtype) {                                                      \
+      WEFT_DISPATCH_NUMERIC_CASES(__VA_ARGS__)                            \
+      case ::weft::DType::BFloat16: (__VA_ARGS__).template operator()<::weft::BFloat16>(); break; \
+      case ::weft::DType::Float16: (__VA_ARGS__).template operator()<::weft::Float16>(); break;   \
       default: ::weft::throwUnsupportedDType(opname, dtype);              \
     }                                                                     \
   } while (0)

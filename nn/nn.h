@@ -13,6 +13,7 @@
 //   net->save("net.weft");
 #pragma once
 
+#include "nn/amp.h"
 #include "nn/conv.h"
 #include "nn/embedding.h"
 #include "nn/functional.h"

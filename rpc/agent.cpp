@@ -626,6 +626,8 @@ AgentStats Agent::Impl::stats() const {
   s.connectionsRejected = connectionsRejected_.load();
   s.writeSyscalls = counters_.writeSyscalls.load();
   s.framesWritten = counters_.framesWritten.load();
+  s.bytesSent = counters_.bytesWritten.load();
+  s.bytesReceived = counters_.bytesRead.load();
   s.longestStall = std::chrono::milliseconds(longestStallMs_.load());
   for (auto& p : peers_) {
     if (p->rank != options_.rank && p->alive) ++s.liveConnections;

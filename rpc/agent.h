@@ -203,6 +203,10 @@ struct AgentStats {
   uint64_t connectionsRejected = 0;  // closed for a protocol violation or a failed handshake
   uint64_t writeSyscalls = 0;   // writev calls (frames / writeSyscalls = coalescing)
   uint64_t framesWritten = 0;
+  // Bytes this agent's connections wrote to and read from their sockets (frames, headers and
+  // heartbeats included; the store's connection is not an agent connection).
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
   size_t liveConnections = 0;
   // The longest stall of this agent's loop thread (housekeeping ran late: the process was not
   // scheduled or was stopped, or the loop was held up), 0 when none passed 50 ms. Heartbeat

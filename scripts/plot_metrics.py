@@ -9,6 +9,9 @@ The CSV has a header line and one row per iteration. The x axis is the column gi
 the first column named iteration, episode, step or epoch, else the first column. Every other
 column whose values are all numbers gets its own panel (or only those named by --columns); a
 panel shows the raw values and, with --smooth N (N > 1), their moving average over N rows.
+An empty cell is a value not measured at that row (a validation loss written every K steps): a
+column is drawn through its measured points; when they are fewer than half the rows they are
+marked and not smoothed, else the moving average runs over them.
 Uses matplotlib (Debian's python3-matplotlib, installed by scripts/setup.sh) without a display.
 """
 
@@ -45,9 +48,14 @@ def read_columns(path):
     return header, columns
 
 
-def as_numbers(values):
+def as_numbers(values, allow_empty=False):
+    """The values as floats (an empty cell as nan when allow_empty), or None when one is not a
+    number."""
     out = []
     for v in values:
+        if allow_empty and v == "":
+            out.append(math.nan)
+            continue
         try:
             out.append(float(v))
         except ValueError:
@@ -97,7 +105,9 @@ def main():
         names = [h for h in header if h != x_name and h not in X_CANDIDATES]
     series = []
     for n in names:
-        ys = as_numbers(columns[n])
+        ys = as_numbers(columns[n], allow_empty=True)
+        if ys is not None and all(math.isnan(v) for v in ys):
+            ys = None
         if ys is None:
             if args.columns:
                 fail(f"column '{n}' holds values that are not numbers")
@@ -118,9 +128,13 @@ def main():
     fig, axes = plt.subplots(len(series), 1, figsize=(8, 2.6 * len(series)), sharex=True, squeeze=False)
     for ax, (name, ys) in zip(axes[:, 0], series):
         finite = [v for v in ys if math.isfinite(v)]
-        ax.plot(xs, ys, linewidth=0.7, alpha=0.45 if args.smooth > 1 else 1.0, label=name)
-        if args.smooth > 1:
-            ax.plot(xs, moving_average(ys, args.smooth), linewidth=1.5, label=f"{name} (mean of {args.smooth})")
+        points = [(x, y) for x, y in zip(xs, ys) if not math.isnan(y)]
+        px, py = [p[0] for p in points], [p[1] for p in points]
+        sparse = len(points) < len(ys) / 2
+        ax.plot(px, py, linewidth=1.2 if sparse else 0.7, marker="o" if sparse else None, markersize=3,
+                alpha=0.45 if args.smooth > 1 and not sparse else 1.0, label=name)
+        if args.smooth > 1 and not sparse:
+            ax.plot(px, moving_average(py, args.smooth), linewidth=1.5, label=f"{name} (mean of {args.smooth})")
             ax.legend(loc="best", fontsize="small")
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)

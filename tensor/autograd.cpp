@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "kernels/cpu/elementwise.h"
+#include "tensor/autocast.h"
 #include "tensor/ops.h"
 
 namespace weft {
@@ -397,6 +398,7 @@ std::vector<Tensor> runBackward(const std::vector<Edge>& roots, const std::vecto
                                 const BackwardOptions& options) {
   WEFT_CHECK(roots.size() == rootGrads.size()) << roots.size() << " roots, " << rootGrads.size() << " gradients";
   NoGradGuard ng;
+  autocast::Scope noAutocast(DType::BFloat16, false);  // backward rules compute in their forward's dtypes
   GraphTask task(options);
   std::vector<std::shared_ptr<Node>> rootNodes;
   rootNodes.reserve(roots.size());

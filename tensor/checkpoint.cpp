@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd.h"
 
 namespace weft {
@@ -62,6 +63,10 @@ struct Saved {
   std::vector<bool> requiresGrad;
   CheckpointOptions options;
   RngStates states;
+  // The autocast state fn ran under, re-entered for the recomputation (the
+  // backward pass itself runs with autocast off).
+  bool autocastEnabled = false;
+  DType autocastDType = DType::BFloat16;
   size_t numOutputs = 0;
   std::vector<size_t> slots;  // output index of each gradient slot
 };
@@ -85,6 +90,7 @@ std::vector<Tensor> recomputeAndBackward(const Saved& s, const std::vector<Tenso
       restoreStates(s.options.generators, s.states);
     }
     EnableGradGuard grad;
+    autocast::Scope amp(s.autocastDType, s.autocastEnabled);
     outputs = s.fn(inputs);
   }
   WEFT_ENFORCE(outputs.size() == s.numOutputs, StateError, "checkpoint: the recomputation returned ", outputs.size(),
@@ -111,6 +117,8 @@ std::vector<Tensor> checkpoint(const Fn& fn, const std::vector<Tensor>& inputs, 
   saved->fn = fn;
   saved->options = std::move(o);
   if (saved->options.preserveRngState) saved->states = captureStates(saved->options.generators);
+  saved->autocastEnabled = autocast::isEnabled();
+  if (saved->autocastEnabled) saved->autocastDType = autocast::dtype();
   std::vector<Tensor> detached;
   detached.reserve(inputs.size());
   for (const Tensor& in : inputs) {

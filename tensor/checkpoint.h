@@ -19,6 +19,9 @@
 //   before the recomputation; afterwards the caller's states are restored, so
 //   backward does not advance any generator as seen from outside. A
 //   recomputation returning a different number of tensors is a StateError.
+//   The recomputation also runs under the autocast state of the forward
+//   (tensor/autocast.h), so a segment checkpointed inside a bfloat16 scope is
+//   recomputed in bfloat16 although backward itself runs with autocast off.
 // - Gradients: the inputs' flow into the outer graph like any op's; those of
 //   parameters fn uses (tensors it captures) are handed to the running
 //   backward pass as if they had reached the parameters' AccumulateGrad nodes

@@ -17,6 +17,7 @@
 // ops_attention.h (scaled dot-product attention, merging partial attentions).
 #pragma once
 
+#include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/checkpoint.h"
 #include "tensor/generator.h"

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "kernels/cpu/attention.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
 #include "tensor/grad_rules/grad_rules.h"
@@ -54,7 +55,17 @@ uint64_t drawSeed(Generator* gen) {
 AttentionOutput scaledDotProductAttentionWithLse(const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const AttentionOptions& o) {
   const char* op = "scaledDotProductAttention";
+  if (auto d = autocast::detail::lowFor({&q, &k, &v})) {
+    return scaledDotProductAttentionWithLse(autocast::detail::cast(q, *d), autocast::detail::cast(k, *d),
+                                            autocast::detail::cast(v, *d), o);
+  }
   checkAttentionArguments(op, q, k, v, o);
+  if (isLowPrecision(q.dtype())) {
+    autocast::Scope plain(q.dtype(), false);  // the float32 computation of a 16-bit op: not cast down again
+    AttentionOutput r = scaledDotProductAttentionWithLse(q.to(DType::Float32), k.to(DType::Float32),
+                                                         v.to(DType::Float32), o);
+    return {r.out.to(q.dtype()), r.lse.to(q.dtype())};
+  }
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
   kernels::cpu::AttentionGeometry geo{.batchHeads = B * H,
                                       .queries = Sq,
@@ -81,6 +92,10 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
 
 AttentionOutput mergeAttention(const AttentionOutput& a, const AttentionOutput& b) {
   const char* op = "mergeAttention";
+  if (auto d = autocast::detail::promotedFor({&a.out, &a.lse, &b.out, &b.lse})) {
+    auto c = [&](const Tensor& t) { return autocast::detail::cast(t, *d, true); };
+    return mergeAttention({c(a.out), c(a.lse)}, {c(b.out), c(b.lse)});
+  }
   detail::checkDefined(op, a.out, "a.out");
   detail::checkDefined(op, a.lse, "a.lse");
   detail::checkDefined(op, b.out, "b.out");
@@ -100,6 +115,11 @@ AttentionOutput mergeAttention(const AttentionOutput& a, const AttentionOutput& 
   rowsShape.pop_back();
   WEFT_ENFORCE(a.lse.shape() == rowsShape, InvalidArgumentError, op, ": lse of shape ", a.lse.shape(),
                " does not fit out of shape ", a.out.shape(), " (expected ", rowsShape, ")");
+  if (isLowPrecision(a.out.dtype())) {
+    auto up = [](const Tensor& t) { return t.to(DType::Float32); };
+    AttentionOutput r = mergeAttention({up(a.out), up(a.lse)}, {up(b.out), up(b.lse)});
+    return {r.out.to(a.out.dtype()), r.lse.to(a.out.dtype())};
+  }
   Tensor oa = packed(a.out), la = packed(a.lse), ob = packed(b.out), lb = packed(b.lse);
   const TensorOptions like{.dtype = a.out.dtype(), .device = a.out.device()};
   AttentionOutput r{empty(a.out.shape(), like), empty(a.lse.shape(), like)};

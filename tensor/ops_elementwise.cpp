@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/masking.h"
+#include "tensor/autocast.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_checks.h"
 #include "tensor/op_layout.h"
@@ -103,6 +104,9 @@ Tensor unaryOp(UnaryOp op, const char* name, const Tensor& a, double p0 = 0, dou
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return add(autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true), alpha);
+  }
   Tensor bb = alpha == 1.0 ? b : mul(b, alpha);
   Tensor out = binaryForward(BinaryOp::Add, "add", a, bb);
   grad_rules::addBackward(a, bb, out);
@@ -110,6 +114,9 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return sub(autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true), alpha);
+  }
   Tensor bb = alpha == 1.0 ? b : mul(b, alpha);
   Tensor out = binaryForward(BinaryOp::Sub, "sub", a, bb);
   grad_rules::subBackward(a, bb, out);
@@ -117,12 +124,18 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return mul(autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true));
+  }
   Tensor out = binaryForward(BinaryOp::Mul, "mul", a, b);
   grad_rules::mulBackward(a, b, out);
   return out;
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return div(autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true));
+  }
   Tensor out = binaryForward(BinaryOp::Div, "div", a, b);
   grad_rules::divBackward(a, b, out);
   return out;
@@ -132,12 +145,18 @@ Tensor add(const Tensor& a, double b) { return unaryOp(UnaryOp::AddScalar, "AddS
 Tensor mul(const Tensor& a, double b) { return unaryOp(UnaryOp::MulScalar, "MulScalarBackward", a, b); }
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return maximum(autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true));
+  }
   Tensor out = binaryForward(BinaryOp::Maximum, "MaximumBackward", a, b);
   grad_rules::maximumBackward(a, b, out);
   return out;
 }
 
 Tensor minimum(const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return minimum(autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true));
+  }
   Tensor out = binaryForward(BinaryOp::Minimum, "MinimumBackward", a, b);
   grad_rules::minimumBackward(a, b, out);
   return out;
@@ -160,6 +179,9 @@ Tensor pow(const Tensor& a, double exponent) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& e) {
+  if (auto d = autocast::detail::promotedFor({&a, &e})) {
+    return pow(autocast::detail::cast(a, *d, true), autocast::detail::cast(e, *d, true));
+  }
   Tensor out = binaryForward(BinaryOp::Pow, "pow", a, e);
   grad_rules::powTensorBackward(a, e, out);
   return out;
@@ -184,6 +206,9 @@ Tensor clamp(const Tensor& a, double min, double max) {
 namespace {
 
 Tensor compareOp(kernels::cpu::CompareOp op, const char* name, const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return compareOp(op, name, autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true));
+  }
   detail::checkSameKind(name, a, b);
   detail::requireCpu(name, a);
   Shape shape = broadcastShapes(a.shape(), b.shape(), name);
@@ -240,6 +265,9 @@ Tensor triangleOp(const char* op, const Tensor& x, int64_t diagonal, bool upper)
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::promotedFor({&a, &b})) {
+    return where(cond, autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true));
+  }
   return selectOp("where", "WhereBackward", cond, a, b);
 }
 

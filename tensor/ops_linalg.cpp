@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reduce.h"
+#include "tensor/autocast.h"
 #include "tensor/batched_gemm.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_checks.h"
@@ -45,6 +46,7 @@ Tensor product(const char* name, const Tensor& a, const Tensor& b, const Shape& 
 }  // namespace
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::lowFor({&a, &b})) return mm(autocast::detail::cast(a, *d), autocast::detail::cast(b, *d));
   checkGemmKind("mm", a, b);
   WEFT_ENFORCE(a.dim() == 2 && b.dim() == 2, InvalidArgumentError, "mm: expected two 2-D tensors, got shapes ",
                a.shape(), " and ", b.shape());
@@ -53,6 +55,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::lowFor({&a, &b})) return bmm(autocast::detail::cast(a, *d), autocast::detail::cast(b, *d));
   checkGemmKind("bmm", a, b);
   WEFT_ENFORCE(a.dim() == 3 && b.dim() == 3, InvalidArgumentError, "bmm: expected two 3-D tensors, got shapes ",
                a.shape(), " and ", b.shape());
@@ -63,6 +66,9 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (auto d = autocast::detail::lowFor({&a, &b})) {
+    return matmul(autocast::detail::cast(a, *d), autocast::detail::cast(b, *d));
+  }
   checkGemmKind("matmul", a, b);
   WEFT_ENFORCE(a.dim() >= 1 && b.dim() >= 1, InvalidArgumentError,
                "matmul: both arguments need at least one dimension, got shapes ", a.shape(), " and ", b.shape());
@@ -93,6 +99,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (auto d = autocast::detail::lowFor({&x, &weight, &bias})) {
+    return linear(autocast::detail::cast(x, *d), autocast::detail::cast(weight, *d), autocast::detail::cast(bias, *d));
+  }
   checkGemmKind("linear", x, weight);
   WEFT_ENFORCE(weight.dim() == 2, InvalidArgumentError, "linear: weight must be 2-D [out, in], got shape ",
                weight.shape());

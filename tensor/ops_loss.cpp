@@ -8,6 +8,7 @@
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/loss.h"
 #include "kernels/cpu/softmax.h"
+#include "tensor/autocast.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_checks.h"
 #include "tensor/op_layout.h"
@@ -79,7 +80,9 @@ Tensor nllReduce(DType dt, const void* logProbs, const ClassLayout& l, int64_t i
 }  // namespace
 
 Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction r, int64_t ignoreIndex) {
+  if (autocast::detail::float32For({&input})) return nllLoss(input.to(DType::Float32), target, r, ignoreIndex);
   ClassLayout l = classLayout("nllLoss", input, target, ignoreIndex);
+  if (isLowPrecision(input.dtype())) return nllLoss(input.to(DType::Float32), target, r, ignoreIndex).to(input.dtype());
   Tensor x = input.contiguous();
   kernels::cpu::NllTotals totals;
   Tensor out = nllReduce(input.dtype(), x.numel() > 0 ? x.rawData() : nullptr, l, ignoreIndex, r, totals);
@@ -88,7 +91,11 @@ Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction r, int64_t i
 }
 
 Tensor crossEntropy(const Tensor& logits, const Tensor& target, Reduction r, int64_t ignoreIndex) {
+  if (autocast::detail::float32For({&logits})) return crossEntropy(logits.to(DType::Float32), target, r, ignoreIndex);
   ClassLayout l = classLayout("crossEntropy", logits, target, ignoreIndex);
+  if (isLowPrecision(logits.dtype())) {
+    return crossEntropy(logits.to(DType::Float32), target, r, ignoreIndex).to(logits.dtype());
+  }
   Tensor x = logits.contiguous();
   Tensor logProbs = empty(logits.shape(), {.dtype = logits.dtype()});
   kernels::cpu::NllTotals totals;
@@ -102,6 +109,9 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& target, Reduction r, int
 }
 
 Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction r) {
+  if (autocast::detail::float32For({&input, &target})) {
+    return mseLoss(autocast::detail::cast(input, DType::Float32), autocast::detail::cast(target, DType::Float32), r);
+  }
   detail::checkSameKind("mseLoss", input, target);
   detail::requireCpu("mseLoss", input);
   detail::requireFloating("mseLoss", input);
@@ -109,6 +119,7 @@ Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction r) {
   // target is almost always a bug, so weft asks for equal shapes.
   WEFT_ENFORCE(input.shape() == target.shape(), InvalidArgumentError, "mseLoss: input of shape ", input.shape(),
                " and target of shape ", target.shape(), " differ; reshape one of them explicitly");
+  if (isLowPrecision(input.dtype())) return mseLoss(input.to(DType::Float32), target.to(DType::Float32), r).to(input.dtype());
   Tensor x = input.contiguous(), t = target.contiguous();
   int64_t n = x.numel();
   DType dt = input.dtype();

@@ -14,6 +14,7 @@
 #include "kernels/cpu/lstm.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/reduce.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
 #include "tensor/grad_rules/grad_rules.h"
@@ -51,6 +52,7 @@ TensorOptions like(const Tensor& t) { return {.dtype = t.dtype(), .device = t.de
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   checkTable("embedding", weight);
   checkIndexTensor("embedding", indices, "indices");
+  if (isLowPrecision(weight.dtype())) return embedding(weight.to(DType::Float32), indices).to(weight.dtype());
   Tensor w = packed(weight), idx = packed(indices);
   int64_t num = w.size(0), dim = w.size(1), n = idx.numel();
   kernels::cpu::checkEmbeddingIndices("embedding", idx.data<int64_t>(), n, num);
@@ -129,6 +131,11 @@ Tensor embeddingBag(const Tensor& weight, const Tensor& indices, const Tensor& o
                  perSampleWeights.shape(), " must match indices of shape ", indices.shape());
     psw = packed(perSampleWeights);
   }
+  if (isLowPrecision(weight.dtype())) {
+    return embeddingBag(weight.to(DType::Float32), indices, offsets, mode,
+                        psw.defined() ? perSampleWeights.to(DType::Float32) : Tensor())
+        .to(weight.dtype());
+  }
   Tensor w = packed(weight), idx = packed(indices);
   int64_t num = w.size(0), dim = w.size(1);
   kernels::cpu::checkEmbeddingIndices(op, idx.data<int64_t>(), idx.numel(), num);
@@ -150,6 +157,10 @@ Tensor embeddingBag(const Tensor& weight, const Tensor& indices, const Tensor& o
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pair<int64_t, int64_t> stride,
               std::pair<int64_t, int64_t> padding) {
   const char* op = "conv2d";
+  if (auto d = autocast::detail::lowFor({&x, &weight, &bias})) {
+    return conv2d(autocast::detail::cast(x, *d), autocast::detail::cast(weight, *d), autocast::detail::cast(bias, *d),
+                  stride, padding);
+  }
   detail::checkSameKind(op, x, weight);
   detail::requireCpu(op, x);
   detail::requireFloating(op, x);
@@ -175,6 +186,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pa
   WEFT_ENFORCE(geo.height + 2 * ph >= geo.kernelH && geo.width + 2 * pw >= geo.kernelW, InvalidArgumentError, op,
                ": kernel of size (", geo.kernelH, ", ", geo.kernelW, ") is larger than the padded input (",
                geo.height + 2 * ph, ", ", geo.width + 2 * pw, ") of input shape ", x.shape());
+  if (isLowPrecision(x.dtype())) {
+    autocast::Scope plain(x.dtype(), false);  // the float32 computation of a 16-bit op: not cast down again
+    return conv2d(x.to(DType::Float32), weight.to(DType::Float32), bias.defined() ? bias.to(DType::Float32) : Tensor(),
+                  stride, padding)
+        .to(x.dtype());
+  }
   geo.outH = (geo.height + 2 * ph - geo.kernelH) / sh + 1;
   geo.outW = (geo.width + 2 * pw - geo.kernelW) / sw + 1;
   Tensor xc = packed(x), wc = packed(weight), bc = packed(bias);
@@ -195,6 +212,7 @@ Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t paddin
   detail::requireCpu(op, x);
   detail::requireFloating(op, x);
   WEFT_ENFORCE(x.dim() == 4, InvalidArgumentError, op, ": input must be 4-D [N, C, H, W], got shape ", x.shape());
+  if (isLowPrecision(x.dtype())) return maxPool2d(x.to(DType::Float32), kernel, stride, padding).to(x.dtype());
   if (stride == 0) stride = kernel;
   WEFT_ENFORCE(kernel >= 1 && stride >= 1, InvalidArgumentError, op, ": kernel (", kernel, ") and stride (", stride,
                ") must be positive");
@@ -226,6 +244,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   if (!training || p == 0.0) return x;
   detail::requireCpu("dropout", x);
   detail::requireFloating("dropout", x);
+  if (isLowPrecision(x.dtype())) return dropout(x.to(DType::Float32), p, training, gen).to(x.dtype());
   // mask = 0 with probability p, else 1 / (1 - p); all zeros when p == 1.
   // Element i is dropped when the generator's i-th nextDouble() would be
   // below p: (u >> 11) * 2^-53 < p, that is (u >> 11) < p * 2^53.
@@ -275,6 +294,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight, const Tensor& bias,
                  double eps) {
   const char* op = "layerNorm";
+  if (autocast::detail::float32For({&x, &weight, &bias})) {
+    return layerNorm(autocast::detail::cast(x, DType::Float32), normalizedShape,
+                     autocast::detail::cast(weight, DType::Float32), autocast::detail::cast(bias, DType::Float32), eps);
+  }
   detail::checkDefined(op, x, "input");
   detail::requireCpu(op, x);
   detail::requireFloating(op, x);
@@ -292,6 +315,10 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
                  " must equal normalizedShape ", normalizedShape);
   }
   WEFT_ENFORCE(eps >= 0.0, InvalidArgumentError, op, ": eps must be non-negative, got ", eps);
+  if (isLowPrecision(x.dtype())) {
+    auto up = [](const Tensor& t) { return t.defined() ? t.to(DType::Float32) : Tensor(); };
+    return layerNorm(up(x), normalizedShape, up(weight), up(bias), eps).to(x.dtype());
+  }
   int64_t n = 1;
   for (int64_t s : normalizedShape) n *= s;
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
@@ -350,6 +377,11 @@ std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tenso
   const char* op = "lstmCell";
   WEFT_ENFORCE(x.dim() == 2, InvalidArgumentError, op, ": input must be 2-D [N, in], got shape ", x.shape());
   checkLstmArguments(op, x, h, c, wIh, wHh, bIh, bHh);
+  if (isLowPrecision(x.dtype())) {
+    auto up = [](const Tensor& t) { return t.defined() ? t.to(DType::Float32) : Tensor(); };
+    auto [h1, c1] = lstmCell(up(x), up(h), up(c), up(wIh), up(wHh), up(bIh), up(bHh));
+    return {h1.to(x.dtype()), c1.to(x.dtype())};
+  }
   int64_t N = x.size(0), in = x.size(1), H = wIh.size(0) / 4;
   DType dt = x.dtype();
   Tensor xc = packed(x), hc = packed(h), cc = packed(c), wi = packed(wIh), wh = packed(wHh);
@@ -378,6 +410,11 @@ LstmLayerOutput lstmLayer(const Tensor& x, const Tensor& h0, const Tensor& c0, c
   WEFT_ENFORCE(x.dim() == 3 && x.size(0) > 0, InvalidArgumentError, op,
                ": input must be 3-D [T, N, in] with T > 0, got shape ", x.shape());
   checkLstmArguments(op, x, h0, c0, wIh, wHh, bIh, bHh);
+  if (isLowPrecision(x.dtype())) {
+    auto up = [](const Tensor& t) { return t.defined() ? t.to(DType::Float32) : Tensor(); };
+    LstmLayerOutput r = lstmLayer(up(x), up(h0), up(c0), up(wIh), up(wHh), up(bIh), up(bHh));
+    return {r.output.to(x.dtype()), r.h.to(x.dtype()), r.c.to(x.dtype())};
+  }
   const kernels::cpu::LstmLayerGeometry geo{
       .steps = x.size(0), .batch = x.size(1), .input = x.size(2), .hidden = wIh.size(0) / 4};
   const int64_t T = geo.steps, N = geo.batch, H = geo.hidden;

@@ -6,6 +6,7 @@
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/scan.h"
 #include "kernels/cpu/softmax.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_checks.h"
@@ -74,6 +75,7 @@ Tensor sumForward(const Tensor& a, const std::vector<int64_t>& dims, bool keepDi
 }  // namespace
 
 Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepDim) {
+  if (autocast::detail::float32For({&a})) return sum(a.to(DType::Float32), std::move(dims), keepDim);
   detail::checkDefined("sum", a, "input");
   detail::requireCpu("sum", a);
   dims = normalizeDims(a, std::move(dims), "sum");
@@ -89,8 +91,10 @@ Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepDim) {
 Tensor sum(const Tensor& a) { return sum(a, {}, false); }
 
 Tensor mean(const Tensor& a, std::vector<int64_t> dims, bool keepDim) {
+  if (autocast::detail::float32For({&a})) return mean(a.to(DType::Float32), std::move(dims), keepDim);
   detail::checkDefined("mean", a, "input");
   detail::requireFloating("mean", a);
+  if (isLowPrecision(a.dtype())) return mean(a.to(DType::Float32), std::move(dims), keepDim).to(a.dtype());
   std::vector<int64_t> nd = normalizeDims(a, dims, "mean");
   int64_t count = 1;
   for (int64_t d : nd) count *= a.shape()[d];
@@ -203,6 +207,7 @@ Tensor softmaxImpl(const Tensor& a, int64_t dim, bool log) {
   detail::checkDefined(op, a, "input");
   detail::requireCpu(op, a);
   detail::requireFloating(op, a);
+  if (isLowPrecision(a.dtype())) return softmaxImpl(a.to(DType::Float32), dim, log).to(a.dtype());
   dim = wrapDim(dim, a.dim(), op);
   AxisView v = axisView(a.shape(), dim);
   Tensor x = a.contiguous();
@@ -214,8 +219,14 @@ Tensor softmaxImpl(const Tensor& a, int64_t dim, bool log) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& a, int64_t dim) { return softmaxImpl(a, dim, false); }
-Tensor logSoftmax(const Tensor& a, int64_t dim) { return softmaxImpl(a, dim, true); }
+Tensor softmax(const Tensor& a, int64_t dim) {
+  if (autocast::detail::float32For({&a})) return softmaxImpl(a.to(DType::Float32), dim, false);
+  return softmaxImpl(a, dim, false);
+}
+Tensor logSoftmax(const Tensor& a, int64_t dim) {
+  if (autocast::detail::float32For({&a})) return softmaxImpl(a.to(DType::Float32), dim, true);
+  return softmaxImpl(a, dim, true);
+}
 
 Tensor cumsum(const Tensor& a, int64_t dim) {
   detail::checkDefined("cumsum", a, "input");

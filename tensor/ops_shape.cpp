@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/index.h"
+#include "tensor/autocast.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_checks.h"
 #include "tensor/op_layout.h"
@@ -103,7 +104,19 @@ Tensor atLeast1d(const Tensor& t) { return t.dim() == 0 ? t.view({1}) : t; }
 
 }  // namespace
 
+namespace {
+
+std::vector<Tensor> castAll(const std::vector<Tensor>& tensors, DType d) {
+  std::vector<Tensor> out;
+  out.reserve(tensors.size());
+  for (const Tensor& t : tensors) out.push_back(autocast::detail::cast(t, d, true));
+  return out;
+}
+
+}  // namespace
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (auto d = autocast::detail::promotedFor(tensors)) return cat(castAll(tensors, *d), dim);
   const Tensor& first = checkJoinInputs(tensors, "cat");
   WEFT_ENFORCE(first.dim() > 0, InvalidArgumentError, "cat: zero-dimensional tensors cannot be concatenated; use stack");
   dim = wrapDim(dim, first.dim(), "cat");
@@ -132,6 +145,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (auto d = autocast::detail::promotedFor(tensors)) return stack(castAll(tensors, *d), dim);
   const Tensor& first = checkJoinInputs(tensors, "stack");
   dim = wrapDim(dim, first.dim() + 1, "stack");
   for (size_t k = 0; k < tensors.size(); ++k) {
@@ -243,6 +257,9 @@ Tensor scatterAdd(const Tensor& x, int64_t dim, const Tensor& index, const Tenso
   for (int64_t d = 0; d < src.dim(); ++d) {
     WEFT_ENFORCE(index.size(d) <= src.size(d), InvalidArgumentError, op, ": index of shape ", index.shape(),
                  " is larger than src of shape ", src.shape(), " in dimension ", d);
+  }
+  if (isLowPrecision(x.dtype())) {  // accumulated in float32, rounded once
+    return scatterAdd(x.to(DType::Float32), dim, index, src.to(DType::Float32)).to(x.dtype());
   }
   Tensor idx = atLeast1d(index.contiguous()), sv = atLeast1d(src);
   Tensor out = x.contiguous().clone().detach();

@@ -345,7 +345,7 @@ Tensor arange(double start, double end, double step, TensorOptions o) {
   double span = (end - start) / step;
   int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
   return hostFilled({n}, o, [start, step](Tensor& t) {
-    WEFT_DISPATCH_NUMERIC(t.dtype(), "arange", [&]<class T>() {
+    WEFT_DISPATCH_NUMERIC_AND_HALF(t.dtype(), "arange", [&]<class T>() {
       T* p = t.data<T>();
       for (int64_t i = 0; i < t.numel(); ++i) {
         const double v = start + step * static_cast<double>(i);
@@ -369,7 +369,7 @@ Tensor randomFilled(Shape shape, TensorOptions o, Generator* gen, F draw) {
       lock = std::unique_lock<std::mutex>(defaultGeneratorMutex());
       g = &defaultGenerator();
     }
-    WEFT_DISPATCH_ALL(t.dtype(), "random", [&]<class T>() {
+    WEFT_DISPATCH_ALL_AND_HALF(t.dtype(), "random", [&]<class T>() {
       T* p = t.data<T>();
       for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(draw(*g));
     });
@@ -395,7 +395,7 @@ Tensor randn(Shape shape, TensorOptions o, Generator* gen) {
 
 Tensor randint(int64_t low, int64_t high, Shape shape, TensorOptions o, Generator* gen) {
   WEFT_ENFORCE(low < high, InvalidArgumentError, "randint: low ", low, " must be below high ", high);
-  WEFT_DISPATCH_ALL(o.dtype, "randint", [&]<class T>() {
+  WEFT_DISPATCH_ALL_AND_HALF(o.dtype, "randint", [&]<class T>() {
     if constexpr (std::is_integral_v<T>) {
       WEFT_ENFORCE(low >= static_cast<int64_t>(std::numeric_limits<T>::lowest()) &&
                        high - 1 <= static_cast<int64_t>(std::numeric_limits<T>::max()),

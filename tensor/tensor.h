@@ -77,7 +77,7 @@ class Tensor {
   template <class T>
   T item() const {
     static_assert(kIsElementType<T>,
-                  "item<T>: T must be float, double, int64_t, int32_t, uint8_t or bool (see weft::DTypeOf)");
+                  "item<T>: T must be float, double, BFloat16, Float16, int64_t, int32_t, uint8_t or bool (see weft::DTypeOf)");
     WEFT_ENFORCE(numel() == 1, InvalidArgumentError, "item: expected a one-element tensor, got shape ", shape());
     return toVector<T>()[0];
   }
@@ -86,7 +86,7 @@ class Tensor {
   template <class T>
   std::vector<T> toVector() const {
     static_assert(kIsElementType<T>,
-                  "toVector<T>: T must be float, double, int64_t, int32_t, uint8_t or bool (see weft::DTypeOf)");
+                  "toVector<T>: T must be float, double, BFloat16, Float16, int64_t, int32_t, uint8_t or bool (see weft::DTypeOf)");
     if constexpr (std::is_same_v<T, bool>) {
       std::vector<uint8_t> bytes(static_cast<size_t>(numel()));
       copyTo(DType::Bool, bytes.data());
@@ -230,12 +230,13 @@ Tensor tensorFromHost(DType dtype, const void* data, size_t count, Shape shape);
 }  // namespace detail
 
 // Copies host values into a new CPU tensor of the given shape (numel must
-// match) whose dtype is T's: float, double, int64_t, int32_t, uint8_t or bool.
+// match) whose dtype is T's: float, double, BFloat16, Float16, int64_t,
+// int32_t, uint8_t or bool.
 // Another element type is a compile-time error.
 template <class T>
 Tensor fromVector(const std::vector<T>& values, Shape shape) {
   static_assert(kIsElementType<T>,
-                "fromVector: the element type must be float, double, int64_t, int32_t, uint8_t or bool "
+                "fromVector: the element type must be float, double, BFloat16, Float16, int64_t, int32_t, uint8_t or bool "
                 "(see weft::DTypeOf); convert the values first");
   if constexpr (std::is_same_v<T, bool>) {
     const std::vector<uint8_t> bytes(values.begin(), values.end());  // std::vector<bool> packs bits

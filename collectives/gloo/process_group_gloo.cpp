@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <array>
 #include <condition_variable>
 #include <cstring>
@@ -13,10 +15,13 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring_chunked.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -32,6 +37,7 @@
 
 #include "collectives/gloo/detail/call_check.h"
 #include "collectives/gloo/detail/device.h"
+#include "collectives/gloo/detail/traffic.h"
 #include "common/error.h"
 #include "rpc/options.h"
 
@@ -65,8 +71,42 @@ void checkReducible(DType t, ReduceOp op, const char* name) {
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
+// float16 reductions on the bits: gloo::float16's assignment skips the store
+// when the destination's old bits, read as an integer, round to the new
+// value, which corrupts in-place reductions (out aliasing an input).
+template <class Combine>
+void halfReduce(void* c, const void* a, const void* b, size_t n, Combine combine) {
+  auto* out = static_cast<gloo::float16*>(c);
+  const auto* x = static_cast<const gloo::float16*>(a);
+  const auto* y = static_cast<const gloo::float16*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    out[i].x = gloo::cpu_float2half_rn(combine(gloo::cpu_half2float(x[i]), gloo::cpu_half2float(y[i]))).x;
+  }
+}
+void halfSum(void* c, const void* a, const void* b, size_t n) {
+  halfReduce(c, a, b, n, [](float u, float v) { return u + v; });
+}
+void halfProduct(void* c, const void* a, const void* b, size_t n) {
+  halfReduce(c, a, b, n, [](float u, float v) { return u * v; });
+}
+void halfMin(void* c, const void* a, const void* b, size_t n) {
+  halfReduce(c, a, b, n, [](float u, float v) { return std::min(u, v); });
+}
+void halfMax(void* c, const void* a, const void* b, size_t n) {
+  halfReduce(c, a, b, n, [](float u, float v) { return std::max(u, v); });
+}
+
 template <class T>
 ReduceFn reduceFunction(ReduceOp op) {
+  if constexpr (std::is_same_v<T, gloo::float16>) {
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: return &halfSum;
+      case ReduceOp::Product: return &halfProduct;
+      case ReduceOp::Min: return &halfMin;
+      case ReduceOp::Max: return &halfMax;
+    }
+  }
   ReduceFn fn = nullptr;
   switch (op) {
     case ReduceOp::Sum:
@@ -76,6 +116,34 @@ ReduceFn reduceFunction(ReduceOp op) {
     case ReduceOp::Max: fn = &gloo::max<T>; break;
   }
   return fn;
+}
+
+template <class T>
+const gloo::ReductionFunction<T>* legacyReduceFunction(ReduceOp op) {
+  if constexpr (std::is_same_v<T, gloo::float16>) {
+    // In place: a = a op b, as Gloo's legacy algorithms take it.
+    using Half = gloo::float16;
+    static const gloo::ReductionFunction<T> sum(gloo::SUM, [](Half* a, const Half* b, size_t n) { halfSum(a, a, b, n); });
+    static const gloo::ReductionFunction<T> product(
+        gloo::PRODUCT, [](Half* a, const Half* b, size_t n) { halfProduct(a, a, b, n); });
+    static const gloo::ReductionFunction<T> min(gloo::MIN, [](Half* a, const Half* b, size_t n) { halfMin(a, a, b, n); });
+    static const gloo::ReductionFunction<T> max(gloo::MAX, [](Half* a, const Half* b, size_t n) { halfMax(a, a, b, n); });
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: return &sum;
+      case ReduceOp::Product: return &product;
+      case ReduceOp::Min: return &min;
+      case ReduceOp::Max: return &max;
+    }
+  }
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return gloo::ReductionFunction<T>::sum;
+    case ReduceOp::Product: return gloo::ReductionFunction<T>::product;
+    case ReduceOp::Min: return gloo::ReductionFunction<T>::min;
+    case ReduceOp::Max: return gloo::ReductionFunction<T>::max;
+  }
+  return nullptr;
 }
 
 // Calls fn.template operator()<T>() with T the Gloo element type of t (checked reducible).
@@ -109,7 +177,7 @@ void divideInPlace(void* data, DType t, size_t n, int by) {
     case DType::Float16: {
       auto* p = static_cast<gloo::float16*>(data);
       const auto d = static_cast<float>(by);
-      for (size_t i = 0; i < n; ++i) p[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(p[i]) / d);
+      for (size_t i = 0; i < n; ++i) p[i].x = gloo::cpu_float2half_rn(gloo::cpu_half2float(p[i]) / d).x;
       break;
     }
     default: WEFT_CHECK(false) << "avg on " << dtypeName(t);
@@ -341,7 +409,32 @@ class ProcessGroupGloo::Impl {
                ExchangeCarriedOp carried = {});
 
   // ---- Gloo ops, collective thread only ----
-  void allreduceRaw(void* data, size_t n, DType t, ReduceOp op, Deadline d);
+  void allreduceRaw(void* data, size_t n, DType t, ReduceOp op, AllreduceAlgorithm algorithm, Deadline d);
+  // naive and parallel (see "Allreduce algorithms"): on the group's connections.
+  void allreduceNaive(void* data, size_t n, DType t, ReduceOp op, Deadline d);
+  void allreduceParallel(void* data, size_t n, DType t, ReduceOp op, Deadline d);
+  // Ring-chunked and halving-doubling, Gloo's pair-buffer algorithms.
+  void allreduceLegacy(void* data, size_t n, DType t, ReduceOp op, AllreduceAlgorithm algorithm, Deadline d);
+  void reduceScatterRing(const std::vector<Tensor>& inputs, const Tensor& output, ReduceOp op, Deadline d);
+  // Waits for one receive (isRecv) or send of `buffer` posted by the
+  // hand-written algorithms, in slices: between them, a lost connection to
+  // any peer fails the wait (a rank blocked on a live peer learns of a death
+  // elsewhere in the ring at once, not at the deadline).
+  void waitAlgorithm(gloo::transport::UnboundBuffer& buffer, bool isRecv, Deadline d);
+  // The thread behind waitAlgorithm: waits on a receive from every peer
+  // that nothing ever completes, which Gloo fails when a connection is lost;
+  // then aborts the watched wait (and every later one).
+  void watchConnections();
+  std::mutex watchMutex_;  // guards the watch fields
+  gloo::transport::UnboundBuffer* watched_ = nullptr;
+  bool watchedIsRecv_ = false;
+  bool watchAborted_ = false;
+  bool watchLost_ = false;
+  uint8_t watchByte_ = 0;
+  std::unique_ptr<gloo::transport::UnboundBuffer> watchProbe_;
+  std::thread watcher_;  // started by the first watched wait
+  // The algorithm a call asking for `requested` runs for `bytes` (never Auto).
+  AllreduceAlgorithm resolve(AllreduceAlgorithm requested, size_t bytes) const;
   void reduceRaw(void* data, size_t n, DType t, ReduceOp op, int root, Deadline d);
   void broadcastRaw(void* data, size_t nbytes, int root, Deadline d);
   void allgatherRaw(void* in, void* out, size_t nbytes, Deadline d);
@@ -365,6 +458,8 @@ class ProcessGroupGloo::Impl {
   const std::string prefix_;  // "weft/pg/<name>/"
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
+  detail::TrafficCounter* traffic_ = nullptr;  // context_'s counter
+  AllreduceAlgorithm algorithm_ = AllreduceAlgorithm::Auto;  // the group's (options, else environment)
   std::unique_ptr<ProgressPoster> progress_;
 
   std::mutex mutex_;  // guards the queue, nextSeq_, stopping_
@@ -466,6 +561,17 @@ ProcessGroupGloo::Impl::Impl(rpc::StoreClient& store, int rank, int size, Option
       sendsTo_(std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(size))) {
   WEFT_ENFORCE(options_.timeout.count() > 0, InvalidArgumentError, "ProcessGroupGloo: timeout must be > 0, got ",
                options_.timeout.count(), " ms");
+  algorithm_ = options_.allreduceAlgorithm;
+  if (algorithm_ == AllreduceAlgorithm::Auto) {
+    const char* env = std::getenv("WEFT_ALLREDUCE_ALGORITHM");
+    if (env != nullptr && *env != '\0') {
+      try {
+        algorithm_ = parseAllreduceAlgorithm(env, "WEFT_ALLREDUCE_ALGORITHM");
+      } catch (const InvalidArgumentError& e) {
+        throw InvalidArgumentError(std::string("ProcessGroupGloo: ") + e.what());
+      }
+    }
+  }
   if (!device_) {
     std::string host = options_.hostname;
     if (host.empty()) {
@@ -491,6 +597,10 @@ ProcessGroupGloo::Impl::~Impl() {
     if (t.outgoing) exchange_->abandon(std::move(t.outgoing));
   });
   if (collectiveThread_.joinable()) collectiveThread_.join();
+  if (watcher_.joinable()) {
+    watchProbe_->abortWaitRecv();
+    watcher_.join();
+  }
 
   std::deque<std::unique_ptr<Transfer>> dropped;
   {
@@ -533,6 +643,7 @@ void ProcessGroupGloo::Impl::rendezvous() {
   SigpipeBlock block;
   context->connectMesh(store_, prefix_, device_, options_.timeout,
                        "group '" + name_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+  traffic_ = &context->traffic();
   context_ = std::move(context);
 }
 
@@ -749,18 +860,226 @@ std::vector<int> ProcessGroupGloo::Impl::lostPeers() {
 
 // ---- Gloo calls -----------------------------------------------------------------------------
 
-void ProcessGroupGloo::Impl::allreduceRaw(void* data, size_t n, DType t, ReduceOp op, Deadline d) {
+AllreduceAlgorithm ProcessGroupGloo::Impl::resolve(AllreduceAlgorithm requested, size_t bytes) const {
+  if (requested == AllreduceAlgorithm::Auto) requested = algorithm_;
+  if (requested != AllreduceAlgorithm::Auto) return requested;
+  return bytes <= kBcubeMaxBytes ? AllreduceAlgorithm::Bcube : AllreduceAlgorithm::Ring;
+}
+
+void ProcessGroupGloo::Impl::allreduceRaw(void* data, size_t n, DType t, ReduceOp op, AllreduceAlgorithm algorithm,
+                                          Deadline d) {
   if (n == 0) return;
-  gloo::AllreduceOptions opts(context_);
-  dispatchReducible(t, [&]<class T>() {
-    opts.setOutput(static_cast<T*>(data), n);
-    opts.setReduceFunction(reduceFunction<T>(op));
-  });
-  opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-  opts.setTag(nextTag_++);
-  opts.setTimeout(timeoutUntil(d));
-  gloo::allreduce(opts);
+  switch (algorithm) {
+    case AllreduceAlgorithm::Naive: allreduceNaive(data, n, t, op, d); break;
+    case AllreduceAlgorithm::Parallel: allreduceParallel(data, n, t, op, d); break;
+    case AllreduceAlgorithm::RingChunked:
+    case AllreduceAlgorithm::HalvingDoubling: allreduceLegacy(data, n, t, op, algorithm, d); break;
+    case AllreduceAlgorithm::Ring:
+    case AllreduceAlgorithm::Bcube:
+    case AllreduceAlgorithm::Auto: {
+      gloo::AllreduceOptions opts(context_);
+      dispatchReducible(t, [&]<class T>() {
+        opts.setOutput(static_cast<T*>(data), n);
+        opts.setReduceFunction(reduceFunction<T>(op));
+      });
+      opts.setAlgorithm(algorithm == AllreduceAlgorithm::Bcube ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                                               : gloo::AllreduceOptions::Algorithm::RING);
+      opts.setTag(nextTag_++);
+      opts.setTimeout(timeoutUntil(d));
+      gloo::allreduce(opts);
+      break;
+    }
+  }
   if (op == ReduceOp::Avg) divideInPlace(data, t, n, size_);
+}
+
+namespace {
+// Slots of the hand-written algorithms (naive, parallel, the reduce-scatter
+// ring): top byte 0x7C, then the collective's tag and a step number, apart
+// from Gloo's (prefixes 1 to 8 in the top byte) and weft's other slots
+// (call_check.h).
+constexpr uint64_t kAlgorithmSlotBase = uint64_t{0x7C} << 56;
+uint64_t algorithmSlot(uint32_t tag, uint64_t step) { return kAlgorithmSlotBase | (uint64_t{tag} << 24) | step; }
+}  // namespace
+
+void ProcessGroupGloo::Impl::waitAlgorithm(gloo::transport::UnboundBuffer& buffer, bool isRecv, Deadline d) {
+  {
+    std::lock_guard<std::mutex> lock(watchMutex_);
+    if (!watcher_.joinable()) {
+      // One receive from every peer on a slot nothing sends to: Gloo fails
+      // it as soon as that peer's connection is lost.
+      watchProbe_ = context_->createUnboundBuffer(&watchByte_, 1);
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) watchProbe_->recv(r, detail::kWatchSlot);
+      }
+      watcher_ = std::thread([this] { watchConnections(); });
+    }
+    watched_ = &buffer;
+    watchedIsRecv_ = isRecv;
+    watchAborted_ = watchLost_;
+  }
+  std::exception_ptr error;
+  bool done = false;
+  if (!watchAborted_) {
+    try {
+      done = isRecv ? buffer.waitRecv(nullptr, timeoutUntil(d)) : buffer.waitSend(nullptr, timeoutUntil(d));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  bool aborted = false;
+  {
+    std::lock_guard<std::mutex> lock(watchMutex_);
+    watched_ = nullptr;
+    aborted = watchAborted_;
+  }
+  if (error) std::rethrow_exception(error);
+  // Aborted by the watcher (a connection is lost), possibly just after the
+  // wait completed: the group fails either way.
+  if (!done || aborted) {
+    const std::vector<int> lost = lostPeers();
+    throw gloo::IoException("connection lost to rank" + std::string(lost.size() == 1 ? " " : "s ") +
+                            rankList(lost));
+  }
+}
+
+void ProcessGroupGloo::Impl::watchConnections() {
+  blockSigpipeOnThisThread();
+  bool lost = false;
+  for (;;) {
+    try {
+      // Returns false when the destructor aborts it; nothing completes it.
+      if (!watchProbe_->waitRecv(nullptr, std::chrono::hours(24))) return;
+    } catch (const gloo::IoException& e) {
+      lost = std::string(e.what()).find("Timed out") == std::string::npos;
+    }
+    if (lost) break;
+  }
+  std::lock_guard<std::mutex> lock(watchMutex_);
+  watchLost_ = true;
+  if (watched_ != nullptr && !watchAborted_) {
+    watchAborted_ = true;
+    if (watchedIsRecv_) {
+      watched_->abortWaitRecv();
+    } else {
+      watched_->abortWaitSend();
+    }
+  }
+}
+
+void ProcessGroupGloo::Impl::allreduceNaive(void* data, size_t n, DType t, ReduceOp op, Deadline d) {
+  const size_t bytes = n * elementSize(t);
+  const uint32_t tag = nextTag_++;
+  auto mine = context_->createUnboundBuffer(data, bytes);
+  if (rank_ != 0) {
+    mine->send(0, algorithmSlot(tag, 0));
+    mine->recv(0, algorithmSlot(tag, 1));
+    waitAlgorithm(*mine, false, d);
+    waitAlgorithm(*mine, true, d);
+    return;
+  }
+  // The root: every rank's tensor, reduced in rank order, back to every rank.
+  std::vector<uint8_t> others(bytes * static_cast<size_t>(size_ - 1));
+  auto in = context_->createUnboundBuffer(others.data(), others.size());
+  for (int r = 1; r < size_; ++r) in->recv(r, algorithmSlot(tag, 0), bytes * static_cast<size_t>(r - 1), bytes);
+  for (int r = 1; r < size_; ++r) waitAlgorithm(*in, true, d);
+  dispatchReducible(t, [&]<class T>() {
+    const ReduceFn fn = reduceFunction<T>(op);
+    for (int r = 1; r < size_; ++r) fn(data, data, others.data() + bytes * static_cast<size_t>(r - 1), n);
+  });
+  for (int r = 1; r < size_; ++r) mine->send(r, algorithmSlot(tag, 1));
+  for (int r = 1; r < size_; ++r) waitAlgorithm(*mine, false, d);
+}
+
+void ProcessGroupGloo::Impl::allreduceParallel(void* data, size_t n, DType t, ReduceOp op, Deadline d) {
+  const size_t bytes = n * elementSize(t);
+  const uint32_t tag = nextTag_++;
+  // Rank r's tensor at r * bytes, this rank's included.
+  std::vector<uint8_t> all(bytes * static_cast<size_t>(size_));
+  auto in = context_->createUnboundBuffer(all.data(), all.size());
+  auto mine = context_->createUnboundBuffer(data, bytes);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) in->recv(r, algorithmSlot(tag, 0), bytes * static_cast<size_t>(r), bytes);
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) mine->send(r, algorithmSlot(tag, 0));
+  }
+  for (int r = 0; r < size_ - 1; ++r) waitAlgorithm(*in, true, d);
+  for (int r = 0; r < size_ - 1; ++r) waitAlgorithm(*mine, false, d);
+  std::memcpy(all.data() + bytes * static_cast<size_t>(rank_), data, bytes);
+  std::memcpy(data, all.data(), bytes);
+  dispatchReducible(t, [&]<class T>() {
+    const ReduceFn fn = reduceFunction<T>(op);
+    for (int r = 1; r < size_; ++r) fn(data, data, all.data() + bytes * static_cast<size_t>(r), n);
+  });
+}
+
+void ProcessGroupGloo::Impl::allreduceLegacy(void* data, size_t n, DType t, ReduceOp op,
+                                             AllreduceAlgorithm algorithm, Deadline d) {
+  WEFT_ENFORCE(n <= static_cast<size_t>(INT_MAX), InvalidArgumentError, "allReduce: ",
+               allreduceAlgorithmName(algorithm), " takes at most ", INT_MAX, " elements, got ", n);
+  std::shared_ptr<gloo::Context> context = context_;
+  dispatchReducible(t, [&]<class T>() {
+    const std::vector<T*> ptrs{static_cast<T*>(data)};
+    const int count = static_cast<int>(n);
+    std::unique_ptr<gloo::Algorithm> run;
+    if (algorithm == AllreduceAlgorithm::RingChunked) {
+      run = std::make_unique<gloo::AllreduceRingChunked<T>>(context, ptrs, count, legacyReduceFunction<T>(op));
+    } else {
+      run = std::make_unique<gloo::AllreduceHalvingDoubling<T>>(context, ptrs, count, legacyReduceFunction<T>(op));
+    }
+    // Every rank has registered its buffers before any data moves.
+    barrierRaw(d);
+    run->run();
+  });
+}
+
+void ProcessGroupGloo::Impl::reduceScatterRing(const std::vector<Tensor>& inputs, const Tensor& output, ReduceOp op,
+                                               Deadline d) {
+  const DType t = output.dtype();
+  const size_t es = elementSize(t);
+  const int n = size_;
+  auto count = [&](int chunk) { return static_cast<size_t>(inputs[static_cast<size_t>(chunk)].numel()); };
+  if (n == 1) {
+    if (output.nbytes() > 0) std::memcpy(output.rawData(), inputs[0].rawData(), output.nbytes());
+    return;
+  }
+  size_t most = 0;
+  for (int i = 0; i < n; ++i) most = std::max(most, count(i));
+  // recv: the partial reduction that arrives; acc: the one that leaves next.
+  std::vector<uint8_t> recv(most * es), acc(most * es);
+  auto recvBuffer = context_->createUnboundBuffer(recv.data(), recv.size());
+  auto accBuffer = context_->createUnboundBuffer(acc.data(), acc.size());
+  const int left = (rank_ - 1 + n) % n;
+  const int right = (rank_ + 1) % n;
+  const uint32_t tag = nextTag_++;
+  ReduceFn fn = nullptr;
+  dispatchReducible(t, [&]<class T>() { fn = reduceFunction<T>(op); });
+  // Step s: send the partial of shard rank-s-1 (at step 0, this rank's input
+  // of it) to the right, receive the partial of shard rank-s-2 from the left
+  // and add this rank's input of it. The last step's shard is this rank's.
+  for (int s = 0; s < n - 1; ++s) {
+    const int out = ((rank_ - s - 1) % n + n) % n;
+    const int in = ((rank_ - s - 2) % n + n) % n;
+    const size_t outBytes = count(out) * es;
+    const size_t inBytes = count(in) * es;
+    std::unique_ptr<gloo::transport::UnboundBuffer> first;
+    if (inBytes > 0) recvBuffer->recv(left, algorithmSlot(tag, static_cast<uint64_t>(s)), 0, inBytes);
+    if (outBytes > 0) {
+      if (s == 0) {
+        first = context_->createUnboundBuffer(inputs[static_cast<size_t>(out)].rawData(), outBytes);
+        first->send(right, algorithmSlot(tag, static_cast<uint64_t>(s)), 0, outBytes);
+      } else {
+        accBuffer->send(right, algorithmSlot(tag, static_cast<uint64_t>(s)), 0, outBytes);
+      }
+    }
+    if (inBytes > 0) waitAlgorithm(*recvBuffer, true, d);
+    if (outBytes > 0) waitAlgorithm(s == 0 ? *first : *accBuffer, false, d);
+    if (inBytes == 0) continue;
+    void* into = s == n - 2 ? output.rawData() : static_cast<void*>(acc.data());
+    fn(into, recv.data(), inputs[static_cast<size_t>(in)].rawData(), count(in));
+  }
+  if (op == ReduceOp::Avg) divideInPlace(output.rawData(), t, static_cast<size_t>(output.numel()), n);
 }
 
 void ProcessGroupGloo::Impl::reduceRaw(void* data, size_t n, DType t, ReduceOp op, int root, Deadline d) {
@@ -970,6 +1289,8 @@ bool ProcessGroupGloo::Impl::finishRecv(Transfer& t) {
                         " sent bytes that are no weft size header");
   }
   t.work.setSourceRank(peer);
+  // Posted with room for the most inline data; this is what came.
+  detail::countReceivedAs(*t.headerBuffer, kP2pBytes + (inlined ? static_cast<size_t>(h[2]) : 0));
   const uint64_t seq = static_cast<uint64_t>(h[1]);
   const uint64_t theirs = static_cast<uint64_t>(h[2]);
   const bool same = theirs == t.tensor.nbytes();
@@ -1043,6 +1364,32 @@ void ProcessGroupGloo::Impl::waitTransfers() {
 
 // ==== ProcessGroupGloo ==========================================================================
 
+namespace {
+constexpr std::array<const char*, 7> kAlgorithmNames = {"auto",  "ring",  "ring-chunked", "halving-doubling",
+                                                        "bcube", "naive", "parallel"};
+}  // namespace
+
+const char* allreduceAlgorithmName(AllreduceAlgorithm algorithm) {
+  const auto i = static_cast<size_t>(algorithm);
+  return i < kAlgorithmNames.size() ? kAlgorithmNames[i] : "unknown";
+}
+
+AllreduceAlgorithm parseAllreduceAlgorithm(const std::string& name, const std::string& what) {
+  std::string known;
+  for (size_t i = 0; i < kAlgorithmNames.size(); ++i) {
+    if (name == kAlgorithmNames[i]) return static_cast<AllreduceAlgorithm>(i);
+    known += std::string(i == 0 ? "" : ", ") + kAlgorithmNames[i];
+  }
+  throw InvalidArgumentError(what + ": unknown allreduce algorithm '" + name + "' (known: " + known + ")");
+}
+
+Work allReduceWith(ProcessGroup& pg, const Tensor& tensor, ReduceOp op, AllreduceAlgorithm algorithm) {
+  auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
+  WEFT_ENFORCE(gloo != nullptr, InvalidArgumentError, "allReduceWith: the ", pg.backendName(), " group '", pg.name(),
+               "' has no choice of allreduce algorithm (gloo groups have)");
+  return gloo->allReduce(tensor, op, algorithm);
+}
+
 std::unique_ptr<ProcessGroup> createGlooGroup(rpc::StoreClient& store, int rank, int size, GlooOptions options) {
   return ProcessGroupGloo::create(store, rank, size, std::move(options));
 }
@@ -1067,6 +1414,9 @@ ProcessGroupGloo::~ProcessGroupGloo() = default;
 void ProcessGroupGloo::keepAlive(std::shared_ptr<void> owned) { owned_.push_back(std::move(owned)); }
 
 const std::string& ProcessGroupGloo::name() const { return impl_->name_; }
+TrafficStats ProcessGroupGloo::trafficStats() const { return impl_->traffic_->read(); }
+void ProcessGroupGloo::resetTrafficStats() { impl_->traffic_->reset(); }
+AllreduceAlgorithm ProcessGroupGloo::allreduceAlgorithm() const { return impl_->algorithm_; }
 const ProcessGroupGloo::Options& ProcessGroupGloo::options() const { return impl_->options_; }
 int64_t ProcessGroupGloo::collectivesStarted() const { return impl_->started_.load(std::memory_order_relaxed); }
 int64_t ProcessGroupGloo::fusedCollectives() const { return impl_->fused_.load(std::memory_order_relaxed); }
@@ -1103,14 +1453,24 @@ Work ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
 }
 
 Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op) {
+  return allReduce(tensor, op, AllreduceAlgorithm::Auto);
+}
+
+Work ProcessGroupGloo::allReduce(const Tensor& tensor, ReduceOp op, AllreduceAlgorithm algorithm) {
   checkTensor(tensor, "allReduce", "tensor");
   checkReducible(tensor.dtype(), op, "allReduce");
-  CallHeader h{OpCode::AllReduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), -1, static_cast<int64_t>(op)};
+  WEFT_ENFORCE(static_cast<uint8_t>(algorithm) <= static_cast<uint8_t>(AllreduceAlgorithm::Parallel),
+               InvalidArgumentError, "allReduce: unknown algorithm code ", static_cast<int>(algorithm));
   Impl* impl = impl_.get();
-  auto ring = [impl, tensor, op](Deadline d) {
-    impl->allreduceRaw(tensor.rawData(), static_cast<size_t>(tensor.numel()), tensor.dtype(), op, d);
+  const bool carriable = algorithm == AllreduceAlgorithm::Auto && impl->algorithm_ == AllreduceAlgorithm::Auto &&
+                         tensor.nbytes() <= impl->fusedLimit_;
+  const AllreduceAlgorithm chosen = impl->resolve(algorithm, tensor.nbytes());
+  CallHeader h{OpCode::AllReduce, 0, static_cast<int64_t>(tensor.dtype()), tensor.numel(), -1, static_cast<int64_t>(op)};
+  if (!carriable) h.algorithm = static_cast<int64_t>(chosen);
+  auto ring = [impl, tensor, op, chosen](Deadline d) {
+    impl->allreduceRaw(tensor.rawData(), static_cast<size_t>(tensor.numel()), tensor.dtype(), op, chosen, d);
   };
-  if (tensor.nbytes() > impl->fusedLimit_) return impl->enqueue(h, {tensor}, std::move(ring));
+  if (!carriable) return impl->enqueue(h, {tensor}, std::move(ring));
   // Carried by the call exchange: every rank reduces the ranks' copies in
   // rank order, so all get the same bits.
   const int n = size_;
@@ -1238,24 +1598,27 @@ Work ProcessGroupGloo::reduceScatter(const Tensor& output, const std::vector<Ten
   checkReducible(output.dtype(), op, "reduceScatter");
   WEFT_ENFORCE(inputs.size() == static_cast<size_t>(size_), InvalidArgumentError, "reduceScatter: expected ", size_,
                " inputs (one per rank), got ", inputs.size());
+  int64_t total = 0;
+  uint64_t split = 1469598103934665603ull;  // FNV-1a over the shard sizes
   for (size_t i = 0; i < inputs.size(); ++i) {
-    checkLike(inputs[i], output, "reduceScatter", "inputs[" + std::to_string(i) + "]", "the output");
+    const std::string what = "inputs[" + std::to_string(i) + "]";
+    checkTensor(inputs[i], "reduceScatter", what);
+    WEFT_ENFORCE(inputs[i].dtype() == output.dtype(), InvalidArgumentError, "reduceScatter: ", what, " is ",
+                 dtypeName(inputs[i].dtype()), ", the output ", dtypeName(output.dtype()));
+    total += inputs[i].numel();
+    split = (split ^ static_cast<uint64_t>(inputs[i].numel())) * 1099511628211ull;
   }
-  CallHeader h{OpCode::ReduceScatter, 0, static_cast<int64_t>(output.dtype()), output.numel(), -1,
-           static_cast<int64_t>(op)};
+  const Tensor& own = inputs[static_cast<size_t>(rank_)];
+  WEFT_ENFORCE(own.numel() == output.numel(), InvalidArgumentError, "reduceScatter: the output (shape ",
+               shapeString(output.shape()), ", ", output.numel(), " elements) must hold this rank's shard, inputs[",
+               rank_, "] (shape ", shapeString(own.shape()), ", ", own.numel(), " elements)");
+  CallHeader h{OpCode::ReduceScatter, 0, static_cast<int64_t>(output.dtype()), total, -1, static_cast<int64_t>(op)};
+  h.split = static_cast<int64_t>(split >> 1);
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
   Impl* impl = impl_.get();
-  const int me = rank_;
-  return impl->enqueue(h, std::move(keep), [impl, output, inputs, op, me](Deadline d) {
-    const size_t nbytes = output.nbytes();
-    std::vector<uint8_t> flat(nbytes * inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (nbytes > 0) std::memcpy(flat.data() + i * nbytes, inputs[i].rawData(), nbytes);
-    }
-    impl->allreduceRaw(flat.data(), static_cast<size_t>(output.numel()) * inputs.size(), output.dtype(), op, d);
-    if (nbytes > 0) std::memcpy(output.rawData(), flat.data() + static_cast<size_t>(me) * nbytes, nbytes);
-  });
+  return impl->enqueue(h, std::move(keep),
+                       [impl, output, inputs, op](Deadline d) { impl->reduceScatterRing(inputs, output, op, d); });
 }
 
 Work ProcessGroupGloo::allToAll(const Tensor& output, const Tensor& input) {

@@ -100,10 +100,10 @@
 // broadcast's root appends its tensor; a barrier is the exchange itself. One
 // round of messages thus replaces both the check and Gloo's algorithm, so
 // such collectives take this path (and are checked) whether or not
-// checkCalls is on. Larger ones run Gloo's algorithm after the exchange
-// (ring allreduce, ...); their header leaves as soon as the collective is
-// called, so the peers' headers are usually in when the group's thread
-// takes the collective up. Each receive of the exchange is posted with room
+// checkCalls is on. Larger ones run their algorithm after the exchange (for
+// allReduce, see "Allreduce algorithms"); their header leaves as soon as the
+// collective is called, so the peers' headers are usually in when the
+// group's thread takes the collective up. Each receive of the exchange is posted with room
 // for the largest message any rank may send, so ranks that called different
 // things never overrun each other. The exchange keeps staging memory of its
 // own: about 1.5 MiB in a group of 2 ranks, under 1 MiB in larger ones.
@@ -111,6 +111,53 @@
 // ring allreduce in the same run (--batch-device for a device like this
 // group's): the exchange makes small collectives cheaper than Gloo's own,
 // and the header round in front of the ring is the one cost at mid sizes.
+//
+// Allreduce algorithms (GlooOptions::allreduceAlgorithm, the
+// WEFT_ALLREDUCE_ALGORITHM variable, or per call with allReduceWith). For a
+// tensor of S bytes on N ranks, per rank:
+//   ring              Gloo's ring (gloo::allreduce, RING): reduce-scatter then
+//                     allgather around the ring, 2(N-1) steps, sends and
+//                     receives about 2(N-1)/N x S.
+//   ring-chunked      Gloo's AllreduceRingChunked: the same traffic, in
+//                     chunks pipelined two at a time, with a notification
+//                     message per chunk and step.
+//   halving-doubling  Gloo's AllreduceHalvingDoubling: recursive halving
+//                     (reduce-scatter) then doubling (allgather), 2 log2(N)
+//                     steps for N a power of two (otherwise the ranks beyond
+//                     the largest power of two are folded in first), about
+//                     2(N-1)/N x S.
+//   bcube             Gloo's bcube (gloo::allreduce, BCUBE): groups of peers
+//                     exchange in log_base(N) steps.
+//   naive             rank 0 receives every rank's tensor, reduces them in
+//                     rank order and sends the result back: rank 0 sends and
+//                     receives (N-1) x S, the others S each; 2 steps.
+//   parallel          every rank sends its tensor to every other rank and
+//                     reduces all N in rank order: (N-1) x S each, 1 step.
+// naive and parallel are written on the group's connections (the transport
+// weft's point-to-point runs on, without its size round) and exist to
+// compare against; their results are bit-identical to a reduction in rank
+// order, like the call exchange's. Gloo's algorithms reduce in an order the
+// algorithm fixes: the same bits on every rank, but not those of a
+// rank-ordered sum. The pair-buffer algorithms (ring-chunked,
+// halving-doubling) register their buffers for each call and then pass one
+// barrier before any data moves (Gloo's TCP loop would otherwise block on a
+// message for a buffer not yet registered): one more round per call.
+// auto (the default) picks by size, as NCCL's default does (few steps where
+// latency dominates, the ring where bandwidth does): a tensor the call
+// exchange carries (fusedLimit() bytes or less) travels whole in the
+// exchange, one all-to-all round like parallel; larger ones up to
+// kBcubeMaxBytes run bcube (about log N steps), larger still ring
+// (bandwidth-optimal, Gloo's default, 2(N-1) steps of pipelined segments).
+// bench/allreduce_algorithms measured the threshold: on 2 to 4 ranks bcube
+// was the fastest of Gloo's algorithms from the fused limit to 4 MiB, ring
+// from 16 MiB on. An explicit algorithm bypasses the
+// exchange's carrying. The ranks must use the same algorithm for a call:
+// the call check compares it (InvalidArgumentError naming each rank's).
+//
+// Traffic. trafficStats() counts every byte this rank's connections of the
+// group send and receive, at the transport (gloo/detail/traffic.h: sends are
+// exact; receives on the legacy algorithms' pair buffers count the buffer).
+// bench/allreduce_algorithms prints it per algorithm, size and group size.
 //
 // Destruction. Destroying the group fails collectives still queued with
 // StateError, waits for the one running (bounded by the timeout), aborts the
@@ -126,6 +173,22 @@
 #include "rpc/store.h"
 
 namespace weft::collectives {
+
+// See "Allreduce algorithms".
+enum class AllreduceAlgorithm : uint8_t {
+  Auto = 0,
+  Ring = 1,
+  RingChunked = 2,
+  HalvingDoubling = 3,
+  Bcube = 4,
+  Naive = 5,
+  Parallel = 6,
+};
+// "auto", "ring", "ring-chunked", "halving-doubling", "bcube", "naive", "parallel".
+const char* allreduceAlgorithmName(AllreduceAlgorithm algorithm);
+// The algorithm of that name; InvalidArgumentError naming `what` (where the
+// name came from), the name and the names known.
+AllreduceAlgorithm parseAllreduceAlgorithm(const std::string& name, const std::string& what);
 
 struct GlooOptions {
   // Bound of rendezvous and of each op; must be > 0. PyTorch's default.
@@ -143,7 +206,20 @@ struct GlooOptions {
   // Names the group in the store and in messages; unique among the groups
   // built on one store ([A-Za-z0-9_.-], 1 to 64 characters).
   std::string name = "default";
+  // How allReduce runs (see "Allreduce algorithms"); every rank passes the
+  // same. Auto: the WEFT_ALLREDUCE_ALGORITHM variable names it when set (an
+  // unknown name is an InvalidArgumentError from createGlooGroup naming the
+  // variable), else the size rule.
+  AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::Auto;
 };
+
+// The largest tensor auto runs with bcube (see "Allreduce algorithms";
+// chosen by bench/allreduce_algorithms).
+inline constexpr size_t kBcubeMaxBytes = size_t{4} << 20;
+
+// pg.allReduce(tensor, op) with `algorithm` for this call (Auto: the
+// group's choice). InvalidArgumentError when pg is not a gloo group.
+Work allReduceWith(ProcessGroup& pg, const Tensor& tensor, ReduceOp op, AllreduceAlgorithm algorithm);
 
 // This rank's group of `size` ranks, once every rank has joined (see
 // "Rendezvous"). `store` must outlive the group. InvalidArgumentError for a

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
+
+#include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/loops.h"
 
 namespace weft::kernels::cpu {
@@ -139,10 +143,85 @@ void unaryTyped(const T* in, T* out, int64_t n, F f) {
   });
 }
 
+// ---- bfloat16 / float16: through float32 blocks -------------------------------------
+
+// fn(begin, length) over [0, n) in blocks of at most kHalfBlock, in parallel
+// when n is large.
+template <class F>
+void forEachHalfBlock(int64_t n, F&& fn) {
+  parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i += kHalfBlock) fn(i, std::min(kHalfBlock, e - i));
+  });
+}
+
+// An operand of a 16-bit binary op as float32: one value when it is a
+// broadcast scalar (all strides 0), else the whole `shape` made contiguous.
+struct FloatOperand {
+  std::vector<float> values;
+  std::vector<int64_t> strides;
+};
+
+FloatOperand floatOperand(DType type, const void* p, std::span<const int64_t> strides, std::span<const int64_t> shape) {
+  FloatOperand f;
+  bool scalar = std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 0; });
+  if (scalar) {
+    f.values.resize(1);
+    halfToFloat(type, p, f.values.data(), 1);
+    f.strides.assign(shape.size(), 0);
+    return f;
+  }
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  f.values.resize(static_cast<size_t>(n));
+  copyStridedToContiguous(type, p, shape, strides, DType::Float32, f.values.data());
+  f.strides.resize(shape.size());
+  int64_t acc = 1;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    f.strides[static_cast<size_t>(d)] = acc;
+    acc *= shape[static_cast<size_t>(d)];
+  }
+  return f;
+}
+
+
 }  // namespace
 
 void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
             std::span<const int64_t> bStrides, void* out, std::span<const int64_t> shape) {
+  if (isLowPrecision(type)) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    // Each operand contiguous over `shape` or one broadcast value: blocks on the stack.
+    bool aFlat = true, bFlat = true, aScalar = true, bScalar = true;
+    int64_t expect = 1;
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      if (shape[d] != 1) {
+        aFlat &= aStrides[d] == expect;
+        bFlat &= bStrides[d] == expect;
+        aScalar &= aStrides[d] == 0;
+        bScalar &= bStrides[d] == 0;
+      }
+      expect *= shape[d];
+    }
+    if ((aFlat || aScalar) && (bFlat || bScalar)) {
+      forEachHalfBlock(n, [&](int64_t i, int64_t len) {
+        float fa[kHalfBlock], fb[kHalfBlock], fo[kHalfBlock];
+        const int64_t unit = 1, none = 0;
+        halfToFloat(type, static_cast<const char*>(a) + (aFlat ? 2 * i : 0), fa, aFlat ? len : 1);
+        halfToFloat(type, static_cast<const char*>(b) + (bFlat ? 2 * i : 0), fb, bFlat ? len : 1);
+        binary(op, DType::Float32, fa, {aFlat ? &unit : &none, 1}, fb, {bFlat ? &unit : &none, 1}, fo, {&len, 1});
+        floatToHalf(type, fo, static_cast<char*>(out) + 2 * i, len);
+      });
+      return;
+    }
+    FloatOperand fa = floatOperand(type, a, aStrides, shape), fb = floatOperand(type, b, bStrides, shape);
+    std::vector<float> fo(static_cast<size_t>(n));
+    binary(op, DType::Float32, fa.values.data(), fa.strides, fb.values.data(), fb.strides, fo.data(), shape);
+    forEachHalfBlock(n, [&](int64_t i, int64_t len) {
+      floatToHalf(type, fo.data() + i, static_cast<char*>(out) + 2 * i, len);
+    });
+    return;
+  }
   WEFT_DISPATCH_NUMERIC(type, "binary op", [&]<class T>() {
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
@@ -179,6 +258,15 @@ void binary(BinaryOp op, DType type, const void* a, std::span<const int64_t> aSt
 }
 
 void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double p0, double p1) {
+  if (isLowPrecision(type)) {
+    forEachHalfBlock(n, [&](int64_t i, int64_t len) {
+      float buf[kHalfBlock];
+      halfToFloat(type, static_cast<const char*>(in) + 2 * i, buf, len);
+      unary(op, DType::Float32, buf, buf, len, p0, p1);
+      floatToHalf(type, buf, static_cast<char*>(out) + 2 * i, len);
+    });
+    return;
+  }
   WEFT_DISPATCH_NUMERIC(type, "unary op", [&]<class T>() {
     const T* pi = static_cast<const T*>(in);
     T* po = static_cast<T*>(out);
@@ -222,6 +310,16 @@ void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double 
 }
 
 void axpy(DType type, double alpha, const void* b, void* a, int64_t n) {
+  if (isLowPrecision(type)) {
+    forEachHalfBlock(n, [&](int64_t i, int64_t len) {
+      float fa[kHalfBlock], fb[kHalfBlock];
+      halfToFloat(type, static_cast<const char*>(a) + 2 * i, fa, len);
+      halfToFloat(type, static_cast<const char*>(b) + 2 * i, fb, len);
+      axpy(DType::Float32, alpha, fb, fa, len);
+      floatToHalf(type, fa, static_cast<char*>(a) + 2 * i, len);
+    });
+    return;
+  }
   WEFT_DISPATCH_NUMERIC(type, "axpy", [&]<class T>() {
     const T* pb = static_cast<const T*>(b);
     T* pa = static_cast<T*>(a);
@@ -234,6 +332,33 @@ void axpy(DType type, double alpha, const void* b, void* a, int64_t n) {
       }
     });
   });
+}
+
+bool scaleAndCheckFinite(DType type, void* x, int64_t n, double scale) {
+  std::atomic<bool> nonFinite{false};
+  // Branch-free per block: |v| <= max is false for inf and NaN alike.
+  auto pass = [&nonFinite]<class T>(T* p, int64_t len, T s) {
+    bool bad = false;
+    for (int64_t i = 0; i < len; ++i) {
+      bad |= !(std::abs(p[i]) <= std::numeric_limits<T>::max());
+      p[i] *= s;
+    }
+    if (bad) nonFinite.store(true, std::memory_order_relaxed);
+  };
+  if (isLowPrecision(type)) {
+    forEachHalfBlock(n, [&](int64_t i, int64_t len) {
+      float buf[kHalfBlock];
+      halfToFloat(type, static_cast<char*>(x) + 2 * i, buf, len);
+      pass(buf, len, static_cast<float>(scale));
+      floatToHalf(type, buf, static_cast<char*>(x) + 2 * i, len);
+    });
+    return nonFinite.load();
+  }
+  WEFT_DISPATCH_FLOATING(type, "scaleAndCheckFinite", [&]<class T>() {
+    T* p = static_cast<T*>(x);
+    parallelFor(n, kParallelGrain, [&](int64_t b, int64_t e) { pass(p + b, e - b, static_cast<T>(scale)); });
+  });
+  return nonFinite.load();
 }
 
 }  // namespace weft::kernels::cpu
@@ -252,6 +377,17 @@ void gradLoop(const T* x, const T* y, const T* g, T* gx, int64_t n, F f) {
 
 void unaryBackward(UnaryOp op, DType type, const void* x, const void* y, const void* g, void* gx, int64_t n,
                    double p0, double p1) {
+  if (isLowPrecision(type)) {
+    forEachHalfBlock(n, [&](int64_t i, int64_t len) {
+      float fx[kHalfBlock], fy[kHalfBlock], fg[kHalfBlock];
+      if (x) halfToFloat(type, static_cast<const char*>(x) + 2 * i, fx, len);
+      if (y) halfToFloat(type, static_cast<const char*>(y) + 2 * i, fy, len);
+      halfToFloat(type, static_cast<const char*>(g) + 2 * i, fg, len);
+      unaryBackward(op, DType::Float32, x ? fx : nullptr, y ? fy : nullptr, fg, fg, len, p0, p1);
+      floatToHalf(type, fg, static_cast<char*>(gx) + 2 * i, len);
+    });
+    return;
+  }
   WEFT_DISPATCH_FLOATING(type, "unary backward", [&]<class T>() {
     const T* px = static_cast<const T*>(x);
     const T* py = static_cast<const T*>(y);
@@ -295,7 +431,7 @@ void unaryBackward(UnaryOp op, DType type, const void* x, const void* y, const v
 
 void compare(CompareOp op, DType type, const void* a, std::span<const int64_t> aStrides, const void* b,
              std::span<const int64_t> bStrides, bool* out, std::span<const int64_t> shape) {
-  WEFT_DISPATCH_ALL(type, "compare", [&]<class T>() {
+  WEFT_DISPATCH_ALL_AND_HALF(type, "compare", [&]<class T>() {
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     int nd = static_cast<int>(shape.size());

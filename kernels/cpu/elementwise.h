@@ -1,5 +1,7 @@
 // Elementwise kernels: binary ops over broadcast strided operands, unary ops
-// (optionally with scalar parameters) over contiguous buffers.
+// (optionally with scalar parameters) over contiguous buffers. bfloat16 and
+// float16 operands are converted to float32 in blocks (kernels/cpu/copy.h),
+// computed by the float32 code and rounded back once per result.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +46,11 @@ void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double 
 // a[i] += alpha * b[i] for n contiguous elements (the gradient accumulator's
 // and optimizers' workhorse).
 void axpy(DType type, double alpha, const void* b, void* a, int64_t n);
+
+// x[i] *= scale for n contiguous floating elements (scale as float32 for the
+// float32 and 16-bit dtypes), in one pass that also reports whether any x[i]
+// was inf or NaN before scaling: a loss scaler's unscale and overflow check.
+bool scaleAndCheckFinite(DType type, void* x, int64_t n, double scale);
 
 }  // namespace weft::kernels::cpu
 

@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 
@@ -141,11 +144,65 @@ void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, cons
   });
 }
 
+
+// A bfloat16/float16 product through float32 (OpenBLAS 0.3.21 has no 16-bit
+// GEMM): op(B) is converted to float32 once, op(A) and C in panels of
+// kHalfPanelRows rows; each panel is one float32 product (cut and spread over
+// the pool as any other) whose result is rounded back to the 16-bit type.
+// Memory beyond the operands: op(B) and one panel of op(A) and of C, as
+// float32.
+constexpr int64_t kHalfPanelRows = 512;
+
+void gemmHalf(DType type, const MatrixOperand& a, const MatrixOperand& b, int64_t m, int64_t n, int64_t k,
+              float alpha, float beta, void* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const auto* pa = static_cast<const uint16_t*>(a.data);
+  const auto* pb = static_cast<const uint16_t*>(b.data);
+  auto* pc = static_cast<uint16_t*>(c);
+  ldc = std::max<int64_t>(ldc, std::max<int64_t>(n, 1));
+  // Converts `rows` stored rows of `cols` elements (source leading dimension
+  // ld) into a tight float32 matrix.
+  auto toFloatRows = [type](const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+    parallelFor(rows, kParallelGrain / std::max<int64_t>(cols, 1) + 1, [&](int64_t rb, int64_t re) {
+      for (int64_t r = rb; r < re; ++r) halfToFloat(type, src + r * ld, dst + r * cols, cols);
+    });
+  };
+  const int64_t bRows = b.trans ? n : k, bCols = b.trans ? k : n;
+  // Uninitialised: every element is written before it is read.
+  std::unique_ptr<float[]> fb(new float[static_cast<size_t>(std::max<int64_t>(bRows * bCols, 1))]);
+  if (k > 0) toFloatRows(pb, b.trans ? normalizedLd(b, n, k) : normalizedLd(b, k, n), bRows, bCols, fb.get());
+  const MatrixOperand fbOp{fb.get(), b.trans, std::max<int64_t>(bCols, 1)};
+  const int64_t lda = k == 0 ? 1 : (a.trans ? normalizedLd(a, k, m) : normalizedLd(a, m, k));
+  const int64_t panel = std::min(m, kHalfPanelRows);
+  std::unique_ptr<float[]> fa(new float[static_cast<size_t>(std::max<int64_t>(panel * k, 1))]);
+  std::unique_ptr<float[]> fc(new float[static_cast<size_t>(std::max<int64_t>(panel * n, 1))]);
+  for (int64_t i0 = 0; i0 < m; i0 += panel) {
+    const int64_t rows = std::min(panel, m - i0);
+    MatrixOperand faOp;
+    if (a.trans) {  // stored [k, m]: columns [i0, i0 + rows) of every stored row
+      for (int64_t j = 0; j < k; ++j) halfToFloat(type, pa + j * lda + i0, fa.get() + j * rows, rows);
+      faOp = {fa.get(), true, std::max<int64_t>(rows, 1)};
+    } else {
+      if (k > 0) toFloatRows(pa + i0 * lda, lda, rows, k, fa.get());
+      faOp = {fa.get(), false, std::max<int64_t>(k, 1)};
+    }
+    if (beta != 0.0f) toFloatRows(pc + i0 * ldc, ldc, rows, n, fc.get());
+    gemmTyped<float>(faOp, fa.get(), fbOp, fb.get(), rows, n, k, alpha, beta, fc.get(), n);
+    parallelFor(rows, kParallelGrain / n + 1, [&](int64_t rb, int64_t re) {
+      for (int64_t r = rb; r < re; ++r) floatToHalf(type, fc.get() + r * n, pc + (i0 + r) * ldc, n);
+    });
+  }
+}
+
 }  // namespace
 
 void gemm(DType type, MatrixOperand a, MatrixOperand b, int64_t m, int64_t n, int64_t k, double alpha, double beta,
           void* c, int64_t ldc) {
   checkBlasRange(m, n, k, a, b, ldc);
+  if (isLowPrecision(type)) {
+    gemmHalf(type, a, b, m, n, k, static_cast<float>(alpha), static_cast<float>(beta), c, ldc);
+    return;
+  }
   WEFT_DISPATCH_FLOATING(type, "gemm", [&]<class T>() {
     gemmTyped<T>(a, static_cast<const T*>(a.data), b, static_cast<const T*>(b.data), m, n, k, static_cast<T>(alpha),
                  static_cast<T>(beta), static_cast<T*>(c), ldc);
@@ -165,6 +222,29 @@ void gemmBatched(DType type, std::span<const int64_t> batchShape, MatrixOperand 
     cAliases |= cBatchStrides[d] == 0 && batchShape[d] > 1;
   }
   double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (isLowPrecision(type)) {
+    // In order, one panel-converted product each.
+    int64_t index[kMaxDims] = {};
+    int64_t offA = 0, offB = 0, offC = 0;
+    const auto* pa = static_cast<const uint16_t*>(a.data);
+    const auto* pb = static_cast<const uint16_t*>(b.data);
+    auto* pc = static_cast<uint16_t*>(c);
+    for (int64_t e = 0; e < count; ++e) {
+      gemmHalf(type, {pa + offA, a.trans, a.ld}, {pb + offB, b.trans, b.ld}, m, n, k, static_cast<float>(alpha),
+               static_cast<float>(beta), pc + offC, ldc);
+      for (int d = nd - 1; d >= 0; --d) {
+        offA += aBatchStrides[d];
+        offB += bBatchStrides[d];
+        offC += cBatchStrides[d];
+        if (++index[d] < batchShape[d]) break;
+        offA -= aBatchStrides[d] * batchShape[d];
+        offB -= bBatchStrides[d] * batchShape[d];
+        offC -= cBatchStrides[d] * batchShape[d];
+        index[d] = 0;
+      }
+    }
+    return;
+  }
   WEFT_DISPATCH_FLOATING(type, "gemm", [&]<class T>() {
     const T* pa = static_cast<const T*>(a.data);
     const T* pb = static_cast<const T*>(b.data);
@@ -209,7 +289,7 @@ void gemmBatched(DType type, std::span<const int64_t> batchShape, MatrixOperand 
 }
 
 void fillRows(DType type, const void* row, int64_t rows, int64_t cols, void* c, int64_t ldc) {
-  WEFT_DISPATCH_FLOATING(type, "fillRows", [&]<class T>() {
+  WEFT_DISPATCH_ALL_AND_HALF(type, "fillRows", [&]<class T>() {
     const T* r = static_cast<const T*>(row);
     T* out = static_cast<T*>(c);
     parallelFor(rows, kParallelGrain / std::max<int64_t>(cols, 1) + 1, [&](int64_t b, int64_t e) {

@@ -8,8 +8,10 @@
 // its data, whether the product uses it transposed, and its leading dimension
 // (the element distance between consecutive stored rows). A transposed view of
 // a row-major matrix is therefore passed as the stored matrix with `trans` set:
-// no copy is made. Only Float32 and Float64 are supported (others throw
-// InvalidArgumentError naming the dtype).
+// no copy is made. Float32 and Float64 go to OpenBLAS as they are; BFloat16
+// and Float16 are converted to float32 in panels, multiplied by sgemm
+// (float32 accumulation) and rounded back once (alpha and beta applied in
+// float32); others throw InvalidArgumentError naming the dtype.
 //
 // Threading: OpenBLAS runs each call on the calling thread (that thread's
 // OpenMP thread count is set to 1 before each BLAS call); a large product is

@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/loops.h"
 
 namespace weft::kernels::cpu {
@@ -87,6 +88,13 @@ void indexSelectForward(DType type, const void* in, int64_t outer, int64_t size,
 
 void indexSelectBackward(DType type, const void* g, int64_t outer, int64_t size, int64_t inner,
                          const int64_t* index, int64_t n, void* gradIn) {
+  if (isLowPrecision(type)) {  // accumulated in float32, rounded once
+    std::vector<float> fg(static_cast<size_t>(outer * n * inner)), fi(static_cast<size_t>(outer * size * inner));
+    halfToFloat(type, g, fg.data(), static_cast<int64_t>(fg.size()));
+    indexSelectBackward(DType::Float32, fg.data(), outer, size, inner, index, n, fi.data());
+    floatToHalf(type, fi.data(), gradIn, static_cast<int64_t>(fi.size()));
+    return;
+  }
   WEFT_DISPATCH_FLOATING(type, "indexSelect backward", [&]<class T>() {
     const T* gp = static_cast<const T*>(g);
     T* gi = static_cast<T*>(gradIn);
@@ -147,7 +155,7 @@ void scatterAddForward(DType type, void* out, std::span<const int64_t> outStride
   outPos[dim] = 0;
   const std::vector<int64_t> rowShape = dimLast(shape, dim), outRows = dimLast(outPos, dim),
                              indexRows = dimLast(contiguousStrides(shape), dim), srcRows = dimLast(srcStrides, dim);
-  WEFT_DISPATCH_NUMERIC(type, "scatterAdd", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC_AND_HALF(type, "scatterAdd", [&]<class T>() {
     T* op = static_cast<T*>(out);
     const T* sp = static_cast<const T*>(src);
     const std::span<const int64_t> strides[3] = {outRows, indexRows, srcRows};

@@ -28,7 +28,8 @@ void indexSelectForward(DType type, const void* in, int64_t outer, int64_t size,
                         const int64_t* index, int64_t n, void* out);
 
 // gradIn [outer, size, inner] (overwritten) = sum over j of g[o, j, i] placed
-// at gradIn[o, index[j], i]: repeated indices accumulate. Floating dtypes.
+// at gradIn[o, index[j], i]: repeated indices accumulate. Floating dtypes
+// (bfloat16/float16 accumulate in float32).
 void indexSelectBackward(DType type, const void* g, int64_t outer, int64_t size, int64_t inner,
                          const int64_t* index, int64_t n, void* gradIn);
 
@@ -44,7 +45,8 @@ void gatherForward(DType type, const void* in, std::span<const int64_t> inStride
 // strides outStrides and src read through srcStrides (both of shape's rank,
 // each at least shape's sizes); index is contiguous. Repeated targets
 // accumulate in the order of p along dim, so results do not depend on the
-// thread count. Numeric dtypes; index[p] in [0, out's size along dim).
+// thread count. Numeric dtypes (bfloat16/float16: each addition in float32,
+// rounded to the dtype); index[p] in [0, out's size along dim).
 void scatterAddForward(DType type, void* out, std::span<const int64_t> outStrides, int64_t dim,
                        const int64_t* index, std::span<const int64_t> shape, const void* src,
                        std::span<const int64_t> srcStrides);

@@ -11,16 +11,17 @@
 namespace weft::kernels::cpu {
 namespace {
 
+// float32 sums accumulate in float64, bfloat16/float16 sums in float32.
 template <class T>
-using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
+using Acc = std::conditional_t<std::is_same_v<T, float>, double, std::conditional_t<kIsHalfType<T>, float, T>>;
 
 // True when v should replace the current extremum `best`: strictly larger
 // (smaller), or the first NaN. Once best is NaN no number beats it, because
 // every comparison with NaN is false.
 template <class T, bool IsMax>
 inline bool beats(T v, T best) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(v)) return !std::isnan(best);
+  if constexpr (std::is_floating_point_v<T> || kIsHalfType<T>) {
+    if (std::isnan(static_cast<float>(v))) return !std::isnan(static_cast<float>(best));
   }
   return IsMax ? v > best : v < best;
 }
@@ -101,7 +102,7 @@ void extremumTyped(const T* p, int64_t outer, int64_t R, int64_t inner, T* value
 }  // namespace
 
 void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out) {
-  WEFT_DISPATCH_NUMERIC(type, "sum", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC_AND_HALF(type, "sum", [&]<class T>() {
     const T* p = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     if (K == 1 && R >= kParallelGrain) {
@@ -130,15 +131,24 @@ void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out) {
 }
 
 void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out) {
-  WEFT_DISPATCH_NUMERIC(type, "sum", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC_AND_HALF(type, "sum", [&]<class T>() {
     const T* p = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     // Each thread owns a slice of columns and walks all rows over it.
     parallelFor(K, kParallelGrain / (R > 0 ? R : 1) + 1, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) o[k] = T(0);
-      for (int64_t r = 0; r < R; ++r) {
-        const T* row = p + r * K;
-        for (int64_t k = b; k < e; ++k) o[k] += row[k];
+      if constexpr (kIsHalfType<T>) {
+        std::vector<float> acc(static_cast<size_t>(e - b), 0.0f);
+        for (int64_t r = 0; r < R; ++r) {
+          const T* row = p + r * K + b;
+          for (int64_t k = 0; k < e - b; ++k) acc[static_cast<size_t>(k)] += static_cast<float>(row[k]);
+        }
+        for (int64_t k = b; k < e; ++k) o[k] = T(acc[static_cast<size_t>(k - b)]);
+      } else {
+        for (int64_t k = b; k < e; ++k) o[k] = T(0);
+        for (int64_t r = 0; r < R; ++r) {
+          const T* row = p + r * K;
+          for (int64_t k = b; k < e; ++k) o[k] += row[k];
+        }
       }
     });
   });
@@ -146,7 +156,7 @@ void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out) {
 
 void extremumForward(DType type, const void* in, int64_t outer, int64_t R, int64_t inner, bool isMax, void* values,
                      int64_t* indices) {
-  WEFT_DISPATCH_NUMERIC(type, isMax ? "max" : "min", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC_AND_HALF(type, isMax ? "max" : "min", [&]<class T>() {
     const T* p = static_cast<const T*>(in);
     T* v = static_cast<T*>(values);
     if (isMax) {
@@ -159,7 +169,7 @@ void extremumForward(DType type, const void* in, int64_t outer, int64_t R, int64
 
 void extremumBackward(DType type, const void* g, const int64_t* indices, int64_t outer, int64_t R, int64_t inner,
                       void* gradIn) {
-  WEFT_DISPATCH_FLOATING(type, "max/min backward", [&]<class T>() {
+  WEFT_DISPATCH_NUMERIC_AND_HALF(type, "max/min backward", [&]<class T>() {
     const T* go = static_cast<const T*>(g);
     T* gi = static_cast<T*>(gradIn);
     parallelFor(outer, kParallelGrain / (R * inner > 0 ? R * inner : 1) + 1, [&](int64_t b, int64_t e) {

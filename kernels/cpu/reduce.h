@@ -13,7 +13,8 @@
 namespace weft::kernels::cpu {
 
 // out[k] = sum_r in[k*R + r]  (reduce the trailing axis of [K, R]).
-// Float32 sums accumulate in float64.
+// Float32 sums accumulate in float64, bfloat16/float16 sums in float32
+// (rounded to the dtype once at the end).
 void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out);
 // out[k] = sum_r in[r*K + k]  (reduce the leading axis of [R, K]).
 void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out);

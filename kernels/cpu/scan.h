@@ -13,7 +13,7 @@ namespace weft::kernels::cpu {
 
 // out[o, r, i] = sum of in[o, s, i] over s <= r (reverse: over s >= r).
 // Floating inputs give their own dtype (float32 sums accumulate in float64,
-// as PyTorch's CPU cumsum); integer and bool inputs give int64, wrapping on
+// as PyTorch's CPU cumsum, bfloat16/float16 sums in float32); integer and bool inputs give int64, wrapping on
 // overflow. outType must be that dtype. out may not alias in.
 void cumsum(DType type, const void* in, int64_t outer, int64_t R, int64_t inner, bool reverse, DType outType,
             void* out);

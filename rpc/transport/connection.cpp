@@ -240,6 +240,7 @@ void Connection::flushLocked(std::unique_lock<std::mutex>& lock) {
     }
     if (counters_) counters_->writeSyscalls.fetch_add(1, std::memory_order_relaxed);
     bytesWritten_ += static_cast<uint64_t>(w);
+    if (counters_) counters_->bytesWritten.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
     // Advance through the queue by w bytes, releasing finished frames.
     size_t left = static_cast<size_t>(w);
     uint64_t done = 0;
@@ -335,6 +336,7 @@ bool Connection::onReadableOnLoop() {
     std::span<std::byte> dst = decoder_.prepareRead();
     ssize_t n = ::read(fd_, dst.data(), dst.size());
     if (n > 0) {
+      if (counters_) counters_->bytesRead.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
       Status s = decoder_.commitRead(static_cast<size_t>(n));
       deliverFramesOnLoop();
       if (!s.ok()) {

@@ -83,6 +83,8 @@ namespace weft::rpc::transport {
 struct TransportCounters {
   std::atomic<uint64_t> writeSyscalls{0};
   std::atomic<uint64_t> framesWritten{0};
+  std::atomic<uint64_t> bytesWritten{0};  // to the sockets, framing included
+  std::atomic<uint64_t> bytesRead{0};     // from the sockets
 };
 
 class Connection;

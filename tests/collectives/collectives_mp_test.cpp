@@ -141,12 +141,14 @@ TEST_CASE("ranks calling allReduce with different shapes, sizes across the fused
     CHECK(contains(line, "rank 1 called allReduce #0(float32, 5 elements, op sum)"));
     CHECK(contains(line, "rank 0 called allReduce #0(float32, 4 elements, op sum)"));
     CHECK(contains(res.out, p + "after mismatch ok\n"));
-    // Ranks 0 and 2 sent their data with the header (exactly the limit), rank 1 only its header.
+    // Ranks 0 and 2 sent their data with the header (exactly the limit), rank 1 only its header,
+    // which names the algorithm its larger allReduce runs (auto: bcube).
     const long long limit = 256 * 1024 / 2 / 4;  // float32 elements at the fused limit of 3 ranks
     line = restOfLine(res.out, p + "mismatch_limit ");
     CHECK(contains(line, "InvalidArgumentError: allReduce #2 on group 'default': the ranks' calls do not match"));
     CHECK(contains(line, "rank 0 called allReduce #2(float32, " + std::to_string(limit) + " elements, op sum)"));
-    CHECK(contains(line, "rank 1 called allReduce #2(float32, " + std::to_string(limit + 1) + " elements, op sum)"));
+    CHECK(contains(line, "rank 1 called allReduce #2(float32, " + std::to_string(limit + 1) +
+                             " elements, op sum, algorithm bcube)"));
     CHECK(contains(line, "rank 2 called allReduce #2(float32, " + std::to_string(limit) + " elements, op sum)"));
     CHECK(contains(res.out, p + "after mismatch_limit ok\n"));
     line = restOfLine(res.out, p + "mismatch_dtype ");

@@ -137,6 +137,38 @@ TEST_CASE("checkpointed segments with dropout give bit-identical gradients and l
   m.gen = nullptr;
 }
 
+TEST_CASE("a segment checkpointed under autocast is recomputed in the forward's low precision") {
+  Mlp m(4, 16, 0.2, 5);
+  Generator g(9);
+  Tensor x0 = randn({6, 16}, {}, &g);
+  auto run = [&](bool ckpt, DType low) {
+    m.zeroGrad();
+    manualSeed(13);
+    Tensor x = x0.detach().clone().requiresGrad_();
+    Tensor h;
+    {
+      autocast::Scope amp(low);
+      h = ckpt ? checkpoint(segment(m, 0, 4), x) : segment(m, 0, 4)(x);
+    }
+    CHECK(h.dtype() == low);
+    Tensor loss = (h.to(DType::Float32) * h.to(DType::Float32)).sum();
+    loss.backward();
+    std::vector<std::vector<float>> out = gradsOf(m.params());
+    out.push_back(x.grad().toVector<float>());
+    return out;
+  };
+  for (DType low : {DType::BFloat16, DType::Float16}) {
+    CAPTURE(dtypeName(low));
+    auto plain = run(false, low);
+    auto ckpt = run(true, low);
+    REQUIRE(plain.size() == ckpt.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      CAPTURE(i);
+      CHECK(plain[i] == ckpt[i]);
+    }
+  }
+}
+
 TEST_CASE("without restoring the generator the recomputed dropout masks differ") {
   // The counterpart of the test above: the comparison can fail.
   Mlp m(2, 16, 0.5, 2);

@@ -1,9 +1,11 @@
 #include "collectives/gloo/detail/call_check.h"
+#include "collectives/gloo/detail/traffic.h"
 
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 
+#include "collectives/gloo/process_group_gloo.h"
 #include "collectives/process_group.h"
 #include "common/dtype.h"
 #include "common/error.h"
@@ -12,11 +14,11 @@ namespace weft::collectives::detail {
 
 namespace {
 
-constexpr int64_t kHeaderMagic = 0x7765667470670002;  // "weftpg" + version 2 (the data length in word 7)
+constexpr int64_t kHeaderMagic = 0x7765667470670003;  // "weftpg" + version 3 (the algorithm and split in words 8, 9)
 
 std::array<int64_t, kHeaderWords> encode(const CallHeader& h, size_t dataBytes) {
   return {kHeaderMagic, static_cast<int64_t>(h.op), h.seq, h.dtype, h.numel, h.root, h.reduceOp,
-          static_cast<int64_t>(dataBytes)};
+          static_cast<int64_t>(dataBytes), h.algorithm, h.split};
 }
 
 // False when `w` is not a call header of this version (or claims more data than a message holds).
@@ -28,6 +30,8 @@ bool decode(const int64_t* w, size_t maxData, CallHeader& h, size_t& dataBytes) 
   h.numel = w[4];
   h.root = w[5];
   h.reduceOp = w[6];
+  h.algorithm = w[8];
+  h.split = w[9];
   dataBytes = static_cast<size_t>(w[7]);
   return true;
 }
@@ -70,7 +74,15 @@ std::string CallHeader::describe() const {
     os << sep << "root " << root;
     sep = ", ";
   }
-  if (reduceOp >= 0) os << sep << "op " << reduceOpName(static_cast<ReduceOp>(reduceOp));
+  if (reduceOp >= 0) {
+    os << sep << "op " << reduceOpName(static_cast<ReduceOp>(reduceOp));
+    sep = ", ";
+  }
+  if (algorithm >= 0) {
+    os << sep << "algorithm " << allreduceAlgorithmName(static_cast<AllreduceAlgorithm>(algorithm));
+    sep = ", ";
+  }
+  if (split >= 0) os << sep << "shard sizes #" << std::hex << split << std::dec;
   os << ")";
   return os.str();
 }
@@ -184,6 +196,8 @@ void CallExchange::finish(std::unique_ptr<Outgoing> out, Deadline deadline) {
     const size_t i = static_cast<size_t>(r);
     valid_[i] = decode(w.data(), maxData_, headers_[i], dataBytes_[i]);
     if (!valid_[i]) dataBytes_[i] = 0;
+    // Posted with room for the most data; this is what came.
+    if (r != rank_) countReceivedAs(*recvBuffers_[run % 2][i], kHeaderBytes + dataBytes_[i]);
   }
   // The next run's receives, into the other area; a connection lost
   // meanwhile shows at that run, which posts them again.

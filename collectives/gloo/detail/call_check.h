@@ -77,7 +77,7 @@ using Deadline = Clock::time_point;
 // 0 as "no timeout").
 std::chrono::milliseconds timeoutUntil(Deadline deadline);
 
-constexpr size_t kHeaderWords = 8;
+constexpr size_t kHeaderWords = 10;
 constexpr size_t kHeaderBytes = kHeaderWords * sizeof(int64_t);
 // Top byte 'w': Gloo's collectives build their slots from prefixes 1 to 8 in
 // the top byte, user point-to-point tags are below 2^32.
@@ -85,6 +85,10 @@ constexpr uint64_t kExchangeSlotBase = uint64_t{0x77} << 56;
 // The slot of the receives that find which peers' connections failed
 // (ProcessGroupGloo's lostPeers); nothing is ever sent to it.
 constexpr uint64_t kProbeSlot = uint64_t{0x78} << 56;
+// The receives by which a group learns of a lost connection while its
+// hand-written algorithms wait (one per peer, posted once; nothing is ever
+// sent to it). The hand-written algorithms' own messages use top byte 0x7C.
+constexpr uint64_t kWatchSlot = uint64_t{0x7D} << 56;
 // Point-to-point transfers (ProcessGroupGloo::isend/irecv with user tag t,
 // below 2^32): the sender's size header travels on kP2pHeaderBase | t, so
 // headers of one tag match in issue order; the data and the receiver's verdict
@@ -118,6 +122,12 @@ struct CallHeader {
   int64_t numel = -1;
   int64_t root = -1;
   int64_t reduceOp = -1;
+  // allReduce: the algorithm that runs it (AllreduceAlgorithm, resolved:
+  // never Auto); the ranks must agree on it.
+  int64_t algorithm = -1;
+  // reduceScatter: a hash of the element counts of the ranks' shards, which
+  // the ranks must agree on (numel is their sum).
+  int64_t split = -1;
 
   bool operator==(const CallHeader&) const = default;
   // "allReduce #3(float32, 10 elements, op sum)"

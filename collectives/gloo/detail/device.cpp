@@ -348,7 +348,7 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     throw TimeoutError("ProcessGroupGloo: " + label + ": " + msg);
   }
   device_ = device;
-  transportContext_ = std::move(transport);
+  transportContext_ = std::make_shared<CountingContext>(std::move(transport), traffic_);
 }
 
 }  // namespace weft::collectives::detail

@@ -40,6 +40,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/device.h>
 
+#include "collectives/gloo/detail/traffic.h"
 #include "rpc/store.h"
 
 namespace weft::collectives::detail {
@@ -95,11 +96,19 @@ std::string defaultDeviceAddress(const std::string& storeEndpoint);
 // Store errors pass through (DisconnectedError when the store is gone).
 class MeshContext final : public gloo::rendezvous::Context {
  public:
-  MeshContext(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
+  MeshContext(int rank, int size)
+      : gloo::rendezvous::Context(rank, size), traffic_(std::make_shared<TrafficCounter>()) {}
 
   void connectMesh(rpc::StoreClient& store, const std::string& prefix,
                    const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
                    const std::string& label);
+
+  // What this context's connections carried, from connectMesh on: every
+  // pair and buffer of the context is a counting one (traffic.h).
+  TrafficCounter& traffic() { return *traffic_; }
+
+ private:
+  std::shared_ptr<TrafficCounter> traffic_;
 };
 
 }  // namespace weft::collectives::detail

@@ -37,13 +37,19 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   Work broadcast(const Tensor& tensor, int root) override;
   Work allReduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
+  // With `algorithm` for this call (Auto: the group's; see "Allreduce algorithms").
+  Work allReduce(const Tensor& tensor, ReduceOp op, AllreduceAlgorithm algorithm);
   Work reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum) override;
   Work allGather(std::vector<Tensor>& outputs, const Tensor& input) override;
   Work allGatherInto(const Tensor& output, const Tensor& input) override;
   Work gather(std::vector<Tensor>& outputs, const Tensor& input, int root) override;
   Work scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) override;
-  // Runs as one allreduce of the concatenated inputs, of which each rank keeps
-  // its chunk (Gloo has no reduce-scatter for unbound buffers).
+  // A ring reduce-scatter on the group's connections: N-1 steps, each rank
+  // sending one shard's partial reduction to the next rank and reducing the
+  // one it receives with its own input; about (N-1)/N of the inputs' bytes
+  // sent per rank. Each shard is reduced starting at the rank after its
+  // owner, around the ring, so float results may differ from a rank-ordered
+  // reduction in the last bits.
   Work reduceScatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::Sum) override;
   Work allToAll(const Tensor& output, const Tensor& input) override;
   Work barrier() override;
@@ -53,6 +59,12 @@ class ProcessGroupGloo final : public ProcessGroup {
   Work irecvFrom(const Tensor& tensor, const std::vector<int>& srcs, uint32_t tag = 0) override;
 
   std::unique_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks) override;
+
+  TrafficStats trafficStats() const override;
+  void resetTrafficStats() override;
+  // The group's allreduce algorithm (Options::allreduceAlgorithm, else the
+  // environment's, else Auto).
+  AllreduceAlgorithm allreduceAlgorithm() const;
 
   // Collectives started by this rank so far (the next one is numbered this).
   int64_t collectivesStarted() const;

@@ -544,9 +544,9 @@ void runHostilePeer(weft::rpc::StoreClient& store) {
   std::vector<uint8_t> incoming(gd::kHeaderBytes + ProcessGroupGloo::kFusedSendBytes);
   auto in = context->createUnboundBuffer(incoming.data(), incoming.size());
   in->recv(0, gd::kExchangeSlotBase);
-  const int64_t words[gd::kHeaderWords] = {0x7765667470670002, static_cast<int64_t>(gd::OpCode::AllReduce), 0,
+  const int64_t words[gd::kHeaderWords] = {0x7765667470670003, static_cast<int64_t>(gd::OpCode::AllReduce), 0,
                                            static_cast<int64_t>(DType::Float32), 4, -1,
-                                           static_cast<int64_t>(ReduceOp::Sum), 8};
+                                           static_cast<int64_t>(ReduceOp::Sum), 8, -1, -1};
   std::vector<uint8_t> message(gd::kHeaderBytes + 8, 0);
   std::memcpy(message.data(), words, gd::kHeaderBytes);
   auto out = context->createUnboundBuffer(message.data(), message.size());

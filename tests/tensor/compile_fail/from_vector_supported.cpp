@@ -12,5 +12,7 @@ weft::Tensor makeAll() {
   t = weft::fromVector(std::vector<int32_t>{1});
   t = weft::fromVector(std::vector<uint8_t>{1});
   t = weft::fromVector(std::vector<bool>{true});
+  t = weft::fromVector(std::vector<weft::BFloat16>{1.0f});
+  t = weft::fromVector(std::vector<weft::Float16>{1.0f});
   return t;
 }

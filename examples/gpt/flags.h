@@ -1,0 +1,140 @@
+// The command line of the gpt example (main.cpp): its flags, their defaults and their checks,
+// read through the examples' shared FlagReader. The defaults train the model of the README in
+// one to three minutes on two cores.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "data/text.h"
+#include "examples/common/app.h"
+#include "nn/transformer.h"
+
+namespace weft::examples::gpt {
+
+inline constexpr const char* kProgram = "gpt";
+
+struct Flags {
+  // The model.
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t width = 128;
+  int64_t block = 128;  // context length: the training windows and the position table
+  double dropout = 0.0;
+  std::string checkpoint = "none";  // none, every-block, every:K, sqrt
+  std::string precision = "float32";  // float32, or bf16: products in bfloat16 (tensor/autocast.h)
+  // The optimisation.
+  int64_t steps = 600;
+  int64_t batchSize = 16;
+  double lr = 1e-3;      // the peak, reached at the end of the warm-up
+  double minLr = 1e-4;   // the end of the cosine decay
+  int64_t warmup = 50;   // steps of linear warm-up from lr / warmup
+  double weightDecay = 0.1;  // on the matrices only (nn::optim::decayGroups)
+  double gradClip = 1.0;     // the largest gradient norm; 0 = no clipping
+  // Reporting.
+  int64_t logInterval = 20;
+  int64_t evalInterval = 100;  // also at step 0 and after the last step
+  int64_t evalBatches = 8;    // validation windows: evalBatches x batchSize
+  std::string metrics = "gpt_metrics.csv";
+  // The sample printed at the end.
+  std::string prompt = "The ";
+  int64_t sampleTokens = 300;
+  double temperature = 0.8;
+  int64_t topK = 40;
+  // The data and the run.
+  std::string dataDir = data::kFortunesDir;
+  uint64_t seed = 0;
+};
+
+[[noreturn]] inline void usage(const std::string& err) {
+  app::exitWithUsage(kProgram, err, "",
+                     "[--layers N] [--heads N] [--width N] [--block N] [--dropout P]\n"
+                     "           [--checkpoint none|every-block|every:K|sqrt] [--precision float32|bf16]\n"
+                     "           [--steps N] [--batch-size N]\n"
+                     "           [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
+                     "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
+                     "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
+                     "           [--data-dir DIR] [--seed N]\n");
+}
+
+// The checkpointing policy a --checkpoint value names; usage() for anything else.
+inline nn::CheckpointPolicy checkpointPolicy(const std::string& v) {
+  if (v == "none") return nn::CheckpointPolicy::none();
+  if (v == "every-block") return nn::CheckpointPolicy::everyBlock();
+  if (v == "sqrt") return nn::CheckpointPolicy::sqrtN();
+  if (v.rfind("every:", 0) == 0) {
+    char* end = nullptr;
+    long k = std::strtol(v.c_str() + 6, &end, 10);
+    if (end != v.c_str() + 6 && *end == '\0' && k >= 1 && k <= 1 << 20) return nn::CheckpointPolicy::every(static_cast<int>(k));
+  }
+  usage("invalid value '" + v + "' for --checkpoint (none, every-block, every:K with K >= 1, sqrt)");
+}
+
+inline nn::GPTConfig modelConfig(const Flags& f) {
+  return {.vocabSize = data::ByteTokenizer::kVocab,
+          .blockSize = f.block,
+          .layers = f.layers,
+          .heads = f.heads,
+          .width = f.width,
+          .dropout = f.dropout,
+          .bias = true,
+          .checkpoint = checkpointPolicy(f.checkpoint)};
+}
+
+inline Flags parseFlags(int argc, char** argv) {
+  Flags f;
+  app::FlagReader args(argc, argv, usage);
+  while (args.next()) {
+    const std::string& a = args.flag();
+    const std::string& v = args.value();
+    if (a == "--layers") f.layers = args.integer();
+    else if (a == "--heads") f.heads = args.integer();
+    else if (a == "--width") f.width = args.integer();
+    else if (a == "--block") f.block = args.integer();
+    else if (a == "--dropout") f.dropout = args.real(true);
+    else if (a == "--checkpoint") f.checkpoint = v;
+    else if (a == "--precision") f.precision = v;
+    else if (a == "--steps") f.steps = args.integer();
+    else if (a == "--batch-size") f.batchSize = args.integer();
+    else if (a == "--lr") f.lr = args.real(true);
+    else if (a == "--min-lr") f.minLr = args.real(true);
+    else if (a == "--warmup") f.warmup = args.integer();
+    else if (a == "--weight-decay") f.weightDecay = args.real(true);
+    else if (a == "--grad-clip") f.gradClip = args.real(true);
+    else if (a == "--log-interval") f.logInterval = args.integer();
+    else if (a == "--eval-interval") f.evalInterval = args.integer();
+    else if (a == "--eval-batches") f.evalBatches = args.integer();
+    else if (a == "--metrics") f.metrics = v;
+    else if (a == "--prompt") f.prompt = v;
+    else if (a == "--sample-tokens") f.sampleTokens = args.integer();
+    else if (a == "--temperature") f.temperature = args.real(true);
+    else if (a == "--top-k") f.topK = args.integer();
+    else if (a == "--data-dir") f.dataDir = v;
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(args.integer());
+    else args.unknown();
+  }
+  if (f.layers < 1 || f.heads < 1 || f.width < 1 || f.block < 2) {
+    usage("--layers, --heads and --width must be positive, --block at least 2");
+  }
+  if (f.width % f.heads != 0) usage("--heads must divide --width");
+  if (f.dropout < 0 || f.dropout >= 1) usage("--dropout must lie in [0, 1)");
+  checkpointPolicy(f.checkpoint);
+  if (f.precision != "float32" && f.precision != "bf16") {
+    usage("invalid value '" + f.precision + "' for --precision (float32, bf16)");
+  }
+  if (f.steps < 1 || f.batchSize < 1) usage("--steps and --batch-size must be positive");
+  if (f.lr <= 0 || f.minLr < 0 || f.minLr > f.lr) usage("--lr must be positive and --min-lr in [0, lr]");
+  if (f.warmup < 0 || f.warmup > f.steps) usage("--warmup must lie in [0, steps]");
+  if (f.weightDecay < 0 || f.gradClip < 0) usage("--weight-decay and --grad-clip must be non-negative");
+  if (f.logInterval < 1 || f.evalInterval < 1 || f.evalBatches < 1) {
+    usage("--log-interval, --eval-interval and --eval-batches must be positive");
+  }
+  if (f.prompt.empty()) usage("--prompt must not be empty");
+  if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {
+    usage("--sample-tokens, --temperature and --top-k must be non-negative");
+  }
+  return f;
+}
+
+}  // namespace weft::examples::gpt

@@ -1,0 +1,59 @@
+// Where the gpt example's model lives and how the steps of its training loop run there. main.cpp
+// drives the loop (data, schedule, reporting) through Layout alone; a layout owns the model and
+// the optimizer and says which share of the data its process draws. A parallel layout is one
+// more implementation of this interface, chosen by makeLayout from the flags.
+//
+//   std::unique_ptr<Layout> layout = makeLayout(flags);
+//   auto [x, y] = text.batch(data::TextSplit::Train, flags.batchSize, flags.block, gen,
+//                            layout->dataRank(), layout->dataWorld());
+//   double loss = layout->step(x, y, schedule(step));
+//   double val = layout->evaluate(vx, vy);
+//   std::string text = layout->sample("The ", 100, 0.8, 40, sampleGen);
+//
+// Errors: makeLayout throws the model's InvalidArgumentError for a configuration it rejects;
+// step and evaluate throw what the model throws for bad token ids (IndexError).
+// Threading: one thread drives a layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/generator.h"
+#include "tensor/tensor.h"
+
+#include "flags.h"
+
+namespace weft::examples::gpt {
+
+class Layout {
+ public:
+  virtual ~Layout() = default;
+
+  // The layout for the banner ("one process, 2 kernel threads").
+  virtual std::string describe() const = 0;
+  // The model's parameter count (every process of a job gives the whole model's).
+  virtual int64_t numParameters() const = 0;
+  // This process's share of the data: its rank among the replicas that draw disjoint windows,
+  // and their number (TextDataset::batch).
+  virtual int dataRank() const { return 0; }
+  virtual int dataWorld() const { return 1; }
+  // Whether this process prints the progress and writes the metrics (one process per job).
+  virtual bool reports() const { return true; }
+
+  // One optimizer step on inputs x and targets y (Int64 [batch, T]) with learning rate lr:
+  // forward, mean cross-entropy, backward, gradient clipping, AdamW. Returns the loss of the
+  // whole job's batch before the step.
+  virtual double step(const Tensor& x, const Tensor& y, double lr) = 0;
+  // The mean cross-entropy (nats per byte) of the model on (x, y), in eval mode, without grad.
+  virtual double evaluate(const Tensor& x, const Tensor& y) = 0;
+  // `prompt` continued by `tokens` bytes sampled in eval mode from `gen` (GPT::generate), as
+  // text: the prompt's bytes and the new ones.
+  virtual std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t topK,
+                             Generator& gen) = 0;
+};
+
+// The layout the flags ask for; today the only one is a single process holding the whole model.
+std::unique_ptr<Layout> makeLayout(const Flags& flags);
+
+}  // namespace weft::examples::gpt
