@@ -71,7 +71,9 @@ TEST_CASE("a Pipe stage dying mid-step fails the controller's step with a Discon
   const long long ms = numberAfter(out, "rank 0 failed in_ms ");
   CHECK(ms >= 0);
   CHECK(ms < 5000);  // a closed connection is seen at once; margin for a loaded machine
-  CHECK(contains(line, "DisconnectedError: rpc: worker 'worker1' (rank 1) disconnected"));
+  // Worded by whichever side saw the connection close first; either names worker1.
+  CHECK(contains(line, "DisconnectedError: rpc: "));
+  CHECK(contains(line, "worker 'worker1'"));
   for (int r : {0, 2}) {
     CHECK(results[static_cast<size_t>(r)].exitCode == 0);
     CHECK(contains(results[static_cast<size_t>(r)].out, rankPrefix(r) + "done\n"));
