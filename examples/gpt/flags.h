@@ -45,6 +45,10 @@ struct Flags {
   // The data and the run.
   std::string dataDir = data::kFortunesDir;
   uint64_t seed = 0;
+
+  int64_t pp = 1;                 // pipeline stages, one per process (weftrun -n P)
+  std::string schedule = "1f1b";  // gpipe or 1f1b, with --pp
+  int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
 };
 
 [[noreturn]] inline void usage(const std::string& err) {
@@ -55,7 +59,8 @@ struct Flags {
                      "           [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
-                     "           [--data-dir DIR] [--seed N]\n");
+                     "           [--data-dir DIR] [--seed N]\n"
+                     "           [--pp P [--schedule gpipe|1f1b] [--microbatches M]] (P > 1: weftrun -n P)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.
@@ -112,6 +117,9 @@ inline Flags parseFlags(int argc, char** argv) {
     else if (a == "--top-k") f.topK = args.integer();
     else if (a == "--data-dir") f.dataDir = v;
     else if (a == "--seed") f.seed = static_cast<uint64_t>(args.integer());
+    else if (a == "--pp") f.pp = args.integer();
+    else if (a == "--schedule") f.schedule = v;
+    else if (a == "--microbatches") f.microbatches = args.integer();
     else args.unknown();
   }
   if (f.layers < 1 || f.heads < 1 || f.width < 1 || f.block < 2) {
@@ -131,6 +139,11 @@ inline Flags parseFlags(int argc, char** argv) {
     usage("--log-interval, --eval-interval and --eval-batches must be positive");
   }
   if (f.prompt.empty()) usage("--prompt must not be empty");
+  if (f.pp < 1 || f.microbatches < 1) usage("--pp and --microbatches must be positive");
+  if (f.schedule != "gpipe" && f.schedule != "1f1b") {
+    usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b)");
+  }
+  if (f.pp > 1 && f.batchSize % f.microbatches != 0) usage("--microbatches must divide --batch-size");
   if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {
     usage("--sample-tokens, --temperature and --top-k must be non-negative");
   }

@@ -1,4 +1,5 @@
 #include "layout.h"
+#include "pipeline_layout.h"
 
 #include <memory>
 #include <string>
@@ -84,6 +85,9 @@ class SingleProcess final : public Layout {
 
 }  // namespace
 
-std::unique_ptr<Layout> makeLayout(const Flags& flags) { return std::make_unique<SingleProcess>(flags); }
+std::unique_ptr<Layout> makeLayout(const Flags& flags) {
+  if (flags.pp > 1) return makePipelineLayout(flags);
+  return std::make_unique<SingleProcess>(flags);
+}
 
 }  // namespace weft::examples::gpt

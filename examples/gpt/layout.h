@@ -53,7 +53,8 @@ class Layout {
                              Generator& gen) = 0;
 };
 
-// The layout the flags ask for; today the only one is a single process holding the whole model.
+// The layout the flags ask for: a single process holding the whole model, or with --pp P > 1 a
+// pipeline of P processes (pipeline_layout.h).
 std::unique_ptr<Layout> makeLayout(const Flags& flags);
 
 }  // namespace weft::examples::gpt

@@ -1,8 +1,8 @@
 // The GPT example run as a user runs it, at tiny sizes: the validation loss starts at that of a
 // uniform guess over the 256 bytes and falls below that of the corpus's byte frequencies, the
 // sample continues the prompt in printable text, checkpointing changes nothing in the numbers,
-// bfloat16 products train about as well, and bad command lines and a missing corpus are
-// reported.
+// bfloat16 products train about as well, a pipeline of 2 or 3 processes (--pp) trains as one
+// process does, and bad command lines and a missing corpus are reported.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -89,6 +89,38 @@ TEST_CASE("the GPT example with checkpointing every block trains to the same los
   const double plainPeak = numberAfter(plain, peak), checkpointedPeak = numberAfter(checkpointed, peak);
   CHECK(plainPeak > 0);
   CHECK(checkpointedPeak < 0.9 * plainPeak);
+}
+
+TEST_CASE("the GPT example pipelined over 2 and 3 processes trains as one process does") {
+  const std::string args = kTiny + " --steps 40 --eval-interval 20 --eval-batches 4 --metrics /dev/null";
+  std::string single, two, three;
+  REQUIRE(runShell(std::string(WEFT_GPT) + args + " 2>&1", single) == 0);
+  REQUIRE(runShell(std::string(WEFT_GPT_WEFTRUN) + " -n 2 " + WEFT_GPT + args + " --pp 2 --schedule 1f1b " +
+                       "--microbatches 4 2>&1",
+                   two) == 0);
+  REQUIRE(runShell(std::string(WEFT_GPT_WEFTRUN) + " -n 3 " + WEFT_GPT + args + " --pp 3 --schedule gpipe " +
+                       "--microbatches 2 2>&1",
+                   three) == 0);
+  INFO(single);
+  INFO(two);
+  INFO(three);
+  CHECK(two.find("pipeline of 2 stages") != std::string::npos);
+  CHECK(three.find("pipeline of 3 stages") != std::string::npos);
+  // Rank 0 alone reports: one banner.
+  CHECK(two.find("model: GPT") == two.rfind("model: GPT"));
+  // The same model, data and updates: the losses agree to float rounding of the micro-batch sums.
+  for (const std::string* run : {&two, &three}) {
+    for (const std::string key : {"step    20  loss ", "step    40  loss ", "final validation loss "}) {
+      const double want = numberAfter(single, key), got = numberAfter(*run, key);
+      CAPTURE(key);
+      CHECK(std::isfinite(got));
+      CHECK(std::fabs(got - want) < 2e-3);
+    }
+  }
+  // A pipeline asks for as many processes as stages.
+  std::string alone;
+  CHECK(runShell(std::string(WEFT_GPT) + args + " --pp 2 2>&1", alone) != 0);
+  CHECK(alone.find("--pp 2 needs a job of 2 processes") != std::string::npos);
 }
 
 TEST_CASE("the GPT example trained with bfloat16 products tracks the float32 run") {

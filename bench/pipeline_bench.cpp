@@ -1,0 +1,441 @@
+// pipeline_bench: pipeline parallelism on this machine, one process per stage (the bench
+// re-executes itself as every rank: `/proc/self/exe --worker MODEL P M SCHEDULE STEPS`), each stage
+// with one kernel thread.
+//  1. Bubble: an MLP of 8 equal blocks (Linear(W, W) + tanh) cut into P = 2 and 4 stages, trained
+//     with M = 1, 2, 4, 8, 16 micro-batches under 1F1B; the measured bubble (per stage, the share
+//     of the step not spent in forward or backward, averaged over the stages; the median over
+//     the timed steps) beside the theory (P - 1) / (M + P - 1).
+//  2. Memory: the peak activation memory per stage (StepStats::activationBytes: tensor bytes live
+//     above the step's start, sampled after each forward), GPipe against 1F1B at M = 8 (goal:
+//     1F1B <= (P/M + 0.1) x GPipe, the largest stage), and GPipe with activation checkpointing.
+//  3. Throughput: the GPT (vocab 256, 64 tokens, 4 blocks of width 128) trained for a few steps:
+//     tokens/s of one process (all the CPUs' threads), of vanilla model parallelism (P = 2, M = 1)
+//     and of the 2-stage pipeline at M = 4 and 8, both schedules (goal: pipelined >= 1.5 x
+//     vanilla). With --trace PATH, the last step of the 2-stage 1F1B run at M = 4 is written as a
+//     Chrome trace (chrome://tracing, Perfetto).
+//  4. Pipe over RPC: the MLP's training rows/s through a controller and remote stages, unsplit on
+//     one worker, as vanilla model parallelism (2 stages, M = 1) and pipelined (M = 4, 8).
+//
+//   pipeline_bench [--quick] [--steps N] [--trace PATH]
+//
+// The P = 4 runs put four processes on the cores there are: where there are fewer than four, the
+// stages take turns on them and the measured bubble says so. Errors: exit status 1 with the
+// failing run named.
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/flags.h"
+#include "bench/two_process.h"
+#include "collectives/init.h"
+#include "collectives/object_collectives.h"
+#include "kernels/cpu/parallel.h"
+#include "nn/layers.h"
+#include "nn/linear.h"
+#include "nn/optim.h"
+#include "dist_autograd/dist_autograd.h"
+#include "dist_optim/distributed_optimizer.h"
+#include "pipeline/executor.h"
+#include "pipeline/pipe.h"
+#include "rpc/agent.h"
+#include "tensor/ops.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using weft::Tensor;
+namespace nn = weft::nn;
+namespace pipeline = weft::pipeline;
+using weft::bench::fail;
+
+constexpr const char* kUsage = "usage: pipeline_bench [--quick] [--steps N] [--trace PATH]\n";
+
+constexpr int64_t kMlpWidth = 384;
+constexpr int64_t kMlpBatch = 256;
+constexpr int kMlpBlocks = 8;
+constexpr int64_t kGptBatch = 16;
+
+nn::GPTConfig gptConfig() { return {.vocabSize = 256, .blockSize = 64, .layers = 4, .heads = 4, .width = 128}; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// kMlpBlocks x (Linear(kMlpWidth, kMlpWidth), tanh), initialised from a fixed seed.
+std::shared_ptr<nn::Sequential> benchMlp() {
+  weft::Generator init(3);
+  std::vector<std::shared_ptr<nn::Module>> blocks;
+  for (int i = 0; i < kMlpBlocks; ++i) {
+    auto l = std::make_shared<nn::Linear>(kMlpWidth, kMlpWidth);
+    l->resetParameters(&init);
+    blocks.push_back(l);
+    blocks.push_back(std::make_shared<nn::Tanh>());
+  }
+  return nn::makeSequential(blocks);
+}
+
+// ---- a worker: one stage ---------------------------------------------------------------------
+
+// What rank 0 prints for a run, one line: "result bubble B step_ms S tokens_per_s T peak_bytes A,B,..".
+int runWorker(const std::string& model, int stages, int m, const std::string& scheduleName, int steps,
+              const std::string& tracePath) {
+  auto pg = weft::collectives::init(weft::rpc::Options::fromEnv(), {.timeout = 120s});
+  const int stage = pg->rank();
+  if (pg->size() != stages) fail("worker: the job has " + std::to_string(pg->size()) + " ranks, not " +
+                                 std::to_string(stages));
+  weft::kernels::cpu::setNumThreads(stages == 1 ? static_cast<int>(std::thread::hardware_concurrency()) : 1);
+
+  std::shared_ptr<nn::Sequential> layers;
+  std::shared_ptr<nn::GPT> gpt;
+  pipeline::LossFn lossFn;
+  std::vector<pipeline::TiedParameter> tied;
+  weft::Generator init(3);
+  if (model == "gpt") {
+    gpt = std::make_shared<nn::GPT>(gptConfig(), &init);
+    layers = pipeline::gptLayers(gpt);
+    tied = pipeline::gptTiedParameters(*gpt, stage, stages);
+    lossFn = [](const Tensor& logits, const Tensor& y) {
+      return weft::crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+    };
+  } else {
+    layers = benchMlp();
+    lossFn = [](const Tensor& out, const Tensor& y) { return weft::mseLoss(out, y); };
+  }
+  auto mine = pipeline::splitSequential(*layers, pipeline::cutsByParameterCount(*layers, stages))
+                  [static_cast<size_t>(stage)];
+  pipeline::Schedule schedule =
+      scheduleName.rfind("gpipe", 0) == 0 ? pipeline::gpipe(stages, m) : pipeline::oneFOneB(stages, m);
+  pipeline::PipelineExecutor pipe(*pg, mine, schedule, lossFn,
+                                  {.tied = tied, .checkpoint = scheduleName == "gpipe-ckpt"});
+  nn::optim::SGD opt(mine->parameters(), {.lr = 0.01, .momentum = 0.9});
+
+  weft::Generator data(4);
+  Tensor x, y;
+  int64_t tokensPerStep = 0;
+  if (model == "gpt") {
+    const auto c = gptConfig();
+    x = weft::randint(0, c.vocabSize, {kGptBatch, c.blockSize}, {.dtype = weft::DType::Int64}, &data);
+    y = weft::randint(0, c.vocabSize, {kGptBatch, c.blockSize}, {.dtype = weft::DType::Int64}, &data);
+    tokensPerStep = kGptBatch * c.blockSize;
+  } else {
+    x = weft::randn({kMlpBatch, kMlpWidth}, {}, &data);
+    y = weft::randn({kMlpBatch, kMlpWidth}, {}, &data);
+    tokensPerStep = kMlpBatch;
+  }
+
+  constexpr int kWarmup = 2;
+  std::vector<double> bubbles, stepSeconds;
+  double peakBytes = 0;
+  Clock::time_point t0;
+  for (int s = 0; s < kWarmup + steps; ++s) {
+    if (s == kWarmup) {
+      pg->barrier().wait();
+      t0 = Clock::now();
+    }
+    opt.zeroGrad();
+    pipe.step(x, y);
+    opt.step();
+    if (s < kWarmup) continue;
+    const auto& st = pipe.lastStats();
+    peakBytes = std::max(peakBytes, static_cast<double>(st.activationBytes));
+    // Every stage's bubble of this step, averaged on rank 0.
+    std::vector<double> mineStats{1.0 - st.computeSeconds / st.stepSeconds, st.stepSeconds};
+    auto all = weft::collectives::allGatherObject(*pg, mineStats);
+    double bubble = 0, longest = 0;
+    for (const auto& a : all) {
+      bubble += a[0] / stages;
+      longest = std::max(longest, a[1]);
+    }
+    bubbles.push_back(bubble);
+    stepSeconds.push_back(longest);
+  }
+  pg->barrier().wait();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto peaks = weft::collectives::allGatherObject(*pg, peakBytes);
+  if (!tracePath.empty()) {
+    auto traces = weft::collectives::allGatherObject(
+        *pg, pipeline::chromeTraceEvents(stage, pipe.lastStats().events));
+    if (stage == 0) {
+      std::ofstream out(tracePath);
+      out << "[";
+      for (size_t i = 0; i < traces.size(); ++i) out << (i ? "," : "") << traces[i];
+      out << "]\n";
+      if (!out) fail("cannot write " + tracePath);
+    }
+  }
+  if (stage == 0) {
+    std::string p;
+    for (double b : peaks) {
+      if (!p.empty()) p += ',';
+      p += std::to_string(static_cast<long long>(b));
+    }
+    std::printf("result bubble %.4f step_ms %.2f tokens_per_s %.1f peak_bytes %s\n", median(bubbles),
+                median(stepSeconds) * 1e3, static_cast<double>(tokensPerStep) * steps / elapsed, p.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// ---- a Pipe over RPC -----------------------------------------------------------------------------
+
+// Rank 0 drives a Pipe over ranks 1.. (the stages, one kernel thread each; a lone stage takes every
+// CPU) and prints "result rows_per_s R".
+int runPipeWorker(int m, int steps) {
+  weft::rpc::Agent agent(weft::rpc::Options::fromEnv());
+  const int stages = agent.worldSize() - 1;
+  weft::kernels::cpu::setNumThreads(stages == 1 ? static_cast<int>(std::thread::hardware_concurrency()) : 1);
+  agent.start();
+  if (agent.rank() == 0) {
+    std::vector<std::string> workers;
+    for (int r = 1; r <= stages; ++r) workers.push_back("worker" + std::to_string(r));
+    pipeline::Pipe pipe(agent, "bench-mlp", workers, m);
+    weft::dist_optim::DistributedOptimizer opt(agent, nn::optim::SGDOptions{.lr = 0.01}, pipe.remoteParameters());
+    weft::Generator data(4);
+    Tensor x = weft::randn({kMlpBatch, kMlpWidth}, {}, &data), y = weft::randn({kMlpBatch, kMlpWidth}, {}, &data);
+    constexpr int kWarmup = 2;
+    Clock::time_point t0;
+    for (int s = 0; s < kWarmup + steps; ++s) {
+      if (s == kWarmup) t0 = Clock::now();
+      weft::dist_autograd::Context ctx(agent);
+      Tensor loss = weft::mseLoss(pipe.forward(x), y);
+      ctx.backward({loss});
+      opt.step(ctx);
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("result rows_per_s %.1f\n", static_cast<double>(kMlpBatch) * steps / elapsed);
+    std::fflush(stdout);
+  }
+  agent.shutdown();
+  return 0;
+}
+
+// ---- the coordinator ---------------------------------------------------------------------------
+
+struct RunResult {
+  double bubble = 0, stepMs = 0, tokensPerS = 0;
+  std::vector<double> peakBytes;
+};
+
+// Runs `world` processes of this program with `args` (after argv[0]), placed as ranks of one job
+// whose store is on a free port; returns rank 0's standard output once all have exited, or throws
+// naming `what` when one failed.
+std::string spawnJob(const std::vector<std::string>& args, int world, const std::string& what) {
+  const uint16_t port = weft::bench::freePort();
+  int pipeFds[2];
+  if (::pipe(pipeFds) != 0) fail(weft::bench::errnoText("pipe"));
+  std::vector<pid_t> pids;
+  const pid_t parent = ::getpid();
+  std::fflush(nullptr);
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    if (pid < 0) fail(weft::bench::errnoText("fork"));
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      if (r == 0) ::dup2(pipeFds[1], STDOUT_FILENO);
+      ::close(pipeFds[0]);
+      ::close(pipeFds[1]);
+      ::setenv("WEFT_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WEFT_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WEFT_WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("WEFT_MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("WEFT_MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<std::string> full{"pipeline_bench"};
+      full.insert(full.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : full) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  ::close(pipeFds[1]);
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(pipeFds[0], buf, sizeof buf);
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+  ::close(pipeFds[0]);
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok || out.find("result ") == std::string::npos) fail("the run " + what + " failed; rank 0 printed: " + out);
+  return out.substr(out.find("result "));
+}
+
+// Runs a pipeline of `stages` worker processes and parses rank 0's result line.
+RunResult runJob(const std::string& model, int stages, int m, const std::string& schedule, int steps,
+                 const std::string& tracePath = "") {
+  const std::string what = model + " P=" + std::to_string(stages) + " M=" + std::to_string(m) + " " + schedule;
+  const std::string line = spawnJob({"--worker", model, std::to_string(stages), std::to_string(m), schedule,
+                                     std::to_string(steps), tracePath.empty() ? "-" : tracePath},
+                                    stages, what);
+  RunResult r;
+  char peaks[1024] = {0};
+  if (std::sscanf(line.c_str(), "result bubble %lf step_ms %lf tokens_per_s %lf peak_bytes %1000s", &r.bubble,
+                  &r.stepMs, &r.tokensPerS, peaks) != 4) {
+    fail("the run " + what + " printed no result line: " + line);
+  }
+  std::string p = peaks;
+  for (size_t s = 0; s < p.size();) {
+    size_t e = p.find(',', s);
+    if (e == std::string::npos) e = p.size();
+    r.peakBytes.push_back(std::stod(p.substr(s, e - s)));
+    s = e + 1;
+  }
+  return r;
+}
+
+// A Pipe over RPC of `stages` remote stages (plus the controller) and M micro-batches: rows/s.
+double runPipeJob(int stages, int m, int steps) {
+  const std::string what = "Pipe stages=" + std::to_string(stages) + " M=" + std::to_string(m);
+  const std::string line =
+      spawnJob({"--pipe-worker", std::to_string(m), std::to_string(steps)}, stages + 1, what);
+  double rowsPerS = 0;
+  if (std::sscanf(line.c_str(), "result rows_per_s %lf", &rowsPerS) != 1) fail(what + ": no result line: " + line);
+  return rowsPerS;
+}
+
+double largest(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+int runCoordinator(bool quick, int steps, const std::string& tracePath) {
+  std::printf("pipeline_bench: %u CPUs, load average %s, %d timed steps per run after 2 warm-up steps\n",
+              std::thread::hardware_concurrency(), weft::bench::loadAverage().c_str(), steps);
+
+  std::printf("\n1. bubble, 1F1B, an MLP of %d x Linear(%lld, %lld)+tanh, batch %lld\n", kMlpBlocks,
+              static_cast<long long>(kMlpWidth), static_cast<long long>(kMlpWidth),
+              static_cast<long long>(kMlpBatch));
+  std::printf("%3s %3s %8s %9s %7s %9s\n", "P", "M", "theory", "measured", "diff", "step_ms");
+  const std::vector<int> ms = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16};
+  for (int p : {2, 4}) {
+    for (int m : ms) {
+      RunResult r = runJob("mlp", p, m, "1f1b", steps);
+      const double theory = static_cast<double>(p - 1) / (m + p - 1);
+      std::printf("%3d %3d %8.3f %9.3f %+7.3f %9.2f\n", p, m, theory, r.bubble, r.bubble - theory, r.stepMs);
+      std::fflush(stdout);
+    }
+  }
+
+  const int memM = 8;
+  std::printf("\n2. peak activation memory per stage (bytes), M = %d\n", memM);
+  std::printf("%3s %-8s %-40s %10s\n", "P", "schedule", "per stage", "largest");
+  for (int p : {2, 4}) {
+    RunResult g = runJob("mlp", p, memM, "gpipe", steps);
+    RunResult f = runJob("mlp", p, memM, "1f1b", steps);
+    RunResult c = runJob("mlp", p, memM, "gpipe-ckpt", steps);
+    auto row = [p](const char* name, const RunResult& r) {
+      std::string per;
+      for (double b : r.peakBytes) {
+        if (!per.empty()) per += ' ';
+        per += std::to_string(static_cast<long long>(b));
+      }
+      std::printf("%3d %-8s %-40s %10lld\n", p, name, per.c_str(), static_cast<long long>(largest(r.peakBytes)));
+    };
+    row("gpipe", g);
+    row("1f1b", f);
+    row("gpipe+ck", c);
+    std::printf("    1f1b / gpipe = %.3f (goal <= P/M + 0.1 = %.3f)\n", largest(f.peakBytes) / largest(g.peakBytes),
+                static_cast<double>(p) / memM + 0.1);
+    std::fflush(stdout);
+  }
+
+  const auto c = gptConfig();
+  std::printf("\n3. GPT training throughput (vocab %lld, %lld tokens, %lld blocks of width %lld, batch %lld)\n",
+              static_cast<long long>(c.vocabSize), static_cast<long long>(c.blockSize),
+              static_cast<long long>(c.layers), static_cast<long long>(c.width), static_cast<long long>(kGptBatch));
+  RunResult single = runJob("gpt", 1, 1, "1f1b", steps);
+  RunResult vanilla = runJob("gpt", 2, 1, "1f1b", steps);
+  std::printf("%-34s %12s %10s %10s\n", "run", "tokens/s", "step_ms", "/vanilla");
+  auto row = [&vanilla](const std::string& name, const RunResult& r) {
+    std::printf("%-34s %12.1f %10.2f %10.2f\n", name.c_str(), r.tokensPerS, r.stepMs, r.tokensPerS / vanilla.tokensPerS);
+    std::fflush(stdout);
+  };
+  row("one process, all CPUs", single);
+  row("vanilla model parallel P=2 M=1", vanilla);
+  for (int m : {4, 8}) {
+    for (const char* s : {"gpipe", "1f1b"}) {
+      const bool traced = !tracePath.empty() && m == 4 && std::string(s) == "1f1b";
+      RunResult r = runJob("gpt", 2, m, s, steps, traced ? tracePath : "");
+      row(std::string("pipelined P=2 M=") + std::to_string(m) + " " + s, r);
+    }
+  }
+  std::printf("goal: pipelined >= 1.5 x vanilla\n");
+  if (!tracePath.empty()) std::printf("trace of the last P=2 M=4 1f1b step: %s\n", tracePath.c_str());
+
+  std::printf("\n4. Pipe over RPC (a controller, remote stages), the MLP of section 1, training rows/s\n");
+  const double unsplit = runPipeJob(1, 1, steps);
+  const double vanillaRpc = runPipeJob(2, 1, steps);
+  std::printf("%-34s %12s %10s\n", "run", "rows/s", "/vanilla");
+  std::printf("%-34s %12.1f %10.2f\n", "unsplit on one worker", unsplit, unsplit / vanillaRpc);
+  std::printf("%-34s %12.1f %10.2f\n", "vanilla model parallel 2 stages", vanillaRpc, 1.0);
+  for (int m : {4, 8}) {
+    const double r = runPipeJob(2, m, steps);
+    std::printf("%-34s %12.1f %10.2f\n", ("Pipe 2 stages M=" + std::to_string(m)).c_str(), r, r / vanillaRpc);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    pipeline::declareStageBuilder("bench-mlp", [](int64_t stage, int64_t stages) -> std::shared_ptr<nn::Module> {
+      auto net = benchMlp();
+      return pipeline::splitSequential(*net, pipeline::cutsByParameterCount(*net, static_cast<int>(stages)))
+          [static_cast<size_t>(stage)];
+    });
+    if (argc > 1 && std::string(argv[1]) == "--pipe-worker") {
+      if (argc != 4) fail("--pipe-worker takes M STEPS");
+      return runPipeWorker(std::atoi(argv[2]), std::atoi(argv[3]));
+    }
+    if (argc > 1 && std::string(argv[1]) == "--worker") {
+      if (argc != 8) fail("--worker takes MODEL P M SCHEDULE STEPS TRACE");
+      const std::string trace = argv[7];
+      return runWorker(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), argv[5], std::atoi(argv[6]),
+                       trace == "-" ? "" : trace);
+    }
+    bool quick = false;
+    int steps = 0;
+    std::string trace;
+    weft::bench::Flags flags;
+    flags.onSwitch("--quick", [&quick] { quick = true; });
+    flags.onValue("--steps", [&steps](const std::string& v) {
+      steps = static_cast<int>(weft::bench::intFlag("--steps", v, 1, 1000));
+    });
+    flags.onValue("--trace", [&trace](const std::string& v) { trace = v; });
+    if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "pipeline_bench", kUsage)) return 2;
+    if (steps == 0) steps = quick ? 2 : 8;
+    return runCoordinator(quick, steps, trace);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipeline_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,173 @@
+// The pipelined layout of the gpt example (--pp P): one pipeline stage per process of the job,
+// run by pipeline::PipelineExecutor over the job's process group (collectives::init).
+#include "pipeline_layout.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/init.h"
+#include "common/error.h"
+#include "data/text.h"
+#include "examples/common/seed.h"
+#include "kernels/cpu/parallel.h"
+#include "nn/optim.h"
+#include "nn/transformer.h"
+#include "pipeline/executor.h"
+#include "pipeline/stage.h"
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace weft::examples::gpt {
+namespace {
+
+constexpr uint64_t kInitStream = 1;
+
+// Every process builds the whole model from the same seed and trains its stage; before an
+// evaluation or a sample the stages' parameters are broadcast from their owners, so that every
+// process holds the trained model and evaluates or samples it alike.
+class Pipelined final : public Layout {
+ public:
+  explicit Pipelined(const Flags& f)
+      : pg_(collectives::init()),
+        init_(app::splitmix64(f.seed ^ (kInitStream * app::kGolden))),
+        model_(std::make_shared<nn::GPT>(modelConfigFor(f), &init_)),
+        gradClip_(f.gradClip),
+        scheduleName_(f.schedule),
+        microbatches_(f.microbatches) {
+    WEFT_ENFORCE(pg_->size() == f.pp, InvalidArgumentError, "gpt: --pp ", f.pp, " needs a job of ", f.pp,
+                 " processes (weftrun -n ", f.pp, "), this one has ", pg_->size());
+    WEFT_ENFORCE(f.batchSize % f.microbatches == 0, InvalidArgumentError, "gpt: --batch-size ", f.batchSize,
+                 " must be divisible by --microbatches ", f.microbatches);
+    WEFT_ENFORCE(f.precision == "float32", InvalidArgumentError, "gpt: --precision ", f.precision,
+                 " is not supported with --pp");
+    const int stages = pg_->size();
+    stage_ = pg_->rank();
+    layers_ = pipeline::gptLayers(model_);
+    WEFT_ENFORCE(static_cast<int>(layers_->size()) >= stages, InvalidArgumentError, "gpt: --pp ", stages,
+                 " stages for ", layers_->size(), " layers (embedding, ", f.layers, " blocks, head)");
+    stages_ = pipeline::splitSequential(*layers_, pipeline::cutsByParameterCount(*layers_, stages));
+    const auto& mine = stages_[static_cast<size_t>(stage_)];
+    tied_ = pipeline::gptTiedParameters(*model_, stage_, stages);
+    pipeline::Schedule schedule = f.schedule == "gpipe" ? pipeline::gpipe(stages, f.microbatches)
+                                                        : pipeline::oneFOneB(stages, f.microbatches);
+    executor_ = std::make_unique<pipeline::PipelineExecutor>(
+        *pg_, mine, std::move(schedule),
+        [](const Tensor& logits, const Tensor& y) {
+          return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+        },
+        pipeline::ExecutorOptions{.tied = tied_, .checkpoint = f.checkpoint != "none"});
+    // This stage's parameters under the model's names, for the weight-decay groups.
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (auto& [name, p] : model_->namedParameters()) {
+      for (const Tensor& q : mine->parameters())
+        if (q.sameAs(p)) named.emplace_back(name, p);
+    }
+    for (auto& np : named) params_.push_back(np.second);
+    opt_ = std::make_unique<nn::optim::AdamW>(nn::optim::decayGroups(
+        named, nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = f.weightDecay}));
+  }
+
+  std::string describe() const override {
+    return "pipeline of " + std::to_string(pg_->size()) + " stages (one per process, " +
+           std::to_string(kernels::cpu::numThreads()) + " kernel threads each), " + scheduleName_ + " with " +
+           std::to_string(microbatches_) + " micro-batches";
+  }
+
+  int64_t numParameters() const override { return model_->numParameters(); }
+  bool reports() const override { return stage_ == 0; }
+
+  double step(const Tensor& x, const Tensor& y, double lr) override {
+    opt_->setLr(lr);
+    opt_->zeroGrad(true);
+    Tensor loss = executor_->step(x, y);
+    if (gradClip_ > 0) clipGlobalNorm();
+    opt_->step();
+    synced_ = false;
+    // The loss lives on the last stage.
+    Tensor l = full({1}, loss.defined() ? loss.item<double>() : 0.0);
+    pg_->broadcast(l, pg_->size() - 1).wait();
+    return l.item<double>();
+  }
+
+  double evaluate(const Tensor& x, const Tensor& y) override {
+    sync();
+    NoGradGuard ng;
+    model_->eval();
+    double loss = model_->loss(x, y).item<double>();
+    model_->train();
+    return loss;
+  }
+
+  std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t topK,
+                     Generator& gen) override {
+    sync();
+    std::vector<int64_t> ids = data::ByteTokenizer::encode(prompt);
+    Tensor idx = fromVector(ids, Shape{1, static_cast<int64_t>(ids.size())});
+    model_->eval();
+    Tensor out = model_->generate(idx, tokens, temperature, topK, &gen);
+    model_->train();
+    return data::ByteTokenizer::decode(out.toVector<int64_t>());
+  }
+
+ private:
+  static nn::GPTConfig modelConfigFor(const Flags& f) {
+    nn::GPTConfig c = modelConfig(f);
+    c.checkpoint = nn::CheckpointPolicy::none();  // stages are checkpointed whole by the executor
+    return c;
+  }
+
+  // nn::clipGradNorm_ over the whole model: the squares of every stage's gradients summed over
+  // the stages (the tied wte counted once, on the first stage), then the same scale everywhere.
+  void clipGlobalNorm() {
+    double local = 0;
+    const bool lastHoldsTied = stage_ == pg_->size() - 1 && !tied_.empty();
+    for (const Tensor& p : params_) {
+      if (lastHoldsTied && p.sameAs(tied_[0].parameter)) continue;
+      Tensor g = p.grad();
+      if (g.defined()) local += sum(square(g)).item<double>();
+    }
+    Tensor total = full({1}, local, {.dtype = DType::Float64});
+    pg_->allReduce(total, collectives::ReduceOp::Sum).wait();
+    const double norm = std::sqrt(total.item<double>());
+    const double coef = gradClip_ / (norm + 1e-6);
+    if (coef >= 1.0) return;
+    NoGradGuard ng;
+    for (const Tensor& p : params_) {
+      Tensor g = p.grad();
+      if (g.defined()) g.copy_(mul(g, coef));
+    }
+  }
+
+  // Every stage's parameters broadcast from the process that trains them.
+  void sync() {
+    if (synced_) return;
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      for (const Tensor& p : stages_[s]->parameters()) pg_->broadcast(p.detach(), static_cast<int>(s)).wait();
+    }
+    synced_ = true;
+  }
+
+  std::unique_ptr<collectives::ProcessGroup> pg_;
+  Generator init_;
+  std::shared_ptr<nn::GPT> model_;
+  std::shared_ptr<nn::Sequential> layers_;
+  std::vector<std::shared_ptr<nn::Sequential>> stages_;
+  std::vector<pipeline::TiedParameter> tied_;
+  std::unique_ptr<pipeline::PipelineExecutor> executor_;
+  std::unique_ptr<nn::optim::AdamW> opt_;
+  std::vector<Tensor> params_;
+  double gradClip_;
+  std::string scheduleName_;
+  int64_t microbatches_;
+  int stage_ = 0;
+  bool synced_ = true;
+};
+
+}  // namespace
+
+std::unique_ptr<Layout> makePipelineLayout(const Flags& flags) { return std::make_unique<Pipelined>(flags); }
+
+}  // namespace weft::examples::gpt

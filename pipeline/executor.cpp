@@ -1,0 +1,451 @@
+#include "pipeline/executor.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "common/error.h"
+#include "nn/sequential.h"
+#include "tensor/autograd.h"
+#include "tensor/checkpoint.h"
+#include "tensor/ops.h"
+#include "tensor/storage.h"
+
+namespace weft::pipeline {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Tags: one per transfer kind and micro-batch, so that a transfer can only
+// ever match the one it is meant for; kept within [kTagBase, 2^32).
+constexpr uint32_t kTagBase = 0x70000000u;
+constexpr int kKindActivation = 0, kKindGrad = 1, kKindShape = 2, kKindTied = 3, kKinds = 4;
+constexpr int kMaxMicrobatches = (1 << 26) - 1;
+
+// The shape message: [dtype, ndim, size_0, ..., size_{ndim-1}, 0...].
+constexpr int kMaxDims = 8;
+constexpr int64_t kShapeLen = 2 + kMaxDims;
+// The largest activation a shape message may announce, in bytes.
+constexpr int64_t kMaxActivationBytes = int64_t{1} << 40;
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double nowUs() {
+  return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
+}
+
+template <class E>
+[[noreturn]] void rethrowAs(const E& e, const std::string& context) {
+  throw E(context + e.what());
+}
+
+}  // namespace
+
+struct PipelineExecutor::Micro {
+  Tensor input;    // the micro-batch's input (received activations require grad)
+  Tensor output;   // the stage's output; on the last stage, the loss
+  Tensor target;   // last stage only
+  Tensor gradOut;  // the received gradient of output
+  bool alive = false;
+};
+
+PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::shared_ptr<nn::Module> stage, Schedule schedule,
+                                   LossFn loss, ExecutorOptions options)
+    : pg_(pg),
+      module_(std::move(stage)),
+      schedule_(std::move(schedule)),
+      loss_(std::move(loss)),
+      tied_(std::move(options.tied)),
+      dataParallel_(options.dataParallel),
+      checkpoint_(options.checkpoint),
+      stage_(pg.rank()),
+      numStages_(pg.size()) {
+  WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, "PipelineExecutor: null stage module");
+  WEFT_ENFORCE(schedule_.numStages() == numStages_, InvalidArgumentError, "PipelineExecutor: the schedule has ",
+               schedule_.numStages(), " stages, but the process group has ", numStages_, " ranks");
+  WEFT_ENFORCE(schedule_.microbatches <= kMaxMicrobatches, InvalidArgumentError,
+               "PipelineExecutor: at most ", kMaxMicrobatches, " micro-batches, got ", schedule_.microbatches);
+  checkSchedule(schedule_);
+  WEFT_ENFORCE(stage_ != numStages_ - 1 || static_cast<bool>(loss_), InvalidArgumentError,
+               "PipelineExecutor: the last stage needs a loss function");
+  for (size_t i = 0; i < tied_.size(); ++i) {
+    const TiedParameter& t = tied_[i];
+    WEFT_ENFORCE(t.parameter.defined() && t.parameter.requiresGrad(), InvalidArgumentError,
+                 "PipelineExecutor: tied parameter ", i, " is not a defined parameter that requires grad");
+    WEFT_ENFORCE(t.peerStage >= 0 && t.peerStage < numStages_ && t.peerStage != stage_, InvalidArgumentError,
+                 "PipelineExecutor: tied parameter ", i, " names peer stage ", t.peerStage, " from stage ", stage_,
+                 " of ", numStages_);
+  }
+}
+
+uint32_t PipelineExecutor::tagOf(int kind, int mb) const {
+  return kTagBase + static_cast<uint32_t>(mb) * kKinds + static_cast<uint32_t>(kind);
+}
+
+void PipelineExecutor::waitFor(const collectives::Work& work, const std::string& what) {
+  const auto t0 = Clock::now();
+  const std::string context = "pipeline stage " + std::to_string(stage_) + ": " + what + ": ";
+  try {
+    work.wait();
+  } catch (const DisconnectedError& e) {
+    rethrowAs(e, context);
+  } catch (const TimeoutError& e) {
+    rethrowAs(e, context);
+  } catch (const ProtocolError& e) {
+    rethrowAs(e, context);
+  } catch (const StateError& e) {
+    // The group broke on another transfer first (a send to a stage that
+    // died, say): raise that transfer's error, whose type says what happened.
+    rethrowFirstFailure(context);
+    rethrowAs(e, context);
+  } catch (const InvalidArgumentError& e) {
+    rethrowAs(e, context);
+  } catch (const RemoteError&) {
+    throw;
+  } catch (const Error& e) {
+    rethrowAs(e, context);
+  }
+  stats_.waitSeconds += secondsSince(t0);
+}
+
+void PipelineExecutor::rethrowFirstFailure(const std::string& context) const {
+  std::vector<collectives::Work> works;
+  for (const PendingSend& p : pendingSends_) works.push_back(p.work);
+  works.push_back(postedActivation_.work);
+  works.push_back(postedGrad_.work);
+  for (const collectives::Work& w : works) {
+    if (!w.valid() || !w.isCompleted() || w.isSuccess()) continue;
+    try {
+      w.wait();
+    } catch (const DisconnectedError& e) {
+      rethrowAs(e, context);
+    } catch (const TimeoutError& e) {
+      rethrowAs(e, context);
+    } catch (const Error&) {
+    }
+  }
+}
+
+Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
+  const int m = schedule_.microbatches;
+  std::vector<Micro> micros(static_cast<size_t>(m));
+  auto splitInto = [m](const Tensor& t, const char* what, std::vector<Micro>& out, bool isTarget) {
+    WEFT_ENFORCE(t.defined() && t.dim() >= 1 && t.size(0) % m == 0 && t.size(0) > 0, InvalidArgumentError,
+                 "PipelineExecutor::step: ", what, " must have a dim 0 divisible by the ", m,
+                 " micro-batches, got ", t.defined() ? shapeString(t.shape()) : std::string("undefined"));
+    const int64_t rows = t.size(0) / m;
+    for (int mb = 0; mb < m; ++mb) {
+      Tensor part = t.narrow(0, mb * rows, rows);
+      (isTarget ? out[static_cast<size_t>(mb)].target : out[static_cast<size_t>(mb)].input) = part;
+    }
+  };
+  if (stage_ == 0) splitInto(input, "input", micros, false);
+  if (stage_ == numStages_ - 1) splitInto(target, "target", micros, true);
+
+  WEFT_ENFORCE(!broken_, StateError, "PipelineExecutor::step: stage ", stage_,
+               ": an earlier step failed, and transfers it left pending may match this step's; build a new "
+               "process group and executor");
+  broken_ = true;
+  const auto stepStart = Clock::now();
+  stats_ = StepStats{};
+  micros_ = &micros;
+  postedActivation_ = Posted{};
+  postedGrad_ = Posted{};
+  pendingSends_.clear();
+  liveAtStart_ = Storage::memoryStats().liveBytes;
+  shapeSent_ = shapeKnown_ = false;
+  alive_ = 0;
+  struct Reset {
+    PipelineExecutor* self;
+    ~Reset() {
+      self->micros_ = nullptr;
+      self->pendingSends_.clear();
+    }
+  } reset{this};
+
+  const auto& actions = schedule_.stages[static_cast<size_t>(stage_)];
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    position_ = i;
+    dropCompletedSends();
+    Micro& mi = micros[static_cast<size_t>(a.microbatch)];
+    switch (a.kind) {
+      case ActionKind::Forward:
+        forward(mi, a.microbatch);
+        break;
+      case ActionKind::Backward:
+        backward(mi, a.microbatch);
+        break;
+      case ActionKind::SendActivation:
+        sendActivation(mi, a.microbatch);
+        break;
+      case ActionKind::RecvActivation:
+        recvActivation(mi, a.microbatch);
+        break;
+      case ActionKind::SendGrad:
+        sendGrad(mi, a.microbatch);
+        break;
+      case ActionKind::RecvGrad:
+        recvGrad(mi, a.microbatch);
+        break;
+    }
+  }
+  for (size_t i = 0; i < pendingSends_.size(); ++i) waitFor(pendingSends_[i].work, "completing its sends");
+  pendingSends_.clear();
+  exchangeTied();
+  double loss = 0.0;
+  if (stage_ == numStages_ - 1) {
+    for (const Micro& mi : micros) loss += mi.output.item<double>();
+    loss /= m;
+  }
+  if (dataParallel_ != nullptr) averageOverReplicas(loss);
+  stats_.stepSeconds = secondsSince(stepStart);
+  broken_ = false;
+  return stage_ == numStages_ - 1 ? full({}, loss) : Tensor();
+}
+
+void PipelineExecutor::forward(Micro& m, int mb) {
+  WEFT_ENFORCE(m.input.defined(), StateError, "pipeline stage ", stage_, ": micro-batch ", mb,
+               " has no input at its forward");
+  const auto t0 = Clock::now();
+  const double startUs = nowUs();
+  Tensor out = checkpoint_ ? checkpointedForward(m.input) : module_->forward(m.input);
+  if (stage_ == numStages_ - 1) {
+    Tensor loss = loss_(out, m.target);
+    WEFT_ENFORCE(loss.defined() && loss.numel() == 1, InvalidArgumentError,
+                 "PipelineExecutor: the loss function must return a scalar, got ",
+                 loss.defined() ? shapeString(loss.shape()) : std::string("undefined"));
+    out = loss;
+  }
+  m.output = out;
+  m.alive = true;
+  stats_.peakActivations = std::max(stats_.peakActivations, ++alive_);
+  stats_.computeSeconds += secondsSince(t0);
+  record(ActionKind::Forward, mb, startUs);
+  noteActivationBytes();
+}
+
+Tensor PipelineExecutor::checkpointedForward(const Tensor& input) {
+  std::shared_ptr<nn::Module> module = module_;
+  Tensor x = input;
+  if (!input.requiresGrad()) {
+    auto seq = std::dynamic_pointer_cast<nn::Sequential>(module_);
+    if (seq != nullptr && seq->size() >= 2) {
+      x = seq->at(0)->forward(input);
+      auto rest = std::make_shared<nn::Sequential>();
+      for (size_t i = 1; i < seq->size(); ++i) rest->push_back(seq->at(i));
+      module = rest;
+    }
+  }
+  return checkpoint([module](const Tensor& t) { return module->forward(t); }, x);
+}
+
+void PipelineExecutor::backward(Micro& m, int mb) {
+  const auto t0 = Clock::now();
+  const double startUs = nowUs();
+  if (stage_ == numStages_ - 1) {
+    mul(m.output, 1.0 / schedule_.microbatches).backward();
+  } else {
+    WEFT_ENFORCE(m.gradOut.defined(), StateError, "pipeline stage ", stage_, ": micro-batch ", mb,
+                 " has no output gradient at its backward");
+    if (m.output.requiresGrad()) m.output.backward(m.gradOut);
+  }
+  // The activations of mb are released here; the input stays for SendGrad.
+  m.output = stage_ == numStages_ - 1 ? m.output.detach() : Tensor();
+  m.gradOut = Tensor();
+  m.alive = false;
+  --alive_;
+  stats_.computeSeconds += secondsSince(t0);
+  record(ActionKind::Backward, mb, startUs);
+}
+
+void PipelineExecutor::sendActivation(Micro& m, int mb) {
+  const int next = stage_ + 1;
+  Tensor out = m.output.detach().contiguous();
+  if (!shapeSent_) {
+    WEFT_ENFORCE(out.dim() <= kMaxDims, InvalidArgumentError, "pipeline stage ", stage_, ": an activation has at most ",
+                 kMaxDims, " dimensions, got shape ", out.shape());
+    Tensor meta = zeros({kShapeLen}, {.dtype = DType::Int64});
+    auto* p = meta.data<int64_t>();
+    p[0] = static_cast<int64_t>(out.dtype());
+    p[1] = out.dim();
+    for (int64_t d = 0; d < out.dim(); ++d) p[2 + d] = out.size(d);
+    send(meta, next, tagOf(kKindShape, 0));
+    sentShape_ = out.shape();
+    sentDtype_ = out.dtype();
+    shapeSent_ = true;
+  }
+  WEFT_ENFORCE(out.shape() == sentShape_ && out.dtype() == sentDtype_, InvalidArgumentError, "pipeline stage ",
+               stage_, ": micro-batch ", mb, "'s activation is ", out.shape(), " ", dtypeName(out.dtype()),
+               ", but this step's activations are ", sentShape_, " ", dtypeName(sentDtype_),
+               " (every micro-batch of a step must have the same shape)");
+  send(out, next, tagOf(kKindActivation, mb));
+}
+
+void PipelineExecutor::recvActivation(Micro& m, int mb) {
+  const int prev = stage_ - 1;
+  if (!shapeKnown_) {
+    Tensor meta = zeros({kShapeLen}, {.dtype = DType::Int64});
+    waitFor(pg_.irecv(meta, prev, tagOf(kKindShape, 0)),
+            "receiving the activation shape from stage " + std::to_string(prev));
+    const auto* p = meta.data<int64_t>();
+    WEFT_ENFORCE(p[0] >= 0 && p[0] <= static_cast<int64_t>(kLastDType) && p[1] >= 0 && p[1] <= kMaxDims,
+                 ProtocolError, "pipeline stage ", stage_, ": stage ", prev, " announced dtype code ", p[0], " and ",
+                 p[1], " dimensions");
+    Shape shape;
+    int64_t numel = 1;
+    for (int64_t d = 0; d < p[1]; ++d) {
+      WEFT_ENFORCE(p[2 + d] >= 0 && (p[2 + d] == 0 || numel <= kMaxActivationBytes / p[2 + d]), ProtocolError,
+                   "pipeline stage ", stage_, ": stage ", prev, " announced an activation size ", p[2 + d],
+                   " in dimension ", d, " beyond the limit of ", kMaxActivationBytes, " bytes");
+      numel *= p[2 + d];
+      shape.push_back(p[2 + d]);
+    }
+    dtype_ = static_cast<DType>(p[0]);
+    WEFT_ENFORCE(numel * static_cast<int64_t>(elementSize(dtype_)) <= kMaxActivationBytes, ProtocolError,
+                 "pipeline stage ", stage_, ": stage ", prev, " announced an activation of shape ", shape,
+                 " beyond the limit of ", kMaxActivationBytes, " bytes");
+    shape_ = shape;
+    shapeKnown_ = true;
+  }
+  Tensor buf = receive(ActionKind::RecvActivation, mb,
+                       "receiving the activation of micro-batch " + std::to_string(mb) + " from stage " +
+                           std::to_string(prev));
+  if (isFloating(dtype_)) buf.requiresGrad_();
+  m.input = buf;
+}
+
+void PipelineExecutor::send(const Tensor& t, int dst, uint32_t tag) {
+  pendingSends_.push_back({pg_.isend(t, dst, tag), t});
+}
+
+void PipelineExecutor::dropCompletedSends() {
+  std::erase_if(pendingSends_, [](const PendingSend& p) { return p.work.isCompleted() && p.work.isSuccess(); });
+}
+
+void PipelineExecutor::noteActivationBytes() {
+  const size_t live = Storage::memoryStats().liveBytes;
+  if (live > liveAtStart_) stats_.activationBytes = std::max(stats_.activationBytes, live - liveAtStart_);
+}
+
+void PipelineExecutor::post(ActionKind kind, int mb) {
+  const bool activation = kind == ActionKind::RecvActivation;
+  Posted& p = activation ? postedActivation_ : postedGrad_;
+  p.microbatch = mb;
+  p.buffer = activation ? empty(shape_, {.dtype = dtype_}) : empty(sentShape_, {.dtype = sentDtype_});
+  p.work = pg_.irecv(p.buffer, activation ? stage_ - 1 : stage_ + 1,
+                     tagOf(activation ? kKindActivation : kKindGrad, mb));
+}
+
+Tensor PipelineExecutor::receive(ActionKind kind, int mb, const std::string& what) {
+  Posted& p = kind == ActionKind::RecvActivation ? postedActivation_ : postedGrad_;
+  if (p.microbatch != mb) post(kind, mb);
+  const double startUs = nowUs();
+  waitFor(p.work, what);
+  record(kind, mb, startUs);
+  Tensor buf = p.buffer;
+  p = Posted{};
+  const auto& actions = schedule_.stages[static_cast<size_t>(stage_)];
+  for (size_t i = position_ + 1; i < actions.size(); ++i) {
+    if (actions[i].kind == kind) {
+      post(kind, actions[i].microbatch);
+      break;
+    }
+  }
+  return buf;
+}
+
+void PipelineExecutor::record(ActionKind kind, int mb, double startUs) {
+  stats_.events.push_back({kind, mb, startUs, nowUs()});
+}
+
+std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"stage %d\"}}",
+                stage, stage);
+  out += line;
+  for (const TraceEvent& e : events) {
+    const bool compute = e.kind == ActionKind::Forward || e.kind == ActionKind::Backward;
+    std::snprintf(line, sizeof line,
+                  ",{\"name\":\"%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,"
+                  "\"dur\":%.3f}",
+                  actionKindName(e.kind), e.microbatch, compute ? "compute" : "wait", stage, e.startUs,
+                  e.endUs - e.startUs);
+    out += line;
+  }
+  return out;
+}
+
+void PipelineExecutor::sendGrad(Micro& m, int mb) {
+  Tensor g = m.input.defined() ? m.input.grad() : Tensor();
+  g = g.defined() ? g.contiguous() : zeros(shape_, {.dtype = dtype_});
+  send(g, stage_ - 1, tagOf(kKindGrad, mb));
+  m.input = Tensor();
+}
+
+void PipelineExecutor::recvGrad(Micro& m, int mb) {
+  const int next = stage_ + 1;
+  Tensor buf = receive(ActionKind::RecvGrad, mb,
+                       "receiving the gradient of micro-batch " + std::to_string(mb) + " from stage " +
+                           std::to_string(next));
+  m.gradOut = buf;
+}
+
+void PipelineExecutor::averageOverReplicas(double& loss) {
+  const std::vector<Tensor> params = module_->parameters();
+  int64_t total = 0;
+  for (const Tensor& p : params) total += p.numel();
+  const bool last = stage_ == numStages_ - 1;
+  Tensor flat = empty({total + (last ? 1 : 0)});
+  float* out = flat.data<float>();
+  std::vector<Tensor> grads;
+  int64_t offset = 0;
+  for (const Tensor& p : params) {
+    WEFT_ENFORCE(p.dtype() == DType::Float32, InvalidArgumentError, "PipelineExecutor: averaging over replicas takes "
+                 "float32 parameters, got ", dtypeName(p.dtype()));
+    Tensor g = p.grad();
+    if (!g.defined()) {
+      g = zerosLike(p.detach());
+      p.setGrad(g);
+    }
+    g = g.detach().contiguous();
+    std::memcpy(out + offset, g.data<float>(), static_cast<size_t>(g.numel()) * sizeof(float));
+    grads.push_back(p.grad());
+    offset += p.numel();
+  }
+  if (last) out[total] = static_cast<float>(loss);
+  waitFor(dataParallel_->allReduce(flat, collectives::ReduceOp::Avg),
+          "averaging the gradients over the data-parallel group '" + dataParallel_->name() + "'");
+  offset = 0;
+  NoGradGuard noGrad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    grads[i].copy_(flat.narrow(0, offset, n).view(params[i].shape()));
+    offset += n;
+  }
+  if (last) loss = out[total];
+}
+
+void PipelineExecutor::exchangeTied() {
+  for (size_t i = 0; i < tied_.size(); ++i) {
+    const TiedParameter& t = tied_[i];
+    Tensor mine = t.parameter.grad();
+    mine = mine.defined() ? mine.detach().contiguous() : zerosLike(t.parameter.detach());
+    Tensor theirs = emptyLike(mine);
+    collectives::Work sent = pg_.isend(mine, t.peerStage, tagOf(kKindTied, static_cast<int>(i)));
+    const std::string what = "exchanging the gradient of tied parameter " + std::to_string(i) + " with stage " +
+                             std::to_string(t.peerStage);
+    waitFor(pg_.irecv(theirs, t.peerStage, tagOf(kKindTied, static_cast<int>(i))), what);
+    waitFor(sent, what);
+    NoGradGuard noGrad;
+    Tensor sum = add(mine, theirs);
+    t.parameter.setGrad(sum);
+  }
+}
+
+}  // namespace weft::pipeline

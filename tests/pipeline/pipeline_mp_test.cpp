@@ -1,0 +1,172 @@
+// The pipeline executor across real processes on 127.0.0.1 (tests/pipeline/helpers/pipeline_worker.cpp,
+// one process per stage, Gloo): for P = 2, 3 and 4 stages, both schedules, a Sequential MLP and the
+// tiny GPT (uneven layer counts per stage, M not divisible by P), the pipelined loss and every
+// stage's gradients equal those of one single-process step on the whole batch, and after three
+// optimizer steps each stage's parameters equal the single-process model's; the peak of live
+// micro-batches is the schedule's and the step's trace holds every forward, backward and receive;
+// likewise 2 data-parallel replicas of a 2-stage pipeline (dp x pp) on half the batch each. A stage dying mid-step gives the others a DisconnectedError
+// naming it, within the group timeout, and the executors refuse further steps. Every wait is bounded and every process is checked to be
+// gone at the end.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "captured_text.h"
+#include "mp_job.h"
+
+using namespace std::chrono_literals;
+using weft::testing::contains;
+using weft::testing::MpJob;
+using weft::testing::numberAfter;
+using weft::testing::rankPrefix;
+using weft::testing::restOfLine;
+
+namespace {
+
+bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
+  bool ok = true;
+  for (size_t r = 0; r < results.size(); ++r) {
+    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
+         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
+  }
+  if (!ok) weft::testing::dumpResults(results);
+  return ok;
+}
+
+std::vector<weft::testing::Subprocess::Result> runJob(const std::vector<std::string>& argv, int world,
+                                                      std::chrono::milliseconds timeout) {
+  std::vector<std::string> full{PIPELINE_WORKER_PATH};
+  full.insert(full.end(), argv.begin(), argv.end());
+  MpJob job(full, world, [](int) { return weft::testing::fastFailureSettings(2); });
+  auto results = job.finish(timeout);
+  job.checkAllGone();
+  return results;
+}
+
+long long field(const std::string& line, const std::string& key) { return numberAfter(" " + line, " " + key + " "); }
+
+// Runs `model` (mlp|gpt) on `world` stages under `schedule` with `m` micro-batches and checks every
+// stage against the single-process reference.
+std::vector<weft::testing::Subprocess::Result> checkTraining(const std::string& model, int world,
+                                                             const std::string& schedule, int m, int replicas = 1) {
+  auto results = runJob({replicas > 1 ? model + "dp" : model, schedule, std::to_string(m)}, world, 40s);
+  REQUIRE(allClean(results));
+  const int stages = world / replicas;
+  long long params = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    const int r = rank % stages;  // the stage
+    const std::string& out = results[static_cast<size_t>(rank)].out;
+    const std::string prefix = rankPrefix(rank);
+    INFO(out);
+    for (int step = 0; step < 3; ++step) {
+      const std::string line = restOfLine(out, prefix + "step " + std::to_string(step) + " ");
+      REQUIRE(!line.empty());
+      // float32 sums in a different order: a few ulps of the gradients' size.
+      CHECK(field(line, "grad_maxdiff_ppb") >= 0);
+      CHECK(field(line, "grad_maxdiff_ppb") <= 20000);
+      if (r == stages - 1) {
+        CHECK(field(line, "loss_diff_ppb") >= 0);
+        CHECK(field(line, "loss_diff_ppb") <= 20000);
+      } else {
+        CHECK(field(line, "loss_diff_ppb") == -1);
+      }
+      const long long peak = field(line, "peak");
+      CHECK(peak == (schedule.rfind("gpipe", 0) == 0 ? m : std::min(stages - r, m)));
+      CHECK(field(line, "params") > 0);
+      CHECK(field(line, "forwards") == m);
+      CHECK(field(line, "backwards") == m);
+      CHECK(field(line, "receives") == m * ((r > 0 ? 1 : 0) + (r < stages - 1 ? 1 : 0)));
+      CHECK(field(line, "ordered") == 1);
+      if (step == 0 && rank < stages) params += field(line, "params");
+    }
+    const long long final = numberAfter(out, prefix + "final param_maxdiff_ppb ");
+    CHECK(final >= 0);
+    CHECK(final <= 50000);
+  }
+  // Every parameter lives on some stage: the MLP's 12*24+24 + 24*16+16 + 16*16+16 + 16*4+4 = 1052;
+  // the GPT's per the GPT-2 formula, wte counted on the first and the last stage.
+  if (model == "mlp") CHECK(params == 1052);
+  if (model == "gpt") {
+    const long long v = 32, c = 16, t = 8, l = 3;
+    CHECK(params == v * c + t * c + l * (12 * c * c + 13 * c) + 2 * c + (stages > 1 ? v * c : 0));
+  }
+  return results;
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("pipeline");
+
+TEST_CASE("a 2-stage MLP pipeline equals the single-process step, 1F1B and GPipe, M = 3 and 4") {
+  checkTraining("mlp", 2, "1f1b", 3);
+  checkTraining("mlp", 2, "gpipe", 4);
+}
+
+TEST_CASE("a 3-stage MLP pipeline equals the single-process step, 1F1B M = 5 and GPipe M = 2") {
+  checkTraining("mlp", 3, "1f1b", 5);
+  checkTraining("mlp", 3, "gpipe", 2);
+}
+
+TEST_CASE("a 4-stage pipeline equals the single-process step: the MLP under 1F1B (M = 6) and GPipe (M = 5), "
+          "the GPT under 1F1B (M = 5)") {
+  checkTraining("mlp", 4, "1f1b", 6);
+  checkTraining("mlp", 4, "gpipe", 5);
+  checkTraining("gpt", 4, "1f1b", 5);
+}
+
+TEST_CASE("the tiny GPT pipelined on 2 and 3 stages, wte tied across the ends, equals the single-process step") {
+  checkTraining("gpt", 2, "1f1b", 3);
+  checkTraining("gpt", 3, "gpipe", 4);
+  checkTraining("gpt", 3, "1f1b", 4);
+}
+
+TEST_CASE("GPipe with activation checkpointing equals the single-process step and holds less activation "
+          "memory on every stage") {
+  auto plain = checkTraining("gpt", 2, "gpipe", 4);
+  auto ckpt = checkTraining("gpt", 2, "gpipe-ckpt", 4);
+  for (int r = 0; r < 2; ++r) {
+    const std::string line = "step 2 ";
+    const long long plainBytes =
+        numberAfter(restOfLine(plain[static_cast<size_t>(r)].out, rankPrefix(r) + line), "act_bytes ");
+    const long long ckptBytes =
+        numberAfter(restOfLine(ckpt[static_cast<size_t>(r)].out, rankPrefix(r) + line), "act_bytes ");
+    CAPTURE(plainBytes);
+    CAPTURE(ckptBytes);
+    CHECK(ckptBytes > 0);
+    // Each micro-batch keeps only its stage's input and output: a few blocks' worth less.
+    CHECK(ckptBytes * 2 < plainBytes);
+  }
+}
+
+TEST_CASE("dp x pp: 2 replicas of a 2-stage pipeline on 4 processes, each on half the batch, equal the "
+          "single-process step on the whole batch") {
+  checkTraining("mlp", 4, "1f1b", 3, 2);
+  checkTraining("gpt", 4, "gpipe", 2, 2);
+}
+
+TEST_CASE("a stage dying mid-step gives the other stages a DisconnectedError naming it within the group timeout") {
+  auto results = runJob({"die"}, 3, 30s);
+  INFO(weft::testing::resultsText(results));
+  CHECK(results[1].exitCode == 3);
+  CHECK(contains(results[1].out, "rank 1 dying"));
+  for (int r : {0, 2}) {
+    const std::string& out = results[static_cast<size_t>(r)].out;
+    CHECK(results[static_cast<size_t>(r)].exitCode == 0);
+    CHECK(contains(out, rankPrefix(r) + "first step done"));
+    const std::string line = restOfLine(out, rankPrefix(r) + "failed in_ms ");
+    REQUIRE(!line.empty());
+    const long long ms = numberAfter(out, rankPrefix(r) + "failed in_ms ");
+    CHECK(ms >= 0);
+    CHECK(ms < 4000 + 3000);  // the 4 s group timeout, plus margin for a loaded machine
+    CHECK(contains(line, "DisconnectedError: pipeline stage " + std::to_string(r) + ": receiving the "));
+    CHECK(contains(line, "from stage 1"));
+    CHECK(contains(line, "the connection to rank 1 was lost"));
+    // The executor refuses to go on after a failed step.
+    CHECK(contains(out, rankPrefix(r) + "again StateError: PipelineExecutor::step: stage " + std::to_string(r) +
+                            ": an earlier step failed"));
+    CHECK(contains(out, rankPrefix(r) + "done"));
+  }
+}
