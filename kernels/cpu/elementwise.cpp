@@ -282,6 +282,9 @@ void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double 
       case UnaryOp::Abs:
         if constexpr (std::is_unsigned_v<T>) {
           unaryTyped(pi, po, n, [](T x) { return x; });
+        } else if constexpr (std::is_floating_point_v<T>) {
+          // Clears the sign bit: branch-free (vectorised), and |-0| = +0.
+          unaryTyped(pi, po, n, [](T x) { return std::abs(x); });
         } else {
           unaryTyped(pi, po, n, [](T x) { return x < 0 ? wrapSub(T(0), x) : x; });
         }
