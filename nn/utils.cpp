@@ -32,13 +32,12 @@ double clipGradNorm_(const std::vector<Tensor>& params, double maxNorm, double n
   double total = 0.0;
   for (const Tensor& g : grads) {
     if (g.numel() == 0) continue;
-    Tensor a = abs(g);
     if (inf) {
-      total = std::max(total, max(a).item<double>());
+      total = std::max(total, max(abs(g)).item<double>());
     } else if (normType == 2.0) {
-      total += sum(square(a)).item<double>();
+      total += sum(square(g)).item<double>();  // x² = |x|², one pass fewer
     } else {
-      total += sum(pow(a, normType)).item<double>();
+      total += sum(pow(abs(g), normType)).item<double>();
     }
   }
   if (!inf) total = normType == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / normType);

@@ -204,6 +204,43 @@ void backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, co
   });
   const int64_t qBlocks = blocks(Sq, kBq), kBlocks = blocks(Sk, kBk);
 
+  if (gradK && gradQ && BH >= 2 * static_cast<int64_t>(numThreads())) {
+    // One pass, tasks = batch-heads: a task owns every gradient row of its
+    // batch-head, so dQ += scale dS K joins the tile loop of pass 1 and S
+    // and dP are computed once. The key blocks are the outer loop, so each
+    // dQ row receives its key blocks in the order of pass 2: the same GEMMs
+    // in the same order, the same bits.
+    const int threads = threadsFor(BH, numThreads());
+    std::vector<BackwardScratch<T>> scratch(threads);
+    parallelRun(BH, threads, [&](int64_t bh, int thread) {
+      BackwardScratch<T>& sc = scratch[thread];
+      sc.size();
+      std::fill(gradQ + bh * Sq * D, gradQ + (bh + 1) * Sq * D, T(0));
+      for (int64_t kb = 0; kb < kBlocks; ++kb) {
+        const int64_t j0 = kb * kBk, cols = std::min(kBk, Sk - j0);
+        const T* K = k + (bh * Sk + j0) * D;
+        const T* V = v + (bh * Sk + j0) * D;
+        T* dK = gradK + (bh * Sk + j0) * D;
+        T* dV = gradV + (bh * Sk + j0) * D;
+        std::fill(dK, dK + cols * D, T(0));
+        std::fill(dV, dV + cols * D, T(0));
+        for (int64_t qb = firstQueryBlock(g, j0); qb < qBlocks; ++qb) {
+          const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
+          const Tile tile{&g, bh, i0, j0, rows, cols};
+          if (g.causal && tile.visible(rows - 1) == 0) continue;
+          const T* Q = q + (bh * Sq + i0) * D;
+          const T* dO = gradOut + (bh * Sq + i0) * D;
+          const T* pz = tileGradient(g, tile, Q, K, V, dO, lse + bh * Sq + i0, delta.data() + bh * Sq + i0, sc);
+          gemm(dt, {pz, true, cols}, {dO, false, D}, cols, D, rows, 1.0, 1.0, dV, D);
+          gemm(dt, {sc.dp.data(), true, cols}, {Q, false, D}, cols, D, rows, g.scale, 1.0, dK, D);
+          gemm(dt, {sc.dp.data(), false, cols}, {K, false, D}, rows, D, cols, g.scale, 1.0, gradQ + (bh * Sq + i0) * D,
+               D);
+        }
+      }
+    });
+    return;
+  }
+
   if (gradK) {
     const int64_t tasks = BH * kBlocks;
     const int threads = threadsFor(tasks, numThreads());

@@ -35,7 +35,11 @@
 // dV += (P∘Z)^T dO and dK += scale dS^T Q; pass 2, tasks (batch-head, query
 // block), recomputes dS and accumulates dQ += scale dS K. The price is the
 // recomputation of S and dP in the second pass (seven tile GEMMs instead of
-// five) against per-thread dQ copies or atomics.
+// five) against per-thread dQ copies or atomics. When there are at least
+// twice as many batch-heads as kernel threads, and both dQ and dK/dV are
+// wanted, one pass with tasks (batch-head) does both (five tile GEMMs): a
+// task owns all of its batch-head's gradient rows, and it adds each dQ
+// row's terms in pass 2's order, so the bits are those of the two passes.
 //
 // float32 uses the vectorised exp of kernels/cpu/vec_math.h; the running
 // sums are float64. float32 and float64 only. All buffers contiguous.

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -281,6 +282,9 @@ void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double 
       case UnaryOp::Abs:
         if constexpr (std::is_unsigned_v<T>) {
           unaryTyped(pi, po, n, [](T x) { return x; });
+        } else if constexpr (std::is_floating_point_v<T>) {
+          // Clears the sign bit: branch-free (vectorised), and |-0| = +0.
+          unaryTyped(pi, po, n, [](T x) { return std::abs(x); });
         } else {
           unaryTyped(pi, po, n, [](T x) { return x < 0 ? wrapSub(T(0), x) : x; });
         }
@@ -292,6 +296,10 @@ void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double 
         unaryTyped(pi, po, n, [](T x) { return static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))); });
         break;
       case UnaryOp::Gelu:
+        if constexpr (std::is_same_v<T, float>) {
+          parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) { vecmath::geluRow(pi + s, po + s, e - s); });
+          break;
+        }
         unaryTyped(pi, po, n, [](T x) {
           double v = static_cast<double>(x);
           return static_cast<T>(0.5 * v * (1.0 + std::erf(v * M_SQRT1_2)));
@@ -407,6 +415,11 @@ void unaryBackward(UnaryOp op, DType type, const void* x, const void* y, const v
       case UnaryOp::Tanh: gradLoop(px, py, pg, po, n, [](T, T v, T d) { return d * (T(1) - v * v); }); break;
       case UnaryOp::Sigmoid: gradLoop(px, py, pg, po, n, [](T, T v, T d) { return d * v * (T(1) - v); }); break;
       case UnaryOp::Gelu:
+        if constexpr (std::is_same_v<T, float>) {
+          parallelFor(n, kParallelGrain,
+                      [&](int64_t s, int64_t e) { vecmath::geluBackwardRow(px + s, pg + s, po + s, e - s); });
+          break;
+        }
         gradLoop(px, py, pg, po, n, [](T u, T, T d) {
           double v = static_cast<double>(u);
           double cdf = 0.5 * (1.0 + std::erf(v * M_SQRT1_2));

@@ -19,6 +19,28 @@ struct TanhOp {
   template <class V>
   WEFT_VEC_INLINE V operator()(V v) const { return vecmath::tanh(v); }
 };
+struct ErfOp {
+  template <class V>
+  WEFT_VEC_INLINE V operator()(V v) const { return vecmath::erf(v); }
+};
+struct GeluOp {
+  template <class V>
+  WEFT_VEC_INLINE V operator()(V v) const { return vecmath::gelu(v); }
+};
+
+template <class V>
+WEFT_VEC_INLINE void geluBackwardRowOf(const float* x, const float* g, float* gx, int64_t n) {
+  forEachVector<V>(n, [&](int64_t j, int64_t count) WEFT_VEC_LAMBDA {
+    store(gx + j, geluBackward(load<V>(x + j, count), load<V>(g + j, count)), count);
+  });
+}
+void geluBackwardSse2(const float* x, const float* g, float* gx, int64_t n) { geluBackwardRowOf<F4>(x, g, gx, n); }
+__attribute__((target("avx2,fma"))) void geluBackwardAvx2(const float* x, const float* g, float* gx, int64_t n) {
+  geluBackwardRowOf<F8>(x, g, gx, n);
+}
+__attribute__((target("avx512f"))) void geluBackwardAvx512(const float* x, const float* g, float* gx, int64_t n) {
+  geluBackwardRowOf<F16>(x, g, gx, n);
+}
 
 template <class Op>
 void rowSse2(const float* in, float* out, int64_t n) {
@@ -69,5 +91,12 @@ const char* isaName(Isa isa) {
 void expRow(const float* in, float* out, int64_t n, Isa isa) { pick<ExpOp>(isa)(in, out, n); }
 void sigmoidRow(const float* in, float* out, int64_t n, Isa isa) { pick<SigmoidOp>(isa)(in, out, n); }
 void tanhRow(const float* in, float* out, int64_t n, Isa isa) { pick<TanhOp>(isa)(in, out, n); }
+void erfRow(const float* in, float* out, int64_t n, Isa isa) { pick<ErfOp>(isa)(in, out, n); }
+void geluRow(const float* in, float* out, int64_t n, Isa isa) { pick<GeluOp>(isa)(in, out, n); }
+
+void geluBackwardRow(const float* x, const float* g, float* gx, int64_t n, Isa isa) {
+  WEFT_ENFORCE(supports(isa), InvalidArgumentError, "vecmath: this CPU does not support ", isaName(isa));
+  (isa == Isa::Avx512 ? geluBackwardAvx512 : isa == Isa::Avx2 ? geluBackwardAvx2 : geluBackwardSse2)(x, g, gx, n);
+}
 
 }  // namespace weft::kernels::cpu::vecmath

@@ -110,11 +110,12 @@ TEST_CASE("vectorised tanh is within 3 ulp, odd, and exact at 0 and the saturati
   }
 }
 
-TEST_CASE("vectorised exp, sigmoid and tanh keep NaN and give a value the same bits in any position") {
+TEST_CASE("vectorised exp, sigmoid, tanh, erf and GELU keep NaN and give a value the same bits in any position") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (vecmath::Isa isa : isas()) {
     CAPTURE(vecmath::isaName(isa));
-    for (RowFn f : {RowFn{vecmath::expRow}, RowFn{vecmath::sigmoidRow}, RowFn{vecmath::tanhRow}}) {
+    for (RowFn f : {RowFn{vecmath::expRow}, RowFn{vecmath::sigmoidRow}, RowFn{vecmath::tanhRow},
+                    RowFn{vecmath::erfRow}, RowFn{vecmath::geluRow}}) {
       std::vector<float> y = mapAll(f, {1.0f, nan, -1.0f}, isa);
       CHECK(std::isnan(y[1]));
       // 0.7 first in a row of 40, in the middle, and in a short tail.
@@ -131,6 +132,68 @@ TEST_CASE("vectorised exp, sigmoid and tanh keep NaN and give a value the same b
       CHECK(first[0] == middle[21]);
       CHECK(first[0] == tail[36]);
     }
+  }
+}
+
+double geluReference(double x) { return 0.5 * x * std::erfc(-x * M_SQRT1_2); }
+
+TEST_CASE("vectorised erf is within 3 ulp of erf, odd, and exact at 0 and the saturation ends") {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (vecmath::Isa isa : isas()) {
+    CAPTURE(vecmath::isaName(isa));
+    // Dense around the branch point at 1 and through the tail to where erf rounds to 1.
+    CHECK(worstUlps(vecmath::erfRow, isa, sweep(-6.0f, 6.0f, 0.000613f), [](double v) { return std::erf(v); }) <= 3);
+    CHECK(worstUlps(vecmath::erfRow, isa, sweep(0.99f, 1.01f, 1.3e-7f), [](double v) { return std::erf(v); }) <= 3);
+    CHECK(worstUlps(vecmath::erfRow, isa, sweep(1e-30f, 1e-3f, 3.7e-7f), [](double v) { return std::erf(v); }) <= 3);
+    std::vector<float> y = mapAll(vecmath::erfRow, {0.0f, 0.5f, -0.5f, 2.5f, -2.5f, 1e-20f, 9.0f, -40.0f, inf, -inf},
+                                  isa);
+    CHECK(y[0] == 0.0f);
+    CHECK(y[1] == -y[2]);
+    CHECK(y[3] == -y[4]);
+    CHECK(y[5] == static_cast<float>(std::erf(1e-20)));
+    CHECK(y[6] == 1.0f);
+    CHECK(y[7] == -1.0f);
+    CHECK(y[8] == 1.0f);
+    CHECK(y[9] == -1.0f);
+  }
+}
+
+TEST_CASE("vectorised exact GELU is within 16 ulp of x·Φ(x), its negative tail included") {
+  for (vecmath::Isa isa : isas()) {
+    CAPTURE(vecmath::isaName(isa));
+    // Φ for x <= -√2 comes from erfc, so the tail down to -13 keeps its relative accuracy; the
+    // worst case is just above -√2, where 1 - erf(|x|/√2) loses a few bits.
+    double worstAbs = 0;
+    CHECK(worstUlps(vecmath::geluRow, isa, sweep(-13.0f, 10.0f, 0.000917f), geluReference, 1e-35f, &worstAbs) <= 16);
+    CHECK(worstAbs <= 1e-35);
+    std::vector<float> y = mapAll(vecmath::geluRow, {0.0f, 30.0f, -30.0f, -1e30f, 1e30f}, isa);
+    CHECK(y[0] == 0.0f);
+    CHECK(y[1] == 30.0f);
+    CHECK(y[2] == 0.0f);
+    CHECK(y[3] == 0.0f);
+    CHECK(y[4] == 1e30f);
+  }
+}
+
+TEST_CASE("vectorised GELU backward matches g·(Φ(x) + x·φ(x)) in float64") {
+  // Φ(x) + x·φ(x) cancels for x < 0, so the error is measured against the size of its terms.
+  std::vector<float> x = sweep(-13.0f, 10.0f, 0.000731f), g(x.size()), gx(x.size());
+  for (size_t i = 0; i < x.size(); ++i) g[i] = 0.5f + static_cast<float>(i % 7) * 0.25f;
+  for (vecmath::Isa isa : isas()) {
+    CAPTURE(vecmath::isaName(isa));
+    vecmath::geluBackwardRow(x.data(), g.data(), gx.data(), static_cast<int64_t>(x.size()), isa);
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double v = x[i], cdf = 0.5 * std::erfc(-v * M_SQRT1_2), xpdf = v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+      const double scale = g[i] * (cdf + std::abs(xpdf)) + 1e-35;
+      worst = std::max(worst, std::abs(gx[i] - g[i] * (cdf + xpdf)) / scale);
+    }
+    CHECK(worst <= 8 * 0x1p-24);
+    // In place (gx = g), and a NaN stays NaN.
+    std::vector<float> in{1.5f, std::numeric_limits<float>::quiet_NaN(), -0.5f}, grad{2.0f, 1.0f, 3.0f};
+    vecmath::geluBackwardRow(in.data(), grad.data(), grad.data(), 3, isa);
+    CHECK(std::isnan(grad[1]));
+    CHECK(grad[0] == doctest::Approx(2.0 * (0.5 * std::erfc(-1.5 * M_SQRT1_2) + 1.5 * std::exp(-1.125) / std::sqrt(2 * M_PI))).epsilon(1e-6));
   }
 }
 

@@ -449,8 +449,10 @@ TEST_CASE("mergeAttention names the shapes that do not fit") {
 
 // ---- threads ---------------------------------------------------------------------------------
 
-TEST_CASE("attention gives the same bits with one thread or several") {
+TEST_CASE("attention gives the same bits with one thread or several, in one backward pass or two") {
   const int saved = kernels::cpu::numThreads();
+  // 3 batch-heads: one thread takes the single backward pass (batch-heads >= 2 x threads), two
+  // and three threads the two passes; several query and key blocks, causal, with dropout.
   const Case c{1, 3, 150, 270, 16, true, 0, 0};
   auto run = [&](int threads) {
     kernels::cpu::setNumThreads(threads);

@@ -1,3 +1,8 @@
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tensor/ops.h"
 #include "weft_test.h"
 
 using namespace weft;
@@ -137,4 +142,25 @@ TEST_CASE("freed large CPU buffers are reused by the next allocation of the same
     Tensor small = empty({1000});  // below 64 KiB: the C heap, never cached
   }
   CHECK(Storage::cachedBytes() == 0);
+}
+
+TEST_CASE("abs clears the sign bit of floats, -0 and NaN included, as PyTorch") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType type : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    CAPTURE(dtypeName(type));
+    // Long enough for the vectorised body and a tail.
+    std::vector<double> in(37, -1.5);
+    in[0] = -0.0;
+    in[1] = -nan;
+    in[2] = 2.0;
+    in[36] = -0.0;
+    std::vector<double> out = abs(fromVector<double>(in).to(type)).toVector<double>();
+    CHECK(out[0] == 0.0);
+    CHECK_FALSE(std::signbit(out[0]));
+    CHECK(std::isnan(out[1]));
+    CHECK_FALSE(std::signbit(out[1]));
+    CHECK(out[2] == 2.0);
+    CHECK(out[20] == 1.5);
+    CHECK_FALSE(std::signbit(out[36]));
+  }
 }
