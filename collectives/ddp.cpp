@@ -5,6 +5,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "collectives/detail/sharding.h"
 #include "common/error.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -16,23 +17,6 @@ namespace {
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-// Rethrows `e` as the same weft error type with `prefix` in front of its message.
-[[noreturn]] void rethrowPrefixed(const std::exception_ptr& e, const std::string& prefix) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const TimeoutError& x) {
-    throw TimeoutError(prefix + x.what());
-  } catch (const DisconnectedError& x) {
-    throw DisconnectedError(prefix + x.what());
-  } catch (const StateError& x) {
-    throw StateError(prefix + x.what());
-  } catch (const InvalidArgumentError& x) {
-    throw InvalidArgumentError(prefix + x.what());
-  } catch (const std::exception& x) {
-    throw Error(prefix + x.what());
-  }
 }
 
 // A contiguous view of `flat`'s elements [offset, offset + t.numel()) shaped like t.
@@ -139,7 +123,7 @@ void DistributedDataParallel::broadcastFromRank0(const std::vector<Tensor>& all,
         // The first error is the one reported.
       }
     }
-    rethrowPrefixed(std::current_exception(), prefix);
+    detail::rethrowPrefixed(std::current_exception(), prefix);
   }
   std::exception_ptr failure;
   for (Group& g : groups) {
@@ -149,7 +133,7 @@ void DistributedDataParallel::broadcastFromRank0(const std::vector<Tensor>& all,
       if (!failure) failure = std::current_exception();
     }
   }
-  if (failure) rethrowPrefixed(failure, prefix);
+  if (failure) detail::rethrowPrefixed(failure, prefix);
   if (group_.rank() == 0) return;
   for (Group& g : groups) {
     int64_t offset = 0;
@@ -209,7 +193,7 @@ void DistributedDataParallel::rebuildBuckets(const std::vector<size_t>& arrived,
     try {
       group_.broadcast(shared, 0).wait();
     } catch (const std::exception&) {
-      rethrowPrefixed(std::current_exception(),
+      detail::rethrowPrefixed(std::current_exception(),
                       weft::detail::concat("DistributedDataParallel: after synced backward pass #", passNumber,
                                            ": broadcasting rank 0's gradient order for the bucket rebuild failed: "));
     }
@@ -434,7 +418,7 @@ void DistributedDataParallel::finishPass() {
   for (Bucket& b : buckets_) b.work = Work();
   passActive_ = false;
   if (failure) {
-    rethrowPrefixed(failure, weft::detail::concat("DistributedDataParallel: synced backward pass #", passNumber,
+    detail::rethrowPrefixed(failure, weft::detail::concat("DistributedDataParallel: synced backward pass #", passNumber,
                                             ": the allreduce of bucket ", failedBucket, " (of ", buckets_.size(),
                                             ") failed (every rank must run the same number of synced backward "
                                             "passes over the same parameters): "));

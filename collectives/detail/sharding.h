@@ -1,5 +1,6 @@
-// What the sharded data-parallel wrappers (zero.h, sharded_ddp.h) share:
-// error prefixing and the check that every rank wraps the same parameters.
+// What the data-parallel wrappers share: error prefixing (ddp.h, zero.h,
+// sharded_ddp.h) and, for the sharded ones (zero.h, sharded_ddp.h), the
+// check that every rank wraps the same parameters.
 #pragma once
 
 #include <exception>
