@@ -204,6 +204,33 @@ void backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, co
   });
   const int64_t qBlocks = blocks(Sq, kBq), kBlocks = blocks(Sk, kBk);
 
+  // Key block kb of batch-head bh: its dK and dV rows from every query block
+  // that sees it; with gradQToo, each tile also adds dQ += scale dS K.
+  auto keyBlock = [&](int64_t bh, int64_t kb, BackwardScratch<T>& sc, bool gradQToo) {
+    const int64_t j0 = kb * kBk, cols = std::min(kBk, Sk - j0);
+    const T* K = k + (bh * Sk + j0) * D;
+    const T* V = v + (bh * Sk + j0) * D;
+    T* dK = gradK + (bh * Sk + j0) * D;
+    T* dV = gradV + (bh * Sk + j0) * D;
+    std::fill(dK, dK + cols * D, T(0));
+    std::fill(dV, dV + cols * D, T(0));
+    for (int64_t qb = firstQueryBlock(g, j0); qb < qBlocks; ++qb) {
+      const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
+      const Tile tile{&g, bh, i0, j0, rows, cols};
+      if (g.causal && tile.visible(rows - 1) == 0) continue;
+      const T* Q = q + (bh * Sq + i0) * D;
+      const T* dO = gradOut + (bh * Sq + i0) * D;
+      const T* pz = tileGradient(g, tile, Q, K, V, dO, lse + bh * Sq + i0, delta.data() + bh * Sq + i0, sc);
+      // dV += (P ∘ Z)^T dO, dK += scale dS^T Q
+      gemm(dt, {pz, true, cols}, {dO, false, D}, cols, D, rows, 1.0, 1.0, dV, D);
+      gemm(dt, {sc.dp.data(), true, cols}, {Q, false, D}, cols, D, rows, g.scale, 1.0, dK, D);
+      if (gradQToo) {
+        gemm(dt, {sc.dp.data(), false, cols}, {K, false, D}, rows, D, cols, g.scale, 1.0, gradQ + (bh * Sq + i0) * D,
+             D);
+      }
+    }
+  };
+
   if (gradK && gradQ && BH >= 2 * static_cast<int64_t>(numThreads())) {
     // One pass, tasks = batch-heads: a task owns every gradient row of its
     // batch-head, so dQ += scale dS K joins the tile loop of pass 1 and S
@@ -216,27 +243,7 @@ void backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, co
       BackwardScratch<T>& sc = scratch[thread];
       sc.size();
       std::fill(gradQ + bh * Sq * D, gradQ + (bh + 1) * Sq * D, T(0));
-      for (int64_t kb = 0; kb < kBlocks; ++kb) {
-        const int64_t j0 = kb * kBk, cols = std::min(kBk, Sk - j0);
-        const T* K = k + (bh * Sk + j0) * D;
-        const T* V = v + (bh * Sk + j0) * D;
-        T* dK = gradK + (bh * Sk + j0) * D;
-        T* dV = gradV + (bh * Sk + j0) * D;
-        std::fill(dK, dK + cols * D, T(0));
-        std::fill(dV, dV + cols * D, T(0));
-        for (int64_t qb = firstQueryBlock(g, j0); qb < qBlocks; ++qb) {
-          const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
-          const Tile tile{&g, bh, i0, j0, rows, cols};
-          if (g.causal && tile.visible(rows - 1) == 0) continue;
-          const T* Q = q + (bh * Sq + i0) * D;
-          const T* dO = gradOut + (bh * Sq + i0) * D;
-          const T* pz = tileGradient(g, tile, Q, K, V, dO, lse + bh * Sq + i0, delta.data() + bh * Sq + i0, sc);
-          gemm(dt, {pz, true, cols}, {dO, false, D}, cols, D, rows, 1.0, 1.0, dV, D);
-          gemm(dt, {sc.dp.data(), true, cols}, {Q, false, D}, cols, D, rows, g.scale, 1.0, dK, D);
-          gemm(dt, {sc.dp.data(), false, cols}, {K, false, D}, rows, D, cols, g.scale, 1.0, gradQ + (bh * Sq + i0) * D,
-               D);
-        }
-      }
+      for (int64_t kb = 0; kb < kBlocks; ++kb) keyBlock(bh, kb, sc, true);
     });
     return;
   }
@@ -246,26 +253,9 @@ void backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, co
     const int threads = threadsFor(tasks, numThreads());
     std::vector<BackwardScratch<T>> scratch(threads);
     parallelRun(tasks, threads, [&](int64_t task, int thread) {
-      const int64_t bh = task / kBlocks, j0 = (task % kBlocks) * kBk, cols = std::min(kBk, Sk - j0);
       BackwardScratch<T>& sc = scratch[thread];
       sc.size();
-      const T* K = k + (bh * Sk + j0) * D;
-      const T* V = v + (bh * Sk + j0) * D;
-      T* dK = gradK + (bh * Sk + j0) * D;
-      T* dV = gradV + (bh * Sk + j0) * D;
-      std::fill(dK, dK + cols * D, T(0));
-      std::fill(dV, dV + cols * D, T(0));
-      for (int64_t qb = firstQueryBlock(g, j0); qb < qBlocks; ++qb) {
-        const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
-        const Tile tile{&g, bh, i0, j0, rows, cols};
-        if (g.causal && tile.visible(rows - 1) == 0) continue;
-        const T* Q = q + (bh * Sq + i0) * D;
-        const T* dO = gradOut + (bh * Sq + i0) * D;
-        const T* pz = tileGradient(g, tile, Q, K, V, dO, lse + bh * Sq + i0, delta.data() + bh * Sq + i0, sc);
-        // dV += (P ∘ Z)^T dO, dK += scale dS^T Q
-        gemm(dt, {pz, true, cols}, {dO, false, D}, cols, D, rows, 1.0, 1.0, dV, D);
-        gemm(dt, {sc.dp.data(), true, cols}, {Q, false, D}, cols, D, rows, g.scale, 1.0, dK, D);
-      }
+      keyBlock(task / kBlocks, task % kBlocks, sc, false);
     });
   }
 
