@@ -51,6 +51,8 @@
 #include "rpc/options.h"
 #include "rpc/store.h"
 
+#include "mp_worker.h"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -64,27 +66,9 @@ using Clock = std::chrono::steady_clock;
 
 int gRank = 0;
 
-void say(const std::string& line) {
-  std::string s = "rank " + std::to_string(gRank) + " " + line + "\n";
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fflush(stdout);
-}
+void say(const std::string& line) { weft::testing::say(weft::testing::prefix(gRank) + line); }
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("rank " + std::to_string(gRank) + ": " + what); }
-
-std::string errorLine(const std::exception& e) {
-  std::string type = "Error";
-  if (dynamic_cast<const weft::TimeoutError*>(&e)) type = "TimeoutError";
-  else if (dynamic_cast<const weft::DisconnectedError*>(&e)) type = "DisconnectedError";
-  else if (dynamic_cast<const weft::InvalidArgumentError*>(&e)) type = "InvalidArgumentError";
-  else if (dynamic_cast<const weft::StateError*>(&e)) type = "StateError";
-  else if (dynamic_cast<const weft::ProtocolError*>(&e)) type = "ProtocolError";
-  std::string msg = e.what();
-  for (char& c : msg) {
-    if (c == '\n') c = '|';
-  }
-  return type + ": " + msg;
-}
 
 const std::vector<DType> kReducible = {DType::Float32, DType::Float64, DType::Float16,
                                        DType::Int64,   DType::Int32,   DType::UInt8};
@@ -432,8 +416,8 @@ void expectError(const std::string& name, F&& call) {
   try {
     call();
     say(name + " unexpected success");
-  } catch (const std::exception& e) {
-    say(name + " " + errorLine(e));
+  } catch (const std::exception&) {
+    say(name + " " + weft::testing::describe(std::current_exception()));
   }
 }
 
@@ -508,9 +492,9 @@ void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   try {
     w.wait();
     say("unexpected success");
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-    say("failed in_ms " + std::to_string(ms) + " " + errorLine(e));
+    say("failed in_ms " + std::to_string(ms) + " " + weft::testing::describe(std::current_exception()));
   }
   store.barrier("algorithms_worker/kill/failed", W - 1, 30s);
 }
