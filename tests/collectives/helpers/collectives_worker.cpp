@@ -76,6 +76,8 @@
 #include "rpc/store.h"
 #include "tensor/generator.h"
 
+#include "mp_worker.h"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -88,27 +90,9 @@ using Clock = std::chrono::steady_clock;
 
 int gRank = 0;
 
-void say(const std::string& line) {
-  std::string s = "rank " + std::to_string(gRank) + " " + line + "\n";
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fflush(stdout);
-}
+void say(const std::string& line) { weft::testing::say(weft::testing::prefix(gRank) + line); }
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("rank " + std::to_string(gRank) + ": " + what); }
-
-std::string errorLine(const std::exception& e) {
-  std::string type = "Error";
-  if (dynamic_cast<const weft::TimeoutError*>(&e)) type = "TimeoutError";
-  else if (dynamic_cast<const weft::DisconnectedError*>(&e)) type = "DisconnectedError";
-  else if (dynamic_cast<const weft::InvalidArgumentError*>(&e)) type = "InvalidArgumentError";
-  else if (dynamic_cast<const weft::StateError*>(&e)) type = "StateError";
-  else if (dynamic_cast<const weft::ProtocolError*>(&e)) type = "ProtocolError";
-  std::string msg = e.what();
-  for (char& c : msg) {
-    if (c == '\n') c = '|';
-  }
-  return type + ": " + msg;
-}
 
 // The value rank r contributes at index i: small integers, so that float sums are exact.
 double value(int r, int64_t i) { return static_cast<double>((r + 1) * ((i % 13) + 1)); }
@@ -401,16 +385,16 @@ void runTimeout(ProcessGroupGloo& pg) {
   try {
     pg.allReduce(x).wait();
     say("unexpected success");
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-    say("failed in_ms " + std::to_string(ms) + " " + errorLine(e));
+    say("failed in_ms " + std::to_string(ms) + " " + weft::testing::describe(std::current_exception()));
   }
   // The group is now unusable: later ops fail at once.
   try {
     pg.barrier().wait(5s);
     say("unexpected later success");
-  } catch (const std::exception& e) {
-    say("later " + errorLine(e));
+  } catch (const std::exception&) {
+    say("later " + weft::testing::describe(std::current_exception()));
   }
 }
 
@@ -419,8 +403,8 @@ void mismatchCase(ProcessGroupGloo& pg, const std::string& name, const Tensor& e
   try {
     pg.allReduce(pg.rank() == 1 ? odd : even).wait(30s);
     say(name + " unexpected success");
-  } catch (const std::exception& e) {
-    say(name + " " + errorLine(e));
+  } catch (const std::exception&) {
+    say(name + " " + weft::testing::describe(std::current_exception()));
   }
   Tensor y = weft::ones({4});
   pg.allReduce(y).wait(30s);
@@ -443,8 +427,8 @@ void p2pCase(ProcessGroupGloo& pg, const std::string& name, const std::function<
   try {
     body();
     say(name + " ok");
-  } catch (const std::exception& e) {
-    say(name + " " + errorLine(e));
+  } catch (const std::exception&) {
+    say(name + " " + weft::testing::describe(std::current_exception()));
   }
   pg.barrier().wait(30s);
 }
@@ -518,14 +502,14 @@ void runHostile(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   try {
     pg.allReduce(weft::ones({4})).wait(30s);
     say("short_data unexpected success");
-  } catch (const std::exception& e) {
-    say("short_data " + errorLine(e));
+  } catch (const std::exception&) {
+    say("short_data " + weft::testing::describe(std::current_exception()));
   }
   try {
     pg.recv(weft::zeros({4}), 1, 5);
     say("garbage_header unexpected success");
-  } catch (const std::exception& e) {
-    say("garbage_header " + errorLine(e));
+  } catch (const std::exception&) {
+    say("garbage_header " + weft::testing::describe(std::current_exception()));
   }
   store.barrier("collectives_worker/hostile", 2, 30s);
 }
@@ -573,9 +557,9 @@ void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   try {
     pg.allReduce(y).wait();
     say("unexpected success");
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-    say("failed in_ms " + std::to_string(ms) + " " + errorLine(e));
+    say("failed in_ms " + std::to_string(ms) + " " + weft::testing::describe(std::current_exception()));
   }
   // The survivors keep their connections until each has failed: a survivor that destroyed its
   // group first would be a lost connection for the others too.
