@@ -28,9 +28,8 @@ macro(weft_configure_cuda)
         set(CMAKE_CUDA_ARCHITECTURES 90-real 80-virtual)
       endif()
       enable_language(CUDA)
-      # CMake 3.25 knows no CUDA20 flags for nvcc; the .cu files are C++17.
-      set(CMAKE_CUDA_STANDARD 17)
-      set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+      # The .cu files are C++20: kernels/CMakeLists.txt passes -std=c++20
+      # itself (CMake 3.25 has no CUDA20 standard flag for nvcc).
       find_package(CUDAToolkit REQUIRED)
       set(WEFT_HAVE_CUDA ON)
     elseif(WEFT_CUDA STREQUAL "ON")

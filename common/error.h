@@ -47,6 +47,14 @@ class StateError : public Error {
   using Error::Error;
 };
 
+// A device (CUDA) runtime or library call failed: an out-of-memory, a failed
+// kernel launch, a lost device. Names the op and the device, e.g.
+// "matmul on cuda:0: cudaErrorMemoryAllocation: out of memory".
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // ---- failures of distributed operations (see common/status.h) -----------------
 
 // A call failed on another worker: its handler threw, or the remote runtime
