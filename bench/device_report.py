@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The tables of scripts/device_check.sh's summary.
+
+  device_report.py tests TESTS.xml            counts and failed tests of a ctest JUnit file
+  device_report.py bench WEFT.md TORCH.md     joins bench/cuda_bench's table with
+                                              bench/torch_cuda_bench.py's
+
+Both benchmark programs print the same markdown table, one row per benchmark:
+  | benchmark | unit | value |
+with unit TFLOP/s or GB/s (more is faster) or ms (less is faster) and value
+n/a where a side could not run it. The joined table gives, for each row,
+weft's speed relative to PyTorch's (above 1: weft is faster) and, for
+bandwidths, each side's percentage of the device-to-device copy row
+("copy") measured in the same run.
+"""
+import sys
+import xml.etree.ElementTree as ET
+
+COPY_ROW = "copy"
+
+
+def tests(path):
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as e:
+        print(f"could not read {path}: {e}")
+        return
+    cases = root.iter("testcase")
+    passed, failed, skipped = [], [], []
+    for case in cases:
+        name = case.get("name", "?")
+        status = case.get("status", "")
+        if case.find("failure") is not None or case.find("error") is not None or status == "fail":
+            failed.append(name)
+        elif case.find("skipped") is not None or status in ("notrun", "disabled"):
+            skipped.append(name)
+        else:
+            passed.append(name)
+    total = len(passed) + len(failed) + len(skipped)
+    print(f"{total} tests: {len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped")
+    if failed:
+        print()
+        print("Failed:")
+        for name in failed:
+            print(f"- {name}")
+    if skipped:
+        print()
+        print(f"Skipped (no device?): {', '.join(skipped[:10])}{' ...' if len(skipped) > 10 else ''}")
+
+
+def read_table(path):
+    """Rows of a benchmark table in order: name -> (unit, value or None)."""
+    rows = {}
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError:
+        return rows
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0] in ("benchmark", "") or set(cells[0]) <= set("-: "):
+            continue
+        name, unit, value = cells
+        try:
+            rows[name] = (unit, float(value))
+        except ValueError:
+            rows[name] = (unit, None)
+    return rows
+
+
+def fmt(v, digits=2):
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def bench(weft_path, torch_path):
+    weft = read_table(weft_path)
+    torch = read_table(torch_path)
+    if not weft and not torch:
+        print("no benchmark results (bench.log says why)")
+        return
+    weft_copy = weft.get(COPY_ROW, (None, None))[1]
+    torch_copy = torch.get(COPY_ROW, (None, None))[1]
+    print("| benchmark | unit | weft | torch | weft speed / torch | weft % of copy | torch % of copy |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    names = list(weft) + [n for n in torch if n not in weft]
+    for name in names:
+        unit = (weft.get(name) or torch.get(name))[0]
+        w = weft.get(name, (unit, None))[1]
+        t = torch.get(name, (unit, None))[1]
+        ratio = None
+        if w and t:
+            ratio = t / w if unit == "ms" else w / t
+        wc = tc = ""
+        if unit == "GB/s":
+            wc = fmt(100 * w / weft_copy, 0) if w and weft_copy else "n/a"
+            tc = fmt(100 * t / torch_copy, 0) if t and torch_copy else "n/a"
+        print(f"| {name} | {unit} | {fmt(w)} | {fmt(t)} | {fmt(ratio)} | {wc} | {tc} |")
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "tests":
+        tests(argv[2])
+    elif len(argv) == 4 and argv[1] == "bench":
+        bench(argv[2], argv[3])
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
