@@ -89,10 +89,22 @@ void row(const std::string& name, const char* unit, const std::function<double()
   std::fflush(stderr);
 }
 
+// A normal random tensor on the device. The host draws at most 4 Mi values, which are
+// repeated to fill larger tensors: drawing 64 Mi values one by one would take seconds.
 Tensor randnOn(const Shape& shape, DType dtype = DType::Float32) {
-  Tensor t = randn(shape);
-  if (dtype != DType::Float32) t = t.to(dtype);
-  return t.to(kCuda);
+  Tensor out = empty(shape, {.dtype = dtype, .device = kCuda});
+  const int64_t n = out.numel();
+  const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 22);
+  if (chunk == 0) return out;
+  Tensor src = randn({chunk}).to(dtype).to(kCuda);
+  const size_t width = elementSize(dtype);
+  char* dst = static_cast<char*>(out.rawData());
+  for (int64_t offset = 0; offset < n; offset += chunk) {
+    const int64_t len = std::min(chunk, n - offset);
+    kc::copyDeviceToDevice(dst + static_cast<size_t>(offset) * width, src.rawData(), static_cast<size_t>(len) * width,
+                           kDevice);
+  }
+  return out;
 }
 
 double gbPerS(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
