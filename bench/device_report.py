@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The tables of scripts/device_check.sh's summary.
 
-  device_report.py tests TESTS.xml            counts and failed tests of a ctest JUnit file
+  device_report.py tests TESTS.xml|TESTS.log   counts and failed tests of a ctest JUnit file
+                                              (or of ctest's console log)
   device_report.py bench WEFT.md TORCH.md     joins bench/cuda_bench's table with
                                               bench/torch_cuda_bench.py's
 
@@ -13,39 +14,84 @@ weft's speed relative to PyTorch's (above 1: weft is faster) and, for
 bandwidths, each side's percentage of the device-to-device copy row
 ("copy") measured in the same run.
 """
+import re
 import sys
 import xml.etree.ElementTree as ET
 
 COPY_ROW = "copy"
 
 
-def tests(path):
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError) as e:
-        print(f"could not read {path}: {e}")
-        return
-    cases = root.iter("testcase")
-    passed, failed, skipped = [], [], []
-    for case in cases:
+def first_error(text):
+    """The first line of a test's output that says what failed (doctest's ERROR lines)."""
+    for line in (text or "").splitlines():
+        if "ERROR" in line or "error" in line or "what():" in line:
+            return line.strip()[:240]
+    return ""
+
+
+def junit_results(path):
+    """(name, outcome, first error line) per test of a ctest JUnit file."""
+    results = []
+    for case in ET.parse(path).getroot().iter("testcase"):
         name = case.get("name", "?")
         status = case.get("status", "")
-        if case.find("failure") is not None or case.find("error") is not None or status == "fail":
-            failed.append(name)
+        out = "".join(e.text or "" for e in case.iter("system-out"))
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        if failure is not None or status == "fail":
+            message = failure.get("message", "") if failure is not None else ""
+            results.append((name, "failed", first_error(out) or message))
         elif case.find("skipped") is not None or status in ("notrun", "disabled"):
-            skipped.append(name)
+            results.append((name, "skipped", ""))
         else:
-            passed.append(name)
-    total = len(passed) + len(failed) + len(skipped)
-    print(f"{total} tests: {len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped")
-    if failed:
+            results.append((name, "passed", ""))
+    return results
+
+
+LOG_LINE = re.compile(r"Test\s+#\d+: (.*?)\s*\.*\s*(?:\*\*\*)?(Not Run|Exit code \d+|Subprocess aborted|\w+)\s+[\d.]+ sec")
+
+
+def log_results(path):
+    """The same from ctest's console log (when it was stopped before writing the JUnit file)."""
+    results = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = LOG_LINE.search(line)
+            if not m:
+                continue
+            name, word = m.group(1).strip(), m.group(2)
+            if word == "Passed":
+                results.append((name, "passed", ""))
+            elif word in ("Skipped", "Not Run"):
+                results.append((name, "skipped", ""))
+            else:
+                results.append((name, "failed", word))
+    return results
+
+
+def tests(path):
+    try:
+        results = junit_results(path) if path.endswith(".xml") else log_results(path)
+    except (OSError, ET.ParseError) as e:
+        print(f"no test results: could not read {path}: {e}")
+        return
+    if not results:
+        print(f"no test results in {path}")
+        return
+    by = {k: [r for r in results if r[1] == k] for k in ("passed", "failed", "skipped")}
+    source = "" if path.endswith(".xml") else " (from the console log: ctest did not finish)"
+    print(f"{len(results)} tests: {len(by['passed'])} passed, {len(by['failed'])} failed, "
+          f"{len(by['skipped'])} skipped{source}")
+    if by["failed"]:
         print()
         print("Failed:")
-        for name in failed:
-            print(f"- {name}")
-    if skipped:
+        for name, _, why in by["failed"]:
+            print(f"- {name}" + (f": `{why}`" if why else ""))
+    if by["skipped"]:
+        names = [r[0] for r in by["skipped"]]
         print()
-        print(f"Skipped (no device?): {', '.join(skipped[:10])}{' ...' if len(skipped) > 10 else ''}")
+        print(f"Skipped (no device?): {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}")
 
 
 def read_table(path):

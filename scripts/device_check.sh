@@ -213,11 +213,11 @@ write_summary() {
     echo
     echo "## GPU tests (ctest -L gpu)"
     echo
+    # ctest's JUnit file, or its console log when it was stopped before writing one.
     if [[ -s $OUT_DIR/tests.xml ]]; then
       python3 "$ROOT/bench/device_report.py" tests "$OUT_DIR/tests.xml"
     else
-      echo "no test results (tests.log says why)"
-      grep -E "tests passed|tests failed" "$OUT_DIR/tests.log" 2>/dev/null
+      python3 "$ROOT/bench/device_report.py" tests "$OUT_DIR/tests.log"
     fi
     local target missing=""
     for target in $(cat "$OUT_DIR/targets.txt" 2>/dev/null); do
@@ -244,6 +244,7 @@ write_summary() {
 run() {
   OUT_DIR=${OUT:-$DEVICE_DIR}
   mkdir -p "$OUT_DIR"
+  OUT_DIR=$(cd "$OUT_DIR" && pwd)
   : >"$OUT_DIR/build.log"
   : >"$OUT_DIR/tests.log"
   : >"$OUT_DIR/bench.log"
