@@ -19,6 +19,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 COPY_ROW = "copy"
+MAX_LISTED = 40  # failed tests named in the summary; tests.log has them all
 
 
 def first_error(text):
@@ -43,7 +44,10 @@ def junit_results(path):
             message = failure.get("message", "") if failure is not None else ""
             results.append((name, "failed", first_error(out) or message))
         elif case.find("skipped") is not None or status in ("notrun", "disabled"):
-            results.append((name, "skipped", ""))
+            skipped = case.find("skipped")
+            message = skipped.get("message", "") if skipped is not None else ""
+            # A skip (exit 77) says so; anything else kept the test from running at all.
+            results.append((name, "skipped" if "SKIP_RETURN_CODE" in message else "not run", message))
         else:
             results.append((name, "passed", ""))
     return results
@@ -63,8 +67,10 @@ def log_results(path):
             name, word = m.group(1).strip(), m.group(2)
             if word == "Passed":
                 results.append((name, "passed", ""))
-            elif word in ("Skipped", "Not Run"):
+            elif word == "Skipped":
                 results.append((name, "skipped", ""))
+            elif word == "Not Run":
+                results.append((name, "not run", ""))
             else:
                 results.append((name, "failed", word))
     return results
@@ -79,15 +85,24 @@ def tests(path):
     if not results:
         print(f"no test results in {path}")
         return
-    by = {k: [r for r in results if r[1] == k] for k in ("passed", "failed", "skipped")}
+    by = {k: [r for r in results if r[1] == k] for k in ("passed", "failed", "skipped", "not run")}
     source = "" if path.endswith(".xml") else " (from the console log: ctest did not finish)"
     print(f"{len(results)} tests: {len(by['passed'])} passed, {len(by['failed'])} failed, "
-          f"{len(by['skipped'])} skipped{source}")
+          f"{len(by['skipped'])} skipped, {len(by['not run'])} not run{source}")
     if by["failed"]:
         print()
         print("Failed:")
-        for name, _, why in by["failed"]:
+        for name, _, why in by["failed"][:MAX_LISTED]:
             print(f"- {name}" + (f": `{why}`" if why else ""))
+        if len(by["failed"]) > MAX_LISTED:
+            print(f"- ... and {len(by['failed']) - MAX_LISTED} more (tests.log)")
+    if by["not run"]:
+        print()
+        print("Not run (their binary was not built):")
+        for name, _, why in by["not run"][:MAX_LISTED]:
+            print(f"- {name}" + (f": {why}" if why else ""))
+        if len(by["not run"]) > MAX_LISTED:
+            print(f"- ... and {len(by['not run']) - MAX_LISTED} more (tests.log)")
     if by["skipped"]:
         names = [r[0] for r in by["skipped"]]
         print()

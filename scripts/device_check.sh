@@ -148,6 +148,8 @@ configure_and_build() {
   [[ -n $targets ]] || { echo "no GPU test binaries or cuda_bench among the build's targets"; return 1; }
   echo $targets >"$OUT_DIR/targets.txt"
   echo "== build:" $targets
+  # Binaries from an earlier run go first, so that one that fails to build now is not tested.
+  find "$BUILD" -type f \( -name 'test_*_gpu' -o -name cuda_bench \) -delete
   # -k 0: one target that fails to build leaves the others to be tested.
   ninja -C "$BUILD" -j "${JOBS:-16}" -k 0 $targets
 }
