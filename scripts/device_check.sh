@@ -200,13 +200,25 @@ run_bench() {
   return $rc
 }
 
+# The nvcc the build used (or would use) and its version.
+nvcc_used() {
+  local nvcc
+  nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
+  [[ -n $nvcc ]] || nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  echo "$nvcc $("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+}
+
 write_summary() {
   local summary=$OUT_DIR/summary.md
   {
     echo "# weft device check"
     echo
     echo "- device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || echo unknown)"
-    echo "- nvcc: $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' || echo unknown)"
+    echo "- system: $( (. /etc/os-release && echo "$PRETTY_NAME") 2>/dev/null || uname -sr)," \
+      "g++ $(g++ -dumpfullversion 2>/dev/null || echo missing)," \
+      "$(cmake --version 2>/dev/null | head -1 || echo 'cmake missing')," \
+      "nvcc $(nvcc_used)," \
+      "python3 torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo missing)"
     if git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
       echo "- commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD || echo ' (with uncommitted changes)')"
     fi
