@@ -105,8 +105,11 @@ unpack() {
   done < <(grep -rl 'set(_IMPORT_PREFIX "/usr")' "$PREFIX" --include='*.cmake')
 }
 
+# Debian's library folder name (x86_64-linux-gnu), which the packages use.
 multiarch() {
-  gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu
+  local arch
+  arch=$(gcc -print-multiarch 2>/dev/null)
+  echo "${arch:-x86_64-linux-gnu}"
 }
 
 # The prefix's library folders, which the build links with an rpath (DT_RPATH,
