@@ -68,13 +68,84 @@ __device__ __forceinline__ T warpSum(T v) {
   return v;
 }
 
-// Row stride of a tile in shared memory: the bucket plus one element, so
-// that lanes reading one column of consecutive rows hit different banks.
-template <int DB>
-constexpr int kLd = DB + 1;
+// 16 bytes of T: the unit of the shared-memory reads of the inner loops.
+template <class T> struct Vec;
+template <> struct Vec<float> {
+  using type = float4;
+  static constexpr int n = 4;
+};
+template <> struct Vec<double> {
+  using type = double2;
+  static constexpr int n = 2;
+};
+
+// Row stride of a tile in shared memory: the bucket plus 16 bytes, so that
+// the lanes of a quarter warp, each reading 16 bytes of its own row at one
+// column, hit different banks.
+template <class T, int DB>
+constexpr int kLd = DB + Vec<T>::n;
 
 template <class T, int DB>
-constexpr size_t kTileBytes = sizeof(T) * kTile * kLd<DB>;
+constexpr size_t kTileBytes = sizeof(T) * kTile * kLd<T, DB>;
+
+// Probabilities (or dS) of a block in shared memory: kRows rows of 32 per warp.
+template <class T>
+constexpr size_t kProbBytes = sizeof(T) * kWarps * kRows * kTile;
+
+// Element w of a vector (w a constant once the caller's loop is unrolled).
+__device__ __forceinline__ float component(const float4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ double component(const double2& v, int w) { return w == 0 ? v.x : v.y; }
+
+// acc[r] += rows[r * LD + d] * lane[d] for d < dEnd (a multiple of the
+// vector width): `rows` are the warp's rows (the same address in every lane),
+// `lane` the lane's own row.
+template <class T, int LD>
+__device__ __forceinline__ void dotRows(T (&acc)[kRows], const T* rows, const T* lane, int dEnd) {
+  using V = typename Vec<T>::type;
+  for (int d = 0; d < dEnd; d += Vec<T>::n) {
+    const V b = *reinterpret_cast<const V*>(lane + d);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const V a = *reinterpret_cast<const V*>(rows + r * LD + d);
+      if constexpr (Vec<T>::n == 4) {
+        acc[r] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+      } else {
+        acc[r] += a.x * b.x + a.y * b.y;
+      }
+    }
+  }
+}
+
+// acc[r][x] += sum over c < cEnd of p[r * 32 + c] * b[c * LD + lane + 32 x]:
+// p holds the warp's kRows rows of probabilities (read the same in every
+// lane), b a tile; cEnd is a multiple of the vector width.
+template <class T, int J, int LD>
+__device__ __forceinline__ void accumulateRows(T (&acc)[kRows][J], const T* p, const T* b, int cEnd, int lane) {
+  using V = typename Vec<T>::type;
+  constexpr int W = Vec<T>::n;
+  for (int c = 0; c < cEnd; c += W) {
+    V pv[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) pv[r] = *reinterpret_cast<const V*>(p + r * kTile + c);
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+#pragma unroll
+      for (int x = 0; x < J; ++x) {
+        const T bv = b[(c + w) * LD + lane + 32 * x];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r][x] += component(pv[r], w) * bv;
+      }
+    }
+  }
+}
+
+// n rounded up to the vector width of T.
+template <class T>
+__device__ __forceinline__ int roundToVec(int64_t n) {
+  return static_cast<int>((n + Vec<T>::n - 1) / Vec<T>::n * Vec<T>::n);
+}
 
 // tile[r][c] = g[r * D + c] for r < rows and c < D, zeros elsewhere
 // (consecutive threads read consecutive elements of a row).
@@ -82,7 +153,7 @@ template <class T, int DB>
 __device__ __forceinline__ void loadTile(T* tile, const T* __restrict__ g, int64_t rows, int64_t D) {
   for (int e = threadIdx.x; e < kTile * DB; e += kBlockThreads) {
     const int r = e / DB, c = e % DB;
-    tile[r * kLd<DB> + c] = (r < rows && c < D) ? g[r * D + c] : T(0);
+    tile[r * kLd<T, DB> + c] = (r < rows && c < D) ? g[r * D + c] : T(0);
   }
 }
 
@@ -103,10 +174,11 @@ __global__ void __launch_bounds__(kBlockThreads) forwardKernel(Args<T> a, const 
                                                                const T* __restrict__ k, const T* __restrict__ v,
                                                                T* __restrict__ out, T* __restrict__ lse) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int J = DB / 32, LD = kLd<DB>;
+  constexpr int J = DB / 32, LD = kLd<T, DB>;
   T* qs = reinterpret_cast<T*>(smem);
   T* ks = qs + kTile * LD;
   T* vs = ks + kTile * LD;
+  T* ps = vs + kTile * LD + (threadIdx.x >> 5) * kRows * kTile;  // this warp's rows
   const int64_t qBlocks = (a.sq + kTile - 1) / kTile;
   const int64_t bh = blockIdx.x / qBlocks, i0 = (blockIdx.x % qBlocks) * kTile;
   const int64_t rows = min(static_cast<int64_t>(kTile), a.sq - i0), D = a.d;
@@ -132,11 +204,7 @@ __global__ void __launch_bounds__(kBlockThreads) forwardKernel(Args<T> a, const 
     T s[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) s[r] = 0;
-    for (int d = 0; d < D; ++d) {
-      const T kv = ks[lane * LD + d];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) s[r] += qs[(warp * kRows + r) * LD + d] * kv;
-    }
+    dotRows<T, LD>(s, qs + warp * kRows * LD, ks + lane * LD, roundToVec<T>(D));
     const int64_t j = j0 + lane;
     T p[kRows];
 #pragma unroll
@@ -158,19 +226,12 @@ __global__ void __launch_bounds__(kBlockThreads) forwardKernel(Args<T> a, const 
       }
       l[r] += sum;
       if (a.dropout && vis) p[r] *= dropoutScale(a, bh, i, j);
+      ps[r * kTile + lane] = p[r];
     }
-    // acc += P V; key c's probabilities are in lane c.
-    for (int c = 0; c < cols; ++c) {
-      T pc[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) pc[r] = __shfl_sync(kFull, p[r], c);
-#pragma unroll
-      for (int x = 0; x < J; ++x) {
-        const T vv = vs[c * LD + lane + 32 * x];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][x] += pc[r] * vv;
-      }
-    }
+    __syncwarp();
+    // acc += P V (P of keys past the end is 0, V's rows there zeros).
+    accumulateRows<T, J, LD>(acc, ps, vs, roundToVec<T>(cols), lane);
+    __syncwarp();  // ps is rewritten for the next key tile
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -231,12 +292,14 @@ __global__ void __launch_bounds__(kBlockThreads) gradKVKernel(Args<T> a, const T
                                                               const T* __restrict__ gradOut, T* __restrict__ gradK,
                                                               T* __restrict__ gradV) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int J = DB / 32, LD = kLd<DB>;
+  constexpr int J = DB / 32, LD = kLd<T, DB>;
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kTile * LD;
   T* qs = vs + kTile * LD;
   T* dos = qs + kTile * LD;
-  T* lses = dos + kTile * LD;
+  T* pzs = dos + kTile * LD;                // [warp][kRows keys][32 queries]
+  T* dss = pzs + kWarps * kRows * kTile;    // likewise
+  T* lses = dss + kWarps * kRows * kTile;
   T* deltas = lses + kTile;
   const int64_t kBlocks = (a.sk + kTile - 1) / kTile;
   const int64_t bh = blockIdx.x / kBlocks, j0 = (blockIdx.x % kBlocks) * kTile;
@@ -268,38 +331,24 @@ __global__ void __launch_bounds__(kBlockThreads) gradKVKernel(Args<T> a, const T
     T s[kRows], dp[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) s[r] = dp[r] = 0;
-    for (int d = 0; d < D; ++d) {
-      const T qv = qs[lane * LD + d], dov = dos[lane * LD + d];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        s[r] += qv * ks[(warp * kRows + r) * LD + d];
-        dp[r] += dov * vs[(warp * kRows + r) * LD + d];
-      }
-    }
+    const int dEnd = roundToVec<T>(D);
+    dotRows<T, LD>(s, ks + warp * kRows * LD, qs + lane * LD, dEnd);
+    dotRows<T, LD>(dp, vs + warp * kRows * LD, dos + lane * LD, dEnd);
     const int64_t i = i0 + lane;
-    T pz[kRows], ds[kRows];
+    T* pzw = pzs + warp * kRows * kTile;
+    T* dsw = dss + warp * kRows * kTile;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      elementGradient(a, bh, i, j0 + warp * kRows + r, s[r], dp[r], lses[lane], deltas[lane], pz[r], ds[r]);
+      T pz, ds;
+      elementGradient(a, bh, i, j0 + warp * kRows + r, s[r], dp[r], lses[lane], deltas[lane], pz, ds);
+      pzw[r * kTile + lane] = pz;
+      dsw[r * kTile + lane] = ds;
     }
-    // dV += (P ∘ Z)^T dO, dK += dS^T Q; query c's values are in lane c.
-    for (int c = 0; c < rows; ++c) {
-      T pc[kRows], sc[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        pc[r] = __shfl_sync(kFull, pz[r], c);
-        sc[r] = __shfl_sync(kFull, ds[r], c);
-      }
-#pragma unroll
-      for (int x = 0; x < J; ++x) {
-        const T dov = dos[c * LD + lane + 32 * x], qv = qs[c * LD + lane + 32 * x];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          dv[r][x] += pc[r] * dov;
-          dk[r][x] += sc[r] * qv;
-        }
-      }
-    }
+    __syncwarp();
+    // dV += (P ∘ Z)^T dO, dK += dS^T Q (queries past the end have P = dS = 0).
+    const int cEnd = roundToVec<T>(rows);
+    accumulateRows<T, J, LD>(dv, pzw, dos, cEnd, lane);
+    accumulateRows<T, J, LD>(dk, dsw, qs, cEnd, lane);
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -325,11 +374,12 @@ __global__ void __launch_bounds__(kBlockThreads) gradQKernel(Args<T> a, const T*
                                                              const T* __restrict__ lse, const T* __restrict__ delta,
                                                              const T* __restrict__ gradOut, T* __restrict__ gradQ) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int J = DB / 32, LD = kLd<DB>;
+  constexpr int J = DB / 32, LD = kLd<T, DB>;
   T* qs = reinterpret_cast<T*>(smem);
   T* dos = qs + kTile * LD;
   T* ks = dos + kTile * LD;
   T* vs = ks + kTile * LD;
+  T* dsw = vs + kTile * LD + (threadIdx.x >> 5) * kRows * kTile;  // this warp's rows
   const int64_t qBlocks = (a.sq + kTile - 1) / kTile;
   const int64_t bh = blockIdx.x / qBlocks, i0 = (blockIdx.x % qBlocks) * kTile;
   const int64_t rows = min(static_cast<int64_t>(kTile), a.sq - i0), D = a.d;
@@ -357,33 +407,20 @@ __global__ void __launch_bounds__(kBlockThreads) gradQKernel(Args<T> a, const T*
     T s[kRows], dp[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) s[r] = dp[r] = 0;
-    for (int d = 0; d < D; ++d) {
-      const T kv = ks[lane * LD + d], vv = vs[lane * LD + d];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        s[r] += qs[(warp * kRows + r) * LD + d] * kv;
-        dp[r] += dos[(warp * kRows + r) * LD + d] * vv;
-      }
-    }
+    const int dEnd = roundToVec<T>(D);
+    dotRows<T, LD>(s, qs + warp * kRows * LD, ks + lane * LD, dEnd);
+    dotRows<T, LD>(dp, dos + warp * kRows * LD, vs + lane * LD, dEnd);
     const int64_t j = j0 + lane;
-    T ds[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      T pz;
-      elementGradient(a, bh, i0 + warp * kRows + r, j, s[r], dp[r], lseR[r], deltaR[r], pz, ds[r]);
+      T pz, ds;
+      elementGradient(a, bh, i0 + warp * kRows + r, j, s[r], dp[r], lseR[r], deltaR[r], pz, ds);
+      dsw[r * kTile + lane] = ds;
     }
-    // dQ += dS K; key c's values are in lane c.
-    for (int c = 0; c < cols; ++c) {
-      T sc[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) sc[r] = __shfl_sync(kFull, ds[r], c);
-#pragma unroll
-      for (int x = 0; x < J; ++x) {
-        const T kv = ks[c * LD + lane + 32 * x];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) dq[r][x] += sc[r] * kv;
-      }
-    }
+    __syncwarp();
+    // dQ += dS K (keys past the end have dS = 0, K's rows there zeros).
+    accumulateRows<T, J, LD>(dq, dsw, ks, roundToVec<T>(cols), lane);
+    __syncwarp();  // dsw is rewritten for the next key tile
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -403,11 +440,11 @@ __global__ void __launch_bounds__(kBlockThreads) gradQKernel(Args<T> a, const T*
 // decides whether a head dimension fits, so that a forward never succeeds
 // where its backward cannot run.
 template <class T, int DB>
-constexpr size_t kForwardSmem = 3 * kTileBytes<T, DB>;
+constexpr size_t kForwardSmem = 3 * kTileBytes<T, DB> + kProbBytes<T>;
 template <class T, int DB>
-constexpr size_t kGradKVSmem = 4 * kTileBytes<T, DB> + 2 * kTile * sizeof(T);
+constexpr size_t kGradKVSmem = 4 * kTileBytes<T, DB> + 2 * kProbBytes<T> + 2 * kTile * sizeof(T);
 template <class T, int DB>
-constexpr size_t kGradQSmem = 4 * kTileBytes<T, DB>;
+constexpr size_t kGradQSmem = 4 * kTileBytes<T, DB> + kProbBytes<T>;
 
 // Launches `kernel` on `blocks` blocks with `smem` bytes of dynamic shared
 // memory, raising the kernel's limit past the default 48 KiB when needed.
