@@ -53,13 +53,6 @@ __device__ __forceinline__ T expOf(T x) {
   else return exp(x);
 }
 
-template <class T>
-__device__ __forceinline__ T warpMax(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-}
-
 // The butterfly leaves the same sum, bit for bit, in every lane.
 template <class T>
 __device__ __forceinline__ T warpSum(T v) {
@@ -205,27 +198,42 @@ __global__ void __launch_bounds__(kBlockThreads) forwardKernel(Args<T> a, const 
 #pragma unroll
     for (int r = 0; r < kRows; ++r) s[r] = 0;
     dotRows<T, LD>(s, qs + warp * kRows * LD, ks + lane * LD, roundToVec<T>(D));
+    // The rows' reductions interleave (one shuffle of each row per step).
     const int64_t j = j0 + lane;
-    T p[kRows];
+    bool vis[kRows];
+    T mx[kRows], p[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int64_t i = i0 + warp * kRows + r;
-      const bool vis = visible(a, i, j);
-      const T sv = vis ? s[r] * a.scale : -inf;
-      const T mNew = fmax(m[r], warpMax(sv));
-      p[r] = vis ? expOf(sv - mNew) : T(0);
-      const T sum = warpSum(p[r]);
-      if (mNew != m[r]) {
-        // The running maximum grew: what was accumulated against the old
-        // one shrinks by exp(old - new) (0 when nothing was seen yet).
-        const T alpha = expOf(m[r] - mNew);
-        l[r] *= alpha;
+      vis[r] = visible(a, i0 + warp * kRows + r, j);
+      s[r] = vis[r] ? s[r] * a.scale : -inf;
+      mx[r] = s[r];
+    }
 #pragma unroll
-        for (int c = 0; c < J; ++c) acc[r][c] *= alpha;
-        m[r] = mNew;
-      }
-      l[r] += sum;
-      if (a.dropout && vis) p[r] *= dropoutScale(a, bh, i, j);
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) mx[r] = fmax(mx[r], __shfl_xor_sync(kFull, mx[r], o));
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      mx[r] = fmax(m[r], mx[r]);  // the new running maximum, the same in every lane
+      p[r] = vis[r] ? expOf(s[r] - mx[r]) : T(0);
+      s[r] = p[r];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) s[r] += __shfl_xor_sync(kFull, s[r], o);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      // What was accumulated against the old maximum shrinks by
+      // exp(old - new) (0 when nothing was seen yet, 1 while nothing is).
+      const T alpha = mx[r] == -inf ? T(1) : expOf(m[r] - mx[r]);
+      l[r] = l[r] * alpha + s[r];
+#pragma unroll
+      for (int c = 0; c < J; ++c) acc[r][c] *= alpha;
+      m[r] = mx[r];
+      if (a.dropout && vis[r]) p[r] *= dropoutScale(a, bh, i0 + warp * kRows + r, j);
       ps[r * kTile + lane] = p[r];
     }
     __syncwarp();
