@@ -113,7 +113,7 @@ void whereBackward(const char* name, const Tensor& cond, const Tensor& a, const 
   bool needA = a.requiresGrad(), needB = b.requiresGrad();
   recordOp(name, {a, b}, {out}, [sc, as, bs, needA, needB, name](const Grads& g) {
     Tensor c = sc.unpack(name);
-    Tensor zero = zeros({}, {.dtype = g[0].dtype()});
+    Tensor zero = zeros({}, {.dtype = g[0].dtype(), .device = g[0].device()});
     return Grads{needA ? sumTo(where(c, g[0], zero), as) : Tensor(),
                  needB ? sumTo(where(c, zero, g[0]), bs) : Tensor()};
   });
