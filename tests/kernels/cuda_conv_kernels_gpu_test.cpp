@@ -214,8 +214,9 @@ TEST_CASE("CUDA conv2d kernels match the CPU kernels: output and the input, weig
 TEST_CASE("CUDA conv2d kernels split a batch past the scratch budget into chunks and sum the weight gradient") {
   WEFT_SKIP_WITHOUT_CUDA();
 #ifdef WEFT_HAVE_CUDA
-  // 400 x 9216 unfolded entries per image (about 29 MiB in float64): 256 MiB
-  // holds 8 images, so 20 images run as 3 chunks.
+  // 400 x 9216 unfolded entries per image (about 28 MiB in float64, and the
+  // permuted gradient besides in backward): 256 MiB holds 9 images forward
+  // and 8 backward, so 20 images run as 3 chunks each way.
   checkConv<double>(cpu::Conv2dGeometry{.batch = 20, .inChannels = 16, .height = 96, .width = 96, .outChannels = 8,
                                         .kernelH = 5, .kernelW = 5, .padH = 2, .padW = 2},
                     true, "float64 chunked");
