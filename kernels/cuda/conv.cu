@@ -8,8 +8,8 @@
 namespace weft::kernels::cuda {
 namespace {
 
-// Scratch for a chunk's unfolded images (and, in backward, its permuted
-// gradient): chunks are as many images as fit, at least one.
+// Scratch for a chunk's unfolded images (and, in backward, their partial
+// weight gradients): chunks are as many images as fit, at least one.
 constexpr size_t kScratchBudget = size_t(256) << 20;
 
 bool isPointwise(const Conv2dGeometry& g) {
@@ -108,16 +108,16 @@ __global__ void fillBiasKernel(const T* __restrict__ bias, int64_t total, int64_
   }
 }
 
-// dst[o, n, l] = src[n, o, l] for a chunk of B images: the gradient as one
-// [O, B*L] matrix for the weight gradient's single GEMM.
+// gw[i] (+)= the sum over the chunk's images n of partial[n * size + i], in
+// image order, accumulated in float64 (onto gw's value when `accumulate`).
 template <class T>
-__global__ void permuteImagesKernel(const T* __restrict__ src, int64_t total, int64_t B, int64_t O, int64_t L,
-                                    T* __restrict__ dst) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+__global__ void sumImagesKernel(const T* __restrict__ partial, int64_t images, int64_t size, bool accumulate,
+                                T* __restrict__ gw) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < size;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t l = i % L, t = i / L;
-    const int64_t n = t % B, o = t / B;
-    dst[i] = src[(n * O + o) * L + l];
+    double acc = accumulate ? static_cast<double>(gw[i]) : 0.0;
+    for (int64_t n = 0; n < images; ++n) acc += static_cast<double>(partial[n * size + i]);
+    gw[i] = static_cast<T>(acc);
   }
 }
 
@@ -154,13 +154,12 @@ void checkConvRange(const Conv2dGeometry& g) {
 }
 
 // Images per chunk: the scratch of `perImage` elements each within the
-// budget, and the chunk's positions (B * L, a GEMM dimension) within int.
+// budget, and the chunk (a GEMM batch count) within int.
 int64_t chunkImages(const Conv2dGeometry& g, int64_t perImage, size_t elementBytes) {
   if (g.batch == 0) return 1;
-  const int64_t L = g.outH * g.outW;
   int64_t b = perImage > 0 ? static_cast<int64_t>(kScratchBudget / (static_cast<size_t>(perImage) * elementBytes))
                            : g.batch;
-  b = std::min(b, static_cast<int64_t>(INT_MAX) / std::max<int64_t>(L, 1));
+  b = std::min<int64_t>(b, INT_MAX);
   return std::clamp<int64_t>(b, 1, g.batch);
 }
 
@@ -226,27 +225,27 @@ void conv2dBackward(DType type, const Conv2dGeometry& g, const void* x, const vo
       stridedGemm<T>({pw, true, CKK, 0}, {pg, false, L, outImage}, CKK, L, O, T(1), T(0), {gx, L, inImage}, g.batch);
     }
     // Per image of a chunk: its unfolding (for gw, then reused as gx's
-    // unfolded gradient) and, for gw with several images, its gradient
-    // permuted to [O, B*L].
-    const bool needCols = gw || !direct;
-    const int64_t perImage = (needCols ? CKK * L : 0) + (gw ? O * L : 0);
+    // unfolded gradient; a pointwise kernel reads the image itself) and its
+    // partial weight gradient. The partials are one strided-batched GEMM, so
+    // every image's product runs at once, then summed in image order.
+    const int64_t perImage = (direct ? 0 : CKK * L) + (gw ? O * CKK : 0);
     const int64_t B = chunkImages(g, perImage, sizeof(T));
-    Scratch cols(needCols ? static_cast<size_t>(B * CKK * L) * sizeof(T) : 0);
-    Scratch perm(gw && B > 1 ? static_cast<size_t>(B * O * L) * sizeof(T) : 0);
+    Scratch cols(direct ? 0 : static_cast<size_t>(B * CKK * L) * sizeof(T));
+    Scratch partial(gw ? static_cast<size_t>(B * O * CKK) * sizeof(T) : 0);
     for (int64_t n0 = 0; n0 < g.batch; n0 += B) {
       const int64_t b = std::min(B, g.batch - n0);
       const T* gn = pg + n0 * outImage;
-      if (gw) {  // gw (+)= grad [O, b*L] · cols^T [b*L, CKK], cols unfolded as [CKK, b*L]
-        launchIm2col(px + n0 * inImage, b, d, L, b * L, cols.as<T>());
-        const T* gmat = gn;
-        if (b > 1) {
-          const int64_t total = b * O * L;
-          permuteImagesKernel<T><<<blocksFor(total), kThreads, 0, stream()>>>(gn, total, b, O, L, perm.as<T>());
-          checkLaunch("conv2d backward permute");
-          gmat = perm.as<T>();
+      if (gw) {  // partial_n [O, CKK] = grad_n [O, L] · cols_n^T [L, CKK]; gw (+)= their sum
+        const T* cn = px + n0 * inImage;
+        if (!direct) {
+          launchIm2col(cn, b, d, CKK * L, L, cols.as<T>());
+          cn = cols.as<T>();
         }
-        stridedGemm<T>({gmat, false, b * L}, {cols.as<T>(), true, b * L}, O, CKK, b * L, T(1),
-                       n0 == 0 ? T(0) : T(1), {gw, CKK});
+        stridedGemm<T>({gn, false, L, outImage}, {cn, true, L, CKK * L}, O, CKK, L, T(1), T(0),
+                       {partial.as<T>(), CKK, O * CKK}, b);
+        const int64_t size = O * CKK;
+        sumImagesKernel<T><<<blocksFor(size), kThreads, 0, stream()>>>(partial.as<T>(), b, size, n0 > 0, gw);
+        checkLaunch("conv2d backward weight sum");
       }
       if (gx && !direct) {  // gcols_n [CKK, L] = weight^T · grad_n, folded back onto the images
         stridedGemm<T>({pw, true, CKK, 0}, {gn, false, L, outImage}, CKK, L, O, T(1), T(0),

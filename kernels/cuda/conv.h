@@ -13,9 +13,10 @@
 // Backward: the input gradient is weight^T · grad_n per image (strided
 // batched), folded back by col2im, a gather (each input element sums the
 // columns that read it, in the CPU kernel's order: no atomics, deterministic).
-// The weight gradient is one GEMM per chunk over every image's positions at
-// once (grad [O, B*L] · cols^T [B*L, C*kh*kw]), accumulated over chunks in
-// order. The bias gradient is a per-channel block reduction in float64.
+// The weight gradient: one strided-batched GEMM per chunk gives every
+// image's grad_n · cols_n^T at once, then a kernel sums them in image order
+// (in float64) onto the chunks before. The bias gradient is a per-channel
+// block reduction in float64.
 //
 // Errors: a dtype other than float32/float64 is an InvalidArgumentError naming
 // the op; a per-image GEMM dimension past the 32-bit cuBLAS range is an
