@@ -123,9 +123,27 @@ TEST_CASE("maxPool2d on CUDA keeps the first of tied maxima and lets NaN win, as
     std::vector<double> vals(2 * 6 * 6);
     for (size_t j = 0; j < vals.size(); ++j) vals[j] = static_cast<double>((j * 7) % 5);
     vals[3] = vals[17] = vals[40] = std::numeric_limits<double>::quiet_NaN();
+    // NaN outputs: compared position by position here (allclose never
+    // equates NaNs), the gradient through backward(w).
     Tensor withNan = fromVector(vals, {1, 2, 6, 6}).to(t);
-    compareWithCpu(nameOf("maxPool2d NaN", t, 2), {withNan},
-                   [](const std::vector<Tensor>& v) { return maxPool2d(v[0], 3, 1, 1); });
+    Tensor xc = withNan.clone().requiresGrad_(), xg = withNan.to(Device::cuda(0)).requiresGrad_();
+    Tensor oc = maxPool2d(xc, 3, 1, 1), og = maxPool2d(xg, 3, 1, 1);
+    const std::vector<double> a = oc.detach().to(DType::Float64).toVector<double>();
+    const std::vector<double> b = og.detach().to(Device::cpu()).to(DType::Float64).toVector<double>();
+    REQUIRE(a.size() == b.size());
+    int nans = 0, mismatches = 0;
+    for (size_t j = 0; j < a.size(); ++j) {
+      nans += std::isnan(a[j]) ? 1 : 0;
+      const bool same = std::isnan(a[j]) ? std::isnan(b[j]) : a[j] == b[j];
+      mismatches += same ? 0 : 1;
+    }
+    CHECK(nans > 0);
+    CHECK(mismatches == 0);
+    Tensor w = randomTensor(oc.shape(), t, 5);
+    oc.backward(w);
+    og.backward(w.to(Device::cuda(0)));
+    weft::testing::checkMatches(nameOf("maxPool2d NaN gradient", t, 2), xg.grad(), xc.grad(),
+                                weft::testing::defaultTolerance(t));
   }
 }
 
