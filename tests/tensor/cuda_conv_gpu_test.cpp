@@ -223,6 +223,23 @@ TEST_CASE("lstmLayer on CUDA with an empty batch gives empty outputs and zero we
   }
 }
 
+TEST_CASE("conv2d, maxPool2d and lstmLayer on CUDA compute 16-bit inputs in float32, as the CPU") {
+  WEFT_SKIP_WITHOUT_CUDA();
+  for (DType t : {DType::BFloat16, DType::Float16}) {
+    compareWithCpu(nameOf("conv2d", t, 0),
+                   {randomTensor({2, 3, 7, 6}, t, 1), randomTensor({4, 3, 3, 3}, t, 2), randomTensor({4}, t, 3)},
+                   [](const std::vector<Tensor>& v) { return conv2d(v[0], v[1], v[2], 2, 1); });
+    compareWithCpu(nameOf("maxPool2d", t, 1), {randomTensor({2, 3, 7, 6}, t, 4)},
+                   [](const std::vector<Tensor>& v) { return maxPool2d(v[0], 3, 2, 1); });
+    compareWithCpu(nameOf("lstmLayer", t, 2),
+                   {randomTensor({3, 2, 4}, t, 5), randomTensor({2, 5}, t, 6), randomTensor({2, 5}, t, 7),
+                    randomTensor({20, 4}, t, 8), randomTensor({20, 5}, t, 9), randomTensor({20}, t, 10)},
+                   [](const std::vector<Tensor>& a) {
+                     return lstmLayer(a[0], a[1], a[2], a[3], a[4], a[5], Tensor()).output;
+                   });
+  }
+}
+
 TEST_CASE("conv2d, maxPool2d and lstmLayer on CUDA reject bad input with the CPU's errors") {
   WEFT_SKIP_WITHOUT_CUDA();
   const Device d = Device::cuda(0);
