@@ -14,6 +14,12 @@
 #include "kernels/cpu/lstm.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/conv.h"
+#include "kernels/cuda/lstm.h"
+#include "kernels/cuda/pool.h"
+#endif
 #include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
@@ -162,7 +168,6 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pa
                   stride, padding);
   }
   detail::checkSameKind(op, x, weight);
-  detail::requireCpu(op, x);
   detail::requireFloating(op, x);
   WEFT_ENFORCE(x.dim() == 4, InvalidArgumentError, op, ": input must be 4-D [N, C, H, W], got shape ", x.shape());
   WEFT_ENFORCE(weight.dim() == 4, InvalidArgumentError, op, ": weight must be 4-D [O, C, kh, kw], got shape ",
@@ -196,8 +201,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::pa
   geo.outW = (geo.width + 2 * pw - geo.kernelW) / sw + 1;
   Tensor xc = packed(x), wc = packed(weight), bc = packed(bias);
   Tensor out = empty({geo.batch, geo.outChannels, geo.outH, geo.outW}, like(x));
-  kernels::cpu::conv2dForward(x.dtype(), geo, xc.rawData(), wc.rawData(), bc.defined() ? bc.rawData() : nullptr,
-                              out.rawData());
+  const void* pb = bc.defined() ? bc.rawData() : nullptr;
+  if (x.device().isCuda()) {
+    WEFT_CUDA_CALL(x.device().index, conv2dForward(x.dtype(), geo, xc.rawData(), wc.rawData(), pb, out.rawData()));
+  } else {
+    kernels::cpu::conv2dForward(x.dtype(), geo, xc.rawData(), wc.rawData(), pb, out.rawData());
+  }
   grad_rules::conv2dBackward(x, weight, bias, out, xc, wc, geo);
   return out;
 }
@@ -209,7 +218,6 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
 Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
   const char* op = "maxPool2d";
   detail::checkDefined(op, x, "input");
-  detail::requireCpu(op, x);
   detail::requireFloating(op, x);
   WEFT_ENFORCE(x.dim() == 4, InvalidArgumentError, op, ": input must be 4-D [N, C, H, W], got shape ", x.shape());
   if (isLowPrecision(x.dtype())) return maxPool2d(x.to(DType::Float32), kernel, stride, padding).to(x.dtype());
@@ -228,8 +236,11 @@ Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t paddin
   geo.outW = (W + 2 * padding - kernel) / stride + 1;
   Tensor xc = packed(x);
   Tensor out = empty({x.size(0), x.size(1), geo.outH, geo.outW}, like(x));
-  Tensor argmax = empty(out.shape(), {.dtype = DType::Int64});
-  if (out.numel() > 0) {
+  Tensor argmax = empty(out.shape(), {.dtype = DType::Int64, .device = x.device()});
+  if (out.numel() > 0 && x.device().isCuda()) {
+    WEFT_CUDA_CALL(x.device().index, maxPool2dForward(x.dtype(), geo, xc.rawData(), out.rawData(),
+                                                      argmax.data<int64_t>()));
+  } else if (out.numel() > 0) {
     kernels::cpu::maxPool2dForward(x.dtype(), geo, xc.rawData(), out.rawData(), argmax.data<int64_t>());
   }
   grad_rules::maxPool2dBackward(x, out, argmax, geo);
@@ -344,7 +355,6 @@ void checkLstmArguments(const char* op, const Tensor& x, const Tensor& h, const 
   detail::checkSameKind(op, x, wHh);
   detail::checkSameKind(op, x, h);
   detail::checkSameKind(op, x, c);
-  detail::requireCpu(op, x);
   detail::requireFloating(op, x);
   WEFT_ENFORCE(wIh.dim() == 2 && wIh.size(0) % 4 == 0 && wIh.size(1) == x.size(-1), InvalidArgumentError, op,
                ": wIh of shape ", wIh.shape(), " must be [4*hidden, in] for input of shape ", x.shape());
@@ -388,17 +398,26 @@ std::pair<Tensor, Tensor> lstmCell(const Tensor& x, const Tensor& h, const Tenso
 
   // gates = x · wIh^T + h · wHh^T + (bIh + bHh)
   Tensor gates = empty({N, 4 * H}, like(x));
-  double beta = 0.0;
-  if (Tensor bias = combinedBias(bIh, bHh); bias.defined()) {
-    kernels::cpu::fillRows(dt, bias.rawData(), N, 4 * H, gates.rawData(), 4 * H);
-    beta = 1.0;
-  }
-  kernels::cpu::gemm(dt, {xc.rawData(), false, in}, {wi.rawData(), true, in}, N, 4 * H, in, 1.0, beta,
-                     gates.rawData(), 4 * H);
-  kernels::cpu::gemm(dt, {hc.rawData(), false, H}, {wh.rawData(), true, H}, N, 4 * H, H, 1.0, 1.0, gates.rawData(),
-                     4 * H);
   Tensor cNew = empty({N, H}, like(x)), hNew = empty({N, H}, like(x));
-  kernels::cpu::lstmCellForward(dt, N, H, gates.rawData(), cc.rawData(), cNew.rawData(), hNew.rawData());
+  Tensor bias = combinedBias(bIh, bHh);
+  if (x.device().isCuda()) {  // one step of a layer: the same GEMMs and cell, on the device
+    [[maybe_unused]] const kernels::cpu::LstmLayerGeometry step{.steps = 1, .batch = N, .input = in, .hidden = H};
+    WEFT_CUDA_CALL(x.device().index,
+                   lstmLayerForward(dt, step, xc.rawData(), hc.rawData(), cc.rawData(), wi.rawData(), wh.rawData(),
+                                    bias.defined() ? bias.rawData() : nullptr, gates.rawData(), hNew.rawData(),
+                                    cNew.rawData()));
+  } else {
+    double beta = 0.0;
+    if (bias.defined()) {
+      kernels::cpu::fillRows(dt, bias.rawData(), N, 4 * H, gates.rawData(), 4 * H);
+      beta = 1.0;
+    }
+    kernels::cpu::gemm(dt, {xc.rawData(), false, in}, {wi.rawData(), true, in}, N, 4 * H, in, 1.0, beta,
+                       gates.rawData(), 4 * H);
+    kernels::cpu::gemm(dt, {hc.rawData(), false, H}, {wh.rawData(), true, H}, N, 4 * H, H, 1.0, 1.0,
+                       gates.rawData(), 4 * H);
+    kernels::cpu::lstmCellForward(dt, N, H, gates.rawData(), cc.rawData(), cNew.rawData(), hNew.rawData());
+  }
 
   grad_rules::lstmCellBackward({x, h, c, wIh, wHh, bIh, bHh}, hNew, cNew, xc, hc, cc, wi, wh, gates);
   return {hNew, cNew};
@@ -422,9 +441,14 @@ LstmLayerOutput lstmLayer(const Tensor& x, const Tensor& h0, const Tensor& c0, c
   Tensor xc = packed(x), hc = packed(h0), cc = packed(c0), wi = packed(wIh), wh = packed(wHh);
   Tensor bias = combinedBias(bIh, bHh);
   Tensor gates = empty({T, N, 4 * H}, like(x)), hs = empty({T, N, H}, like(x)), cs = empty({T, N, H}, like(x));
-  kernels::cpu::lstmLayerForward(dt, geo, xc.rawData(), hc.rawData(), cc.rawData(), wi.rawData(), wh.rawData(),
-                                 bias.defined() ? bias.rawData() : nullptr, gates.rawData(), hs.rawData(),
-                                 cs.rawData());
+  const void* pb = bias.defined() ? bias.rawData() : nullptr;
+  if (x.device().isCuda()) {
+    WEFT_CUDA_CALL(x.device().index, lstmLayerForward(dt, geo, xc.rawData(), hc.rawData(), cc.rawData(), wi.rawData(),
+                                                      wh.rawData(), pb, gates.rawData(), hs.rawData(), cs.rawData()));
+  } else {
+    kernels::cpu::lstmLayerForward(dt, geo, xc.rawData(), hc.rawData(), cc.rawData(), wi.rawData(), wh.rawData(), pb,
+                                   gates.rawData(), hs.rawData(), cs.rawData());
+  }
   LstmLayerOutput result;
   result.output = hs;
   result.h = hs.select(0, T - 1).clone();

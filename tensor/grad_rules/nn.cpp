@@ -9,6 +9,12 @@
 #include "kernels/cpu/lstm.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/conv.h"
+#include "kernels/cuda/lstm.h"
+#include "kernels/cuda/pool.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/ops.h"
@@ -81,19 +87,23 @@ void conv2dBackward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   SavedTensor sx(needW ? xc : Tensor()), sw2(needX ? wc : Tensor());
   Shape xShape = x.shape(), wShape = weight.shape();
   DType dt = x.dtype();
+  Device dev = x.device();
   std::vector<Tensor> inputs{x, weight};
   if (hasBias) inputs.push_back(bias);
   recordOp("Conv2dBackward", inputs, {out},
-           [needX, needW, needB, hasBias, sx, sw2, geo, xShape, wShape, dt](const Grads& g) {
+           [needX, needW, needB, hasBias, sx, sw2, geo, xShape, wShape, dt, dev](const Grads& g) {
              Tensor go = g[0].contiguous();
              Tensor xv = sx.unpack("Conv2dBackward"), wv = sw2.unpack("Conv2dBackward");
-             Tensor gx = needX ? empty(xShape, {.dtype = dt}) : Tensor();
-             Tensor gw = needW ? empty(wShape, {.dtype = dt}) : Tensor();
-             Tensor gb = needB ? empty({wShape[0]}, {.dtype = dt}) : Tensor();
-             kernels::cpu::conv2dBackward(dt, geo, xv.defined() ? xv.rawData() : nullptr,
-                                          wv.defined() ? wv.rawData() : nullptr, go.rawData(),
-                                          gx.defined() ? gx.rawData() : nullptr, gw.defined() ? gw.rawData() : nullptr,
-                                          gb.defined() ? gb.rawData() : nullptr);
+             Tensor gx = needX ? empty(xShape, {.dtype = dt, .device = dev}) : Tensor();
+             Tensor gw = needW ? empty(wShape, {.dtype = dt, .device = dev}) : Tensor();
+             Tensor gb = needB ? empty({wShape[0]}, {.dtype = dt, .device = dev}) : Tensor();
+             auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
+             if (dev.isCuda()) {
+               WEFT_CUDA_CALL(dev.index, conv2dBackward(dt, geo, raw(xv), raw(wv), go.rawData(), raw(gx), raw(gw),
+                                                        raw(gb)));
+             } else {
+               kernels::cpu::conv2dBackward(dt, geo, raw(xv), raw(wv), go.rawData(), raw(gx), raw(gw), raw(gb));
+             }
              Grads grads{gx, gw};
              if (hasBias) grads.push_back(gb);
              return grads;
@@ -106,8 +116,16 @@ void maxPool2dBackward(const Tensor& x, const Tensor& out, const Tensor& argmax,
   if (!anyRequiresGrad({&x})) return;
   Shape xShape = x.shape();
   DType dt = x.dtype();
-  recordOp("MaxPool2dBackward", {x}, {out}, [argmax, geo, xShape, dt](const Grads& g) {
+  Device dev = x.device();
+  recordOp("MaxPool2dBackward", {x}, {out}, [argmax, geo, xShape, dt, dev](const Grads& g) {
     Tensor go = g[0].contiguous();
+    if (dev.isCuda()) {  // the kernel writes every element (an empty output means an empty input)
+      Tensor gx = empty(xShape, {.dtype = dt, .device = dev});
+      if (go.numel() > 0) {
+        WEFT_CUDA_CALL(dev.index, maxPool2dBackward(dt, geo, go.rawData(), argmax.data<int64_t>(), gx.rawData()));
+      }
+      return Grads{gx};
+    }
     Tensor gx = zeros(xShape, {.dtype = dt});
     if (go.numel() > 0) kernels::cpu::maxPool2dBackward(dt, geo, go.rawData(), argmax.data<int64_t>(), gx.rawData());
     return Grads{gx};
@@ -155,6 +173,40 @@ void layerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& bias
            });
 }
 
+// The cell's rule on a CUDA device: the backward of a one-step layer
+// (kernels/cuda/lstm.h), which runs the same products; h's gradient is
+// computed only where it is wanted (wHh is saved only then).
+Grads cellBackwardOnDevice(const std::vector<bool>& need, const SavedTensor& sx, const SavedTensor& sh,
+                           const SavedTensor& sc, const SavedTensor& scn, const SavedTensor& swi,
+                           const SavedTensor& swh, const Tensor& gates, const Tensor& gh, const Tensor& gc, int64_t N,
+                           int64_t in, int64_t H) {
+  const char* name = "LstmCellBackward";
+  const TensorOptions o{.dtype = gates.dtype(), .device = gates.device()};
+  Grads grads(7);
+  if (need[0]) grads[0] = empty({N, in}, o);
+  if (need[1]) grads[1] = empty({N, H}, o);
+  if (need[3]) grads[3] = empty({4 * H, in}, o);
+  if (need[4]) grads[4] = empty({4 * H, H}, o);
+  Tensor gcPrev = empty({N, H}, o), dGates = empty({N, 4 * H}, o);
+  Tensor gb = need[5] || need[6] ? empty({4 * H}, o) : Tensor();
+  Tensor xv = sx.unpack(name), hv = sh.unpack(name), wiv = swi.unpack(name), whv = swh.unpack(name);
+  [[maybe_unused]] auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
+  [[maybe_unused]] const kernels::cpu::LstmLayerGeometry step{.steps = 1, .batch = N, .input = in, .hidden = H};
+  WEFT_CUDA_CALL(gates.device().index,
+                 lstmLayerBackward(gates.dtype(), step,
+                                   {.x = raw(xv), .h0 = raw(hv), .c0 = sc.unpack(name).rawData(), .wIh = raw(wiv),
+                                    .wHh = raw(whv), .gates = gates.rawData(), .hs = nullptr,
+                                    .cs = scn.unpack(name).rawData()},
+                                   {.output = gh.rawData(), .hLast = nullptr, .cLast = gc.rawData()},
+                                   dGates.rawData(),
+                                   {.x = raw(grads[0]), .h0 = raw(grads[1]), .c0 = gcPrev.rawData(),
+                                    .wIh = raw(grads[3]), .wHh = raw(grads[4]), .bias = raw(gb)}));
+  if (need[2]) grads[2] = gcPrev;
+  if (need[5]) grads[5] = gb;
+  if (need[6]) grads[6] = need[5] ? gb.clone() : gb;
+  return grads;
+}
+
 // Gradients {dx, dh, dc, dwIh, dwHh, dbIh, dbHh} from g = {dhNew, dcNew}
 // through the gates: dx = dGates·wIh, dh = dGates·wHh, dwIh = dGatesᵀ·x,
 // dwHh = dGatesᵀ·h, and each bias the column sums of dGates
@@ -167,10 +219,12 @@ void lstmCellBackward(const std::vector<Tensor>& inputs, const Tensor& hNew, con
   for (size_t i = 0; i < inputs.size(); ++i) need[i] = inputs[i].defined() && inputs[i].requiresGrad();
   SavedTensor sx(need[3] ? xc : Tensor()), sh(need[4] ? hc : Tensor()), sc(cc), scn(cNew);
   SavedTensor swi(need[0] ? wi : Tensor()), swh(need[1] ? wh : Tensor());
+  const Device dev = xc.device();
   recordOp("LstmCellBackward", inputs, {hNew, cNew},
-           [need, sx, sh, sc, scn, swi, swh, gates, N, in, H, dt](const Grads& g) {
+           [need, sx, sh, sc, scn, swi, swh, gates, N, in, H, dt, dev](const Grads& g) {
              const char* name = "LstmCellBackward";
              Tensor gh = g[0].contiguous(), gc = g[1].contiguous();
+             if (dev.isCuda()) return cellBackwardOnDevice(need, sx, sh, sc, scn, swi, swh, gates, gh, gc, N, in, H);
              Tensor dGates = empty({N, 4 * H}, {.dtype = dt}), gcPrev = empty({N, H}, {.dtype = dt});
              kernels::cpu::lstmCellBackward(dt, N, H, gates.rawData(), sc.unpack(name).rawData(),
                                             scn.unpack(name).rawData(), gh.rawData(), gc.rawData(), dGates.rawData(),
@@ -221,29 +275,37 @@ void lstmLayerBackward(const std::vector<Tensor>& inputs, const std::vector<Tens
   // hs and cs are this node's own buffers; the layer's output is hs itself,
   // so an in-place write to it is caught by the saved version.
   SavedTensor sx(need[3] ? xc : Tensor()), sh0(hc), sc0(cc), swi(need[0] ? wi : Tensor()), swh(wh), shs(hs);
+  const Device dev = xc.device();
   recordOp("LstmLayerBackward", inputs, outputs,
-           [need, sx, sh0, sc0, swi, swh, shs, gates, cs, geo, dt](const Grads& g) {
+           [need, sx, sh0, sc0, swi, swh, shs, gates, cs, geo, dt, dev](const Grads& g) {
              const char* name = "LstmLayerBackward";
              Tensor gOut = g[0].contiguous(), ghT = g[1].contiguous(), gcT = g[2].contiguous();
              Tensor xs = sx.unpack(name), h0s = sh0.unpack(name), c0s = sc0.unpack(name);
              Tensor wIhs = swi.unpack(name), wHhs = swh.unpack(name), hss = shs.unpack(name);
              const Shape state{geo.batch, geo.hidden}, gateShape{4 * geo.hidden};
+             const TensorOptions o{.dtype = dt, .device = dev};
              Grads grads(7);
-             grads[1] = empty(state, {.dtype = dt});
-             grads[2] = empty(state, {.dtype = dt});
-             if (need[0]) grads[0] = empty({geo.steps, geo.batch, geo.input}, {.dtype = dt});
-             if (need[3]) grads[3] = empty({4 * geo.hidden, geo.input}, {.dtype = dt});
-             if (need[4]) grads[4] = empty({4 * geo.hidden, geo.hidden}, {.dtype = dt});
-             Tensor gb = need[5] || need[6] ? empty(gateShape, {.dtype = dt}) : Tensor();
-             Tensor dGates = empty({geo.steps, geo.batch, 4 * geo.hidden}, {.dtype = dt});
+             grads[1] = empty(state, o);
+             grads[2] = empty(state, o);
+             if (need[0]) grads[0] = empty({geo.steps, geo.batch, geo.input}, o);
+             if (need[3]) grads[3] = empty({4 * geo.hidden, geo.input}, o);
+             if (need[4]) grads[4] = empty({4 * geo.hidden, geo.hidden}, o);
+             Tensor gb = need[5] || need[6] ? empty(gateShape, o) : Tensor();
+             Tensor dGates = empty({geo.steps, geo.batch, 4 * geo.hidden}, o);
              auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
-             kernels::cpu::lstmLayerBackward(
-                 dt, geo,
-                 {.x = raw(xs), .h0 = h0s.rawData(), .c0 = c0s.rawData(), .wIh = raw(wIhs), .wHh = wHhs.rawData(),
-                  .gates = gates.rawData(), .hs = hss.rawData(), .cs = cs.rawData()},
-                 {.output = gOut.rawData(), .hLast = ghT.rawData(), .cLast = gcT.rawData()}, dGates.rawData(),
-                 {.x = raw(grads[0]), .h0 = grads[1].rawData(), .c0 = grads[2].rawData(), .wIh = raw(grads[3]),
-                  .wHh = raw(grads[4]), .bias = raw(gb)});
+             const kernels::cpu::LstmLayerSaved saved{
+                 .x = raw(xs), .h0 = h0s.rawData(), .c0 = c0s.rawData(), .wIh = raw(wIhs), .wHh = wHhs.rawData(),
+                 .gates = gates.rawData(), .hs = hss.rawData(), .cs = cs.rawData()};
+             const kernels::cpu::LstmLayerGrads in{
+                 .output = gOut.rawData(), .hLast = ghT.rawData(), .cLast = gcT.rawData()};
+             const kernels::cpu::LstmLayerGradOut out{.x = raw(grads[0]), .h0 = grads[1].rawData(),
+                                                      .c0 = grads[2].rawData(), .wIh = raw(grads[3]),
+                                                      .wHh = raw(grads[4]), .bias = raw(gb)};
+             if (dev.isCuda()) {
+               WEFT_CUDA_CALL(dev.index, lstmLayerBackward(dt, geo, saved, in, dGates.rawData(), out));
+             } else {
+               kernels::cpu::lstmLayerBackward(dt, geo, saved, in, dGates.rawData(), out);
+             }
              if (!need[1]) grads[1] = Tensor();
              if (!need[2]) grads[2] = Tensor();
              if (need[5]) grads[5] = gb;
