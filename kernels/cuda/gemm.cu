@@ -147,14 +147,11 @@ struct BatchDim {
   int64_t size, a, b, c;
 };
 
-// The products of `dims` (row-major order) into C of type cType, element
-// size `es` for A and B, `cs` for C. Dimensions that are contiguous runs of
-// each other for all three operands merge; the largest remaining one is one
-// strided-batched call, repeated over the indices of the others.
-void runProducts(const CublasTypes& t, size_t es, size_t cs, cudaDataType cType, std::vector<BatchDim> dims,
-                 const BlasOperand& a, const BlasOperand& b, int64_t m, int64_t n, int64_t k, const Scalars& sc,
-                 char* c, int64_t ldc) {
-  std::vector<BatchDim> merged;  // innermost first
+// `dims` (row-major order) without size-1 dimensions, and with each
+// dimension that is a contiguous run of the next inner one for A, B and C
+// merged into it; innermost first.
+std::vector<BatchDim> mergeDims(const std::vector<BatchDim>& dims) {
+  std::vector<BatchDim> merged;
   for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
     if (it->size == 1) continue;
     if (!merged.empty()) {
@@ -166,6 +163,17 @@ void runProducts(const CublasTypes& t, size_t es, size_t cs, cudaDataType cType,
     }
     merged.push_back(*it);
   }
+  return merged;
+}
+
+// The products of `dims` (row-major order) into C of type cType, element
+// size `es` for A and B, `cs` for C, none of them writing the same C. After
+// merging, the largest dimension is one strided-batched call, repeated over
+// the indices of the others.
+void runProducts(const CublasTypes& t, size_t es, size_t cs, cudaDataType cType, const std::vector<BatchDim>& dims,
+                 const BlasOperand& a, const BlasOperand& b, int64_t m, int64_t n, int64_t k, const Scalars& sc,
+                 char* c, int64_t ldc) {
+  std::vector<BatchDim> merged = mergeDims(dims);
   BatchDim inner{1, 0, 0, 0};
   if (!merged.empty()) {
     auto largest = std::max_element(merged.begin(), merged.end(),
@@ -246,6 +254,29 @@ void accumulate(DType type, const void* p, int64_t steps, const std::vector<Batc
   });
 }
 
+// Sum_j op(A_j) · op(B_j) over a repeated dimension r (A_j at A + j * r.a,
+// B_j likewise) as the single product [op(A_0) .. op(A_J-1)] · [op(B_0); ..;
+// op(B_J-1)] with k * J, when the strides make those a matrix each: the
+// stored A_j (B_j) follow each other by k rows (columns). Sets fa and fb.
+bool foldIntoK(const MatrixOperand& a, const MatrixOperand& b, int64_t m, int64_t n, int64_t k, const BatchDim& r,
+               MatrixOperand& fa, MatrixOperand& fb) {
+  const int64_t kk = k * r.size;
+  // A stored [k, m] (transposed) stacks by rows; stored [m, k] side by side.
+  const bool aFolds = a.trans ? r.a == k * a.ld && a.ld >= std::max<int64_t>(m, 1)
+                              : r.a == k && (m <= 1 || a.ld >= kk);
+  // B stored [k, n] stacks by rows; stored [n, k] (transposed) side by side.
+  const bool bFolds = b.trans ? r.b == k && (n <= 1 || b.ld >= kk)
+                              : r.b == k * b.ld && b.ld >= std::max<int64_t>(n, 1);
+  if (!aFolds || !bFolds) return false;
+  fa = a;
+  fb = b;
+  return true;
+}
+
+// The largest workspace for repeated C matrices; past it the products run
+// in rounds, one per repeated index, without a workspace.
+constexpr size_t kWorkspaceBytes = size_t{256} << 20;
+
 }  // namespace
 
 void gemm(DType type, MatrixOperand a, MatrixOperand b, int64_t m, int64_t n, int64_t k, double alpha, double beta,
@@ -290,19 +321,56 @@ void gemmBatched(DType type, std::span<const int64_t> batchShape, MatrixOperand 
     runProducts(t, es, es, t.data, outerDims, ba, bb, m, n, k, Scalars(alpha, beta), static_cast<char*>(c), ldc);
     return;
   }
-  // Repeated C matrices: every product into a workspace P [outer, steps, m,
-  // n] (float32, float64 for Float64), then summed into C in order.
-  const size_t ps = t.acc == CUDA_R_64F ? sizeof(double) : sizeof(float);
-  std::vector<BatchDim> all = outerDims;
-  all.insert(all.end(), repeatedDims.begin(), repeatedDims.end());
-  int64_t stride = m * n;
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    it->c = stride;
-    stride *= it->size;
+  // Repeated C matrices with beta = 1 (the gradient of a broadcast operand):
+  // when the repeated A and B matrices lie side by side along k, their sum
+  // of products is one product with k * steps.
+  const std::vector<BatchDim> repeated = mergeDims(repeatedDims);
+  if (beta == 1.0 && repeated.size() == 1) {
+    MatrixOperand fa, fb;
+    if (foldIntoK(a, b, m, n, k, repeated[0], fa, fb)) {
+      const int64_t kk = k * repeated[0].size;
+      runProducts(t, es, es, t.data, outerDims, blasOperand(fa, m, kk), blasOperand(fb, kk, n), m, n, kk,
+                  Scalars(alpha, 1.0), static_cast<char*>(c), ldc);
+      return;
+    }
   }
-  Workspace p(static_cast<size_t>(stride) * ps, currentDevice());
-  runProducts(t, es, ps, t.acc, all, ba, bb, m, n, k, Scalars(1.0, 0.0), static_cast<char*>(p.get()), n);
-  accumulate(type, p.get(), steps, outerDims, m, n, alpha, beta, c, ldc);
+  const size_t ps = t.acc == CUDA_R_64F ? sizeof(double) : sizeof(float);
+  int64_t outer = 1;
+  for (const BatchDim& d : outerDims) outer *= d.size;
+  if (static_cast<double>(outer) * static_cast<double>(steps) * static_cast<double>(m * n) * static_cast<double>(ps) <=
+      static_cast<double>(kWorkspaceBytes)) {
+    // Every product into a workspace P [outer, steps, m, n] (float32,
+    // float64 for Float64), then summed into C in order by one kernel.
+    std::vector<BatchDim> all = outerDims;
+    all.insert(all.end(), repeatedDims.begin(), repeatedDims.end());
+    int64_t stride = m * n;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      it->c = stride;
+      stride *= it->size;
+    }
+    Workspace p(static_cast<size_t>(stride) * ps, currentDevice());
+    runProducts(t, es, ps, t.acc, all, ba, bb, m, n, k, Scalars(1.0, 0.0), static_cast<char*>(p.get()), n);
+    accumulate(type, p.get(), steps, outerDims, m, n, alpha, beta, c, ldc);
+    return;
+  }
+  // Too large for the workspace: one round of products per repeated index,
+  // in order, each onto C with beta (the CPU's loop, rounding included).
+  std::vector<int64_t> index(repeatedDims.size(), 0);
+  int64_t offA = 0, offB = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    BlasOperand sa = ba, sb = bb;
+    sa.data += offA * static_cast<int64_t>(es);
+    sb.data += offB * static_cast<int64_t>(es);
+    runProducts(t, es, es, t.data, outerDims, sa, sb, m, n, k, Scalars(alpha, beta), static_cast<char*>(c), ldc);
+    for (size_t d = repeatedDims.size(); d-- > 0;) {  // odometer, last dimension fastest
+      offA += repeatedDims[d].a;
+      offB += repeatedDims[d].b;
+      if (++index[d] < repeatedDims[d].size) break;
+      offA -= repeatedDims[d].a * repeatedDims[d].size;
+      offB -= repeatedDims[d].b * repeatedDims[d].size;
+      index[d] = 0;
+    }
+  }
 }
 
 void fillRows(DType type, const void* row, int64_t rows, int64_t cols, void* c, int64_t ldc) {

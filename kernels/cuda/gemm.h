@@ -28,17 +28,20 @@
 // TF32 is off by default, so float32 products agree with the CPU's to the
 // reassociation of sums. WEFT_ALLOW_TF32=1 in the environment, or
 // kernels::cuda::setAllowTF32(true) at run time (kernels/cuda/runtime.h),
-// turns it on for the float32 products enqueued after; it trades about 3
-// decimal digits of the operands' precision for the tensor cores' rate.
+// turns it on for the float32 products enqueued after: the operands keep 10
+// of float32's 23 mantissa bits inside the products (sums stay float32), for
+// the tensor cores' rate. Float64 and the 16-bit types are not affected.
 //
 // k == 0 scales C by beta (zeroing it when beta is 0, whatever C held); an
 // empty C launches nothing. gemmBatched: one strided-batched cuBLAS call when
 // the batch dimensions collapse to one (a broadcast operand has batch stride
 // 0), else one such call per index of the other batch dimensions. When C
-// matrices repeat (a zero C batch stride), the products are computed into a
-// float32 (float64 for Float64) workspace and summed into C in the batch's
-// row-major order, C = beta·C + alpha·P at each step, as the CPU's in-order
-// loop does.
+// matrices repeat (a zero C batch stride), the result is the CPU's in-order
+// loop, C = beta * C + alpha * P_j for each repeated index j in row-major
+// order: with beta = 1 and the repeated A and B matrices side by side along
+// k, as one product with k times the repeats; else through a float32
+// (float64 for Float64) workspace of the products, summed into C by one
+// kernel, while that fits in 256 MiB; else in rounds, one per repeated index.
 //
 // Errors: a cuBLAS failure is a DeviceError naming the call and the device;
 // CUDA builds only (tensor/ code reaches these through WEFT_CUDA_CALL).

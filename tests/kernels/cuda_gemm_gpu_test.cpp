@@ -154,6 +154,26 @@ TEST_CASE("cuda::gemmBatched matches cpu::gemmBatched for merged, broadcast and 
   }
 }
 
+TEST_CASE("cuda::gemmBatched accumulates repeated C matrices in order past its workspace bound") {
+  WEFT_SKIP_WITHOUT_CUDA();
+  Tf32Off tf32;
+  // 1100 products of 256 x 256 into one C: 288 MB of float32 products,
+  // past the 256 MiB workspace, so they run one round per product.
+  const int64_t steps = 1100, m = 256, k = 8, n = 256;
+  for (DType t : {DType::Float32, DType::BFloat16}) {
+    Tensor a = testing::randomTensor({steps, m, k}, t, 61), b = testing::randomTensor({steps, k, n}, t, 62);
+    Tensor c = testing::randomTensor({m, n}, t, 63);
+    DeviceCopy da(a), db(b), dc(c);
+    Tensor expected = c.clone();
+    const std::vector<int64_t> shape{steps}, as{m * k}, bs{k * n}, cs{0};
+    kcpu::gemmBatched(t, shape, {a.rawData(), false, k}, as, {b.rawData(), false, n}, bs, m, n, k, 0.01, 0.99,
+                      expected.rawData(), cs, n);
+    kc::gemmBatched(t, shape, {da.get(), false, k}, as, {db.get(), false, n}, bs, m, n, k, 0.01, 0.99, dc.get(), cs,
+                    n);
+    testing::checkMatches(std::string(dtypeName(t)) + " in rounds", dc.toHost(c), expected, toleranceFor(t, k));
+  }
+}
+
 TEST_CASE("cuda::fillRows copies a row into every row of a strided matrix, for any dtype") {
   WEFT_SKIP_WITHOUT_CUDA();
   for (DType t : {DType::Float32, DType::Float64, DType::BFloat16, DType::Int64, DType::Int32, DType::UInt8,
