@@ -1,5 +1,6 @@
 // Scaled dot-product attention and the merge of partial attentions; the
-// kernels are in kernels/cpu/attention.cpp, the gradient rules in
+// kernels are in kernels/cpu/attention.cpp and kernels/cuda/attention.cu
+// (chosen by the inputs' device), the gradient rules in
 // grad_rules/attention.cpp.
 #include "tensor/ops_attention.h"
 
@@ -7,6 +8,10 @@
 #include <mutex>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/attention.h"
+#endif
 #include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
@@ -25,7 +30,6 @@ void checkAttentionArguments(const char* op, const Tensor& q, const Tensor& k, c
   detail::checkDefined(op, q, "q");
   detail::checkDefined(op, k, "k");
   detail::checkDefined(op, v, "v");
-  detail::requireCpu(op, q);
   detail::requireFloating(op, q);
   detail::checkSameKind(op, q, k);
   detail::checkSameKind(op, q, v);
@@ -80,8 +84,13 @@ AttentionOutput scaledDotProductAttentionWithLse(const Tensor& q, const Tensor& 
   Tensor qc = packed(q), kc = packed(k), vc = packed(v);
   const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
   AttentionOutput r{empty({B, H, Sq, D}, like), empty({B, H, Sq}, like)};
-  kernels::cpu::attentionForward(q.dtype(), geo, qc.rawData(), kc.rawData(), vc.rawData(), r.out.rawData(),
-                                 r.lse.rawData());
+  if (q.device().isCuda()) {
+    WEFT_CUDA_CALL(q.device().index, attentionForward(q.dtype(), geo, qc.rawData(), kc.rawData(), vc.rawData(),
+                                                      r.out.rawData(), r.lse.rawData()));
+  } else {
+    kernels::cpu::attentionForward(q.dtype(), geo, qc.rawData(), kc.rawData(), vc.rawData(), r.out.rawData(),
+                                   r.lse.rawData());
+  }
   grad_rules::attentionBackward(q, k, v, r.out, r.lse, qc, kc, vc, geo);
   return r;
 }
@@ -100,7 +109,6 @@ AttentionOutput mergeAttention(const AttentionOutput& a, const AttentionOutput& 
   detail::checkDefined(op, a.lse, "a.lse");
   detail::checkDefined(op, b.out, "b.out");
   detail::checkDefined(op, b.lse, "b.lse");
-  detail::requireCpu(op, a.out);
   detail::requireFloating(op, a.out);
   detail::checkSameKind(op, a.out, a.lse);
   detail::checkSameKind(op, a.out, b.out);
@@ -123,8 +131,14 @@ AttentionOutput mergeAttention(const AttentionOutput& a, const AttentionOutput& 
   Tensor oa = packed(a.out), la = packed(a.lse), ob = packed(b.out), lb = packed(b.lse);
   const TensorOptions like{.dtype = a.out.dtype(), .device = a.out.device()};
   AttentionOutput r{empty(a.out.shape(), like), empty(a.lse.shape(), like)};
-  kernels::cpu::mergeAttentionForward(a.out.dtype(), la.numel(), D, oa.rawData(), la.rawData(), ob.rawData(),
-                                      lb.rawData(), r.out.rawData(), r.lse.rawData());
+  if (a.out.device().isCuda()) {
+    WEFT_CUDA_CALL(a.out.device().index, mergeAttentionForward(a.out.dtype(), la.numel(), D, oa.rawData(),
+                                                               la.rawData(), ob.rawData(), lb.rawData(),
+                                                               r.out.rawData(), r.lse.rawData()));
+  } else {
+    kernels::cpu::mergeAttentionForward(a.out.dtype(), la.numel(), D, oa.rawData(), la.rawData(), ob.rawData(),
+                                        lb.rawData(), r.out.rawData(), r.lse.rawData());
+  }
   grad_rules::mergeAttentionBackward({a.out, a.lse, b.out, b.lse}, r.out, r.lse, oa, la, ob, lb);
   return r;
 }

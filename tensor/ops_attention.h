@@ -11,7 +11,8 @@
 //   AttentionOutput all = mergeAttention(a, b);   // exactly attention over all keys
 //
 // softmax(q k^T * scale + mask) v for q [B, H, Sq, D] and k, v [B, H, Sk, D]
-// (float32 or float64, one dtype, CPU). The [Sq, Sk] scores are never held:
+// (one floating dtype, the 16-bit ones computed in float32; on the CPU or
+// one CUDA device, kernels/cuda/attention.h). The [Sq, Sk] scores are never held:
 // a tiled forward with an online softmax keeps, per batch-head, O(Sq·D + Sk·D)
 // memory plus one tile per thread; backward recomputes the tiles from q, k, v,
 // the output and lse (kernels/cpu/attention.h has the algorithm, the masking
@@ -33,8 +34,10 @@
 // Errors (InvalidArgumentError naming the op and the shapes): tensors not
 // 4-D, batch or head counts that differ, k and v of different shapes, a head
 // dimension of 0 or differing between q and k, non-floating or mixed dtypes,
-// a dropout probability outside [0, 1]; for mergeAttention, outputs or lses
-// whose shapes differ or do not fit each other.
+// a dropout probability outside [0, 1], on CUDA a head dimension above 256
+// (float64: above what the device's shared memory holds, 128 on an H100);
+// for mergeAttention, outputs or lses whose shapes differ or do not fit each
+// other. A given seed drops the same elements on the CPU and on CUDA.
 #pragma once
 
 #include <cstdint>

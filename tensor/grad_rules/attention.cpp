@@ -2,6 +2,10 @@
 // attentions (see grad_rules.h). g = {d out, d lse}; the engine hands zeros
 // for lse when only out was used.
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/attention.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/ops.h"
@@ -24,20 +28,28 @@ void attentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   SavedTensor sq(qc), sk(kc), sv(vc), so(out), sl(lse);
   const Shape qShape = q.shape(), kShape = k.shape();
   const DType dt = q.dtype();
+  const Device dev = q.device();
   recordOp("ScaledDotProductAttentionBackward", {q, k, v}, {out, lse},
-           [sq, sk, sv, so, sl, geo, needQ, needKV, needK, needV, qShape, kShape, dt](const Grads& g) {
+           [sq, sk, sv, so, sl, geo, needQ, needKV, needK, needV, qShape, kShape, dt, dev](const Grads& g) {
              const char* name = "ScaledDotProductAttentionBackward";
              Tensor qs = sq.unpack(name), ks = sk.unpack(name), vs = sv.unpack(name);
              Tensor os = so.unpack(name), ls = sl.unpack(name);
              Tensor gOut = g[0].contiguous(), gLse = g[1].contiguous();
              Grads grads(3);
-             if (needQ) grads[0] = empty(qShape, {.dtype = dt});
-             Tensor gk = needKV ? empty(kShape, {.dtype = dt}) : Tensor();
-             Tensor gv = needKV ? empty(kShape, {.dtype = dt}) : Tensor();
+             const TensorOptions like{.dtype = dt, .device = dev};
+             if (needQ) grads[0] = empty(qShape, like);
+             Tensor gk = needKV ? empty(kShape, like) : Tensor();
+             Tensor gv = needKV ? empty(kShape, like) : Tensor();
              auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
-             kernels::cpu::attentionBackward(dt, geo, qs.rawData(), ks.rawData(), vs.rawData(), os.rawData(),
-                                             ls.rawData(), gOut.rawData(), gLse.rawData(), raw(grads[0]), raw(gk),
-                                             raw(gv));
+             if (dev.isCuda()) {
+               WEFT_CUDA_CALL(dev.index, attentionBackward(dt, geo, qs.rawData(), ks.rawData(), vs.rawData(),
+                                                           os.rawData(), ls.rawData(), gOut.rawData(), gLse.rawData(),
+                                                           raw(grads[0]), raw(gk), raw(gv)));
+             } else {
+               kernels::cpu::attentionBackward(dt, geo, qs.rawData(), ks.rawData(), vs.rawData(), os.rawData(),
+                                               ls.rawData(), gOut.rawData(), gLse.rawData(), raw(grads[0]), raw(gk),
+                                               raw(gv));
+             }
              if (needK) grads[1] = gk;
              if (needV) grads[2] = gv;
              return grads;
@@ -55,21 +67,30 @@ void mergeAttentionBackward(const std::vector<Tensor>& inputs, const Tensor& out
   SavedTensor soa(oa), sla(la), sob(ob), slb(lb), so(out), sl(lse);
   const Shape outShape = out.shape(), lseShape = lse.shape();
   const DType dt = out.dtype();
+  const Device dev = out.device();
   recordOp("MergeAttentionBackward", inputs, {out, lse},
-           [need, soa, sla, sob, slb, so, sl, outShape, lseShape, dt](const Grads& g) {
+           [need, soa, sla, sob, slb, so, sl, outShape, lseShape, dt, dev](const Grads& g) {
              const char* name = "MergeAttentionBackward";
              Tensor oas = soa.unpack(name), las = sla.unpack(name), obs = sob.unpack(name), lbs = slb.unpack(name);
              Tensor os = so.unpack(name), ls = sl.unpack(name);
              Tensor gOut = g[0].contiguous(), gLse = g[1].contiguous();
              Grads grads(4);
              for (size_t i = 0; i < 4; ++i) {
-               if (need[i]) grads[i] = empty(i % 2 == 0 ? outShape : lseShape, {.dtype = dt});
+               if (need[i]) grads[i] = empty(i % 2 == 0 ? outShape : lseShape, {.dtype = dt, .device = dev});
              }
              auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
-             kernels::cpu::mergeAttentionBackward(dt, ls.numel(), outShape.back(), oas.rawData(), las.rawData(),
-                                                  obs.rawData(), lbs.rawData(), os.rawData(), ls.rawData(),
-                                                  gOut.rawData(), gLse.rawData(), raw(grads[0]), raw(grads[1]),
-                                                  raw(grads[2]), raw(grads[3]));
+             if (dev.isCuda()) {
+               WEFT_CUDA_CALL(dev.index, mergeAttentionBackward(dt, ls.numel(), outShape.back(), oas.rawData(),
+                                                                las.rawData(), obs.rawData(), lbs.rawData(),
+                                                                os.rawData(), ls.rawData(), gOut.rawData(),
+                                                                gLse.rawData(), raw(grads[0]), raw(grads[1]),
+                                                                raw(grads[2]), raw(grads[3])));
+             } else {
+               kernels::cpu::mergeAttentionBackward(dt, ls.numel(), outShape.back(), oas.rawData(), las.rawData(),
+                                                    obs.rawData(), lbs.rawData(), os.rawData(), ls.rawData(),
+                                                    gOut.rawData(), gLse.rawData(), raw(grads[0]), raw(grads[1]),
+                                                    raw(grads[2]), raw(grads[3]));
+             }
              return grads;
            });
 }

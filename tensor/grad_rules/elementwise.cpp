@@ -2,6 +2,10 @@
 // of the output; a binary op's gradients are summed back to each operand's
 // shape (sumTo), undoing the broadcast.
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/elementwise.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/ops_elementwise.h"
@@ -109,7 +113,7 @@ void whereBackward(const char* name, const Tensor& cond, const Tensor& a, const 
   bool needA = a.requiresGrad(), needB = b.requiresGrad();
   recordOp(name, {a, b}, {out}, [sc, as, bs, needA, needB, name](const Grads& g) {
     Tensor c = sc.unpack(name);
-    Tensor zero = zeros({}, {.dtype = g[0].dtype()});
+    Tensor zero = zeros({}, {.dtype = g[0].dtype(), .device = g[0].device()});
     return Grads{needA ? sumTo(where(c, g[0], zero), as) : Tensor(),
                  needB ? sumTo(where(c, zero, g[0]), bs) : Tensor()};
   });
@@ -168,8 +172,13 @@ void unaryBackward(UnaryOp op, const char* name, const Tensor& a, const Tensor& 
     if (xi.defined()) xi = xi.contiguous();
     Tensor go = g[0].contiguous();
     Tensor gx = emptyLike(go);
-    kernels::cpu::unaryBackward(op, go.dtype(), xi.defined() ? xi.rawData() : nullptr,
-                                yo.defined() ? yo.rawData() : nullptr, go.rawData(), gx.rawData(), go.numel(), p0, p1);
+    const void* xp = xi.defined() ? xi.rawData() : nullptr;
+    const void* yp = yo.defined() ? yo.rawData() : nullptr;
+    if (go.device().isCuda()) {
+      WEFT_CUDA_CALL(go.device().index, unaryBackward(op, go.dtype(), xp, yp, go.rawData(), gx.rawData(), go.numel(), p0, p1));
+    } else {
+      kernels::cpu::unaryBackward(op, go.dtype(), xp, yp, go.rawData(), gx.rawData(), go.numel(), p0, p1);
+    }
     return Grads{gx};
   });
 }
