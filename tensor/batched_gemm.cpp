@@ -4,6 +4,9 @@
 #include <tuple>
 #include <utility>
 
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda_call.h"
+
 namespace weft::detail {
 namespace {
 
@@ -59,6 +62,15 @@ GemmInput gemmInput(const Tensor& t, const Shape& batch) {
   return in;
 }
 
+void gemmOn(Device device, DType type, MatrixOperand a, MatrixOperand b, int64_t m, int64_t n, int64_t k, double alpha,
+            double beta, void* c, int64_t ldc) {
+  if (device.isCuda()) {
+    WEFT_CUDA_CALL(device.index, gemm(type, a, b, m, n, k, alpha, beta, c, ldc));
+  } else {
+    kernels::cpu::gemm(type, a, b, m, n, k, alpha, beta, c, ldc);
+  }
+}
+
 Tensor batchedGemm(const Tensor& x, bool xT, const Tensor& y, bool yT, const Shape& batch, const Shape& resultShape) {
   size_t nd = resultShape.size();
   int64_t m = resultShape[nd - 2], n = resultShape[nd - 1];
@@ -66,17 +78,23 @@ Tensor batchedGemm(const Tensor& x, bool xT, const Tensor& y, bool yT, const Sha
   int64_t k = xT ? xRows : xCols;
   DType dt = x.dtype();
   GemmInput gx = gemmInput(x, batch), gy = gemmInput(y, batch);
-  Tensor r = empty(resultShape, {.dtype = dt});
+  Tensor r = empty(resultShape, {.dtype = dt, .device = x.device()});
   if (batch.empty()) {
-    kernels::cpu::gemm(dt, gx.maybeTransposed(xT), gy.maybeTransposed(yT), m, n, k, 1.0, 0.0, r.rawData(), n);
+    gemmOn(x.device(), dt, gx.maybeTransposed(xT), gy.maybeTransposed(yT), m, n, k, 1.0, 0.0, r.rawData(), n);
     return r;
   }
   Shape rStrides = batchStrides(r, batch);
   bool accumulates = false;
   for (size_t i = 0; i < batch.size(); ++i) accumulates |= rStrides[i] == 0 && batch[i] > 1;
   if (accumulates) r.zero_();
-  kernels::cpu::gemmBatched(dt, batch, gx.maybeTransposed(xT), gx.strides, gy.maybeTransposed(yT), gy.strides,
-                            m, n, k, 1.0, accumulates ? 1.0 : 0.0, r.rawData(), rStrides, n);
+  const double beta = accumulates ? 1.0 : 0.0;
+  if (x.device().isCuda()) {
+    WEFT_CUDA_CALL(x.device().index, gemmBatched(dt, batch, gx.maybeTransposed(xT), gx.strides, gy.maybeTransposed(yT),
+                                                 gy.strides, m, n, k, 1.0, beta, r.rawData(), rStrides, n));
+  } else {
+    kernels::cpu::gemmBatched(dt, batch, gx.maybeTransposed(xT), gx.strides, gy.maybeTransposed(yT), gy.strides, m,
+                              n, k, 1.0, beta, r.rawData(), rStrides, n);
+  }
   return r;
 }
 

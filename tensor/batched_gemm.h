@@ -1,8 +1,8 @@
 // Tensors as GEMM operands (internal to tensor/): the layout a matrix
 // reaches BLAS in, and the batched product that the matrix ops and their
-// gradient rules share. A transposed view reaches BLAS as a transpose flag,
-// and only a matrix whose strides BLAS cannot express (no unit-stride
-// dimension) is copied first.
+// gradient rules share. A transposed view reaches BLAS (OpenBLAS on the CPU,
+// cuBLAS on CUDA) as a transpose flag, and only a matrix whose strides BLAS
+// cannot express (no unit-stride dimension) is copied first.
 #pragma once
 
 #include "kernels/cpu/gemm.h"
@@ -21,7 +21,12 @@ struct GemmInput {
 // t [..., rows, cols] as GEMM reads it, with batch strides over `batch`.
 GemmInput gemmInput(const Tensor& t, const Shape& batch);
 
-// Returns r[resultShape] with r[i] = op(x[i]) · op(y[i]) for every i of
+// kernels::cpu::gemm, or kernels::cuda::gemm with `device` current (the
+// pointers are then that device's memory).
+void gemmOn(Device device, DType type, kernels::cpu::MatrixOperand a, kernels::cpu::MatrixOperand b, int64_t m,
+            int64_t n, int64_t k, double alpha, double beta, void* c, int64_t ldc);
+
+// Returns r[resultShape] (on x's device) with r[i] = op(x[i]) · op(y[i]) for every i of
 // `batch` (x, y broadcast over it); op transposes when xT / yT. A result
 // batch dimension of size 1 (or missing) that `batch` stretches is summed
 // over, which is how gradients reach broadcast operands.

@@ -1,10 +1,13 @@
 // Matrix products; their gradient rules are in grad_rules/linalg.cpp. Every
 // product, forward and backward, is one (batched) GEMM on the operands' own
-// storage (see tensor/batched_gemm.h).
+// storage (see tensor/batched_gemm.h), on the operands' device: OpenBLAS on
+// the CPU, cuBLAS on CUDA.
 #include "tensor/ops_linalg.h"
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda_call.h"
 #include "tensor/autocast.h"
 #include "tensor/batched_gemm.h"
 #include "tensor/grad_rules/grad_rules.h"
@@ -21,7 +24,6 @@ using detail::gemmInput;
 
 void checkGemmKind(const char* op, const Tensor& a, const Tensor& b) {
   detail::checkSameKind(op, a, b);
-  detail::requireCpu(op, a);
   WEFT_ENFORCE(isFloating(a.dtype()), InvalidArgumentError, op, ": ", dtypeName(a.dtype()),
                " matrix products are not supported (GEMM is floating-point only); convert the operands of shapes ",
                a.shape(), " and ", b.shape(), " to float32 or float64");
@@ -120,16 +122,23 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   int64_t rows = shapeNumel(outShape);
   Tensor x2 = x.dim() == 2 ? x : x.detach().reshape({rows, in});
   outShape.push_back(outF);
-  Tensor out = empty(outShape, {.dtype = x.dtype()});
+  Tensor out = empty(outShape, {.dtype = x.dtype(), .device = x.device()});
   GemmInput xIn = gemmInput(x2, {}), wIn = gemmInput(weight, {});
   double beta = 0.0;
   if (bias.defined() && rows > 0) {
+    // The bias broadcast into out, then the GEMM adds onto it (beta = 1):
+    // one pass over out instead of a separate broadcast add after.
     Tensor b = bias.isContiguous() ? bias : bias.detach().contiguous();
-    kernels::cpu::fillRows(x.dtype(), b.rawData(), rows, outF, out.rawData(), outF);
+    if (x.device().isCuda()) {
+      WEFT_CUDA_CALL(x.device().index, fillRows(x.dtype(), b.rawData(), rows, outF, out.rawData(), outF));
+    } else {
+      kernels::cpu::fillRows(x.dtype(), b.rawData(), rows, outF, out.rawData(), outF);
+    }
     beta = 1.0;
   }
   // out = x2 · W^T (+ bias already in out)
-  kernels::cpu::gemm(x.dtype(), xIn.mat, wIn.maybeTransposed(true), rows, outF, in, 1.0, beta, out.rawData(), outF);
+  detail::gemmOn(x.device(), x.dtype(), xIn.mat, wIn.maybeTransposed(true), rows, outF, in, 1.0, beta, out.rawData(),
+                 outF);
 
   grad_rules::linearBackward(x, weight, bias, out, xIn.keep, wIn.keep, rows, in, outF);
   return out;

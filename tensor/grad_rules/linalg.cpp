@@ -43,23 +43,31 @@ void linearBackward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   recordOp("LinearBackward", inputs, {out},
            [needX, needW, needB, hasBias, sx, sw, xShape, wShape, dt, rows, in, outF](const Grads& g) {
              Tensor g2 = g[0].contiguous();
+             const Device dev = g2.device();
              MatrixOperand gm{g2.rawData(), false, outF};
              Grads grads(hasBias ? 3 : 2);
              if (needX) {
                Tensor w = sw.unpack("LinearBackward");
-               Tensor gx = empty(xShape, {.dtype = dt});
-               kernels::cpu::gemm(dt, gm, gemmInput(w, {}).mat, rows, in, outF, 1.0, 0.0, gx.rawData(), in);
+               Tensor gx = empty(xShape, {.dtype = dt, .device = dev});
+               detail::gemmOn(dev, dt, gm, gemmInput(w, {}).mat, rows, in, outF, 1.0, 0.0, gx.rawData(), in);
                grads[0] = gx;
              }
              if (needW) {
                detail::GemmInput xs = gemmInput(sx.unpack("LinearBackward"), {});
-               Tensor gw = empty(wShape, {.dtype = dt});
-               kernels::cpu::gemm(dt, {g2.rawData(), true, outF}, xs.mat, outF, in, rows, 1.0, 0.0, gw.rawData(), in);
+               Tensor gw = empty(wShape, {.dtype = dt, .device = dev});
+               detail::gemmOn(dev, dt, {g2.rawData(), true, outF}, xs.mat, outF, in, rows, 1.0, 0.0, gw.rawData(), in);
                grads[1] = gw;
              }
              if (needB) {
-               Tensor gb = empty({outF}, {.dtype = dt});
-               kernels::cpu::sumCols(dt, g2.rawData(), rows, outF, gb.rawData());
+               Tensor gb = empty({outF}, {.dtype = dt, .device = dev});
+               if (dev.isCuda()) {
+                 // Column sums as a product with a vector of ones: gb = g2ᵀ · 1.
+                 Tensor unit = ones({rows}, {.dtype = dt, .device = dev});
+                 detail::gemmOn(dev, dt, {g2.rawData(), true, outF}, {unit.rawData(), false, 1}, outF, 1, rows, 1.0,
+                                0.0, gb.rawData(), 1);
+               } else {
+                 kernels::cpu::sumCols(dt, g2.rawData(), rows, outF, gb.rawData());
+               }
                grads[2] = gb;
              }
              return grads;
