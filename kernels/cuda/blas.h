@@ -1,6 +1,7 @@
 // The cuBLAS handle of the current device, bound to the current stream: one
 // handle per device and thread (cuBLAS handles are not thread-safe), created
-// on first use, with TF32 math as allowTF32() says (kernels/cuda/runtime.h).
+// on first use, with TF32 math as allowTF32() says (kernels/cuda/runtime.h)
+// and a 32 MiB workspace of its own for each (device, stream) it is used on.
 // CUDA builds only.
 #pragma once
 
