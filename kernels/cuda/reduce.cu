@@ -1,5 +1,7 @@
 #include "kernels/cuda/reduce.h"
 
+#include <cstring>
+
 #include "kernels/cuda/reduce.cuh"
 
 namespace weft::kernels::cuda {
@@ -229,6 +231,110 @@ void reduceAxis(const T* in, int64_t outer, int64_t R, int64_t inner, Sink sink,
   launchCols<Op, true>(partial.as<const S>(), 1, splits, n, 1, splits, sink, op);
 }
 
+// Leading-axis sums with 16-byte loads: thread (x, y) of a 32 x 8 block
+// owns kVec adjacent columns of a tile of 32 * kVec, and walks rows y, y + 8,
+// ... of piece blockIdx.y with one 16-byte load per row (rows and the buffer
+// 16-byte aligned: inner a multiple of kVec). The 8 partial rows meet in
+// shared memory, and every thread of the block then finishes columns of the
+// tile: out[piece * outer * inner + o * inner + i], rounded to T unless
+// Partial (then the float accumulation type, for the second pass).
+template <class T, bool Partial>
+__global__ void colSumVecKernel(const T* in, int64_t outer, int64_t R, int64_t inner, int64_t splitLen,
+                                std::conditional_t<Partial, SumAcc<T>, T>* out) {
+  using A = SumAcc<T>;
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kTileCols = kColTile * kVec;
+  __shared__ A tile[kColRows][kTileCols + 1];
+  const int64_t tilesPerOuter = (inner + kTileCols - 1) / kTileCols;
+  const int64_t tiles = outer * tilesPerOuter;
+  const int64_t piece = blockIdx.y;
+  const int64_t begin = piece * splitLen, end = min(R, begin + splitLen);
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kColTile + tx;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t o = t / tilesPerOuter;
+    const int64_t tileStart = (t - o * tilesPerOuter) * kTileCols;
+    const int64_t c0 = tileStart + static_cast<int64_t>(tx) * kVec;
+    A acc[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) acc[k] = A(0);
+    if (c0 < inner) {
+      const T* base = in + o * R * inner + c0;
+      int64_t r = begin + ty;
+      // Two rows per step keep two loads in flight per thread.
+      for (; r + kColRows < end; r += 2 * kColRows) {
+        const uint4 a = *reinterpret_cast<const uint4*>(base + r * inner);
+        const uint4 b = *reinterpret_cast<const uint4*>(base + (r + kColRows) * inner);
+        T va[kVec], vb[kVec];
+        memcpy(va, &a, sizeof(a));
+        memcpy(vb, &b, sizeof(b));
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] += static_cast<A>(toAcc(va[k])) + static_cast<A>(toAcc(vb[k]));
+      }
+      if (r < end) {
+        const uint4 a = *reinterpret_cast<const uint4*>(base + r * inner);
+        T va[kVec];
+        memcpy(va, &a, sizeof(a));
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] += static_cast<A>(toAcc(va[k]));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) tile[ty][tx * kVec + k] = acc[k];
+    __syncthreads();
+    for (int col = tid; col < kTileCols; col += kColTile * kColRows) {
+      const int64_t i = tileStart + col;
+      if (i >= inner) continue;
+      A s = tile[0][col];
+#pragma unroll
+      for (int y = 1; y < kColRows; ++y) s += tile[y][col];
+      const int64_t at = piece * outer * inner + o * inner + i;
+      if constexpr (Partial) {
+        out[at] = s;
+      } else {
+        out[at] = roundTo<T>(s);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// The sum over the middle axis of [outer, R, inner] with colSumVecKernel,
+// when its alignment holds (floating types, inner a multiple of the vector
+// width, a 16-byte aligned buffer); false otherwise.
+template <class T>
+bool sumColumnsVectorized(const T* in, int64_t outer, int64_t R, int64_t inner, T* out, const char* op) {
+  constexpr int kVec = 16 / sizeof(T);
+  if constexpr (std::is_integral_v<T>) {
+    return false;
+  } else {
+    if (inner % kVec != 0 || reinterpret_cast<uintptr_t>(in) % 16 != 0) return false;
+    if (outer == 0 || inner == 0) return true;
+    using A = SumAcc<T>;
+    const int64_t tiles = outer * ceilDiv(inner, kColTile * kVec);
+    const int64_t wanted = 2 * blocksWanted();
+    int64_t splits = 1;
+    if (tiles < wanted) {
+      splits = std::clamp<int64_t>(ceilDiv(wanted, tiles), 1, std::clamp<int64_t>(ceilDiv(R, 64), 1, 65535));
+    }
+    const int64_t splitLen = std::max<int64_t>(1, ceilDiv(R, splits));
+    splits = std::max<int64_t>(1, ceilDiv(R, splitLen));
+    const int64_t cap = static_cast<int64_t>(properties(currentDevice()).multiprocessors) * 16;
+    const dim3 grid(static_cast<unsigned>(std::min(tiles, cap)), static_cast<unsigned>(splits));
+    const dim3 block(kColTile, kColRows);
+    if (splits == 1) {
+      colSumVecKernel<T, false><<<grid, block, 0, stream()>>>(in, outer, R, inner, std::max<int64_t>(R, 1), out);
+      checkLaunch(op);
+      return true;
+    }
+    const int64_t n = outer * inner;
+    Scratch partial(static_cast<size_t>(n * splits) * sizeof(A));
+    colSumVecKernel<T, true><<<grid, block, 0, stream()>>>(in, outer, R, inner, splitLen, partial.as<A>());
+    checkLaunch(op);
+    launchCols<SumOf<T>, true>(partial.as<const A>(), 1, splits, n, 1, splits, SumSink<T>{out}, op);
+    return true;
+  }
+}
+
 template <class T>
 __global__ void extremumBackwardKernel(const T* g, const int64_t* indices, int64_t outer, int64_t R, int64_t inner,
                                        T* gradIn) {
@@ -252,10 +358,12 @@ void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out) {
 void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out) {
   WEFT_ENFORCE(K >= 0 && R >= 0, InvalidArgumentError, "sum: negative size (R ", R, ", K ", K, ")");
   WEFT_CUDA_DISPATCH_NUMERIC_AND_HALF(type, "sum", [&]<class T>() {
+    const T* p = static_cast<const T*>(in);
+    T* o = static_cast<T*>(out);
     if (K == 1) {
-      reduceAxis<SumOf<T>>(static_cast<const T*>(in), 1, R, 1, SumSink<T>{static_cast<T*>(out)}, "sum");
-    } else {
-      reduceAxis<SumOf<T>>(static_cast<const T*>(in), 1, R, K, SumSink<T>{static_cast<T*>(out)}, "sum");
+      reduceAxis<SumOf<T>>(p, 1, R, 1, SumSink<T>{o}, "sum");
+    } else if (!sumColumnsVectorized(p, 1, R, K, o, "sum")) {
+      reduceAxis<SumOf<T>>(p, 1, R, K, SumSink<T>{o}, "sum");
     }
   });
 }
