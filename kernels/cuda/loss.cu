@@ -1,5 +1,7 @@
 #include "kernels/cuda/loss.h"
 
+#include <cstring>
+
 #include "kernels/cuda/reduce.cuh"
 
 namespace weft::kernels::cuda {
@@ -124,6 +126,38 @@ __global__ void crossEntropyBackwardKernel(const T* logProbs, const int64_t* tar
   }
 }
 
+// The D == 1 case with every row 16-byte aligned and C a multiple of the
+// vector width: the row's weight and target are read once, the row itself
+// with 16-byte loads and stores.
+template <class T, int G>
+__global__ void crossEntropyBackwardVecKernel(const T* logProbs, const int64_t* target, int64_t N, int64_t C,
+                                              int64_t ignoreIndex, const T* g, bool perElement, double scale,
+                                              T* gradInput) {
+  constexpr int kGroups = kThreads / G;
+  constexpr int V = 16 / sizeof(T);
+  const int group = threadIdx.x / G, lane = threadIdx.x % G;
+  for (int64_t n = static_cast<int64_t>(blockIdx.x) * kGroups + group; n < N;
+       n += static_cast<int64_t>(gridDim.x) * kGroups) {
+    const int64_t t = target[n];
+    const T w = t == ignoreIndex ? T(0) : static_cast<T>(scale * static_cast<double>(g[perElement ? n : 0]));
+    const uint4* lp = reinterpret_cast<const uint4*>(logProbs + n * C);
+    uint4* gi = reinterpret_cast<uint4*>(gradInput + n * C);
+    for (int64_t q = lane; q < C / V; q += G) {
+      uint4 raw = lp[q];
+      T v[V];
+      memcpy(v, &raw, sizeof(raw));
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        T e = w * expOf(v[k]);
+        if (t == q * V + k) e -= w;
+        v[k] = e;
+      }
+      memcpy(&raw, v, sizeof(raw));
+      gi[q] = raw;
+    }
+  }
+}
+
 template <class T>
 __global__ void mseForwardKernel(const T* x, const T* t, int64_t n, T* losses, Totals* partial) {
   __shared__ Totals scratch[32];
@@ -228,7 +262,16 @@ void crossEntropyBackward(DType type, const void* logProbs, const int64_t* targe
     const T* lp = static_cast<const T*>(logProbs);
     const T* g = static_cast<const T*>(gradOut);
     T* gi = static_cast<T*>(gradInput);
-    if (cols <= 1024) {
+    constexpr int V = 16 / sizeof(T);
+    const bool vec = D == 1 && C % V == 0 && reinterpret_cast<uintptr_t>(lp) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(gi) % 16 == 0;
+    if (vec && C <= 1024) {
+      crossEntropyBackwardVecKernel<T, 32><<<rowGrid(N, 32), kThreads, 0, stream()>>>(lp, target, N, C, ignoreIndex,
+                                                                                      g, perElement, scale, gi);
+    } else if (vec) {
+      crossEntropyBackwardVecKernel<T, kThreads><<<rowGrid(N, kThreads), kThreads, 0, stream()>>>(
+          lp, target, N, C, ignoreIndex, g, perElement, scale, gi);
+    } else if (cols <= 1024) {
       crossEntropyBackwardKernel<T, 32><<<rowGrid(rows, 32), kThreads, 0, stream()>>>(lp, target, N, C, D,
                                                                                       ignoreIndex, g, perElement,
                                                                                       scale, gi);

@@ -335,6 +335,98 @@ bool sumColumnsVectorized(const T* in, int64_t outer, int64_t R, int64_t inner, 
   }
 }
 
+// Row sums with 16-byte loads: as rowReduceKernel for SumOf<T>, with every
+// row and piece starting 16-byte aligned (R and splitLen multiples of kVec).
+template <class T, int G, class Sink>
+__global__ void rowSumVecKernel(const T* in, int64_t items, int64_t splits, int64_t R, int64_t splitLen, Sink sink) {
+  using Op = SumOf<T>;
+  using A = SumAcc<T>;
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kGroups = kThreads / G;
+  __shared__ A scratch[32];
+  const int group = threadIdx.x / G, lane = threadIdx.x % G;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kGroups + group; item < items;
+       item += static_cast<int64_t>(gridDim.x) * kGroups) {
+    const int64_t row = item / splits, piece = item - row * splits;
+    const int64_t begin = piece * splitLen, end = min(R, begin + splitLen);
+    const uint4* base = reinterpret_cast<const uint4*>(in + row * R);
+    A a0[kVec], a1[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) a0[k] = a1[k] = A(0);
+    int64_t q = begin / kVec + lane;
+    const int64_t qEnd = end / kVec;
+    for (; q + G < qEnd; q += 2 * G) {
+      const uint4 ra = base[q], rb = base[q + G];
+      T va[kVec], vb[kVec];
+      memcpy(va, &ra, sizeof(ra));
+      memcpy(vb, &rb, sizeof(rb));
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        a0[k] += static_cast<A>(toAcc(va[k]));
+        a1[k] += static_cast<A>(toAcc(vb[k]));
+      }
+    }
+    if (q < qEnd) {
+      const uint4 ra = base[q];
+      T va[kVec];
+      memcpy(va, &ra, sizeof(ra));
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) a0[k] += static_cast<A>(toAcc(va[k]));
+    }
+    A s = A(0);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) s += a0[k] + a1[k];
+    if constexpr (G == 32) {
+      s = warpReduce<Op>(s);
+    } else {
+      s = blockReduce<Op>(s, scratch);
+    }
+    if (lane == 0) sink(item, s);
+  }
+}
+
+// The row sums of a [K, R] buffer with rowSumVecKernel when its alignment
+// holds (floating types, R a multiple of the vector width, a 16-byte aligned
+// buffer); false otherwise.
+template <class T>
+bool sumRowsVectorized(const T* in, int64_t K, int64_t R, T* out, const char* op) {
+  constexpr int kVec = 16 / sizeof(T);
+  if constexpr (std::is_integral_v<T>) {
+    return false;
+  } else {
+    if (R == 0 || R % kVec != 0 || reinterpret_cast<uintptr_t>(in) % 16 != 0) return false;
+    if (K == 0) return true;
+    using A = SumAcc<T>;
+    const int64_t wanted = 2 * blocksWanted();
+    int64_t splits = 1;
+    if (R > kWarpRowMax && K < wanted) {
+      splits = std::clamp<int64_t>(ceilDiv(wanted, K), 1, std::max<int64_t>(1, ceilDiv(R, 8192)));
+    }
+    const int64_t splitLen = ceilDiv(ceilDiv(R, splits), kVec) * kVec;
+    splits = ceilDiv(R, splitLen);
+    const int64_t cap = static_cast<int64_t>(properties(currentDevice()).multiprocessors) * 32;
+    auto firstPass = [&](auto sink) {
+      const int64_t items = K * splits;
+      if (splitLen <= kWarpRowMax) {
+        const auto grid = static_cast<unsigned>(std::min(ceilDiv(items, kThreads / 32), cap));
+        rowSumVecKernel<T, 32><<<grid, kThreads, 0, stream()>>>(in, items, splits, R, splitLen, sink);
+      } else {
+        const auto grid = static_cast<unsigned>(std::min(items, cap));
+        rowSumVecKernel<T, kThreads><<<grid, kThreads, 0, stream()>>>(in, items, splits, R, splitLen, sink);
+      }
+      checkLaunch(op);
+    };
+    if (splits == 1) {
+      firstPass(SumSink<T>{out});
+      return true;
+    }
+    Scratch partial(static_cast<size_t>(K * splits) * sizeof(A));
+    firstPass(PartialSink<A>{partial.as<A>()});
+    launchRows<SumOf<T>, true>(partial.as<const A>(), K, 1, splits, splits, SumSink<T>{out}, op);
+    return true;
+  }
+}
+
 template <class T>
 __global__ void extremumBackwardKernel(const T* g, const int64_t* indices, int64_t outer, int64_t R, int64_t inner,
                                        T* gradIn) {
@@ -351,7 +443,9 @@ __global__ void extremumBackwardKernel(const T* g, const int64_t* indices, int64
 void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out) {
   WEFT_ENFORCE(K >= 0 && R >= 0, InvalidArgumentError, "sum: negative size (K ", K, ", R ", R, ")");
   WEFT_CUDA_DISPATCH_NUMERIC_AND_HALF(type, "sum", [&]<class T>() {
-    reduceAxis<SumOf<T>>(static_cast<const T*>(in), K, R, 1, SumSink<T>{static_cast<T*>(out)}, "sum");
+    const T* p = static_cast<const T*>(in);
+    T* o = static_cast<T*>(out);
+    if (!sumRowsVectorized(p, K, R, o, "sum")) reduceAxis<SumOf<T>>(p, K, R, 1, SumSink<T>{o}, "sum");
   });
 }
 
@@ -361,7 +455,7 @@ void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out) {
     const T* p = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     if (K == 1) {
-      reduceAxis<SumOf<T>>(p, 1, R, 1, SumSink<T>{o}, "sum");
+      if (!sumRowsVectorized(p, 1, R, o, "sum")) reduceAxis<SumOf<T>>(p, 1, R, 1, SumSink<T>{o}, "sum");
     } else if (!sumColumnsVectorized(p, 1, R, K, o, "sum")) {
       reduceAxis<SumOf<T>>(p, 1, R, K, SumSink<T>{o}, "sum");
     }

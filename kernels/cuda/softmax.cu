@@ -1,6 +1,8 @@
 #include "kernels/cuda/softmax.h"
 
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 
 #include "kernels/cuda/reduce.cuh"
 
@@ -51,11 +53,18 @@ __device__ __forceinline__ T softmaxValue(T x, T m, T inv, T logSum, bool log) {
 
 // Rows of a [rows, R] buffer: a group of G threads (a warp, or the whole
 // block when G == kThreads) per row.
-template <class T, int G>
+// With Vec, every row starts 16-byte aligned and R is a multiple of
+// kVec<T>: each thread reads and writes kVec<T> elements at a time, and keeps
+// one running state per vector lane (independent chains).
+template <class T>
+constexpr int kVec = 16 / sizeof(T);
+
+template <class T, int G, bool Vec>
 __global__ void rowForwardKernel(const T* in, int64_t rows, int64_t R, bool log, T* out) {
   using Op = OnlineSoftmax<T>;
   using S = typename Op::State;
   constexpr int kGroups = kThreads / G;
+  constexpr int V = kVec<T>;
   __shared__ S scratch[32];
   const int group = threadIdx.x / G, lane = threadIdx.x % G;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroups + group; row < rows;
@@ -63,7 +72,22 @@ __global__ void rowForwardKernel(const T* in, int64_t rows, int64_t R, bool log,
     const T* x = in + row * R;
     T* y = out + row * R;
     S st = Op::identity();
-    for (int64_t r = lane; r < R; r += G) st = Op::add(st, x[r]);
+    if constexpr (Vec) {
+      S part[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) part[k] = Op::identity();
+      for (int64_t q = lane; q < R / V; q += G) {
+        const uint4 raw = reinterpret_cast<const uint4*>(x)[q];
+        T v[V];
+        memcpy(v, &raw, sizeof(raw));
+#pragma unroll
+        for (int k = 0; k < V; ++k) part[k] = Op::add(part[k], v[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) st = Op::combine(st, part[k]);
+    } else {
+      for (int64_t r = lane; r < R; r += G) st = Op::add(st, x[r]);
+    }
     if constexpr (G == 32) {
       st = warpReduce<Op>(st);
     } else {
@@ -72,7 +96,20 @@ __global__ void rowForwardKernel(const T* in, int64_t rows, int64_t R, bool log,
     st = Op::finish(st);
     const T inv = static_cast<T>(SoftAcc<T>(1) / st.s);
     const T logSum = static_cast<T>(::log(st.s));
-    for (int64_t r = lane; r < R; r += G) y[r] = softmaxValue(x[r], st.m, inv, logSum, log);
+    if constexpr (Vec) {
+      for (int64_t q = lane; q < R / V; q += G) {
+        const uint4 raw = reinterpret_cast<const uint4*>(x)[q];
+        T v[V];
+        memcpy(v, &raw, sizeof(raw));
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = softmaxValue(v[k], st.m, inv, logSum, log);
+        uint4 res;
+        memcpy(&res, v, sizeof(res));
+        reinterpret_cast<uint4*>(y)[q] = res;
+      }
+    } else {
+      for (int64_t r = lane; r < R; r += G) y[r] = softmaxValue(x[r], st.m, inv, logSum, log);
+    }
   }
 }
 
@@ -105,17 +142,33 @@ __device__ __forceinline__ T backwardValue(T y, T g, T st, bool log) {
   return log ? g - expOf(y) * st : y * (g - st);
 }
 
-template <class T, int G>
+template <class T, int G, bool Vec>
 __global__ void rowBackwardKernel(const T* y, const T* g, int64_t rows, int64_t R, bool log, T* gx) {
   using Op = SumOp<SoftAcc<T>>;
   constexpr int kGroups = kThreads / G;
+  constexpr int V = kVec<T>;
   __shared__ SoftAcc<T> scratch[32];
   const int group = threadIdx.x / G, lane = threadIdx.x % G;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroups + group; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kGroups) {
     const int64_t base = row * R;
     SoftAcc<T> s = 0;
-    for (int64_t r = lane; r < R; r += G) s += backwardTerm(y[base + r], g[base + r], log);
+    if constexpr (Vec) {
+      SoftAcc<T> part[V] = {};
+      for (int64_t q = lane; q < R / V; q += G) {
+        const uint4 yr = reinterpret_cast<const uint4*>(y + base)[q];
+        const uint4 gr = reinterpret_cast<const uint4*>(g + base)[q];
+        T yv[V], gv[V];
+        memcpy(yv, &yr, sizeof(yr));
+        memcpy(gv, &gr, sizeof(gr));
+#pragma unroll
+        for (int k = 0; k < V; ++k) part[k] += backwardTerm(yv[k], gv[k], log);
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) s += part[k];
+    } else {
+      for (int64_t r = lane; r < R; r += G) s += backwardTerm(y[base + r], g[base + r], log);
+    }
     // The reduction is a barrier for the group: every read of g below comes
     // after it, so gx may alias g.
     if constexpr (G == 32) {
@@ -124,8 +177,34 @@ __global__ void rowBackwardKernel(const T* y, const T* g, int64_t rows, int64_t 
       s = blockReduce<Op>(s, scratch);
     }
     const T st = static_cast<T>(s);
-    for (int64_t r = lane; r < R; r += G) gx[base + r] = backwardValue(y[base + r], g[base + r], st, log);
+    if constexpr (Vec) {
+      for (int64_t q = lane; q < R / V; q += G) {
+        const uint4 yr = reinterpret_cast<const uint4*>(y + base)[q];
+        const uint4 gr = reinterpret_cast<const uint4*>(g + base)[q];
+        T yv[V], gv[V];
+        memcpy(yv, &yr, sizeof(yr));
+        memcpy(gv, &gr, sizeof(gr));
+#pragma unroll
+        for (int k = 0; k < V; ++k) yv[k] = backwardValue(yv[k], gv[k], st, log);
+        uint4 res;
+        memcpy(&res, yv, sizeof(res));
+        reinterpret_cast<uint4*>(gx + base)[q] = res;
+      }
+    } else {
+      for (int64_t r = lane; r < R; r += G) gx[base + r] = backwardValue(y[base + r], g[base + r], st, log);
+    }
   }
+}
+
+// Whether every row of a [rows, R] buffer starts 16-byte aligned with R a
+// multiple of the vector width, for each of the pointers.
+template <class T>
+bool rowsVectorizable(int64_t R, std::initializer_list<const void*> ptrs) {
+  if (R % kVec<T> != 0) return false;
+  for (const void* p : ptrs) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 template <class T>
@@ -165,10 +244,15 @@ void softmaxForward(DType type, const void* in, int64_t outer, int64_t R, int64_
     if (outer == 0 || inner == 0) return;
     const T* x = static_cast<const T*>(in);
     T* y = static_cast<T*>(out);
-    if (inner == 1 && R <= kWarpRowMax) {
-      rowForwardKernel<T, 32><<<rowGrid(outer, 32), kThreads, 0, stream()>>>(x, outer, R, log, y);
+    const bool vec = rowsVectorizable<T>(R, {x, y});
+    if (inner == 1 && R <= kWarpRowMax && vec) {
+      rowForwardKernel<T, 32, true><<<rowGrid(outer, 32), kThreads, 0, stream()>>>(x, outer, R, log, y);
+    } else if (inner == 1 && R <= kWarpRowMax) {
+      rowForwardKernel<T, 32, false><<<rowGrid(outer, 32), kThreads, 0, stream()>>>(x, outer, R, log, y);
+    } else if (inner == 1 && vec) {
+      rowForwardKernel<T, kThreads, true><<<rowGrid(outer, kThreads), kThreads, 0, stream()>>>(x, outer, R, log, y);
     } else if (inner == 1) {
-      rowForwardKernel<T, kThreads><<<rowGrid(outer, kThreads), kThreads, 0, stream()>>>(x, outer, R, log, y);
+      rowForwardKernel<T, kThreads, false><<<rowGrid(outer, kThreads), kThreads, 0, stream()>>>(x, outer, R, log, y);
     } else {
       colForwardKernel<T><<<blocksFor(outer * inner), kThreads, 0, stream()>>>(x, outer, R, inner, log, y);
     }
@@ -185,10 +269,16 @@ void softmaxBackward(DType type, const void* y, const void* g, int64_t outer, in
     const T* yp = static_cast<const T*>(y);
     const T* gp = static_cast<const T*>(g);
     T* gx = static_cast<T*>(gradIn);
-    if (inner == 1 && R <= kWarpRowMax) {
-      rowBackwardKernel<T, 32><<<rowGrid(outer, 32), kThreads, 0, stream()>>>(yp, gp, outer, R, log, gx);
+    const bool vec = rowsVectorizable<T>(R, {yp, gp, gx});
+    const unsigned warpGrid = rowGrid(outer, 32), blockGrid = rowGrid(outer, kThreads);
+    if (inner == 1 && R <= kWarpRowMax && vec) {
+      rowBackwardKernel<T, 32, true><<<warpGrid, kThreads, 0, stream()>>>(yp, gp, outer, R, log, gx);
+    } else if (inner == 1 && R <= kWarpRowMax) {
+      rowBackwardKernel<T, 32, false><<<warpGrid, kThreads, 0, stream()>>>(yp, gp, outer, R, log, gx);
+    } else if (inner == 1 && vec) {
+      rowBackwardKernel<T, kThreads, true><<<blockGrid, kThreads, 0, stream()>>>(yp, gp, outer, R, log, gx);
     } else if (inner == 1) {
-      rowBackwardKernel<T, kThreads><<<rowGrid(outer, kThreads), kThreads, 0, stream()>>>(yp, gp, outer, R, log, gx);
+      rowBackwardKernel<T, kThreads, false><<<blockGrid, kThreads, 0, stream()>>>(yp, gp, outer, R, log, gx);
     } else {
       colBackwardKernel<T><<<blocksFor(outer * inner), kThreads, 0, stream()>>>(yp, gp, outer, R, inner, log, gx);
     }

@@ -108,7 +108,8 @@ TEST_CASE_TEMPLATE("sumRows and sumCols match the CPU on every path", T, double,
   const DType dt = kDTypeOf<T>;
   // [K, R] rows: warp rows, block rows, split rows (few and long), empty rows.
   for (auto [K, R] : std::vector<std::pair<int64_t, int64_t>>{
-           {1, 1}, {37, 33}, {1000, 7}, {5, 3000}, {3, 300001}, {1, 1 << 20}, {4, 0}, {600, 2049}}) {
+           {1, 1}, {37, 33}, {1000, 7}, {5, 3000}, {3, 300001}, {1, 1 << 20}, {4, 0}, {600, 2049}, {100, 64},
+           {2, 1 << 19}}) {
     auto h = randomValues<T>(static_cast<size_t>(K * R), 1);
     DeviceBuffer in(h), out(static_cast<size_t>(K) * sizeof(T));
     kc::sumRows(dt, in.get(), K, R, out.get());
@@ -136,6 +137,11 @@ TEST_CASE_TEMPLATE("sumRows and sumCols match the CPU on every path", T, double,
     std::vector<T> ref(static_cast<size_t>(K));
     kp::sumCols(dt, h.data() + 1, R, K, ref.data());
     checkClose("sumCols unaligned", out.download<T>(K), ref, tol<T>() * 10, tol<T>() * 10);
+    DeviceBuffer rowsOut(static_cast<size_t>(R) * sizeof(T));
+    kc::sumRows(dt, in.as<T>() + 1, R, K, rowsOut.get());
+    std::vector<T> rowsRef(static_cast<size_t>(R));
+    kp::sumRows(dt, h.data() + 1, R, K, rowsRef.data());
+    checkClose("sumRows unaligned", rowsOut.download<T>(R), rowsRef, tol<T>(), tol<T>());
   }
 }
 
@@ -234,7 +240,8 @@ TEST_CASE_TEMPLATE("softmax forward and backward match the CPU on every path", T
   struct Shape3 {
     int64_t outer, R, inner;
   };
-  for (Shape3 s : std::vector<Shape3>{{1, 1, 1}, {37, 10, 1}, {4, 1500, 1}, {3, 4, 5}, {2, 40000, 1}, {2, 9, 700}}) {
+  for (Shape3 s : std::vector<Shape3>{{1, 1, 1}, {37, 10, 1}, {33, 64, 1}, {4, 1500, 1}, {5, 1027, 1}, {3, 4, 5},
+                                      {2, 40000, 1}, {2, 9, 700}}) {
     const size_t n = static_cast<size_t>(s.outer * s.R * s.inner);
     auto h = randomValues<T>(n, 7, -8, 8);
     if (s.outer >= 4 && s.inner == 1) {
@@ -270,7 +277,7 @@ TEST_CASE_TEMPLATE("loss kernels match the CPU", T, double, float) {
   WEFT_SKIP_WITHOUT_CUDA();
   const DType dt = kDTypeOf<T>;
   for (auto [N, C, D] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-           {37, 11, 1}, {1, 13, 1}, {5, 7, 12}, {3, 5000, 1}, {2, 5, 1100}, {4000, 10, 1}}) {
+           {37, 11, 1}, {1, 13, 1}, {5, 7, 12}, {3, 5000, 1}, {2, 5, 1100}, {4000, 10, 1}, {64, 32, 1}}) {
     const size_t n = static_cast<size_t>(N * C * D), nt = static_cast<size_t>(N * D);
     auto x = randomValues<T>(n, 9, -3, 0);
     std::vector<int64_t> t(nt);
