@@ -52,7 +52,9 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
 
 // input [N, C] log-probabilities (or [N, C, d...]), target Int64 [N] (or
 // [N, d...]); entries equal to ignoreIndex contribute nothing. A target out of
-// [0, C) is an IndexError.
+// [0, C) is an IndexError. Input and target share a device; on a CUDA device
+// the targets are checked there and the verdict read back, as is the total
+// of a reduced loss (the call waits for the device's stream).
 Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction r = Reduction::Mean, int64_t ignoreIndex = -100);
 Tensor crossEntropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::Mean,
                     int64_t ignoreIndex = -100);

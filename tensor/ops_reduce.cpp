@@ -6,6 +6,12 @@
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/scan.h"
 #include "kernels/cpu/softmax.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/reduce.h"
+#include "kernels/cuda/scan.h"
+#include "kernels/cuda/softmax.h"
+#endif
 #include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
@@ -42,7 +48,7 @@ Shape reducedShape(const Tensor& a, const std::vector<int64_t>& dims, bool keepD
 // The sum kernel: picks a layout that avoids copying when it can.
 Tensor sumForward(const Tensor& a, const std::vector<int64_t>& dims, bool keepDim) {
   Shape outShape = reducedShape(a, dims, keepDim);
-  Tensor out = empty(outShape, {.dtype = a.dtype()});
+  Tensor out = empty(outShape, {.dtype = a.dtype(), .device = a.device()});
   int64_t R = 1;
   for (int64_t d : dims) R *= a.shape()[d];
   int64_t K = out.numel();
@@ -54,7 +60,11 @@ Tensor sumForward(const Tensor& a, const std::vector<int64_t>& dims, bool keepDi
     trailing &= dims[i] == nd - nr + i;
   }
   if (a.isContiguous() && leading && nr > 0) {
-    kernels::cpu::sumCols(a.dtype(), a.rawData(), R, K, out.rawData());
+    if (a.device().isCuda()) {
+      WEFT_CUDA_CALL(a.device().index, sumCols(a.dtype(), a.rawData(), R, K, out.rawData()));
+    } else {
+      kernels::cpu::sumCols(a.dtype(), a.rawData(), R, K, out.rawData());
+    }
     return out;
   }
   // Move reduced dims last, then reduce rows.
@@ -68,7 +78,11 @@ Tensor sumForward(const Tensor& a, const std::vector<int64_t>& dims, bool keepDi
     x = a.permute(perm);
   }
   x = x.contiguous();
-  kernels::cpu::sumRows(a.dtype(), x.rawData(), K, R, out.rawData());
+  if (a.device().isCuda()) {
+    WEFT_CUDA_CALL(a.device().index, sumRows(a.dtype(), x.rawData(), K, R, out.rawData()));
+  } else {
+    kernels::cpu::sumRows(a.dtype(), x.rawData(), K, R, out.rawData());
+  }
   return out;
 }
 
@@ -77,7 +91,6 @@ Tensor sumForward(const Tensor& a, const std::vector<int64_t>& dims, bool keepDi
 Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepDim) {
   if (autocast::detail::float32For({&a})) return sum(a.to(DType::Float32), std::move(dims), keepDim);
   detail::checkDefined("sum", a, "input");
-  detail::requireCpu("sum", a);
   dims = normalizeDims(a, std::move(dims), "sum");
   if (a.dtype() == DType::Int32 || a.dtype() == DType::UInt8 || a.dtype() == DType::Bool) {
     // Summed in int64, as PyTorch does (a count of mask entries, no uint8 wrap-around).
@@ -143,15 +156,24 @@ Shape reducedAlong(const Shape& shape, int64_t dim, bool keepDim) {
 // The dtype the extremum kernels read: bool as the uint8 of its 0/1 bytes.
 DType kernelType(DType t) { return t == DType::Bool ? DType::UInt8 : t; }
 
+void extremumKernel(const Tensor& x, int64_t outer, int64_t R, int64_t inner, bool isMax, void* values,
+                    int64_t* indices) {
+  if (x.device().isCuda()) {
+    WEFT_CUDA_CALL(x.device().index,
+                   extremumForward(kernelType(x.dtype()), x.rawData(), outer, R, inner, isMax, values, indices));
+  } else {
+    kernels::cpu::extremumForward(kernelType(x.dtype()), x.rawData(), outer, R, inner, isMax, values, indices);
+  }
+}
+
 Tensor extremumAll(const Tensor& a, bool isMax) {
   const char* op = isMax ? "max" : "min";
   detail::checkDefined(op, a, "input");
-  detail::requireCpu(op, a);
   WEFT_ENFORCE(a.numel() > 0, InvalidArgumentError, op, ": cannot reduce an empty tensor of shape ", a.shape(),
                " (there is no identity for ", op, ")");
   Tensor x = a.contiguous();
-  Tensor out = empty({}, {.dtype = a.dtype()});
-  kernels::cpu::extremumForward(kernelType(a.dtype()), x.rawData(), 1, x.numel(), 1, isMax, out.rawData(), nullptr);
+  Tensor out = empty({}, {.dtype = a.dtype(), .device = a.device()});
+  extremumKernel(x, 1, x.numel(), 1, isMax, out.rawData(), nullptr);
   grad_rules::extremumAllBackward(isMax, a, out);
   return out;
 }
@@ -160,18 +182,17 @@ Tensor extremumAll(const Tensor& a, bool isMax) {
 std::pair<Tensor, Tensor> extremumAlong(const Tensor& a, int64_t dim, bool keepDim, bool isMax, bool wantValues,
                                         const char* op) {
   detail::checkDefined(op, a, "input");
-  detail::requireCpu(op, a);
   dim = wrapDim(dim, a.dim(), op);
   AxisView v = axisView(a.shape(), dim);
   WEFT_ENFORCE(v.size > 0, InvalidArgumentError, op, ": cannot reduce dimension ", dim, " of size 0 (shape ",
                a.shape(), ")");
   Shape outShape = reducedAlong(a.shape(), dim, keepDim);
-  Tensor values = wantValues ? empty(outShape, {.dtype = a.dtype()}) : Tensor();
-  Tensor indices = empty(outShape, {.dtype = DType::Int64});
+  Tensor values = wantValues ? empty(outShape, {.dtype = a.dtype(), .device = a.device()}) : Tensor();
+  Tensor indices = empty(outShape, {.dtype = DType::Int64, .device = a.device()});
   if (a.numel() > 0) {
     Tensor x = a.contiguous();
-    kernels::cpu::extremumForward(kernelType(a.dtype()), x.rawData(), v.outer, v.size, v.inner, isMax,
-                                  wantValues ? values.rawData() : nullptr, indices.data<int64_t>());
+    extremumKernel(x, v.outer, v.size, v.inner, isMax, wantValues ? values.rawData() : nullptr,
+                   indices.data<int64_t>());
   }
   if (wantValues) grad_rules::extremumAlongBackward(isMax, a, values, indices, v);
   return {values, indices};
@@ -205,14 +226,20 @@ namespace {
 Tensor softmaxImpl(const Tensor& a, int64_t dim, bool log) {
   const char* op = log ? "logSoftmax" : "softmax";
   detail::checkDefined(op, a, "input");
-  detail::requireCpu(op, a);
   detail::requireFloating(op, a);
   if (isLowPrecision(a.dtype())) return softmaxImpl(a.to(DType::Float32), dim, log).to(a.dtype());
   dim = wrapDim(dim, a.dim(), op);
   AxisView v = axisView(a.shape(), dim);
   Tensor x = a.contiguous();
-  Tensor out = empty(a.shape(), {.dtype = a.dtype()});
-  if (out.numel() > 0) kernels::cpu::softmaxForward(a.dtype(), x.rawData(), v.outer, v.size, v.inner, log, out.rawData());
+  Tensor out = empty(a.shape(), {.dtype = a.dtype(), .device = a.device()});
+  if (out.numel() > 0) {
+    if (a.device().isCuda()) {
+      WEFT_CUDA_CALL(a.device().index, softmaxForward(a.dtype(), x.rawData(), v.outer, v.size, v.inner, log,
+                                                      out.rawData()));
+    } else {
+      kernels::cpu::softmaxForward(a.dtype(), x.rawData(), v.outer, v.size, v.inner, log, out.rawData());
+    }
+  }
   grad_rules::softmaxBackward(log, a, out, v);
   return out;
 }
@@ -230,7 +257,6 @@ Tensor logSoftmax(const Tensor& a, int64_t dim) {
 
 Tensor cumsum(const Tensor& a, int64_t dim) {
   detail::checkDefined("cumsum", a, "input");
-  detail::requireCpu("cumsum", a);
   dim = wrapDim(dim, std::max<int64_t>(a.dim(), 1), "cumsum");
   const DType outType = isFloating(a.dtype()) ? a.dtype() : DType::Int64;
   if (!isFloating(a.dtype()) && !isIntegral(a.dtype()) && a.dtype() != DType::Bool) {
@@ -240,7 +266,12 @@ Tensor cumsum(const Tensor& a, int64_t dim) {
   Tensor x = a.contiguous();
   Tensor out = empty(a.shape(), {.dtype = outType, .device = a.device()});
   if (out.numel() > 0) {
-    kernels::cpu::cumsum(a.dtype(), x.rawData(), v.outer, v.size, v.inner, false, outType, out.rawData());
+    if (a.device().isCuda()) {
+      WEFT_CUDA_CALL(a.device().index,
+                     cumsum(a.dtype(), x.rawData(), v.outer, v.size, v.inner, false, outType, out.rawData()));
+    } else {
+      kernels::cpu::cumsum(a.dtype(), x.rawData(), v.outer, v.size, v.inner, false, outType, out.rawData());
+    }
   }
   grad_rules::cumsumBackward(a, out, v);
   return out;

@@ -3,6 +3,9 @@
 // sum takes every CPU dtype of common/dtype.h: int32, uint8 and bool sum to
 // int64 (as in PyTorch; eq(a, b).sum() counts matches); max/min/argmax/argmin
 // take them all and keep the dtype; mean and softmax need a floating dtype.
+// On a CUDA tensor the same ops run on its device (kernels/cuda/reduce.h,
+// scan.h, softmax.h) with the CPU's results: the same dtypes, ties and NaN
+// handling; floating sums may differ by the order of their additions.
 #pragma once
 
 #include <utility>

@@ -2,6 +2,10 @@
 // loss: one value per element (Reduction::None) or a scalar that reaches
 // every element times `scale` (1 for Sum, 1/count for Mean).
 #include "kernels/cpu/loss.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/loss.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 
@@ -28,10 +32,14 @@ void nllLossBackward(const Tensor& input, const Tensor& out, const Tensor& targe
            [savedTarget, inShape, N, C, D, ignoreIndex, scale, perElement](const Grads& g) {
              Tensor t = savedTarget.unpack("NllLossBackward");
              Tensor go = g[0].contiguous();
-             Tensor gi = empty(inShape, {.dtype = go.dtype()});
-             if (gi.numel() > 0) {
-               kernels::cpu::nllLossBackward(go.dtype(), t.data<int64_t>(), N, C, D, ignoreIndex,
-                                             go.numel() > 0 ? go.rawData() : nullptr, perElement, scale, gi.rawData());
+             Tensor gi = empty(inShape, {.dtype = go.dtype(), .device = go.device()});
+             const void* gp = go.numel() > 0 ? go.rawData() : nullptr;
+             if (gi.numel() > 0 && gi.device().isCuda()) {
+               WEFT_CUDA_CALL(gi.device().index, nllLossBackward(go.dtype(), t.data<int64_t>(), N, C, D, ignoreIndex,
+                                                                 gp, perElement, scale, gi.rawData()));
+             } else if (gi.numel() > 0) {
+               kernels::cpu::nllLossBackward(go.dtype(), t.data<int64_t>(), N, C, D, ignoreIndex, gp, perElement,
+                                             scale, gi.rawData());
              }
              return Grads{gi};
            });
@@ -50,10 +58,14 @@ void crossEntropyBackward(const Tensor& logits, const Tensor& out, const Tensor&
              Tensor lp = savedLogProbs.unpack("CrossEntropyBackward");
              Tensor go = g[0].contiguous();
              Tensor gi = emptyLike(lp);
-             if (gi.numel() > 0) {
+             const void* gp = go.numel() > 0 ? go.rawData() : nullptr;
+             if (gi.numel() > 0 && gi.device().isCuda()) {
+               WEFT_CUDA_CALL(gi.device().index,
+                              crossEntropyBackward(go.dtype(), lp.rawData(), t.data<int64_t>(), N, C, D, ignoreIndex,
+                                                   gp, perElement, scale, gi.rawData()));
+             } else if (gi.numel() > 0) {
                kernels::cpu::crossEntropyBackward(go.dtype(), lp.rawData(), t.data<int64_t>(), N, C, D, ignoreIndex,
-                                                  go.numel() > 0 ? go.rawData() : nullptr, perElement, scale,
-                                                  gi.rawData());
+                                                  gp, perElement, scale, gi.rawData());
              }
              return Grads{gi};
            });
@@ -73,10 +85,14 @@ void mseLossBackward(const Tensor& input, const Tensor& target, const Tensor& ou
              Tensor go = g[0].contiguous();
              Tensor gx = wantInput ? emptyLike(xi) : Tensor();
              Tensor gt = wantTarget ? emptyLike(ti) : Tensor();
-             if (xi.numel() > 0) {
+             void* gxp = wantInput ? gx.rawData() : nullptr;
+             void* gtp = wantTarget ? gt.rawData() : nullptr;
+             if (xi.numel() > 0 && xi.device().isCuda()) {
+               WEFT_CUDA_CALL(xi.device().index, mseLossBackward(xi.dtype(), xi.rawData(), ti.rawData(), xi.numel(),
+                                                                 go.rawData(), perElement, scale, gxp, gtp));
+             } else if (xi.numel() > 0) {
                kernels::cpu::mseLossBackward(xi.dtype(), xi.rawData(), ti.rawData(), xi.numel(), go.rawData(),
-                                             perElement, scale, wantInput ? gx.rawData() : nullptr,
-                                             wantTarget ? gt.rawData() : nullptr);
+                                             perElement, scale, gxp, gtp);
              }
              return Grads{gx, gt};
            });

@@ -3,6 +3,12 @@
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/scan.h"
 #include "kernels/cpu/softmax.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/reduce.h"
+#include "kernels/cuda/scan.h"
+#include "kernels/cuda/softmax.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/ops_elementwise.h"
@@ -44,8 +50,11 @@ void extremumAlongBackward(bool isMax, const Tensor& a, const Tensor& values, co
   recordOp(name, {a}, {values}, [where, inShape, v, name](const Grads& g) {
     Tensor idx = where.unpack(name);
     Tensor go = g[0].contiguous();
-    Tensor gi = empty(inShape, {.dtype = go.dtype()});
-    if (gi.numel() > 0) {
+    Tensor gi = empty(inShape, {.dtype = go.dtype(), .device = go.device()});
+    if (gi.numel() > 0 && go.device().isCuda()) {
+      WEFT_CUDA_CALL(go.device().index, extremumBackward(go.dtype(), go.rawData(), idx.data<int64_t>(), v.outer,
+                                                         v.size, v.inner, gi.rawData()));
+    } else if (gi.numel() > 0) {
       kernels::cpu::extremumBackward(go.dtype(), go.rawData(), idx.data<int64_t>(), v.outer, v.size, v.inner,
                                      gi.rawData());
     }
@@ -63,7 +72,10 @@ void softmaxBackward(bool log, const Tensor& a, const Tensor& out, detail::AxisV
     Tensor y = result.unpack(name);
     Tensor go = g[0].contiguous();
     Tensor gi = emptyLike(y);
-    if (gi.numel() > 0) {
+    if (gi.numel() > 0 && y.device().isCuda()) {
+      WEFT_CUDA_CALL(y.device().index, softmaxBackward(y.dtype(), y.rawData(), go.rawData(), v.outer, v.size,
+                                                       v.inner, log, gi.rawData()));
+    } else if (gi.numel() > 0) {
       kernels::cpu::softmaxBackward(y.dtype(), y.rawData(), go.rawData(), v.outer, v.size, v.inner, log, gi.rawData());
     }
     return Grads{gi};
@@ -75,8 +87,11 @@ void cumsumBackward(const Tensor& a, const Tensor& out, detail::AxisView v) {
   if (!anyRequiresGrad({&a})) return;
   recordOp("CumsumBackward", {a}, {out}, [v](const Grads& g) {
     Tensor go = g[0].contiguous();
-    Tensor gi = empty(go.shape(), {.dtype = go.dtype()});
-    if (gi.numel() > 0) {
+    Tensor gi = empty(go.shape(), {.dtype = go.dtype(), .device = go.device()});
+    if (gi.numel() > 0 && go.device().isCuda()) {
+      WEFT_CUDA_CALL(go.device().index,
+                     cumsum(go.dtype(), go.rawData(), v.outer, v.size, v.inner, true, go.dtype(), gi.rawData()));
+    } else if (gi.numel() > 0) {
       kernels::cpu::cumsum(go.dtype(), go.rawData(), v.outer, v.size, v.inner, true, go.dtype(), gi.rawData());
     }
     return Grads{gi};
