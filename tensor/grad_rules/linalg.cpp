@@ -3,6 +3,10 @@
 // the other operand's gradient.
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/reduce.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/batched_gemm.h"
 #include "tensor/grad_rules/grad_rules.h"
@@ -61,10 +65,7 @@ void linearBackward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
              if (needB) {
                Tensor gb = empty({outF}, {.dtype = dt, .device = dev});
                if (dev.isCuda()) {
-                 // Column sums as a product with a vector of ones: gb = g2ᵀ · 1.
-                 Tensor unit = ones({rows}, {.dtype = dt, .device = dev});
-                 detail::gemmOn(dev, dt, {g2.rawData(), true, outF}, {unit.rawData(), false, 1}, outF, 1, rows, 1.0,
-                                0.0, gb.rawData(), 1);
+                 WEFT_CUDA_CALL(dev.index, sumCols(dt, g2.rawData(), rows, outF, gb.rawData()));
                } else {
                  kernels::cpu::sumCols(dt, g2.rawData(), rows, outF, gb.rawData());
                }
