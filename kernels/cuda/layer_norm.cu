@@ -93,18 +93,20 @@ __global__ void forwardKernel(const T* x, int64_t rows, int64_t n, const T* weig
   __shared__ A shared[3 * 32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * n;
+    // Moments of x - x[0]: the sums stay at the scale of the spread, not of the mean.
+    const A shift = static_cast<A>(xr[0]);
     Welford<A> w;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) w.add(static_cast<A>(xr[i]));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) w.add(static_cast<A>(xr[i]) - shift);
     w = blockWelford(w, shared);
     const A mu = w.mean, var = w.m2 / static_cast<A>(n);
     const A rs = A(1) / sqrt(var + static_cast<A>(eps));
     if (threadIdx.x == 0) {
-      mean[r] = static_cast<T>(mu);
+      mean[r] = static_cast<T>(shift + mu);
       rstd[r] = static_cast<T>(rs);
     }
     T* yr = y + r * n;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      A v = (static_cast<A>(xr[i]) - mu) * rs;
+      A v = (static_cast<A>(xr[i]) - shift - mu) * rs;
       if (weight) v *= static_cast<A>(weight[i]);
       if (bias) v += static_cast<A>(bias[i]);
       yr[i] = static_cast<T>(v);
