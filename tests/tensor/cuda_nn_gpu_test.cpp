@@ -33,6 +33,12 @@ Tensor randomIds(Shape shape, int64_t num, uint64_t seed) {
   return randint(0, num, std::move(shape), {.dtype = DType::Int64}, &g);
 }
 
+// A label for INFO, from weft's own printing of its parts.
+template <class... P>
+std::string label(DType dt, const P&... parts) {
+  return weft::detail::concat(dtypeName(dt), parts...);
+}
+
 // The message f throws, or "" when it throws nothing; CHECKs that what it
 // throws is an IndexError.
 template <class F>
@@ -72,7 +78,7 @@ TEST_CASE("cuda embedding matches the CPU, forward and backward, with duplicates
   WEFT_SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::Float64, DType::Float32}) {
     for (auto [num, dim] : {std::pair<int64_t, int64_t>{10, 7}, {37, 33}, {5, 1}, {64, 300}}) {
-      INFO(dtypeName(dt) << " num " << num << " dim " << dim);
+      INFO(label(dt, " num ", num, " dim ", dim));
       compareWithCpu("embedding", {randomTensor({num, dim}, dt, 1), randomIds({3, 41}, num, 2)},
                      [](const std::vector<Tensor>& x) { return embedding(x[0], x[1]); });
     }
@@ -111,7 +117,7 @@ TEST_CASE("cuda embeddingBag matches the CPU in every mode, with empty bags and 
   WEFT_SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::Float64, DType::Float32}) {
     for (EmbeddingBagMode mode : {EmbeddingBagMode::Sum, EmbeddingBagMode::Mean, EmbeddingBagMode::Max}) {
-      INFO(dtypeName(dt) << " mode " << static_cast<int>(mode));
+      INFO(label(dt, " mode ", static_cast<int>(mode)));
       // Bags of 3, 0, 1, 0, 5 and 8 indices: empty bags in the middle and at the end of runs.
       Tensor offsets = ids({0, 3, 3, 4, 4, 9});
       compareWithCpu("embeddingBag offsets", {randomTensor({13, 35}, dt, 11), randomIds({17}, 13, 12), offsets},
@@ -143,7 +149,10 @@ TEST_CASE("cuda embeddingBag Max keeps the CPU's rule for ties and NaN") {
   Tensor idx = ids({0, 1, 2, 3, 3, 1}), offsets = ids({0, 4});
   Tensor cpu = embeddingBag(w, idx, offsets, EmbeddingBagMode::Max);
   Tensor gpu = embeddingBag(w.to(kCuda), idx.to(kCuda), offsets.to(kCuda), EmbeddingBagMode::Max);
-  weft::testing::checkMatches("Max bag", gpu, cpu, {0, 0});
+  REQUIRE(gpu.shape() == cpu.shape());
+  // NaN where the CPU has NaN, the same values elsewhere.
+  CHECK(weft::testing::maxAbsDiff(gpu, cpu).first == 0);
+  CHECK(std::isnan(cpu.toVector<double>()[1]));
 }
 
 // ---- layer norm ----------------------------------------------------------------
@@ -158,12 +167,15 @@ TEST_CASE("cuda layerNorm matches the CPU over shapes, affine or not, forward an
   for (DType dt : {DType::Float64, DType::Float32}) {
     for (const Case& c : cases) {
       for (int affine = 0; affine < 4; ++affine) {
-        INFO(dtypeName(dt) << " x " << c.x << " over " << c.norm << " affine " << affine);
+        INFO(label(dt, " x ", c.x, " over ", c.norm, " affine ", affine));
         std::vector<Tensor> in = {randomTensor(c.x, dt, 31), randomTensor(c.norm, dt, 32, 0.5, 1.5),
                                   randomTensor(c.norm, dt, 33)};
         const Shape norm = c.norm;
-        compareWithCpu("layerNorm", in, [norm, affine](const std::vector<Tensor>& x) {
-          return layerNorm(x[0], norm, affine & 1 ? x[1] : Tensor(), affine & 2 ? x[2] : Tensor(), 1e-5);
+        // A row of one element normalises to 0 with rstd = 1/sqrt(eps): a
+        // larger eps keeps the CPU's rounding residue (times rstd) below atol.
+        const double eps = shapeNumel(norm) == 1 ? 1e-2 : 1e-5;
+        compareWithCpu("layerNorm", in, [norm, affine, eps](const std::vector<Tensor>& x) {
+          return layerNorm(x[0], norm, affine & 1 ? x[1] : Tensor(), affine & 2 ? x[2] : Tensor(), eps);
         });
       }
     }
@@ -186,7 +198,7 @@ TEST_CASE("cuda dropout: reproducible masks, keep rate within a binomial bound, 
   const int64_t n = 1 << 20;
   for (DType dt : {DType::Float32, DType::Float64}) {
     for (double p : {0.1, 0.5, 0.9}) {
-      INFO(dtypeName(dt) << " p " << p);
+      INFO(label(dt, " p ", p));
       Tensor x = randomTensor({n}, dt, 41, 0.5, 1.5).to(kCuda).requiresGrad_();
       Generator g1(77), g2(77), g3(78);
       Tensor a = dropout(x, p, true, &g1);
@@ -273,7 +285,7 @@ TEST_CASE("cuda normal and randint fills: bounded statistics, the same numbers f
   WEFT_SKIP_WITHOUT_CUDA();
   const int64_t n = 1 << 21;
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16}) {
-    INFO(dtypeName(dt));
+    INFO(label(dt));
     Tensor a = empty({n}, {.dtype = dt, .device = kCuda});
     Tensor b = empty({n}, {.dtype = dt, .device = kCuda});
     Tensor c = empty({n}, {.dtype = dt, .device = kCuda});
@@ -315,7 +327,7 @@ TEST_CASE("cuda normal and randint fills: bounded statistics, the same numbers f
 TEST_CASE("cuda indexSelect matches the CPU over dims, duplicates, empty indices and dtypes") {
   WEFT_SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::Float64, DType::Float32, DType::BFloat16, DType::Int64}) {
-    INFO(dtypeName(dt));
+    INFO(label(dt));
     for (int64_t dim : {0, 1, 2}) {
       const int64_t size = dim == 0 ? 6 : dim == 1 ? 7 : 35;
       compareWithCpu("indexSelect", {randomTensor({6, 7, 35}, dt, 51), randomIds({23}, size, 52)},
@@ -338,7 +350,7 @@ TEST_CASE("cuda indexSelect matches the CPU over dims, duplicates, empty indices
 TEST_CASE("cuda gather and scatterAdd match the CPU over dims, layouts and dtypes") {
   WEFT_SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::Float64, DType::Float32, DType::Int64, DType::Int32, DType::UInt8, DType::Float16}) {
-    INFO(dtypeName(dt));
+    INFO(label(dt));
     for (int64_t dim : {0, 1, 2}) {
       const Shape xs = {5, 6, 7};
       Shape is = {4, 5, 6};
@@ -378,7 +390,7 @@ TEST_CASE("cuda gather and scatterAdd match the CPU over dims, layouts and dtype
 TEST_CASE("cuda cat and stack match the CPU with empty pieces, views and every dim") {
   WEFT_SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::Float64, DType::Float32, DType::Int32, DType::Bool, DType::BFloat16}) {
-    INFO(dtypeName(dt));
+    INFO(label(dt));
     for (int64_t dim : {0, 1, 2}) {
       Shape a = {3, 4, 5}, b = {3, 4, 5}, c = {3, 4, 5};
       b[dim] = 0;
