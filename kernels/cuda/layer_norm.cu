@@ -7,61 +7,15 @@ namespace {
 
 constexpr int kMaxRowThreads = 512;
 
-// Threads per row block: the row rounded up to a warp, 32 to kMaxRowThreads.
+// Threads per row block: about four elements each, rounded up to a warp,
+// 32 to kMaxRowThreads (short rows keep more blocks resident).
 int rowThreads(int64_t n) {
-  return static_cast<int>(std::min<int64_t>(kMaxRowThreads, std::max<int64_t>(32, (n + 31) / 32 * 32)));
+  const int64_t quarter = (n + 3) / 4;
+  return static_cast<int>(std::min<int64_t>(kMaxRowThreads, std::max<int64_t>(32, (quarter + 31) / 32 * 32)));
 }
 
 unsigned rowBlocks(int64_t rows) {
   return static_cast<unsigned>(std::min<int64_t>(rows, 0x7fffffff));
-}
-
-// A running mean and sum of squared deviations over `count` values.
-template <class A>
-struct Welford {
-  A count = 0, mean = 0, m2 = 0;
-
-  __device__ __forceinline__ void add(A v) {
-    count += A(1);
-    const A d = v - mean;
-    mean += d / count;
-    m2 += d * (v - mean);
-  }
-  __device__ __forceinline__ void merge(A c, A m, A q) {
-    if (c == A(0)) return;
-    if (count == A(0)) {
-      count = c;
-      mean = m;
-      m2 = q;
-      return;
-    }
-    const A total = count + c, d = m - mean;
-    mean += d * (c / total);
-    m2 += q + d * d * (count * c / total);
-    count = total;
-  }
-};
-
-// Merges every thread's Welford state; the block's result is returned to all
-// threads. `shared` holds 3 * 32 values.
-template <class A>
-__device__ Welford<A> blockWelford(Welford<A> w, A* shared) {
-  for (int s = 16; s > 0; s >>= 1) {
-    const A c = __shfl_down_sync(0xffffffffu, w.count, s), m = __shfl_down_sync(0xffffffffu, w.mean, s),
-            q = __shfl_down_sync(0xffffffffu, w.m2, s);
-    w.merge(c, m, q);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  __syncthreads();  // shared may still be read from the previous row
-  if (lane == 0) {
-    shared[warp] = w.count;
-    shared[32 + warp] = w.mean;
-    shared[64 + warp] = w.m2;
-  }
-  __syncthreads();
-  Welford<A> r;
-  for (int k = 0; k < warps; ++k) r.merge(shared[k], shared[32 + k], shared[64 + k]);
-  return r;
 }
 
 // The block's sums of a and b, returned to all threads. `shared` holds 2 * 32.
@@ -72,7 +26,7 @@ __device__ void blockSum2(A& a, A& b, A* shared) {
     b += __shfl_down_sync(0xffffffffu, b, s);
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  __syncthreads();
+  __syncthreads();  // shared may still be read for the previous row
   if (lane == 0) {
     shared[warp] = a;
     shared[32 + warp] = b;
@@ -86,27 +40,35 @@ __device__ void blockSum2(A& a, A& b, A* shared) {
   }
 }
 
+// Each row's moments come from sums of d = x - x[0] and d^2 in float64 (the
+// CPU's shifted sums): the shift keeps E[d^2] - E[d]^2 from cancelling when
+// the mean is large against the spread.
 template <class T>
 __global__ void forwardKernel(const T* x, int64_t rows, int64_t n, const T* weight, const T* bias, double eps, T* y,
                               T* mean, T* rstd) {
   using A = Acc<T>;
-  __shared__ A shared[3 * 32];
+  __shared__ double shared[2 * 32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * n;
-    // Moments of x - x[0]: the sums stay at the scale of the spread, not of the mean.
-    const A shift = static_cast<A>(xr[0]);
-    Welford<A> w;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) w.add(static_cast<A>(xr[i]) - shift);
-    w = blockWelford(w, shared);
-    const A mu = w.mean, var = w.m2 / static_cast<A>(n);
-    const A rs = A(1) / sqrt(var + static_cast<A>(eps));
+    const double shift = static_cast<double>(xr[0]);
+    double s1 = 0, s2 = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const double d = static_cast<double>(xr[i]) - shift;
+      s1 += d;
+      s2 += d * d;
+    }
+    blockSum2(s1, s2, shared);
+    const double md = s1 / static_cast<double>(n);
+    const double var = fmax(s2 / static_cast<double>(n) - md * md, 0.0);
+    const A mu = static_cast<A>(shift + md);
+    const A rs = static_cast<A>(1.0 / sqrt(var + eps));
     if (threadIdx.x == 0) {
-      mean[r] = static_cast<T>(shift + mu);
+      mean[r] = static_cast<T>(mu);
       rstd[r] = static_cast<T>(rs);
     }
     T* yr = y + r * n;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      A v = (static_cast<A>(xr[i]) - shift - mu) * rs;
+      A v = (static_cast<A>(xr[i]) - mu) * rs;
       if (weight) v *= static_cast<A>(weight[i]);
       if (bias) v += static_cast<A>(bias[i]);
       yr[i] = static_cast<T>(v);

@@ -6,13 +6,15 @@
 //   kernels::cuda::layerNormForward(DType::Float32, x, rows, 768, w, b, 1e-5, y, mean, rstd);
 //   kernels::cuda::layerNormBackward(DType::Float32, g, x, mean, rstd, w, rows, 768, gx, gw, gb);
 //
-// The forward reads a row once for both moments (Welford per thread over
-// x - x[0], merged across the block, so a large mean does not cancel the
-// variance), then once more for y. Sums are in float32 for float32 (float64 for float64) in an
-// order other than the CPU's: results agree to rounding. The backward runs
-// one block per row for dx and a column-blocked pass over chunks of rows for
-// dweight and dbias, whose per-chunk partials are then summed in chunk order
-// (deterministic). Float32 and float64 (other dtypes: InvalidArgumentError).
+// The forward reads a row once for both moments, as the CPU does: sums of
+// x - x[0] and of its square, in float64 (shifting by the row's first
+// element keeps E[d^2] - E[d]^2 from cancelling when the mean is large
+// against the spread), then once more for y. The backward runs one block per
+// row for dx (its two row sums in float32 for float32, float64 for float64)
+// and a column-blocked pass over chunks of rows for dweight and dbias, whose
+// per-chunk partials are then summed in chunk order (deterministic). Sums
+// run in another order than the CPU's: results agree to rounding. Float32
+// and float64 (other dtypes: InvalidArgumentError).
 #pragma once
 
 #include <cstdint>
