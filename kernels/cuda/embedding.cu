@@ -124,10 +124,15 @@ void checkEmbeddingIndices(const char* op, const int64_t* indices, int64_t n, in
 void embeddingForward(DType type, const void* weight, int64_t num, int64_t dim, const int64_t* indices, int64_t n,
                       void* out) {
   if (n <= 0 || dim <= 0) return;
-  WEFT_DISPATCH_FLOATING(type, "embedding", [&]<class T>() {
-    RowLaunch l = rowLaunch(n, dim);
-    lookupKernel<T><<<l.grid, l.block, 0, stream()>>>(static_cast<const T*>(weight), dim, indices, n,
-                                                      static_cast<T*>(out));
+  if (type != DType::Float32 && type != DType::Float64) throwUnsupportedDType("embedding", type);
+  // Rows are copied as bytes, 16 at a time where the layout allows.
+  const uint64_t es = elementSize(type);
+  const size_t unit = copyUnit({dim * es, addressOf(weight), addressOf(out)});
+  const int64_t row = dim * es / unit;
+  dispatchBySize(unit, "embedding", [&]<class U>() {
+    RowLaunch l = rowLaunch(n, row);
+    lookupKernel<U><<<l.grid, l.block, 0, stream()>>>(static_cast<const U*>(weight), row, indices, n,
+                                                      static_cast<U*>(out));
     checkLaunch("embedding");
   });
 }

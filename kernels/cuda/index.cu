@@ -132,10 +132,12 @@ void gatherElements(const U* in, int64_t dimStride, const int64_t* index, U* out
 void catForward(DType type, const void* src, int64_t outer, int64_t srcRow, void* dst, int64_t dstRow,
                 int64_t offset) {
   if (outer <= 0 || srcRow <= 0) return;
-  dispatchBySize(elementSize(type), "cat", [&]<class U>() {
-    RowLaunch l = rowLaunch(outer, srcRow);
-    catKernel<U><<<l.grid, l.block, 0, stream()>>>(static_cast<const U*>(src), outer, srcRow, static_cast<U*>(dst),
-                                                   dstRow, offset);
+  const uint64_t es = elementSize(type);
+  const size_t unit = copyUnit({srcRow * es, dstRow * es, offset * es, addressOf(src), addressOf(dst)});
+  const int64_t s = srcRow * es / unit, d = dstRow * es / unit, at = offset * es / unit;
+  dispatchBySize(unit, "cat", [&]<class U>() {
+    RowLaunch l = rowLaunch(outer, s);
+    catKernel<U><<<l.grid, l.block, 0, stream()>>>(static_cast<const U*>(src), outer, s, static_cast<U*>(dst), d, at);
     checkLaunch("cat");
   });
 }
@@ -143,9 +145,12 @@ void catForward(DType type, const void* src, int64_t outer, int64_t srcRow, void
 void indexSelectForward(DType type, const void* in, int64_t outer, int64_t size, int64_t inner,
                         const int64_t* index, int64_t n, void* out) {
   if (outer <= 0 || n <= 0 || inner <= 0) return;
-  dispatchBySize(elementSize(type), "indexSelect", [&]<class U>() {
-    RowLaunch l = rowLaunch(outer * n, inner);
-    indexSelectKernel<U><<<l.grid, l.block, 0, stream()>>>(static_cast<const U*>(in), outer, size, inner, index, n,
+  const uint64_t es = elementSize(type);
+  const size_t unit = copyUnit({inner * es, addressOf(in), addressOf(out)});
+  const int64_t row = inner * es / unit;
+  dispatchBySize(unit, "indexSelect", [&]<class U>() {
+    RowLaunch l = rowLaunch(outer * n, row);
+    indexSelectKernel<U><<<l.grid, l.block, 0, stream()>>>(static_cast<const U*>(in), outer, size, row, index, n,
                                                            static_cast<U*>(out));
     checkLaunch("indexSelect");
   });

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cuda/common.cuh"
 
@@ -37,11 +38,25 @@ __device__ __forceinline__ int64_t firstRow() {
 }
 __device__ __forceinline__ int64_t rowStride() { return static_cast<int64_t>(gridDim.x) * blockDim.y; }
 
-// Calls f.template operator()<U>() with U the unsigned integer of `bytes`
-// bytes (1, 2, 4 or 8): kernels that only move elements dispatch on size.
+// The widest unit of 16, 8, 4, 2 or 1 bytes that divides every value given
+// (byte counts, byte offsets and addresses): a kernel that only copies rows
+// moves them in units of it, 16-byte loads where the layout allows.
+inline size_t copyUnit(std::initializer_list<uint64_t> values) {
+  size_t unit = 16;
+  for (uint64_t v : values) {
+    while (unit > 1 && v % unit != 0) unit /= 2;
+  }
+  return unit;
+}
+
+inline uint64_t addressOf(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// Calls f.template operator()<U>() with U a plain type of `bytes` bytes (1,
+// 2, 4, 8 or 16): kernels that only move elements dispatch on size.
 template <class F>
 void dispatchBySize(size_t bytes, const char* op, F&& f) {
   switch (bytes) {
+    case 16: f.template operator()<uint4>(); break;
     case 1: f.template operator()<uint8_t>(); break;
     case 2: f.template operator()<uint16_t>(); break;
     case 4: f.template operator()<uint32_t>(); break;
