@@ -115,6 +115,7 @@ __global__ void randintKernel(T* out, int64_t n, int64_t low, uint64_t range, ui
       const uint64_t v = __umul64hi(bits64(r.w[2 * k], r.w[2 * k + 1]), range);
       const int64_t value = static_cast<int64_t>(static_cast<uint64_t>(low) + v);
       if constexpr (kIsDeviceHalf<T>) out[i] = fromAcc<T>(static_cast<float>(value));
+      else if constexpr (std::is_same_v<T, bool>) out[i] = value != 0;
       else out[i] = static_cast<T>(value);
     }
   }
@@ -169,7 +170,7 @@ void randintFill(DType type, void* out, int64_t n, int64_t low, int64_t high, ui
   WEFT_ENFORCE(low < high, InvalidArgumentError, "randint: low ", low, " must be below high ", high);
   if (n <= 0) return;
   const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
-  WEFT_CUDA_DISPATCH_NUMERIC_AND_HALF(type, "randint", [&]<class T>() {
+  WEFT_CUDA_DISPATCH_ALL_AND_HALF(type, "randint", [&]<class T>() {
     randintKernel<T><<<countersBlocks<2>(n), kThreads, 0, stream()>>>(static_cast<T*>(out), n, low, range, seed,
                                                                       offset);
     checkLaunch("randint");

@@ -33,7 +33,8 @@ namespace weft::kernels::cuda {
 // Floating dtypes (float32, float64, bfloat16, float16).
 void uniformFill(DType type, void* out, int64_t n, double low, double high, uint64_t seed, uint64_t offset);
 void normalFill(DType type, void* out, int64_t n, double mean, double std, uint64_t seed, uint64_t offset);
-// Any dtype of common/dtype.h except Bool: values in [low, high) (high > low).
+// Any dtype of common/dtype.h: values in [low, high) (high > low), converted
+// as a cast from int64 does (Bool: value != 0).
 void randintFill(DType type, void* out, int64_t n, int64_t low, int64_t high, uint64_t seed, uint64_t offset);
 
 // Dropout over contiguous x [n] of a floating dtype: mask[i] = 0 (dropped,
