@@ -270,7 +270,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
     Tensor xc = x.detach().contiguous();
     Tensor mask = empty(x.shape(), like(x));
     Tensor out = empty(x.shape(), like(x));
-    const PhiloxKey key = reservePhilox(gen, static_cast<uint64_t>(xc.numel()));
+    [[maybe_unused]] const PhiloxKey key = reservePhilox(gen, static_cast<uint64_t>(xc.numel()));
     WEFT_CUDA_CALL(x.device().index, dropoutForward(x.dtype(), xc.rawData(), xc.numel(), p, key.seed, key.offset,
                                                     mask.rawData(), out.rawData()));
     grad_rules::dropoutBackward(x, out, mask);
