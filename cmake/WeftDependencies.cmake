@@ -8,13 +8,27 @@
 # keeps every BLAS call on its calling thread (kernels/cpu/gemm.cpp), so BLAS
 # never starts OpenMP teams of its own. Debian's serial build would do that
 # by itself but is not safe to call from several threads at once.
+# Looked for under each CMAKE_PREFIX_PATH entry, then /usr, in Debian's layout
+# (<root>/lib/<multiarch>/openblas-openmp, <root>/include/<multiarch>/openblas-openmp),
+# so that a copy unpacked from the Debian packages into a prefix is found
+# (scripts/device_check.sh).
 # Defines the imported target weft::openblas when found, and sets
 # WEFT_OPENBLAS_DIR, WEFT_OPENBLAS_LIBRARY and WEFT_OPENBLAS_INCLUDE_DIR.
 macro(weft_find_openblas)
-  set(WEFT_OPENBLAS_DIR /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp)
-  find_library(WEFT_OPENBLAS_LIBRARY NAMES openblas PATHS ${WEFT_OPENBLAS_DIR} NO_DEFAULT_PATH)
+  set(weft_openblas_roots ${CMAKE_PREFIX_PATH} /usr)
+  find_library(WEFT_OPENBLAS_LIBRARY NAMES openblas
+    PATHS ${weft_openblas_roots}
+    PATH_SUFFIXES lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp
+    NO_DEFAULT_PATH)
   find_path(WEFT_OPENBLAS_INCLUDE_DIR cblas.h
-    PATHS /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
+    PATHS ${weft_openblas_roots}
+    PATH_SUFFIXES include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp
+    NO_DEFAULT_PATH)
+  if(WEFT_OPENBLAS_LIBRARY)
+    get_filename_component(WEFT_OPENBLAS_DIR ${WEFT_OPENBLAS_LIBRARY} DIRECTORY)
+  else()
+    set(WEFT_OPENBLAS_DIR /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp)
+  endif()
   if(WEFT_OPENBLAS_LIBRARY AND WEFT_OPENBLAS_INCLUDE_DIR AND NOT TARGET weft::openblas)
     add_library(weft::openblas UNKNOWN IMPORTED)
     set_target_properties(weft::openblas PROPERTIES IMPORTED_LOCATION ${WEFT_OPENBLAS_LIBRARY})

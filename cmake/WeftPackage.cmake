@@ -72,6 +72,11 @@ endif()
 if(NOT DEFINED WEFT_HAVE_NCCL)
   set(WEFT_HAVE_NCCL OFF)
 endif()
+if(TARGET weft_rpc)
+  set(WEFT_HAVE_DISTRIBUTED ON)
+else()
+  set(WEFT_HAVE_DISTRIBUTED OFF)
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/weftConfig.cmake.in
   ${PROJECT_BINARY_DIR}/weftConfig.cmake
   INSTALL_DESTINATION ${WEFT_INSTALL_CMAKEDIR})

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <limits>
 #include <new>
 
 namespace weft::kernels {
@@ -9,6 +10,7 @@ namespace weft::kernels {
 namespace {
 constexpr size_t kSmall = size_t(1) << 20;
 constexpr size_t kPage = size_t(2) << 20;
+constexpr size_t kNoClass = std::numeric_limits<size_t>::max();
 }  // namespace
 
 size_t BlockCache::roundSize(size_t n) {
@@ -17,6 +19,7 @@ size_t BlockCache::roundSize(size_t n) {
   // Four steps per power of two.
   const size_t pow2 = std::bit_floor(n);
   const size_t step = pow2 / 4;
+  if (n > kNoClass - (step - 1)) return kNoClass;
   size_t r = (n + step - 1) / step * step;
   if (r >= 4 * kPage) r = (r + kPage - 1) / kPage * kPage;
   return r;
@@ -51,6 +54,8 @@ void BlockCache::collectPendingLocked() {
 void* BlockCache::allocate(size_t nbytes, void* stream) {
   if (nbytes == 0) return nullptr;
   const size_t size = roundSize(nbytes);
+  // No device holds it: refused before the cache is released for nothing.
+  if (size == kNoClass) throw std::bad_alloc();
   std::lock_guard<std::mutex> lk(mu_);
   if (!pending_.empty()) collectPendingLocked();
   void* p = nullptr;

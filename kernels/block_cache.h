@@ -8,6 +8,9 @@
 // larger ones to one of four steps per power of two (1.25, 1.5, 1.75, 2 x
 // 2^k), rounded to 2 MiB pages from 8 MiB up; so a freed block serves later
 // requests of its class, and at most a quarter of a large block is slack.
+// A request whose class would not fit in size_t (above SIZE_MAX - 2^61)
+// gets SIZE_MAX, which allocate refuses with std::bad_alloc without asking
+// the backend.
 // A block freed while other streams may still use it (recordStream) waits
 // for those streams' events (the backend's eventDone) before reuse.
 #pragma once

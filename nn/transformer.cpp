@@ -210,6 +210,9 @@ void GPT::checkTokens(const Tensor& idx, const char* what) const {
   const int64_t t = idx.size(1);
   WEFT_ENFORCE(t >= 1 && t <= config_.blockSize, InvalidArgumentError, "GPT: ", what, " has sequence length T = ", t,
                ", which must lie in [1, blockSize = ", config_.blockSize, "]");
+  // On a device the embedding's own check reports a bad id (reading the ids
+  // here would wait for the device every step).
+  if (!idx.device().isCpu()) return;
   const std::vector<int64_t> ids = idx.toVector<int64_t>();
   for (size_t i = 0; i < ids.size(); ++i) {
     WEFT_ENFORCE(ids[i] >= 0 && ids[i] < config_.vocabSize, IndexError, "GPT: ", what, " holds token id ", ids[i],
@@ -316,7 +319,7 @@ Tensor GPT::generate(const Tensor& prompt, int64_t maxNewTokens, double temperat
       }
       next[r] = pick;
     }
-    seq = cat({seq, fromVector(next, {rows, 1})}, 1);
+    seq = cat({seq, fromVector(next, {rows, 1}).to(seq.device())}, 1);
   }
   return seq;
 }

@@ -24,6 +24,7 @@ struct Flags {
   double dropout = 0.0;
   std::string checkpoint = "none";  // none, every-block, every:K, sqrt
   std::string precision = "float32";  // float32, or bf16: products in bfloat16 (tensor/autocast.h)
+  std::string device = "cpu";          // cpu, cuda or cuda:N: where the one-process model trains
   // The optimisation.
   int64_t steps = 600;
   int64_t batchSize = 16;
@@ -55,6 +56,7 @@ struct Flags {
   app::exitWithUsage(kProgram, err, "",
                      "[--layers N] [--heads N] [--width N] [--block N] [--dropout P]\n"
                      "           [--checkpoint none|every-block|every:K|sqrt] [--precision float32|bf16]\n"
+                     "           [--device cpu|cuda|cuda:N]\n"
                      "           [--steps N] [--batch-size N]\n"
                      "           [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
@@ -100,6 +102,7 @@ inline Flags parseFlags(int argc, char** argv) {
     else if (a == "--dropout") f.dropout = args.real(true);
     else if (a == "--checkpoint") f.checkpoint = v;
     else if (a == "--precision") f.precision = v;
+    else if (a == "--device") f.device = v;
     else if (a == "--steps") f.steps = args.integer();
     else if (a == "--batch-size") f.batchSize = args.integer();
     else if (a == "--lr") f.lr = args.real(true);
@@ -131,6 +134,12 @@ inline Flags parseFlags(int argc, char** argv) {
   if (f.precision != "float32" && f.precision != "bf16") {
     usage("invalid value '" + f.precision + "' for --precision (float32, bf16)");
   }
+  try {
+    (void)Device::parse(f.device);
+  } catch (const Error&) {
+    usage("invalid value '" + f.device + "' for --device (cpu, cuda, cuda:N)");
+  }
+  if (f.device != "cpu" && f.pp > 1) usage("--device cuda trains in one process; --pp runs on CPUs");
   if (f.steps < 1 || f.batchSize < 1) usage("--steps and --batch-size must be positive");
   if (f.lr <= 0 || f.minLr < 0 || f.minLr > f.lr) usage("--lr must be positive and --min-lr in [0, lr]");
   if (f.warmup < 0 || f.warmup > f.steps) usage("--warmup must lie in [0, steps]");

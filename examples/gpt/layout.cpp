@@ -31,11 +31,18 @@ class SingleProcess final : public Layout {
         opt_(nn::optim::decayGroups(model_->namedParameters(),
                                     nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = f.weightDecay})),
         gradClip_(f.gradClip),
-        bf16_(f.precision == "bf16") {}
+        bf16_(f.precision == "bf16"),
+        device_(Device::parse(f.device)) {
+    // The same initial weights on every device: drawn on the CPU, then moved (the
+    // optimizer's parameters are the same tensors, moved in place).
+    model_->to(device_);
+  }
 
   std::string describe() const override {
-    return "one process, " + std::to_string(kernels::cpu::numThreads()) + " kernel threads, " +
-           (bf16_ ? "bfloat16 products (autocast), float32 weights" : "float32");
+    const std::string where = device_.isCuda() ? "one process on " + device_.str() + ", "
+                                               : "one process, " + std::to_string(kernels::cpu::numThreads()) +
+                                                     " kernel threads, ";
+    return where + (bf16_ ? "bfloat16 products (autocast), float32 weights" : "float32");
   }
 
   int64_t numParameters() const override { return model_->numParameters(); }
@@ -43,7 +50,7 @@ class SingleProcess final : public Layout {
   double step(const Tensor& x, const Tensor& y, double lr) override {
     opt_.setLr(lr);
     opt_.zeroGrad(true);
-    Tensor loss = forwardLoss(x, y);
+    Tensor loss = forwardLoss(x.to(device_), y.to(device_));
     loss.backward();
     if (gradClip_ > 0) nn::clipGradNorm_(model_->parameters(), gradClip_);
     opt_.step();
@@ -53,7 +60,7 @@ class SingleProcess final : public Layout {
   double evaluate(const Tensor& x, const Tensor& y) override {
     NoGradGuard ng;
     model_->eval();
-    double loss = forwardLoss(x, y).item<double>();
+    double loss = forwardLoss(x.to(device_), y.to(device_)).item<double>();
     model_->train();
     return loss;
   }
@@ -61,7 +68,7 @@ class SingleProcess final : public Layout {
   std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t topK,
                      Generator& gen) override {
     std::vector<int64_t> ids = data::ByteTokenizer::encode(prompt);
-    Tensor idx = fromVector(ids, Shape{1, static_cast<int64_t>(ids.size())});
+    Tensor idx = fromVector(ids, Shape{1, static_cast<int64_t>(ids.size())}).to(device_);
     model_->eval();
     Tensor out = model_->generate(idx, tokens, temperature, topK, &gen);
     model_->train();
@@ -81,6 +88,7 @@ class SingleProcess final : public Layout {
   nn::optim::AdamW opt_;
   double gradClip_;
   bool bf16_;
+  Device device_;
 };
 
 }  // namespace

@@ -16,6 +16,8 @@
 #include "data/text.h"
 #include "examples/example_run.h"
 
+#ifdef WEFT_GPT
+
 using weft::testing::countLines;
 using weft::testing::runShell;
 
@@ -159,3 +161,5 @@ TEST_CASE("the GPT example names the Debian package when the corpus is missing")
   CHECK(rc == 1);
   CHECK(out.find("apt-get install fortunes") != std::string::npos);
 }
+
+#endif  // WEFT_GPT
