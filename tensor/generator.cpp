@@ -24,6 +24,14 @@ void Generator::seed(uint64_t s) {
   uint64_t x = s;
   for (auto& w : s_) w = splitmix64(x);
   haveSpare_ = false;
+  philoxSeed_ = s;
+  philoxOffset_ = 0;
+}
+
+PhiloxKey Generator::reservePhilox(uint64_t count) {
+  PhiloxKey k{philoxSeed_, philoxOffset_};
+  philoxOffset_ += count;
+  return k;
 }
 
 uint64_t Generator::nextU64() {
@@ -93,6 +101,8 @@ GeneratorState Generator::state() const {
   for (int i = 0; i < 4; ++i) st.words[i] = s_[i];
   st.haveSpare = haveSpare_;
   st.spare = spare_;
+  st.philoxSeed = philoxSeed_;
+  st.philoxOffset = philoxOffset_;
   return st;
 }
 
@@ -102,6 +112,8 @@ void Generator::setState(const GeneratorState& st) {
   for (int i = 0; i < 4; ++i) s_[i] = st.words[i];
   haveSpare_ = st.haveSpare;
   spare_ = st.spare;
+  philoxSeed_ = st.philoxSeed;
+  philoxOffset_ = st.philoxOffset;
 }
 
 Generator& defaultGenerator() {
@@ -117,6 +129,12 @@ std::mutex& defaultGeneratorMutex() {
 void manualSeed(uint64_t s) {
   std::lock_guard<std::mutex> lock(defaultGeneratorMutex());
   defaultGenerator().seed(s);
+}
+
+PhiloxKey reservePhilox(Generator* gen, uint64_t count) {
+  if (gen) return gen->reservePhilox(count);
+  std::lock_guard<std::mutex> lock(defaultGeneratorMutex());
+  return defaultGenerator().reservePhilox(count);
 }
 
 GeneratorState defaultGeneratorState() {

@@ -17,8 +17,11 @@
 #include "kernels/cuda_call.h"
 #ifdef WEFT_HAVE_CUDA
 #include "kernels/cuda/conv.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/layer_norm.h"
 #include "kernels/cuda/lstm.h"
 #include "kernels/cuda/pool.h"
+#include "kernels/cuda/random.h"
 #endif
 #include "tensor/autocast.h"
 #include "tensor/autograd.h"
@@ -38,15 +41,16 @@ Tensor packed(const Tensor& t) { return t.defined() ? t.detach().contiguous() : 
 
 void checkTable(const char* op, const Tensor& weight) {
   detail::checkDefined(op, weight, "weight");
-  detail::requireCpu(op, weight);
   detail::requireFloating(op, weight);
   WEFT_ENFORCE(weight.dim() == 2, InvalidArgumentError, op, ": weight must be 2-D [num, dim], got shape ",
                weight.shape());
 }
 
-void checkIndexTensor(const char* op, const Tensor& t, const char* what) {
+// An Int64 tensor on the device of `ref`.
+void checkIndexTensor(const char* op, const Tensor& t, const char* what, const Tensor& ref) {
   detail::requireDType(op, t, DType::Int64, what);
-  detail::requireCpu(op, t);
+  WEFT_ENFORCE(t.device() == ref.device(), InvalidArgumentError, op, ": ", what, " on ", t.device().str(),
+               " but the weight on ", ref.device().str(), "; both must be on one device");
 }
 
 TensorOptions like(const Tensor& t) { return {.dtype = t.dtype(), .device = t.device()}; }
@@ -57,15 +61,21 @@ TensorOptions like(const Tensor& t) { return {.dtype = t.dtype(), .device = t.de
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   checkTable("embedding", weight);
-  checkIndexTensor("embedding", indices, "indices");
+  checkIndexTensor("embedding", indices, "indices", weight);
   if (isLowPrecision(weight.dtype())) return embedding(weight.to(DType::Float32), indices).to(weight.dtype());
   Tensor w = packed(weight), idx = packed(indices);
   int64_t num = w.size(0), dim = w.size(1), n = idx.numel();
-  kernels::cpu::checkEmbeddingIndices("embedding", idx.data<int64_t>(), n, num);
   Shape outShape = indices.shape();
   outShape.push_back(dim);
   Tensor out = empty(outShape, like(weight));
-  kernels::cpu::embeddingForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(), n, out.rawData());
+  if (w.device().isCuda()) {
+    WEFT_CUDA_CALL(w.device().index, checkEmbeddingIndices("embedding", idx.data<int64_t>(), n, num));
+    WEFT_CUDA_CALL(w.device().index,
+                   embeddingForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(), n, out.rawData()));
+  } else {
+    kernels::cpu::checkEmbeddingIndices("embedding", idx.data<int64_t>(), n, num);
+    kernels::cpu::embeddingForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(), n, out.rawData());
+  }
   grad_rules::embeddingBackward(weight, out, idx);
   return out;
 }
@@ -89,7 +99,7 @@ std::vector<int64_t> bagStarts(const Tensor& indices, const Tensor& offsets) {
   WEFT_ENFORCE(offsets.defined(), InvalidArgumentError, op,
                ": 1-D indices need offsets (the position where each bag starts), got indices of shape ",
                indices.shape());
-  checkIndexTensor(op, offsets, "offsets");
+  checkIndexTensor(op, offsets, "offsets", indices);
   WEFT_ENFORCE(offsets.dim() == 1, InvalidArgumentError, op, ": offsets must be 1-D, got shape ", offsets.shape());
   starts = offsets.toVector<int64_t>();
   int64_t n = indices.numel();
@@ -123,7 +133,7 @@ Tensor embeddingBag(const Tensor& weight, const Tensor& indices, const Tensor& o
                     const Tensor& perSampleWeights) {
   const char* op = "embeddingBag";
   checkTable(op, weight);
-  checkIndexTensor(op, indices, "indices");
+  checkIndexTensor(op, indices, "indices", weight);
   WEFT_ENFORCE(indices.dim() == 1 || indices.dim() == 2, InvalidArgumentError, op,
                ": indices must be 1-D (with offsets) or 2-D [bags, n], got shape ", indices.shape());
   std::vector<int64_t> starts = bagStarts(indices, offsets);
@@ -144,17 +154,27 @@ Tensor embeddingBag(const Tensor& weight, const Tensor& indices, const Tensor& o
   }
   Tensor w = packed(weight), idx = packed(indices);
   int64_t num = w.size(0), dim = w.size(1);
-  kernels::cpu::checkEmbeddingIndices(op, idx.data<int64_t>(), idx.numel(), num);
   BagReduce reduce = mode == EmbeddingBagMode::Sum ? BagReduce::Sum
                      : mode == EmbeddingBagMode::Mean ? BagReduce::Mean
                                                       : BagReduce::Max;
   Tensor out = empty({bags, dim}, like(weight));
-  Tensor argmax = reduce == BagReduce::Max ? empty({bags, dim}, {.dtype = DType::Int64}) : Tensor();
-  kernels::cpu::embeddingBagForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(), starts.data(), bags, reduce,
-                                    psw.defined() ? psw.rawData() : nullptr, out.rawData(),
-                                    argmax.defined() ? argmax.data<int64_t>() : nullptr);
-
-  grad_rules::embeddingBagBackward(weight, perSampleWeights, out, w, idx, psw, argmax, std::move(starts), reduce);
+  Tensor argmax =
+      reduce == BagReduce::Max ? empty({bags, dim}, {.dtype = DType::Int64, .device = weight.device()}) : Tensor();
+  // The bag bounds, validated on the host, where the kernels read them.
+  Tensor st = fromVector(starts, {bags + 1});
+  if (w.device().isCuda()) st = st.to(w.device());
+  const void* pp = psw.defined() ? psw.rawData() : nullptr;
+  int64_t* ap = argmax.defined() ? argmax.data<int64_t>() : nullptr;
+  if (w.device().isCuda()) {
+    WEFT_CUDA_CALL(w.device().index, checkEmbeddingIndices(op, idx.data<int64_t>(), idx.numel(), num));
+    WEFT_CUDA_CALL(w.device().index, embeddingBagForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(),
+                                                         st.data<int64_t>(), bags, reduce, pp, out.rawData(), ap));
+  } else {
+    kernels::cpu::checkEmbeddingIndices(op, idx.data<int64_t>(), idx.numel(), num);
+    kernels::cpu::embeddingBagForward(w.dtype(), w.rawData(), num, dim, idx.data<int64_t>(), st.data<int64_t>(), bags,
+                                      reduce, pp, out.rawData(), ap);
+  }
+  grad_rules::embeddingBagBackward(weight, perSampleWeights, out, w, idx, psw, argmax, st, reduce);
   return out;
 }
 
@@ -253,9 +273,19 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   detail::checkDefined("dropout", x, "input");
   WEFT_ENFORCE(p >= 0.0 && p <= 1.0, InvalidArgumentError, "dropout: probability has to be between 0 and 1, got ", p);
   if (!training || p == 0.0) return x;
-  detail::requireCpu("dropout", x);
   detail::requireFloating("dropout", x);
   if (isLowPrecision(x.dtype())) return dropout(x.to(DType::Float32), p, training, gen).to(x.dtype());
+  if (x.device().isCuda()) {
+    // One Philox counter per element at most (kernels/cuda/random.h).
+    Tensor xc = x.detach().contiguous();
+    Tensor mask = empty(x.shape(), like(x));
+    Tensor out = empty(x.shape(), like(x));
+    [[maybe_unused]] const PhiloxKey key = reservePhilox(gen, static_cast<uint64_t>(xc.numel()));
+    WEFT_CUDA_CALL(x.device().index, dropoutForward(x.dtype(), xc.rawData(), xc.numel(), p, key.seed, key.offset,
+                                                    mask.rawData(), out.rawData()));
+    grad_rules::dropoutBackward(x, out, mask);
+    return out;
+  }
   // mask = 0 with probability p, else 1 / (1 - p); all zeros when p == 1.
   // Element i is dropped when the generator's i-th nextDouble() would be
   // below p: (u >> 11) * 2^-53 < p, that is (u >> 11) < p * 2^53.
@@ -310,7 +340,6 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
                      autocast::detail::cast(weight, DType::Float32), autocast::detail::cast(bias, DType::Float32), eps);
   }
   detail::checkDefined(op, x, "input");
-  detail::requireCpu(op, x);
   detail::requireFloating(op, x);
   const int64_t nd = static_cast<int64_t>(normalizedShape.size());
   WEFT_ENFORCE(nd >= 1, InvalidArgumentError, op, ": normalizedShape must have at least one dimension, got ",
@@ -336,9 +365,15 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
   Tensor xc = packed(x), wc = packed(weight), bc = packed(bias);
   Tensor out = empty(x.shape(), like(x));
   Tensor mean = empty({rows}, like(x)), rstd = empty({rows}, like(x));
-  kernels::cpu::layerNormForward(x.dtype(), xc.rawData(), rows, n, wc.defined() ? wc.rawData() : nullptr,
-                                 bc.defined() ? bc.rawData() : nullptr, eps, out.rawData(), mean.rawData(),
-                                 rstd.rawData());
+  const void* wp = wc.defined() ? wc.rawData() : nullptr;
+  const void* bp = bc.defined() ? bc.rawData() : nullptr;
+  if (x.device().isCuda()) {
+    WEFT_CUDA_CALL(x.device().index, layerNormForward(x.dtype(), xc.rawData(), rows, n, wp, bp, eps, out.rawData(),
+                                                      mean.rawData(), rstd.rawData()));
+  } else {
+    kernels::cpu::layerNormForward(x.dtype(), xc.rawData(), rows, n, wp, bp, eps, out.rawData(), mean.rawData(),
+                                   rstd.rawData());
+  }
   grad_rules::layerNormBackward(x, weight, bias, out, xc, wc, mean, rstd, rows, n);
   return out;
 }

@@ -13,13 +13,17 @@ class Generator;
 
 enum class Reduction { None, Mean, Sum };
 
-// weight [num, dim]; indices Int64 of any shape -> [*indices.shape, dim].
+// weight [num, dim]; indices Int64 of any shape, on weight's device ->
+// [*indices.shape, dim]. An index outside [0, num) is an IndexError naming it
+// and its position (on a CUDA device the smallest and largest index are read
+// back; all of them only when one is out of range).
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 
 enum class EmbeddingBagMode { Sum, Mean, Max };
 // PyTorch's embedding_bag: 1-D indices with bag starts in `offsets` (1-D, first
 // element 0, non-decreasing), or 2-D indices [bags, n] with offsets undefined.
 // Empty bags give zeros. perSampleWeights (optional, Sum only) scales rows.
+// Indices and offsets on weight's device; offsets are validated on the host.
 Tensor embeddingBag(const Tensor& weight, const Tensor& indices, const Tensor& offsets,
                     EmbeddingBagMode mode = EmbeddingBagMode::Mean, const Tensor& perSampleWeights = Tensor());
 
@@ -33,6 +37,9 @@ Tensor maxPool2d(const Tensor& x, int64_t kernel, int64_t stride = 0, int64_t pa
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p) when
 // `training`; identity otherwise. p must lie in [0, 1]; p = 1 gives zeros.
+// The CPU draws the mask from gen's xoshiro stream; a CUDA device from
+// Philox counters gen reserves (Generator::reservePhilox), so both are
+// reproducible for a seed and replayed by restoring gen's state.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
 // Layer normalisation as torch.nn.functional.layer_norm: x [..., *normalizedShape]
@@ -40,7 +47,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullpt
 // row to mean 0 and variance 1: the biased variance, rstd = 1 / sqrt(var + eps)),
 // then scaled by weight and shifted by bias, each of normalizedShape or
 // undefined. Float32 or float64; weight and bias of x's dtype and device.
-// One fused kernel (kernels/cpu/layer_norm.h): the forward reads each row
+// One fused kernel (kernels/cpu/layer_norm.h, kernels/cuda/layer_norm.h on a
+// CUDA device): the forward reads each row
 // once for its mean and variance and keeps mean and rstd per row for the
 // backward, which gives dx, dweight and dbias together. No double backward:
 // the backward is a kernel, not recorded ops.

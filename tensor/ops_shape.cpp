@@ -7,6 +7,8 @@
 #include <algorithm>
 
 #include "kernels/cpu/index.h"
+#include "kernels/cuda/index.h"
+#include "kernels/cuda_call.h"
 #include "tensor/autocast.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_checks.h"
@@ -21,17 +23,18 @@ int64_t productOf(const Shape& s, size_t begin, size_t end) {
   return p;
 }
 
-// The checks shared by cat and stack: a non-empty list of defined CPU tensors
-// of one dtype and device. Returns the first tensor.
+// The checks shared by cat and stack: a non-empty list of defined tensors of
+// one dtype and device. Returns the first tensor.
 const Tensor& checkJoinInputs(const std::vector<Tensor>& tensors, const char* op) {
   WEFT_ENFORCE(!tensors.empty(), InvalidArgumentError, op, ": expected a non-empty list of tensors");
   const Tensor& first = tensors[0];
   for (size_t k = 0; k < tensors.size(); ++k) {
     const Tensor& t = tensors[k];
     WEFT_ENFORCE(t.defined(), InvalidArgumentError, op, ": tensor ", k, " is undefined");
-    detail::requireCpu(op, t);
     WEFT_ENFORCE(t.dtype() == first.dtype(), InvalidArgumentError, op, ": tensor ", k, " has dtype ",
                  dtypeName(t.dtype()), " but tensor 0 has dtype ", dtypeName(first.dtype()));
+    WEFT_ENFORCE(t.device() == first.device(), InvalidArgumentError, op, ": tensor ", k, " is on ", t.device().str(),
+                 " but tensor 0 is on ", first.device().str());
   }
   return first;
 }
@@ -45,7 +48,12 @@ void joinInto(const std::vector<Tensor>& tensors, const std::vector<int64_t>& ro
   for (size_t k = 0; k < tensors.size(); ++k) {
     if (tensors[k].numel() > 0) {
       Tensor x = tensors[k].contiguous();
-      kernels::cpu::catForward(out.dtype(), x.rawData(), outer, rows[k], out.rawData(), total, offset);
+      if (out.device().isCuda()) {
+        WEFT_CUDA_CALL(out.device().index,
+                       catForward(out.dtype(), x.rawData(), outer, rows[k], out.rawData(), total, offset));
+      } else {
+        kernels::cpu::catForward(out.dtype(), x.rawData(), outer, rows[k], out.rawData(), total, offset);
+      }
     }
     offset += rows[k];
   }
@@ -71,15 +79,37 @@ std::vector<Tensor> splitBySizes(const Tensor& a, const std::vector<int64_t>& si
   return pieces;
 }
 
-// The checks gather and scatterAdd share: index Int64 on the CPU with x's
+// Calls fail(j, index[j]) (which throws) for the first index of the
+// contiguous Int64 `idx` outside [0, size). On a device only the smallest and
+// largest index come back to the host, and all of them when one is out of range.
+template <class F>
+void checkIndexValues(const Tensor& idx, int64_t size, F&& fail) {
+  if (idx.device().isCuda()) {
+    int64_t lo = 0, hi = 0;
+    WEFT_CUDA_CALL(idx.device().index, indexRange(idx.data<int64_t>(), idx.numel(), &lo, &hi));
+    if (idx.numel() == 0 || (lo >= 0 && hi < size)) return;
+    checkIndexValues(idx.to(Device::cpu()), size, fail);
+    return;
+  }
+  const int64_t* ip = idx.data<int64_t>();
+  for (int64_t j = 0; j < idx.numel(); ++j) {
+    if (ip[j] < 0 || ip[j] >= size) fail(j, ip[j]);
+  }
+}
+
+void requireDeviceOf(const char* op, const Tensor& index, const Tensor& x) {
+  WEFT_ENFORCE(index.device() == x.device(), InvalidArgumentError, op, ": index on ", index.device().str(),
+               " but the input on ", x.device().str(), "; both must be on one device");
+}
+
+// The checks gather and scatterAdd share: index Int64 on x's device with x's
 // rank, no larger than x except along dim, and every value in [0, x.size(dim)).
 // Returns dim wrapped; a 0-D x, index (and src) are handled as shape [1].
 int64_t checkIndexing(const char* op, const Tensor& x, int64_t dim, const Tensor& index) {
   detail::checkDefined(op, x, "input");
-  detail::requireCpu(op, x);
   detail::checkDefined(op, index, "index");
   detail::requireDType(op, index, DType::Int64, "index");
-  detail::requireCpu(op, index);
+  requireDeviceOf(op, index, x);
   WEFT_ENFORCE(index.dim() == x.dim(), InvalidArgumentError, op, ": index of shape ", index.shape(),
                " must have as many dimensions as the input of shape ", x.shape());
   dim = wrapDim(dim, std::max<int64_t>(x.dim(), 1), op);
@@ -89,13 +119,11 @@ int64_t checkIndexing(const char* op, const Tensor& x, int64_t dim, const Tensor
                  " (only dimension ", dim, " may be larger)");
   }
   const int64_t size = x.dim() == 0 ? 1 : x.size(dim);
-  Tensor idx = index.contiguous();
-  const int64_t* ip = idx.data<int64_t>();
-  for (int64_t j = 0; j < idx.numel(); ++j) {
-    WEFT_ENFORCE(ip[j] >= 0 && ip[j] < size, IndexError, op, ": index ", ip[j], " (at flat position ", j,
-                 " of index shape ", index.shape(), ") is out of range for dimension ", dim, " of size ", size,
-                 " in input shape ", x.shape());
-  }
+  checkIndexValues(index.contiguous(), size, [&](int64_t j, int64_t v) {
+    throw IndexError(::weft::detail::concat(op, ": index ", v, " (at flat position ", j, " of index shape ",
+                                            index.shape(), ") is out of range for dimension ", dim, " of size ", size,
+                                            " in input shape ", x.shape()));
+  });
   return dim;
 }
 
@@ -133,7 +161,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     sizes.push_back(s[dim]);
     outShape[dim] += s[dim];
   }
-  Tensor out = empty(outShape, {.dtype = first.dtype()});
+  Tensor out = empty(outShape, {.dtype = first.dtype(), .device = first.device()});
   int64_t outer = productOf(outShape, 0, dim), inner = productOf(outShape, dim + 1, outShape.size());
   if (out.numel() > 0) {
     std::vector<int64_t> rows(sizes.size());
@@ -154,7 +182,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   }
   Shape outShape = first.shape();
   outShape.insert(outShape.begin() + dim, static_cast<int64_t>(tensors.size()));
-  Tensor out = empty(outShape, {.dtype = first.dtype()});
+  Tensor out = empty(outShape, {.dtype = first.dtype(), .device = first.device()});
   if (out.numel() > 0) {
     int64_t outer = productOf(first.shape(), 0, dim), inner = productOf(first.shape(), dim, first.shape().size());
     joinInto(tensors, std::vector<int64_t>(tensors.size(), inner), outer, out);
@@ -204,9 +232,8 @@ std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim) {
 
 Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
   detail::checkDefined("indexSelect", a, "input");
-  detail::requireCpu("indexSelect", a);
   detail::requireDType("indexSelect", index, DType::Int64, "index");
-  detail::requireCpu("indexSelect", index);
+  requireDeviceOf("indexSelect", index, a);
   WEFT_ENFORCE(index.dim() <= 1, InvalidArgumentError, "indexSelect: index must be 0-D or 1-D, got shape ",
                index.shape());
   dim = wrapDim(dim, a.dim(), "indexSelect");
@@ -214,10 +241,11 @@ Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
   const int64_t* ip = idx.data<int64_t>();
   int64_t n = idx.numel();
   int64_t size = a.dim() == 0 ? 1 : a.shape()[dim];
-  for (int64_t j = 0; j < n; ++j) {
-    WEFT_ENFORCE(ip[j] >= 0 && ip[j] < size, IndexError, "indexSelect: index ", ip[j], " (at position ", j,
-                 ") is out of range for dimension ", dim, " of size ", size, " in shape ", a.shape());
-  }
+  checkIndexValues(idx, size, [&](int64_t j, int64_t v) {
+    throw IndexError(::weft::detail::concat("indexSelect: index ", v, " (at position ", j,
+                                            ") is out of range for dimension ", dim, " of size ", size, " in shape ",
+                                            a.shape()));
+  });
   Shape outShape = a.shape();
   if (a.dim() == 0) {
     WEFT_ENFORCE(n == 1, InvalidArgumentError, "indexSelect: a zero-dimensional input takes exactly one index, got ",
@@ -226,10 +254,15 @@ Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
     outShape[dim] = n;
   }
   int64_t outer = productOf(a.shape(), 0, dim), inner = a.dim() == 0 ? 1 : productOf(a.shape(), dim + 1, a.dim());
-  Tensor out = empty(outShape, {.dtype = a.dtype()});
+  Tensor out = empty(outShape, {.dtype = a.dtype(), .device = a.device()});
   if (out.numel() > 0) {
     Tensor x = a.contiguous();
-    kernels::cpu::indexSelectForward(a.dtype(), x.rawData(), outer, size, inner, ip, n, out.rawData());
+    if (a.device().isCuda()) {
+      WEFT_CUDA_CALL(a.device().index, indexSelectForward(a.dtype(), x.rawData(), outer, size, inner, ip, n,
+                                                          out.rawData()));
+    } else {
+      kernels::cpu::indexSelectForward(a.dtype(), x.rawData(), outer, size, inner, ip, n, out.rawData());
+    }
   }
   grad_rules::indexSelectBackward(a, out, idx, outer, size, inner);
   return out;
@@ -240,8 +273,13 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor idx = atLeast1d(index.contiguous()), xv = atLeast1d(x);
   Tensor out = empty(index.shape(), {.dtype = x.dtype(), .device = x.device()});
   if (out.numel() > 0) {
-    kernels::cpu::gatherForward(x.dtype(), xv.rawData(), xv.strides(), dim, idx.data<int64_t>(), idx.shape(),
-                                out.rawData());
+    if (x.device().isCuda()) {
+      WEFT_CUDA_CALL(x.device().index, gatherForward(x.dtype(), xv.rawData(), xv.strides(), dim, idx.data<int64_t>(),
+                                                     idx.shape(), out.rawData()));
+    } else {
+      kernels::cpu::gatherForward(x.dtype(), xv.rawData(), xv.strides(), dim, idx.data<int64_t>(), idx.shape(),
+                                  out.rawData());
+    }
   }
   grad_rules::gatherBackward(x, out, idx, dim);
   return out;
@@ -265,8 +303,14 @@ Tensor scatterAdd(const Tensor& x, int64_t dim, const Tensor& index, const Tenso
   Tensor out = x.contiguous().clone().detach();
   Tensor ov = atLeast1d(out);
   if (idx.numel() > 0) {
-    kernels::cpu::scatterAddForward(x.dtype(), ov.rawData(), ov.strides(), dim, idx.data<int64_t>(), idx.shape(),
-                                    sv.rawData(), sv.strides());
+    if (x.device().isCuda()) {
+      WEFT_CUDA_CALL(x.device().index, scatterAddForward(x.dtype(), ov.rawData(), ov.strides(), dim,
+                                                         idx.data<int64_t>(), idx.shape(), sv.rawData(),
+                                                         sv.strides()));
+    } else {
+      kernels::cpu::scatterAddForward(x.dtype(), ov.rawData(), ov.strides(), dim, idx.data<int64_t>(), idx.shape(),
+                                      sv.rawData(), sv.strides());
+    }
   }
   grad_rules::scatterAddBackward(x, src, out, idx, dim);
   return out;

@@ -14,8 +14,8 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& a, int64_t splitSize, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim = 0);
 std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
-// Rows of `a` along dim picked by the Int64 `index` (1-D); out-of-range
-// indices are an IndexError naming the index and the size.
+// Rows of `a` along dim picked by the Int64 `index` (1-D, on a's device);
+// out-of-range indices are an IndexError naming the index and the size.
 Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index);
 
 // As torch.gather: out has index's shape and out[p] = x[p with its dim
@@ -34,8 +34,10 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatterAdd(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 
 // Errors (gather, scatterAdd): InvalidArgumentError naming the op and the
-// shapes or dtypes for mismatched ranks, sizes or dtypes; IndexError naming
-// the index, its position, the dim and its size for an index outside
-// [0, size) (negative indices included).
+// shapes or dtypes for mismatched ranks, sizes, dtypes or devices; IndexError
+// naming the index, its position, the dim and its size for an index outside
+// [0, size) (negative indices included). On a CUDA device the index check
+// reads back the smallest and largest index, and all of them only to name
+// the first one out of range.
 
 }  // namespace weft

@@ -119,9 +119,10 @@ void scatterAddBackward(const Tensor& x, const Tensor& src, const Tensor& out, c
 // idx: the indices as the forward read them (contiguous).
 void embeddingBackward(const Tensor& weight, const Tensor& out, const Tensor& idx);
 // w, idx, psw: packed weight, indices, per-sample weights; argmax: the
-// forward's (Max mode); starts: where each bag starts, plus the end.
+// forward's (Max mode); starts: where each bag starts, plus the end (Int64
+// [bags + 1] on the weight's device).
 void embeddingBagBackward(const Tensor& weight, const Tensor& perSampleWeights, const Tensor& out, const Tensor& w,
-                          const Tensor& idx, const Tensor& psw, const Tensor& argmax, std::vector<int64_t> starts,
+                          const Tensor& idx, const Tensor& psw, const Tensor& argmax, const Tensor& starts,
                           kernels::cpu::BagReduce reduce);
 // xc, wc: the packed input and weight the forward read.
 void conv2dBackward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& xc,

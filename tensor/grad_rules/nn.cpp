@@ -12,6 +12,8 @@
 #include "kernels/cuda_call.h"
 #ifdef WEFT_HAVE_CUDA
 #include "kernels/cuda/conv.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/layer_norm.h"
 #include "kernels/cuda/lstm.h"
 #include "kernels/cuda/pool.h"
 #endif
@@ -30,12 +32,18 @@ void embeddingBackward(const Tensor& weight, const Tensor& out, const Tensor& id
   SavedTensor si(idx);
   Shape wShape = weight.shape();
   DType dt = weight.dtype();
-  recordOp("EmbeddingBackward", {weight}, {out}, [si, wShape, dt](const Grads& g) {
+  Device dev = weight.device();
+  recordOp("EmbeddingBackward", {weight}, {out}, [si, wShape, dt, dev](const Grads& g) {
     Tensor ix = si.unpack("EmbeddingBackward");
     Tensor go = g[0].contiguous();
-    Tensor gw = zeros(wShape, {.dtype = dt});
-    kernels::cpu::embeddingBackward(dt, go.rawData(), ix.data<int64_t>(), ix.numel(), wShape[0], wShape[1],
-                                    gw.rawData());
+    Tensor gw = zeros(wShape, {.dtype = dt, .device = dev});
+    if (dev.isCuda()) {
+      WEFT_CUDA_CALL(dev.index, embeddingBackward(dt, go.rawData(), ix.data<int64_t>(), ix.numel(), wShape[0],
+                                                  wShape[1], gw.rawData()));
+    } else {
+      kernels::cpu::embeddingBackward(dt, go.rawData(), ix.data<int64_t>(), ix.numel(), wShape[0], wShape[1],
+                                      gw.rawData());
+    }
     return Grads{gw};
   });
 }
@@ -44,33 +52,46 @@ void embeddingBackward(const Tensor& weight, const Tensor& out, const Tensor& id
 // its sample weight in Sum, over the bag size in Mean, only at the argmax in
 // Max); d/dperSampleWeights[j] = g of j's bag · weight[index j]
 void embeddingBagBackward(const Tensor& weight, const Tensor& perSampleWeights, const Tensor& out, const Tensor& w,
-                          const Tensor& idx, const Tensor& psw, const Tensor& argmax, std::vector<int64_t> starts,
+                          const Tensor& idx, const Tensor& psw, const Tensor& argmax, const Tensor& starts,
                           BagReduce reduce) {
   if (!anyRequiresGrad({&weight, &perSampleWeights})) return;
   bool needW = weight.requiresGrad(), needPsw = perSampleWeights.defined() && perSampleWeights.requiresGrad();
   SavedTensor si(idx), sp(needW ? psw : Tensor()), sw(needPsw ? w : Tensor());
   Shape wShape = weight.shape(), pShape = idx.shape();
   DType dt = weight.dtype();
+  Device dev = weight.device();
   recordOp("EmbeddingBagBackward", {weight, perSampleWeights}, {out},
-           [needW, needPsw, si, sp, sw, argmax, starts = std::move(starts), reduce, wShape, pShape,
-            dt](const Grads& g) {
+           [needW, needPsw, si, sp, sw, argmax, starts, reduce, wShape, pShape, dt, dev](const Grads& g) {
              const char* name = "EmbeddingBagBackward";
              Tensor ix = si.unpack(name), go = g[0].contiguous();
-             int64_t nb = static_cast<int64_t>(starts.size()) - 1;
+             const int64_t nb = starts.numel() - 1;
+             const int64_t* sp0 = starts.data<int64_t>();
              Grads grads(2);
              if (needW) {
                Tensor p = sp.unpack(name);
-               Tensor gw = zeros(wShape, {.dtype = dt});
-               kernels::cpu::embeddingBagBackward(dt, go.rawData(), ix.data<int64_t>(), starts.data(), nb, reduce,
-                                                  p.defined() ? p.rawData() : nullptr,
-                                                  argmax.defined() ? argmax.data<int64_t>() : nullptr, wShape[0],
-                                                  wShape[1], gw.rawData());
+               Tensor gw = zeros(wShape, {.dtype = dt, .device = dev});
+               const void* pp = p.defined() ? p.rawData() : nullptr;
+               const int64_t* ap = argmax.defined() ? argmax.data<int64_t>() : nullptr;
+               if (dev.isCuda()) {
+                 WEFT_CUDA_CALL(dev.index, embeddingBagBackward(dt, go.rawData(), ix.data<int64_t>(), sp0, nb, reduce,
+                                                                pp, ap, wShape[0], wShape[1], gw.rawData()));
+               } else {
+                 kernels::cpu::embeddingBagBackward(dt, go.rawData(), ix.data<int64_t>(), sp0, nb, reduce, pp, ap,
+                                                    wShape[0], wShape[1], gw.rawData());
+               }
                grads[0] = gw;
              }
              if (needPsw) {
-               Tensor gp = empty(pShape, {.dtype = dt});
-               kernels::cpu::embeddingBagSampleWeightsBackward(dt, go.rawData(), sw.unpack(name).rawData(), wShape[1],
-                                                               ix.data<int64_t>(), starts.data(), nb, gp.rawData());
+               Tensor gp = empty(pShape, {.dtype = dt, .device = dev});
+               const void* wv = sw.unpack(name).rawData();
+               if (dev.isCuda()) {
+                 WEFT_CUDA_CALL(dev.index, embeddingBagSampleWeightsBackward(dt, go.rawData(), wv, wShape[1],
+                                                                             ix.data<int64_t>(), sp0, nb,
+                                                                             gp.rawData()));
+               } else {
+                 kernels::cpu::embeddingBagSampleWeightsBackward(dt, go.rawData(), wv, wShape[1], ix.data<int64_t>(),
+                                                                 sp0, nb, gp.rawData());
+               }
                grads[1] = gp;
              }
              return grads;
@@ -151,15 +172,16 @@ void layerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& bias
   SavedTensor sw(needX ? wc : Tensor());
   const Shape xShape = x.shape(), pShape = weight.defined() ? weight.shape() : bias.defined() ? bias.shape() : Shape{};
   const DType dt = x.dtype();
+  const Device dev = x.device();
   recordOp("LayerNormBackward", {x, weight, bias}, {out},
-           [sx, sm, sr, sw, needX, needW, needB, needStats, xShape, pShape, dt, rows, n](const Grads& g) {
+           [sx, sm, sr, sw, needX, needW, needB, needStats, xShape, pShape, dt, dev, rows, n](const Grads& g) {
              const char* name = "LayerNormBackward";
              Tensor go = g[0].contiguous();
              Tensor xv = sx.unpack(name), mv = sm.unpack(name), rv = sr.unpack(name), wv = sw.unpack(name);
              Grads grads(3);
-             if (needX) grads[0] = empty(xShape, {.dtype = dt});
-             if (needW) grads[1] = empty(pShape, {.dtype = dt});
-             if (needB) grads[2] = empty(pShape, {.dtype = dt});
+             if (needX) grads[0] = empty(xShape, {.dtype = dt, .device = dev});
+             if (needW) grads[1] = empty(pShape, {.dtype = dt, .device = dev});
+             if (needB) grads[2] = empty(pShape, {.dtype = dt, .device = dev});
              if (!needStats) {
                // Only dbias: g summed over the rows.
                NoGradGuard ng;
@@ -167,8 +189,14 @@ void layerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& bias
                return grads;
              }
              auto raw = [](const Tensor& t) { return t.defined() ? t.rawData() : nullptr; };
-             kernels::cpu::layerNormBackward(dt, go.rawData(), xv.rawData(), mv.rawData(), rv.rawData(), raw(wv), rows,
-                                             n, raw(grads[0]), raw(grads[1]), raw(grads[2]));
+             if (dev.isCuda()) {
+               WEFT_CUDA_CALL(dev.index, layerNormBackward(dt, go.rawData(), xv.rawData(), mv.rawData(), rv.rawData(),
+                                                           raw(wv), rows, n, raw(grads[0]), raw(grads[1]),
+                                                           raw(grads[2])));
+             } else {
+               kernels::cpu::layerNormBackward(dt, go.rawData(), xv.rawData(), mv.rawData(), rv.rawData(), raw(wv),
+                                               rows, n, raw(grads[0]), raw(grads[1]), raw(grads[2]));
+             }
              return grads;
            });
 }

@@ -1,6 +1,8 @@
 // Gradient rules of joining, splitting and gathering (see grad_rules.h). g is
 // the gradient of the output (of each piece, for split).
 #include "kernels/cpu/index.h"
+#include "kernels/cuda/index.h"
+#include "kernels/cuda_call.h"
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/ops_shape.h"
@@ -52,10 +54,15 @@ void indexSelectBackward(const Tensor& a, const Tensor& out, const Tensor& index
   recordOp("IndexSelectBackward", {a}, {out}, [savedIndex, inShape, outer, size, inner, n](const Grads& g) {
     Tensor ix = savedIndex.unpack("IndexSelectBackward");
     Tensor go = g[0].contiguous();
-    Tensor gi = empty(inShape, {.dtype = go.dtype()});
+    Tensor gi = empty(inShape, {.dtype = go.dtype(), .device = go.device()});
     if (gi.numel() > 0) {
-      kernels::cpu::indexSelectBackward(go.dtype(), go.rawData(), outer, size, inner, ix.data<int64_t>(), n,
-                                        gi.rawData());
+      if (go.device().isCuda()) {
+        WEFT_CUDA_CALL(go.device().index, indexSelectBackward(go.dtype(), go.rawData(), outer, size, inner,
+                                                              ix.data<int64_t>(), n, gi.rawData()));
+      } else {
+        kernels::cpu::indexSelectBackward(go.dtype(), go.rawData(), outer, size, inner, ix.data<int64_t>(), n,
+                                          gi.rawData());
+      }
     }
     return Grads{gi};
   });
@@ -68,12 +75,18 @@ void gatherBackward(const Tensor& x, const Tensor& out, const Tensor& index, int
   Shape xShape = x.shape();
   recordOp("GatherBackward", {x}, {out}, [si, xShape, dim](const Grads& g) {
     Tensor ix = si.unpack("GatherBackward");
-    Tensor gx = zeros(xShape, {.dtype = g[0].dtype()});
+    Tensor gx = zeros(xShape, {.dtype = g[0].dtype(), .device = g[0].device()});
     Tensor gv = g[0].dim() == 0 ? g[0].view({1}) : g[0];
     Tensor gxv = gx.dim() == 0 ? gx.view({1}) : gx;
     if (ix.numel() > 0) {
-      kernels::cpu::scatterAddForward(gx.dtype(), gxv.rawData(), gxv.strides(), dim, ix.data<int64_t>(), ix.shape(),
-                                      gv.rawData(), gv.strides());
+      if (gx.device().isCuda()) {
+        WEFT_CUDA_CALL(gx.device().index, scatterAddForward(gx.dtype(), gxv.rawData(), gxv.strides(), dim,
+                                                            ix.data<int64_t>(), ix.shape(), gv.rawData(),
+                                                            gv.strides()));
+      } else {
+        kernels::cpu::scatterAddForward(gx.dtype(), gxv.rawData(), gxv.strides(), dim, ix.data<int64_t>(),
+                                        ix.shape(), gv.rawData(), gv.strides());
+      }
     }
     return Grads{gx};
   });
@@ -93,7 +106,7 @@ void scatterAddBackward(const Tensor& x, const Tensor& src, const Tensor& out, c
     if (gs.shape() != srcShape) {
       // index covers part of src (or src is 0-D and index [1]): place the
       // gathered block at src's origin.
-      Tensor full = zeros(srcShape, {.dtype = gs.dtype()});
+      Tensor full = zeros(srcShape, {.dtype = gs.dtype(), .device = gs.device()});
       Tensor region = srcShape.empty() ? full.view({1}) : full;
       for (int64_t d = 0; d < static_cast<int64_t>(indexShape.size()); ++d) region = region.narrow(d, 0, indexShape[d]);
       region.copy_(gs);

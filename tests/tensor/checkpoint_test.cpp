@@ -97,6 +97,32 @@ TEST_CASE("the default generator's state round-trips and an all-zero state is re
   CHECK_THROWS_WITH_AS(g.setState(GeneratorState{}), doctest::Contains("all zero"), InvalidArgumentError);
 }
 
+TEST_CASE("device fills reserve Philox counters without moving the CPU stream, and the state keeps them") {
+  Generator g(21), plain(21);
+  const PhiloxKey a = g.reservePhilox(1000);
+  const PhiloxKey b = g.reservePhilox(5);
+  CHECK(a.seed == 21);
+  CHECK(a.offset == 0);
+  CHECK(b.seed == 21);
+  CHECK(b.offset == 1000);
+  // The xoshiro stream is untouched: CPU numbers as from a generator never used on a device.
+  CHECK(randn({9}, {}, &g).toVector<float>() == randn({9}, {}, &plain).toVector<float>());
+  const GeneratorState s = g.state();
+  CHECK(s.philoxOffset == 1005);
+  CHECK(g.reservePhilox(7).offset == 1005);
+  g.setState(s);
+  CHECK(g.reservePhilox(7).offset == 1005);
+  g.seed(3);
+  const PhiloxKey c = g.reservePhilox(1);
+  CHECK(c.seed == 3);
+  CHECK(c.offset == 0);
+  // The default generator, under its mutex.
+  manualSeed(8);
+  CHECK(reservePhilox(nullptr, 10).offset == 0);
+  CHECK(reservePhilox(nullptr, 10).offset == 10);
+  CHECK(defaultGeneratorState().philoxSeed == 8);
+}
+
 TEST_CASE("checkpointed segments with dropout give bit-identical gradients and leave the generators as a plain run") {
   Mlp m(6, 16, 0.3, 1);
   Generator explicitGen(3);
