@@ -14,6 +14,7 @@
 #ifdef WEFT_HAVE_CUDA
 #include "kernels/cuda/copy.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/random.h"
 #endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
@@ -445,6 +446,19 @@ Tensor randomFilled(Shape shape, TensorOptions o, Generator* gen, F draw) {
   });
 }
 
+// A tensor on a device, filled there by fill(t, key) from Philox counters
+// reserved from gen (at most one per element, kernels/cuda/random.h).
+template <class F>
+Tensor deviceRandom(Shape shape, TensorOptions o, Generator* gen, F fill) {
+  TensorOptions d = o;
+  d.requiresGrad = false;
+  Tensor t = empty(std::move(shape), d);
+  const PhiloxKey key = reservePhilox(gen, static_cast<uint64_t>(t.numel()));
+  fill(t, key);
+  if (o.requiresGrad) t.requiresGrad_();
+  return t;
+}
+
 }  // namespace
 
 Tensor rand(Shape shape, TensorOptions o, Generator* gen) {
@@ -454,11 +468,21 @@ Tensor rand(Shape shape, TensorOptions o, Generator* gen) {
 Tensor uniform(Shape shape, double low, double high, TensorOptions o, Generator* gen) {
   WEFT_ENFORCE(isFloating(o.dtype), InvalidArgumentError, "uniform: needs a floating dtype");
   WEFT_ENFORCE(low <= high, InvalidArgumentError, "uniform: low ", low, " > high ", high);
+  if (o.device.isCuda()) {
+    return deviceRandom(std::move(shape), o, gen, [&](Tensor& t, PhiloxKey k) {
+      WEFT_CUDA_CALL(o.device.index, uniformFill(t.dtype(), t.rawData(), t.numel(), low, high, k.seed, k.offset));
+    });
+  }
   return randomFilled(std::move(shape), o, gen, [low, high](Generator& g) { return low + (high - low) * g.nextDouble(); });
 }
 
 Tensor randn(Shape shape, TensorOptions o, Generator* gen) {
   WEFT_ENFORCE(isFloating(o.dtype), InvalidArgumentError, "randn: needs a floating dtype");
+  if (o.device.isCuda()) {
+    return deviceRandom(std::move(shape), o, gen, [&](Tensor& t, PhiloxKey k) {
+      WEFT_CUDA_CALL(o.device.index, normalFill(t.dtype(), t.rawData(), t.numel(), 0.0, 1.0, k.seed, k.offset));
+    });
+  }
   return randomFilled(std::move(shape), o, gen, [](Generator& g) { return g.nextNormal(); });
 }
 
@@ -471,6 +495,11 @@ Tensor randint(int64_t low, int64_t high, Shape shape, TensorOptions o, Generato
                    InvalidArgumentError, "randint: [", low, ", ", high, ") does not fit dtype ", dtypeName(o.dtype));
     }
   });
+  if (o.device.isCuda()) {
+    return deviceRandom(std::move(shape), o, gen, [&](Tensor& t, PhiloxKey k) {
+      WEFT_CUDA_CALL(o.device.index, randintFill(t.dtype(), t.rawData(), t.numel(), low, high, k.seed, k.offset));
+    });
+  }
   uint64_t range = static_cast<uint64_t>(high - low);
   return randomFilled(std::move(shape), o, gen,
                       [low, range](Generator& g) { return static_cast<double>(low + static_cast<int64_t>(g.nextBelow(range))); });

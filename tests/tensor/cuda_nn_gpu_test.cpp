@@ -405,3 +405,34 @@ TEST_CASE("cuda cat and stack match the CPU with empty pieces, views and every d
   }
   CHECK_THROWS_AS(cat({ones({2}).to(kCuda), ones({2})}, 0), InvalidArgumentError);
 }
+
+TEST_CASE("cuda rand, randn and randint fill on the device, reproducibly for a seed, CPU streams untouched") {
+  WEFT_SKIP_WITHOUT_CUDA();
+  const int64_t n = 1 << 20;
+  Generator g1(3), g2(3), plain(3);
+  Tensor a = randn({n}, {.device = kCuda}, &g1);
+  Tensor b = randn({n}, {.device = kCuda}, &g2);
+  Tensor c = randn({n}, {.device = kCuda}, &g1);  // the next counters of g1
+  CHECK(a.device() == kCuda);
+  const auto av = a.to(Device::cpu()).toVector<float>();
+  CHECK(av == b.to(Device::cpu()).toVector<float>());
+  CHECK(av != c.to(Device::cpu()).toVector<float>());
+  double sum = 0, sq = 0;
+  for (float v : av) {
+    sum += v;
+    sq += static_cast<double>(v) * v;
+  }
+  const double mean = sum / n, var = sq / n - mean * mean;
+  CHECK(std::abs(mean) < 6 / std::sqrt(double(n)));
+  CHECK(std::abs(var - 1) < 6 * std::sqrt(2.0 / n));
+  // Device fills leave the xoshiro stream where it was.
+  CHECK(randn({5}, {}, &g1).toVector<float>() == randn({5}, {}, &plain).toVector<float>());
+  for (double u : rand({4097}, {.dtype = DType::Float64, .device = kCuda}, &g1).to(Device::cpu()).toVector<double>()) {
+    REQUIRE((u >= 0 && u < 1));
+  }
+  for (int64_t k : randint(-2, 5, {4097}, {.dtype = DType::Int64, .device = kCuda}, &g1).to(Device::cpu()).toVector<int64_t>()) {
+    REQUIRE((k >= -2 && k < 5));
+  }
+  Tensor r = randn({3, 4}, {.device = kCuda, .requiresGrad = true});
+  CHECK(r.requiresGrad());
+}
