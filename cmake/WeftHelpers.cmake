@@ -28,8 +28,12 @@ macro(weft_configure_cuda)
         set(CMAKE_CUDA_ARCHITECTURES 90-real 80-virtual)
       endif()
       enable_language(CUDA)
-      # The .cu files are C++20: kernels/CMakeLists.txt passes -std=c++20
-      # itself (CMake 3.25 has no CUDA20 standard flag for nvcc).
+      # The .cu files are C++20 like the rest. CMake 3.25 knows no CUDA20
+      # flag for nvcc: name it (nvcc 12 and later take -std=c++20).
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA_STANDARD 20)
+      set(CMAKE_CUDA_STANDARD_REQUIRED ON)
       find_package(CUDAToolkit REQUIRED)
       set(WEFT_HAVE_CUDA ON)
     elseif(WEFT_CUDA STREQUAL "ON")
