@@ -8,66 +8,18 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tensor_table.h"
 
 namespace weft::kernels::cuda {
 
 namespace {
 
-// ---- multi-tensor apply -----------------------------------------------------------
+// ---- multi-tensor apply (the tables: kernels/cuda/tensor_table.h) -------------------
 
-constexpr int kDepth = 5;             // param, grad, three state buffers
-constexpr int kMaxTensors = 32;       // per launch
-constexpr int kMaxBlocks = 320;       // per launch
-constexpr int64_t kChunk = 65536;     // elements per block
+constexpr int kDepth = TensorTable::kDepth;
+constexpr int64_t kChunk = TensorTable::kChunk;
 constexpr int kIlp = 4;               // elements in flight per thread
 constexpr int kApplyThreads = 512;
-
-// A launch's share of a tensor list, passed by value in the kernel's
-// parameter block (3.7 KiB, under the 4 KiB every device accepts): block b
-// updates chunk blockChunk[b] of tensor blockTensor[b].
-struct TensorTable {
-  void* ptr[kDepth][kMaxTensors];
-  int64_t numel[kMaxTensors];
-  double scalar[kMaxTensors][2];
-  uint8_t blockTensor[kMaxBlocks];
-  int32_t blockChunk[kMaxBlocks];
-};
-static_assert(sizeof(TensorTable) <= 3800, "a TensorTable must leave room in a 4 KiB parameter block");
-
-// Runs `launch(table, blocks)` for consecutive pieces of `tensors`, each
-// with at most kMaxTensors tensors and kMaxBlocks chunks. A tensor whose
-// chunks do not fit one launch continues in the next.
-template <class Launch>
-void multiTensorApply(std::span<const OptimTensor> tensors, Launch&& launch) {
-  TensorTable table;
-  int nTensors = 0, nBlocks = 0;
-  for (const OptimTensor& t : tensors) {
-    if (t.numel <= 0) continue;
-    const int64_t chunks = (t.numel + kChunk - 1) / kChunk;
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (c == 0 || nTensors == 0) {
-        // A slot for this tensor: at its first chunk, or again after a launch.
-        table.ptr[0][nTensors] = t.param;
-        table.ptr[1][nTensors] = const_cast<void*>(t.grad);
-        for (int s = 0; s < 3; ++s) table.ptr[2 + s][nTensors] = t.state[s];
-        table.numel[nTensors] = t.numel;
-        table.scalar[nTensors][0] = t.scalar[0];
-        table.scalar[nTensors][1] = t.scalar[1];
-        ++nTensors;
-      }
-      table.blockTensor[nBlocks] = static_cast<uint8_t>(nTensors - 1);
-      table.blockChunk[nBlocks] = static_cast<int32_t>(c);
-      ++nBlocks;
-      const bool lastChunk = c == chunks - 1;
-      if (nBlocks == kMaxBlocks || (nTensors == kMaxTensors && lastChunk)) {
-        launch(table, nBlocks);
-        nBlocks = 0;
-        nTensors = 0;
-      }
-    }
-  }
-  if (nBlocks > 0) launch(table, nBlocks);
-}
 
 // Loads up to kIlp elements of every operand of one tensor's chunk into
 // registers, lets `op` update them and stores every operand but the

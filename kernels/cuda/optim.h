@@ -6,11 +6,10 @@
 // is off for this file), so a CUDA step equals the CPU's to rounding of the
 // same operations.
 //
-// Multi-tensor apply: a step over many parameters is one kernel launch per
-// OptimTensor list of up to kMaxTensorsPerLaunch tensors (more launches for
-// longer lists, or when their chunks exceed one launch's blocks). The table
-// of pointers and sizes travels in the launch's parameter block, so nothing
-// is uploaded or synchronised.
+// Multi-tensor apply (kernels/cuda/tensor_table.h): a step over many
+// parameters is one kernel launch per 32 tensors, or per 320 chunks of 64 Ki
+// elements when those come first. The table of pointers and sizes travels
+// in the launch's parameter block, so nothing is uploaded or synchronised.
 //
 //   std::vector<kernels::cuda::OptimTensor> ts;
 //   ts.push_back({p.rawData(), g.rawData(), {m.rawData(), v.rawData()}, p.numel(), {-stepSize, bc2Sqrt}});
