@@ -21,9 +21,17 @@ constexpr int64_t kChunk = TensorTable::kChunk;
 constexpr int kIlp = 4;               // elements in flight per thread
 constexpr int kApplyThreads = 512;
 
-// Loads up to kIlp elements of every operand of one tensor's chunk into
-// registers, lets `op` update them and stores every operand but the
-// gradient (slot 1). Absent operands (null) are neither loaded nor stored.
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Updates one tensor's chunk: `op` gets one element of every operand (zero
+// for an absent, null one) and updates them in registers; every operand but
+// the gradient (slot 1) is stored back. When every operand is 16-byte
+// aligned (chunks start at multiples of kChunk elements, so they stay
+// aligned), each thread moves 16-byte packs; otherwise kIlp scalar elements
+// at a time, strided by the block so that loads coalesce.
 template <class T, class Op>
 __device__ __forceinline__ void applyChunk(const TensorTable& table, const Op& op) {
   const int t = table.blockTensor[blockIdx.x];
@@ -31,10 +39,34 @@ __device__ __forceinline__ void applyChunk(const TensorTable& table, const Op& o
   const int64_t begin = static_cast<int64_t>(table.blockChunk[blockIdx.x]) * kChunk;
   const int64_t end = n < begin + kChunk ? n : begin + kChunk;
   T* ptr[kDepth];
+  bool aligned = true;
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d) ptr[d] = static_cast<T*>(table.ptr[d][t]);
+  for (int d = 0; d < kDepth; ++d) {
+    ptr[d] = static_cast<T*>(table.ptr[d][t]);
+    aligned = aligned && reinterpret_cast<uintptr_t>(ptr[d]) % 16 == 0;
+  }
   const double s0 = table.scalar[t][0], s1 = table.scalar[t][1];
-  for (int64_t base = begin + threadIdx.x; base < end; base += static_cast<int64_t>(blockDim.x) * kIlp) {
+  int64_t scalarFrom = begin;
+  if (aligned) {
+    constexpr int kPack = 16 / sizeof(T);
+    using P = Pack<T, kPack>;
+    const int64_t packs = (end - begin) / kPack;
+    for (int64_t j = threadIdx.x; j < packs; j += blockDim.x) {
+      const int64_t i = begin + j * kPack;
+      P r[kDepth];
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) r[d] = ptr[d] != nullptr ? *reinterpret_cast<const P*>(ptr[d] + i) : P{};
+#pragma unroll
+      for (int e = 0; e < kPack; ++e) op(r[0].v[e], r[1].v[e], r[2].v[e], r[3].v[e], r[4].v[e], s0, s1);
+      *reinterpret_cast<P*>(ptr[0] + i) = r[0];
+#pragma unroll
+      for (int d = 2; d < kDepth; ++d) {
+        if (ptr[d] != nullptr) *reinterpret_cast<P*>(ptr[d] + i) = r[d];
+      }
+    }
+    scalarFrom = begin + packs * kPack;  // the last few elements of the tensor
+  }
+  for (int64_t base = scalarFrom + threadIdx.x; base < end; base += static_cast<int64_t>(blockDim.x) * kIlp) {
     T r[kDepth][kIlp];
 #pragma unroll
     for (int k = 0; k < kIlp; ++k) {

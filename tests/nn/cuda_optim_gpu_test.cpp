@@ -150,6 +150,29 @@ TEST_CASE("a CUDA group of many tensors takes several launches") {
                DType::Float32, 2);
 }
 
+TEST_CASE("contiguous CUDA parameters at unaligned offsets take the fused scalar loop") {
+  WEFT_SKIP_WITHOUT_CUDA();
+  for (DType dtype : {DType::Float64, DType::Float32}) {
+    INFO(dtypeName(dtype));
+    // Views one element into their buffers: contiguous, not 16-byte aligned.
+    const int64_t n = 70001;
+    Tensor cpuBase = randomTensor({n + 1}, dtype, 5);
+    Tensor gpuBase = cpuBase.to(kGpu);
+    std::vector<Tensor> cpuP = {cpuBase.narrow(0, 1, n)}, gpuP = {gpuBase.narrow(0, 1, n)};
+    REQUIRE(gpuP[0].isContiguous());
+    std::vector<optim::ParamState> cpuState(1), gpuState(1);
+    const optim::AdamOptions o{.lr = 0.01, .weightDecay = 0.01, .amsgrad = true};
+    for (int k = 0; k < 3; ++k) {
+      Tensor gBase = randomTensor({n + 1}, dtype, 90 + k);
+      optim::adam(cpuP, {gBase.narrow(0, 1, n)}, cpuState, o);
+      optim::adam(gpuP, {gBase.to(kGpu).narrow(0, 1, n)}, gpuState, o);
+      checkMatches("step " + std::to_string(k), gpuP[0], cpuP[0], defaultTolerance(dtype));
+      checkMatches("exp_avg_sq", gpuState[0].at("exp_avg_sq"), cpuState[0].at("exp_avg_sq"), defaultTolerance(dtype));
+    }
+    checkMatches("the element before the view", gpuBase.narrow(0, 0, 1), cpuBase.narrow(0, 0, 1), {0, 0});
+  }
+}
+
 TEST_CASE("strided and 16-bit CUDA parameters take the tensor-op path and match the CPU") {
   WEFT_SKIP_WITHOUT_CUDA();
   for (DType dtype : {DType::Float32, DType::BFloat16}) {
