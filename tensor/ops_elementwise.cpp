@@ -8,6 +8,11 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/masking.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/masking.h"
+#endif
 #include "tensor/autocast.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/op_checks.h"
@@ -35,13 +40,16 @@ namespace {
 
 Tensor binaryForward(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   detail::checkSameKind(name, a, b);
-  detail::requireCpu(name, a);
   detail::requireNumeric(name, a);
   Shape shape = broadcastShapes(a.shape(), b.shape(), name);
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
   if (out.numel() == 0) return out;
   Shape as = detail::broadcastStrides(a, shape), bs = detail::broadcastStrides(b, shape);
-  kernels::cpu::binary(op, a.dtype(), a.rawData(), as, b.rawData(), bs, out.rawData(), shape);
+  if (a.device().isCuda()) {
+    WEFT_CUDA_CALL(a.device().index, binary(op, a.dtype(), a.rawData(), as, b.rawData(), bs, out.rawData(), shape));
+  } else {
+    kernels::cpu::binary(op, a.dtype(), a.rawData(), as, b.rawData(), bs, out.rawData(), shape);
+  }
   return out;
 }
 
@@ -85,13 +93,16 @@ bool needsFloating(UnaryOp op) {
 
 Tensor unaryForward(UnaryOp op, const char* name, const Tensor& a, double p0 = 0, double p1 = 0) {
   detail::checkDefined(name, a, "input");
-  detail::requireCpu(name, a);
   if (needsFloating(op) ? !isFloating(a.dtype()) : a.dtype() == DType::Bool) {
     throwUnsupportedDType(forwardName(op), a.dtype());
   }
   Tensor x = a.contiguous();
   Tensor out = empty(a.shape(), {.dtype = a.dtype(), .device = a.device()});
-  kernels::cpu::unary(op, a.dtype(), x.rawData(), out.rawData(), out.numel(), p0, p1);
+  if (a.device().isCuda()) {
+    WEFT_CUDA_CALL(a.device().index, unary(op, a.dtype(), x.rawData(), out.rawData(), out.numel(), p0, p1));
+  } else {
+    kernels::cpu::unary(op, a.dtype(), x.rawData(), out.rawData(), out.numel(), p0, p1);
+  }
   return out;
 }
 
@@ -210,12 +221,16 @@ Tensor compareOp(kernels::cpu::CompareOp op, const char* name, const Tensor& a, 
     return compareOp(op, name, autocast::detail::cast(a, *d, true), autocast::detail::cast(b, *d, true));
   }
   detail::checkSameKind(name, a, b);
-  detail::requireCpu(name, a);
   Shape shape = broadcastShapes(a.shape(), b.shape(), name);
-  Tensor out = empty(shape, {.dtype = DType::Bool});
+  Tensor out = empty(shape, {.dtype = DType::Bool, .device = a.device()});
   if (out.numel() == 0) return out;
-  kernels::cpu::compare(op, a.dtype(), a.rawData(), detail::broadcastStrides(a, shape), b.rawData(),
-                        detail::broadcastStrides(b, shape), out.data<bool>(), shape);
+  if (a.device().isCuda()) {
+    WEFT_CUDA_CALL(a.device().index, compare(op, a.dtype(), a.rawData(), detail::broadcastStrides(a, shape), b.rawData(),
+                                             detail::broadcastStrides(b, shape), out.data<bool>(), shape));
+  } else {
+    kernels::cpu::compare(op, a.dtype(), a.rawData(), detail::broadcastStrides(a, shape), b.rawData(),
+                          detail::broadcastStrides(b, shape), out.data<bool>(), shape);
+  }
   return out;
 }
 
@@ -234,14 +249,20 @@ Tensor selectOp(const char* op, const char* name, const Tensor& cond, const Tens
   detail::checkDefined(op, cond, "condition");
   detail::requireDType(op, cond, DType::Bool, "condition");
   detail::checkSameKind(op, a, b);
-  detail::requireCpu(op, a);
-  detail::requireCpu(op, cond);
+  WEFT_ENFORCE(cond.device() == a.device(), InvalidArgumentError, op, ": device mismatch: condition on ",
+               cond.device().str(), ", values on ", a.device().str());
   Shape shape = broadcastShapes(broadcastShapes(cond.shape(), a.shape(), op), b.shape(), op);
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
   if (out.numel() > 0) {
-    kernels::cpu::where(a.dtype(), cond.data<bool>(), detail::broadcastStrides(cond, shape), a.rawData(),
-                        detail::broadcastStrides(a, shape), b.rawData(), detail::broadcastStrides(b, shape),
-                        out.rawData(), shape);
+    if (a.device().isCuda()) {
+      WEFT_CUDA_CALL(a.device().index, where(a.dtype(), cond.data<bool>(), detail::broadcastStrides(cond, shape),
+                                             a.rawData(), detail::broadcastStrides(a, shape), b.rawData(),
+                                             detail::broadcastStrides(b, shape), out.rawData(), shape));
+    } else {
+      kernels::cpu::where(a.dtype(), cond.data<bool>(), detail::broadcastStrides(cond, shape), a.rawData(),
+                          detail::broadcastStrides(a, shape), b.rawData(), detail::broadcastStrides(b, shape),
+                          out.rawData(), shape);
+    }
   }
   grad_rules::whereBackward(name, cond, a, b, out);
   return out;
@@ -249,14 +270,18 @@ Tensor selectOp(const char* op, const char* name, const Tensor& cond, const Tens
 
 Tensor triangleOp(const char* op, const Tensor& x, int64_t diagonal, bool upper) {
   detail::checkDefined(op, x, "input");
-  detail::requireCpu(op, x);
   WEFT_ENFORCE(x.dim() >= 2, InvalidArgumentError, op,
                ": input must have at least 2 dimensions [..., R, C], got shape ", x.shape());
   const int64_t R = x.size(-2), C = x.size(-1);
   Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   if (out.numel() > 0) {
-    kernels::cpu::triangle(x.dtype(), xc.rawData(), x.numel() / (R * C), R, C, diagonal, upper, out.rawData());
+    if (x.device().isCuda()) {
+      WEFT_CUDA_CALL(x.device().index,
+                     triangle(x.dtype(), xc.rawData(), x.numel() / (R * C), R, C, diagonal, upper, out.rawData()));
+    } else {
+      kernels::cpu::triangle(x.dtype(), xc.rawData(), x.numel() / (R * C), R, C, diagonal, upper, out.rawData());
+    }
   }
   grad_rules::triangleBackward(upper, diagonal, x, out);
   return out;
@@ -289,6 +314,7 @@ Tensor tril(const Tensor& x, int64_t diagonal) { return triangleOp("tril", x, di
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   if (a.shape() != b.shape()) return false;
+  // Reads both to the host (toVector copies from a device).
   std::vector<double> x = a.toVector<double>(), y = b.toVector<double>();
   for (size_t i = 0; i < x.size(); ++i) {
     if (std::isnan(x[i]) || std::isnan(y[i])) return false;

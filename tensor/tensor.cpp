@@ -9,7 +9,12 @@
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda_call.h"
 #include "kernels/device.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/copy.h"
+#include "kernels/cuda/elementwise.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/generator.h"
@@ -200,20 +205,29 @@ void Tensor::removeHook(int id) const {
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
-  WEFT_ENFORCE(device().isCpu(), InvalidArgumentError, "to(", dtypeName(t), "): dtype conversion of ",
-               device().str(), " tensors is not supported yet; convert on the CPU");
-  Tensor out = empty(shape(), {.dtype = t});
-  if (numel()) kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), t, out.rawData());
+  Tensor out = empty(shape(), {.dtype = t, .device = device()});
+  if (numel() && device().isCuda()) {
+    WEFT_CUDA_CALL(device().index, copyStridedToContiguous(dtype(), rawData(), shape(), strides(), t, out.rawData()));
+  } else if (numel()) {
+    kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), t, out.rawData());
+  }
   grad_rules::toDTypeBackward(*this, out);
   return out;
 }
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
-  Tensor src = contiguous();
+  Tensor src = contiguous();  // on the source device
   Tensor out = empty(shape(), {.dtype = dtype(), .device = d});
-  int idx = d.isCuda() ? d.index : device().index;
-  kernels::deviceMemcpy(out.rawData(), src.rawData(), nbytes(), idx);
+  if (nbytes() && src.device().isCuda() && d.isCuda()) {
+    // Between devices: the source's stream must have produced it first.
+    WEFT_CUDA_CALL(src.device().index, synchronize(src.device().index));
+    WEFT_CUDA_CALL(d.index, copyDeviceToDevice(out.rawData(), src.rawData(), nbytes(), d.index));
+  } else if (nbytes() && d.isCuda()) {
+    WEFT_CUDA_CALL(d.index, copyHostToDevice(out.rawData(), src.rawData(), nbytes(), d.index));
+  } else if (nbytes()) {
+    WEFT_CUDA_CALL(src.device().index, copyDeviceToHost(out.rawData(), src.rawData(), nbytes(), src.device().index));
+  }
   grad_rules::toDeviceBackward(*this, out);
   return out;
 }
@@ -224,22 +238,39 @@ Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::fill_(double v) {
   checkInplace(*this, "fill_");
-  if (isContiguous() && device().isCpu()) {
-    kernels::cpu::fill(dtype(), rawData(), numel(), v);
+  if (isContiguous()) {
+    if (device().isCuda()) {
+      WEFT_CUDA_CALL(device().index, fill(dtype(), rawData(), numel(), v));
+    } else {
+      kernels::cpu::fill(dtype(), rawData(), numel(), v);
+    }
     storage()->bumpVersion();
     return *this;
   }
-  return copy_(full(shape(), v, {.dtype = dtype()}));
+  return copy_(full(shape(), v, {.dtype = dtype(), .device = device()}));
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
   checkInplace(*this, "copy_");
   Tensor s = src.expand(shape());
   if (device().isCuda() || s.device().isCuda()) {
-    Tensor c = s.device() == device() ? s.contiguous() : s.contiguous().to(device());
-    WEFT_ENFORCE(isContiguous() && c.dtype() == dtype(), InvalidArgumentError,
-                 "copy_: CUDA copies need a contiguous destination and equal dtypes");
-    kernels::deviceMemcpy(rawData(), c.rawData(), nbytes(), device().isCuda() ? device().index : s.device().index);
+    if (s.device() != device()) s = s.contiguous().to(device());
+    if (numel() == 0) {
+    } else if (device().isCpu()) {
+      // Moved to the host above: the CPU paths below.
+      if (isContiguous()) {
+        kernels::cpu::copyStridedToContiguous(s.dtype(), s.rawData(), s.shape(), s.strides(), dtype(), rawData());
+      } else {
+        Tensor c = s.to(dtype()).contiguous();
+        kernels::cpu::copyContiguousToStrided(dtype(), c.rawData(), shape(), rawData(), strides());
+      }
+    } else if (isContiguous()) {
+      WEFT_CUDA_CALL(device().index,
+                     copyStridedToContiguous(s.dtype(), s.rawData(), s.shape(), s.strides(), dtype(), rawData()));
+    } else {
+      Tensor c = s.to(dtype()).contiguous();
+      WEFT_CUDA_CALL(device().index, copyContiguousToStrided(dtype(), c.rawData(), shape(), rawData(), strides()));
+    }
   } else if (isContiguous()) {
     if (numel()) kernels::cpu::copyStridedToContiguous(s.dtype(), s.rawData(), s.shape(), s.strides(), dtype(), rawData());
   } else {
@@ -254,8 +285,12 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   checkInplace(*this, "add_");
   WEFT_ENFORCE(other.dtype() == dtype(), InvalidArgumentError, "add_: dtype ", dtypeName(other.dtype()),
                " added to ", dtypeName(dtype()));
-  if (device().isCpu() && isContiguous() && other.isContiguous() && other.shape() == shape()) {
-    kernels::cpu::axpy(dtype(), alpha, other.rawData(), rawData(), numel());
+  if (isContiguous() && other.isContiguous() && other.shape() == shape() && other.device() == device()) {
+    if (device().isCuda()) {
+      WEFT_CUDA_CALL(device().index, axpy(dtype(), alpha, other.rawData(), rawData(), numel()));
+    } else {
+      kernels::cpu::axpy(dtype(), alpha, other.rawData(), rawData(), numel());
+    }
     storage()->bumpVersion();
     return *this;
   }
@@ -265,8 +300,12 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(double v) {
   checkInplace(*this, "mul_");
-  if (device().isCpu() && isContiguous()) {
-    kernels::cpu::unary(kernels::cpu::UnaryOp::MulScalar, dtype(), rawData(), rawData(), numel(), v);
+  if (isContiguous()) {
+    if (device().isCuda()) {
+      WEFT_CUDA_CALL(device().index, unary(kernels::cpu::UnaryOp::MulScalar, dtype(), rawData(), rawData(), numel(), v));
+    } else {
+      kernels::cpu::unary(kernels::cpu::UnaryOp::MulScalar, dtype(), rawData(), rawData(), numel(), v);
+    }
     storage()->bumpVersion();
     return *this;
   }
@@ -331,6 +370,12 @@ Tensor hostFilled(Shape shape, TensorOptions o, F fill) {
 }  // namespace
 
 Tensor full(Shape shape, double value, TensorOptions o) {
+  if (o.device.isCuda()) {
+    Tensor t = empty(std::move(shape), {.dtype = o.dtype, .device = o.device});
+    t.fill_(value);
+    if (o.requiresGrad) t.requiresGrad_();
+    return t;
+  }
   return hostFilled(std::move(shape), o, [value](Tensor& t) { kernels::cpu::fill(t.dtype(), t.rawData(), t.numel(), value); });
 }
 Tensor zeros(Shape shape, TensorOptions o) { return full(std::move(shape), 0.0, o); }

@@ -4,6 +4,10 @@
 #include <numeric>
 
 #include "kernels/cpu/copy.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/copy.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/ops.h"
@@ -213,8 +217,10 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), {.dtype = dtype(), .device = device()});
   if (device().isCuda()) {
-    NoGradGuard ng;
-    out.copy_(*this);
+    if (numel()) {
+      WEFT_CUDA_CALL(device().index,
+                     copyStridedToContiguous(dtype(), rawData(), shape(), strides(), dtype(), out.rawData()));
+    }
   } else if (numel()) {
     kernels::cpu::copyStridedToContiguous(dtype(), rawData(), shape(), strides(), dtype(), out.rawData());
   }

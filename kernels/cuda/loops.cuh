@@ -61,6 +61,11 @@ struct StridedOffsets {
   __device__ __forceinline__ void offsets(int64_t i, int64_t* o) const {
 #pragma unroll
     for (int k = 0; k < N; ++k) o[k] = 0;
+    if (dims == 1) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) o[k] = i * strides[k][0];
+      return;
+    }
     for (int d = 0; d < dims; ++d) {  // innermost first
       const int64_t q = i / sizes[d];
       const int64_t r = i - q * sizes[d];

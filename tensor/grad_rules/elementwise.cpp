@@ -2,6 +2,10 @@
 // of the output; a binary op's gradients are summed back to each operand's
 // shape (sumTo), undoing the broadcast.
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda_call.h"
+#ifdef WEFT_HAVE_CUDA
+#include "kernels/cuda/elementwise.h"
+#endif
 #include "tensor/autograd.h"
 #include "tensor/grad_rules/grad_rules.h"
 #include "tensor/ops_elementwise.h"
@@ -168,8 +172,13 @@ void unaryBackward(UnaryOp op, const char* name, const Tensor& a, const Tensor& 
     if (xi.defined()) xi = xi.contiguous();
     Tensor go = g[0].contiguous();
     Tensor gx = emptyLike(go);
-    kernels::cpu::unaryBackward(op, go.dtype(), xi.defined() ? xi.rawData() : nullptr,
-                                yo.defined() ? yo.rawData() : nullptr, go.rawData(), gx.rawData(), go.numel(), p0, p1);
+    const void* xp = xi.defined() ? xi.rawData() : nullptr;
+    const void* yp = yo.defined() ? yo.rawData() : nullptr;
+    if (go.device().isCuda()) {
+      WEFT_CUDA_CALL(go.device().index, unaryBackward(op, go.dtype(), xp, yp, go.rawData(), gx.rawData(), go.numel(), p0, p1));
+    } else {
+      kernels::cpu::unaryBackward(op, go.dtype(), xp, yp, go.rawData(), gx.rawData(), go.numel(), p0, p1);
+    }
     return Grads{gx};
   });
 }
