@@ -232,6 +232,30 @@ Tensor Tensor::to(Device d) const {
   return out;
 }
 
+Tensor Tensor::pinMemory() const {
+  WEFT_ENFORCE(device().isCpu(), InvalidArgumentError, "pinMemory: the tensor is on ", device().str(),
+               "; only CPU tensors can be pinned");
+  if (isPinned()) return *this;
+#ifdef WEFT_HAVE_CUDA
+  Tensor src = contiguous();
+  const size_t n = nbytes();
+  void* p = kernels::cuda::allocatePinned(n);
+  auto storage = Storage::wrap(p, n, Device::cpu(), [](void* q) { kernels::cuda::deallocatePinned(q); });
+  if (n) std::memcpy(p, src.rawData(), n);
+  return makeTensor(std::move(storage), shape(), contiguousStrides(shape()), 0, dtype());
+#else
+  throw InvalidArgumentError("pinMemory: weft was built without CUDA");
+#endif
+}
+
+bool Tensor::isPinned() const {
+#ifdef WEFT_HAVE_CUDA
+  return device().isCpu() && numel() > 0 && kernels::cuda::isPinned(rawData());
+#else
+  return false;
+#endif
+}
+
 // ---- in-place -----------------------------------------------------------------
 
 Tensor& Tensor::zero_() { return fill_(0.0); }

@@ -144,6 +144,11 @@ class Tensor {
   Tensor clone() const;
   Tensor to(DType t) const;
   Tensor to(Device d) const;
+  // A CPU copy in page-locked (pinned) memory: its to(Device::cuda(i)) is
+  // asynchronous, so a data loader can fill the next batch while the device
+  // works. Needs a build with CUDA (InvalidArgumentError otherwise).
+  Tensor pinMemory() const;
+  bool isPinned() const;
   Tensor indexSelect(int64_t dim, const Tensor& index) const;
 
   // ---- common ops as methods (see ops.h) -----------------------------------

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
+#include <vector>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -102,15 +104,60 @@ BlockCache& cacheFor(int device) {
   return *c;
 }
 
-// Pinned host blocks, cached by exact rounded size.
+// Pinned host blocks, cached by rounded size. An asynchronous copy from or
+// to a block records an event; a freed block is reused only once its
+// events have completed (the copy may still be reading it).
+struct PinnedBlock {
+  size_t size = 0;
+  std::vector<std::pair<int, cudaEvent_t>> events;  // (device, event)
+};
 struct PinnedPool {
   std::mutex mu;
-  std::unordered_map<void*, size_t> live;
+  std::map<uintptr_t, PinnedBlock> live;  // by start address
   std::unordered_multimap<size_t, void*> free;
+  std::vector<std::pair<void*, PinnedBlock>> pending;  // freed, copies in flight
+
+  // The live block holding p, or nullptr.
+  PinnedBlock* find(const void* p) {
+    auto u = reinterpret_cast<uintptr_t>(p);
+    auto it = live.upper_bound(u);
+    if (it == live.begin()) return nullptr;
+    --it;
+    return u < it->first + it->second.size ? &it->second : nullptr;
+  }
+  void collect() {
+    for (size_t i = 0; i < pending.size();) {
+      auto& evs = pending[i].second.events;
+      bool done = true;
+      for (auto& [d, e] : evs) done = done && cudaEventQuery(e) != cudaErrorNotReady;
+      if (!done) {
+        ++i;
+        continue;
+      }
+      cudaGetLastError();
+      for (auto& [d, e] : evs) cudaEventDestroy(e);
+      free.emplace(pending[i].second.size, pending[i].first);
+      pending[i] = std::move(pending.back());
+      pending.pop_back();
+    }
+  }
 };
 PinnedPool& pinnedPool() {
   static PinnedPool* p = new PinnedPool();
   return *p;
+}
+
+// Records, on `stream` of `device`, that an asynchronous copy uses the
+// pinned block holding `host` (nothing when `host` is not pinned by weft).
+void notePinnedUse(const void* host, int device, cudaStream_t stream) {
+  PinnedPool& pool = pinnedPool();
+  std::lock_guard<std::mutex> lk(pool.mu);
+  PinnedBlock* b = pool.find(host);
+  if (!b) return;
+  cudaEvent_t e;
+  CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event", device);
+  CHECK_CUDA(cudaEventRecord(e, stream), "recording an event", device);
+  b->events.emplace_back(device, e);
 }
 
 std::atomic<int> gAllowTF32{-1};
@@ -301,19 +348,20 @@ void* allocatePinned(size_t nbytes) {
   PinnedPool& pool = pinnedPool();
   {
     std::lock_guard<std::mutex> lk(pool.mu);
+    if (!pool.pending.empty()) pool.collect();
     auto it = pool.free.find(size);
     if (it != pool.free.end()) {
       void* p = it->second;
       pool.free.erase(it);
-      pool.live[p] = size;
+      pool.live[reinterpret_cast<uintptr_t>(p)] = PinnedBlock{size, {}};
       return p;
     }
   }
   void* p = nullptr;
-  cudaError_t e = cudaHostAlloc(&p, size, cudaHostAllocDefault);
+  cudaError_t e = cudaHostAlloc(&p, size, cudaHostAllocPortable);
   if (e != cudaSuccess) throwError(static_cast<int>(e), "allocating pinned host memory", -1);
   std::lock_guard<std::mutex> lk(pool.mu);
-  pool.live[p] = size;
+  pool.live[reinterpret_cast<uintptr_t>(p)] = PinnedBlock{size, {}};
   return p;
 }
 
@@ -321,26 +369,29 @@ void deallocatePinned(void* p) {
   if (!p) return;
   PinnedPool& pool = pinnedPool();
   std::lock_guard<std::mutex> lk(pool.mu);
-  auto it = pool.live.find(p);
+  auto it = pool.live.find(reinterpret_cast<uintptr_t>(p));
   if (it == pool.live.end()) return;
-  pool.free.emplace(it->second, p);
+  PinnedBlock b = std::move(it->second);
   pool.live.erase(it);
+  if (b.events.empty()) {
+    pool.free.emplace(b.size, p);
+  } else {
+    pool.pending.emplace_back(p, std::move(b));
+  }
 }
 
 bool isPinned(const void* p) {
-  cudaPointerAttributes a;
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeHost;
+  PinnedPool& pool = pinnedPool();
+  std::lock_guard<std::mutex> lk(pool.mu);
+  return pool.find(p) != nullptr;
 }
 
 void copyHostToDevice(void* dst, const void* src, size_t nbytes, int device) {
   if (nbytes == 0) return;
   DeviceGuard g(device);
-  CHECK_CUDA(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(currentStream(device))),
-             "copying host to device", device);
+  auto s = static_cast<cudaStream_t>(currentStream(device));
+  CHECK_CUDA(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s), "copying host to device", device);
+  notePinnedUse(src, device, s);
 }
 
 void copyDeviceToHost(void* dst, const void* src, size_t nbytes, int device) {

@@ -109,10 +109,12 @@ void resetPeakStats(int device);
 
 // ---- pinned host memory and copies -----------------------------------------------
 
-// Page-locked host memory (cached like device blocks): host-device copies
-// from and to it are asynchronous.
+// Page-locked host memory (cached like device blocks): copies from it to a
+// device are asynchronous. A freed block is reused only after the copies
+// that read it have finished (each records an event).
 void* allocatePinned(size_t nbytes);
 void deallocatePinned(void* p);
+// True when p lies in a live block of allocatePinned.
 bool isPinned(const void* p);
 
 // Host to device on the current stream of `device`. From pinned memory the

@@ -148,7 +148,7 @@ TEST_CASE("cuda: copies, casts, contiguous() and clone() of views") {
   CHECK(f.toVector<float>() == fr.toVector<float>());
   // Printing reads through the host.
   std::ostringstream os;
-  os << d.t();
+  os << d.transpose(0, 2);
   CHECK(os.str().find("cuda:0") != std::string::npos);
 }
 
@@ -201,3 +201,21 @@ TEST_CASE("cuda: errors are typed and name the device") {
   CHECK(kernels::cuda::currentDevice() == 0);
 }
 #endif
+
+TEST_CASE("cuda: pinned host tensors copy to the device and their blocks are not reused under a copy") {
+  WEFT_SKIP_WITHOUT_CUDA();
+  Tensor src = randomTensor({1 << 22}, DType::Float32, 61);
+  std::vector<Tensor> onDevice;
+  for (int i = 0; i < 4; ++i) {
+    Tensor pinned = mul(src, static_cast<double>(i + 1)).pinMemory();
+    CHECK(pinned.isPinned());
+    onDevice.push_back(pinned.to(Device::cuda(0)));
+    // pinned is freed here while its copy may be in flight; the next pinMemory must not reuse it yet.
+  }
+  for (int i = 0; i < 4; ++i) {
+    checkMatches("pinned copy " + std::to_string(i), onDevice[static_cast<size_t>(i)],
+                 mul(src, static_cast<double>(i + 1)), {0, 0});
+  }
+  CHECK_FALSE(src.isPinned());
+  CHECK_THROWS_AS(onDevice[0].pinMemory(), InvalidArgumentError);
+}

@@ -164,3 +164,9 @@ TEST_CASE("abs clears the sign bit of floats, -0 and NaN included, as PyTorch") 
     CHECK_FALSE(std::signbit(out[36]));
   }
 }
+
+TEST_CASE("pinMemory without a CUDA build is an InvalidArgumentError") {
+  if (kernels::cudaBuilt()) return;  // covered by the gpu tests
+  CHECK_THROWS_AS(ones({2}).pinMemory(), InvalidArgumentError);
+  CHECK_FALSE(ones({2}).isPinned());
+}
