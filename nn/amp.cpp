@@ -2,8 +2,12 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/optim.h"
+#include "kernels/cuda_call.h"
 #include "tensor/ops.h"
 
 namespace weft::nn {
@@ -48,16 +52,37 @@ bool GradScaler::unscaleGrads(const std::vector<Tensor>& params) const {
   NoGradGuard ng;
   const double inv = static_cast<double>(static_cast<float>(1.0 / scale_));
   bool found = false;
+  // CUDA gradients per device, unscaled together after the loop: one flag
+  // read back per device.
+  std::map<int, std::vector<kernels::cuda::DeviceArray>> onDevice;
+  std::vector<std::pair<Tensor, Tensor>> deviceGrads;  // (gradient, its contiguous form)
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     if (!p.defined() || !p.grad().defined()) continue;
     Tensor g = p.grad();
-    WEFT_ENFORCE(g.device().isCpu() && isFloating(g.dtype()), InvalidArgumentError,
+    WEFT_ENFORCE((g.device().isCpu() || g.device().isCuda()) && isFloating(g.dtype()), InvalidArgumentError,
                  "GradScaler.unscale_: the gradient of parameter ", i, " is ", dtypeName(g.dtype()), " on ",
-                 g.device().str(), "; only floating CPU gradients can be unscaled");
+                 g.device().str(), "; only floating CPU or CUDA gradients can be unscaled");
     if (g.numel() == 0) continue;
     Tensor c = g.contiguous();
+    if (g.device().isCuda()) {
+      onDevice[g.device().index].push_back({c.rawData(), c.dtype(), c.numel()});
+      deviceGrads.emplace_back(g, c);
+      continue;
+    }
     found |= kernels::cpu::scaleAndCheckFinite(c.dtype(), c.rawData(), c.numel(), inv);
+    if (c.sameAs(g)) {
+      g.storage()->bumpVersion();
+    } else {
+      g.copy_(c);
+    }
+  }
+  for ([[maybe_unused]] const auto& [device, arrays] : onDevice) {
+    bool deviceFound = false;
+    WEFT_CUDA_CALL(device, gradScaleAndCheckFinite(arrays, inv, &deviceFound));
+    found |= deviceFound;
+  }
+  for (auto& [g, c] : deviceGrads) {
     if (c.sameAs(g)) {
       g.storage()->bumpVersion();
     } else {

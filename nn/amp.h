@@ -46,7 +46,10 @@
 //    (float64), "growth_interval" and "growth_tracker" (int64), as PyTorch's
 //    state_dict; loadStateDict checks every key and value before changing
 //    anything (InvalidArgumentError naming the key).
-//  - Gradients must be CPU tensors of a floating dtype (InvalidArgumentError).
+//  - Gradients must be CPU or CUDA tensors of a floating dtype
+//    (InvalidArgumentError). CUDA gradients are unscaled and checked on their
+//    device by one multi-tensor pass per dtype, with one flag read back per
+//    device and call, not one per tensor.
 //
 // Threading: one thread at a time, like the optimizer it drives.
 #pragma once

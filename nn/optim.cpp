@@ -2,17 +2,24 @@
 // the same order of floating-point operations as PyTorch 1.13's
 // single-tensor implementation: a fused per-element loop for contiguous CPU
 // tensors (one parallel pass, no temporaries) and the same arithmetic as
-// tensor ops for everything else (strided views, CUDA).
+// tensor ops for everything else (strided views, 16-bit dtypes). Contiguous
+// CUDA float32/float64 parameters of a step are queued and updated together
+// by kernels/cuda/optim.h's multi-tensor kernels, which repeat the loops'
+// arithmetic.
 #include "nn/optim.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <iterator>
+#include <functional>
 #include <optional>
+#include <span>
 #include <type_traits>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cuda/optim.h"
+#include "kernels/cuda_call.h"
 #include "nn/utils.h"
 #include "tensor/ops.h"
 
@@ -203,6 +210,94 @@ bool fusable(std::initializer_list<Tensor> ts) {
   return true;
 }
 
+// Parameters of one step queued for the fused CUDA kernels: contiguous,
+// non-overlapping float32/float64 tensors on one device, each parameter with
+// its gradient, up to three state buffers and two constants
+// (kernels/cuda/optim.h's OptimTensor). Parameters on another device or of
+// another dtype than those queued launch the queue first. flush() launches
+// what is queued and records the writes in the version counters; a step
+// flushes before it returns or rethrows, so the parameters it has accepted
+// are updated exactly as the CPU loop would have updated them.
+class CudaQueue {
+ public:
+  using Launch = std::function<void(int device, DType dtype, std::span<const kernels::cuda::OptimTensor>)>;
+  explicit CudaQueue(Launch launch) : launch_(std::move(launch)) {}
+
+  // True when every defined tensor is a contiguous CUDA tensor on the first
+  // one's device, of its float32/float64 dtype and element count, and no two
+  // overlap.
+  static bool accepts(std::initializer_list<Tensor> ts) {
+    const Tensor& first = *ts.begin();
+    if (!first.device().isCuda()) return false;
+    if (first.dtype() != DType::Float32 && first.dtype() != DType::Float64) return false;
+    for (auto a = ts.begin(); a != ts.end(); ++a) {
+      if (!a->defined()) continue;
+      if (a->device() != first.device() || !a->isContiguous() || a->dtype() != first.dtype() ||
+          a->numel() != first.numel()) {
+        return false;
+      }
+      const char* aBegin = static_cast<const char*>(a->rawData());
+      for (auto b = ts.begin(); b != a; ++b) {
+        if (!b->defined()) continue;
+        const char* bBegin = static_cast<const char*>(b->rawData());
+        if (aBegin < bBegin + b->nbytes() && bBegin < aBegin + a->nbytes()) return false;
+      }
+    }
+    return true;
+  }
+
+  void add(const Tensor& p, const Tensor& g, std::initializer_list<Tensor> buffers, double s0, double s1) {
+    if (!entries_.empty() && (p.device().index != device_ || p.dtype() != dtype_)) flush();
+    device_ = p.device().index;
+    dtype_ = p.dtype();
+    kernels::cuda::OptimTensor t;
+    t.param = p.rawData();
+    t.grad = g.rawData();
+    int slot = 0;
+    for (const Tensor& b : buffers) {
+      t.state[slot++] = b.defined() ? b.rawData() : nullptr;
+      if (b.defined()) written_.push_back(b);
+    }
+    t.numel = p.numel();
+    t.scalar[0] = s0;
+    t.scalar[1] = s1;
+    entries_.push_back(t);
+    written_.push_back(p);
+    read_.push_back(g);
+  }
+
+  void flush() {
+    if (entries_.empty()) return;
+    std::vector<kernels::cuda::OptimTensor> entries = std::move(entries_);
+    std::vector<Tensor> written = std::move(written_);
+    entries_.clear();
+    written_.clear();
+    read_.clear();
+    launch_(device_, dtype_, entries);
+    for (const Tensor& t : written) t.storage()->bumpVersion();
+  }
+
+  // Runs body(queue) and flushes, also when body throws.
+  template <class Body>
+  void run(Body&& body) {
+    try {
+      body();
+    } catch (...) {
+      flush();
+      throw;
+    }
+    flush();
+  }
+
+ private:
+  Launch launch_;
+  int device_ = -1;
+  DType dtype_ = DType::Float32;
+  std::vector<kernels::cuda::OptimTensor> entries_;
+  std::vector<Tensor> written_;  // parameters and buffers of the queued entries
+  std::vector<Tensor> read_;     // their gradients, alive until the launch
+};
+
 // Records the raw writes of a fused loop in the tensors' version counters.
 void bumpVersions(std::initializer_list<Tensor> ts) {
   for (const Tensor& t : ts) {
@@ -279,52 +374,61 @@ void sgd(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, st
   checkOptions(o);
   checkLists("SGD", params, grads, state);
   NoGradGuard ng;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    Tensor p = params[i];
-    const Tensor& g = grads[i];
-    checkParamAndGrad("SGD", i, p, g);
-    ParamState& st = state[i];
-    Tensor buf;
-    bool fresh = false;
-    if (o.momentum != 0) {
-      auto it = st.buffers.find("momentum_buffer");
-      fresh = it == st.buffers.end();
-      buf = fresh ? emptyLike(p) : it->second;
-      WEFT_ENFORCE(buf.defined() && buf.shape() == p.shape() && buf.dtype() == p.dtype() && buf.device() == p.device(),
-                   InvalidArgumentError, "SGD: the 'momentum_buffer' buffer of parameter ", i,
-                   " does not match the parameter");
-    }
-    st.step += 1;
-    if (fusable({p, g, buf})) {
-      WEFT_DISPATCH_FLOATING(p.dtype(), "SGD", [&]<class T>() {
-        withFlags(
-            [&](auto maximize, auto decay, auto momentum, auto nesterov, auto freshBuffer) {
-              SGDConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.momentum),
-                                static_cast<T>(1.0 - o.dampening), static_cast<T>(-o.lr)};
-              T *pp = p.data<T>(), *bp = ptr<T>(buf);
-              const T* gp = g.data<T>();
-              fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
-                sgdRange<T, maximize, decay, momentum, nesterov, freshBuffer>(b, e, pp, gp, bp, c);
-              });
-            },
-            o.maximize, o.weightDecay != 0, buf.defined(), o.nesterov, fresh);
-      });
-      bumpVersions({p, buf});
-    } else {
-      Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
-      if (buf.defined()) {
-        if (fresh) {
-          buf.copy_(d);
-        } else {
-          buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
-        }
-        d = o.nesterov ? add(d, buf, o.momentum) : buf;
+  CudaQueue cuda([&o](int device, DType dtype, std::span<const kernels::cuda::OptimTensor> ts) {
+    const kernels::cuda::SgdStepOptions k{o.lr, o.momentum, o.dampening, o.weightDecay, o.nesterov, o.maximize};
+    WEFT_CUDA_CALL(device, sgdStep(dtype, ts, k));
+  });
+  cuda.run([&] {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      Tensor p = params[i];
+      const Tensor& g = grads[i];
+      checkParamAndGrad("SGD", i, p, g);
+      ParamState& st = state[i];
+      Tensor buf;
+      bool fresh = false;
+      if (o.momentum != 0) {
+        auto it = st.buffers.find("momentum_buffer");
+        fresh = it == st.buffers.end();
+        buf = fresh ? emptyLike(p) : it->second;
+        WEFT_ENFORCE(buf.defined() && buf.shape() == p.shape() && buf.dtype() == p.dtype() &&
+                         buf.device() == p.device(),
+                     InvalidArgumentError, "SGD: the 'momentum_buffer' buffer of parameter ", i,
+                     " does not match the parameter");
       }
-      p.add_(d, -o.lr);
+      st.step += 1;
+      if (fusable({p, g, buf})) {
+        WEFT_DISPATCH_FLOATING(p.dtype(), "SGD", [&]<class T>() {
+          withFlags(
+              [&](auto maximize, auto decay, auto momentum, auto nesterov, auto freshBuffer) {
+                SGDConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.momentum),
+                                  static_cast<T>(1.0 - o.dampening), static_cast<T>(-o.lr)};
+                T *pp = p.data<T>(), *bp = ptr<T>(buf);
+                const T* gp = g.data<T>();
+                fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
+                  sgdRange<T, maximize, decay, momentum, nesterov, freshBuffer>(b, e, pp, gp, bp, c);
+                });
+              },
+              o.maximize, o.weightDecay != 0, buf.defined(), o.nesterov, fresh);
+        });
+        bumpVersions({p, buf});
+      } else if (CudaQueue::accepts({p, g, buf})) {
+        cuda.add(p, g, {buf}, fresh ? 1.0 : 0.0, 0.0);
+      } else {
+        Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
+        if (buf.defined()) {
+          if (fresh) {
+            buf.copy_(d);
+          } else {
+            buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
+          }
+          d = o.nesterov ? add(d, buf, o.momentum) : buf;
+        }
+        p.add_(d, -o.lr);
+      }
+      if (fresh) st.buffers["momentum_buffer"] = buf;
     }
-    if (fresh) st.buffers["momentum_buffer"] = buf;
-  }
+  });
 }
 
 // ---- Adam and AdamW ------------------------------------------------------------------
@@ -375,58 +479,69 @@ void adamSteps(const AdamRule& r, const std::vector<Tensor>& params, const std::
                std::vector<ParamState>& state) {
   checkLists(r.name, params, grads, state);
   NoGradGuard ng;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    Tensor p = params[i];
-    const Tensor& g = grads[i];
-    checkParamAndGrad(r.name, i, p, g);
-    ParamState& st = state[i];
-    Tensor m = stateBuffer(r.name, i, st, "exp_avg", p, 0.0);
-    Tensor v = stateBuffer(r.name, i, st, "exp_avg_sq", p, 0.0);
-    Tensor vmax = r.amsgrad ? stateBuffer(r.name, i, st, "max_exp_avg_sq", p, 0.0) : Tensor();
-    st.step += 1;
-    double stepD = static_cast<double>(st.step);
-    double bc1 = 1.0 - std::pow(r.betas.first, stepD);
-    double bc2 = 1.0 - std::pow(r.betas.second, stepD);
-    double stepSize = r.lr / bc1;
-    double bc2Sqrt = std::sqrt(bc2);
-    if (fusable({p, g, m, v, vmax})) {
-      WEFT_DISPATCH_FLOATING(p.dtype(), r.name, [&]<class T>() {
-        withFlags(
-            [&](auto maximize, auto decoupled, auto decay, auto amsgrad) {
-              AdamConstants<T> c{static_cast<T>(r.betas.first),         static_cast<T>(r.betas.second),
-                                 static_cast<T>(1.0 - r.betas.first),   static_cast<T>(1.0 - r.betas.second),
-                                 static_cast<T>(r.weightDecay),         static_cast<T>(1.0 - r.lr * r.weightDecay),
-                                 static_cast<T>(r.eps),                 static_cast<T>(bc2Sqrt),
-                                 static_cast<T>(-stepSize)};
-              T *pp = p.data<T>(), *mp = m.data<T>(), *vp = v.data<T>(), *xp = ptr<T>(vmax);
-              const T* gp = g.data<T>();
-              fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
-                adamRange<T, maximize, decoupled, decay, amsgrad>(b, e, pp, gp, mp, vp, xp, c);
-              });
-            },
-            r.maximize, r.decoupled, r.weightDecay != 0, r.amsgrad);
-      });
-      bumpVersions({p, m, v, vmax});
-      continue;
+  CudaQueue cuda([&r](int device, DType dtype, std::span<const kernels::cuda::OptimTensor> ts) {
+    const kernels::cuda::AdamStepOptions k{r.lr,          r.betas.first, r.betas.second, r.eps,
+                                           r.weightDecay, r.amsgrad,     r.maximize,     r.decoupled};
+    WEFT_CUDA_CALL(device, adamStep(dtype, ts, k));
+  });
+  cuda.run([&] {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      Tensor p = params[i];
+      const Tensor& g = grads[i];
+      checkParamAndGrad(r.name, i, p, g);
+      ParamState& st = state[i];
+      Tensor m = stateBuffer(r.name, i, st, "exp_avg", p, 0.0);
+      Tensor v = stateBuffer(r.name, i, st, "exp_avg_sq", p, 0.0);
+      Tensor vmax = r.amsgrad ? stateBuffer(r.name, i, st, "max_exp_avg_sq", p, 0.0) : Tensor();
+      st.step += 1;
+      double stepD = static_cast<double>(st.step);
+      double bc1 = 1.0 - std::pow(r.betas.first, stepD);
+      double bc2 = 1.0 - std::pow(r.betas.second, stepD);
+      double stepSize = r.lr / bc1;
+      double bc2Sqrt = std::sqrt(bc2);
+      if (fusable({p, g, m, v, vmax})) {
+        WEFT_DISPATCH_FLOATING(p.dtype(), r.name, [&]<class T>() {
+          withFlags(
+              [&](auto maximize, auto decoupled, auto decay, auto amsgrad) {
+                AdamConstants<T> c{static_cast<T>(r.betas.first),         static_cast<T>(r.betas.second),
+                                   static_cast<T>(1.0 - r.betas.first),   static_cast<T>(1.0 - r.betas.second),
+                                   static_cast<T>(r.weightDecay),         static_cast<T>(1.0 - r.lr * r.weightDecay),
+                                   static_cast<T>(r.eps),                 static_cast<T>(bc2Sqrt),
+                                   static_cast<T>(-stepSize)};
+                T *pp = p.data<T>(), *mp = m.data<T>(), *vp = v.data<T>(), *xp = ptr<T>(vmax);
+                const T* gp = g.data<T>();
+                fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
+                  adamRange<T, maximize, decoupled, decay, amsgrad>(b, e, pp, gp, mp, vp, xp, c);
+                });
+              },
+              r.maximize, r.decoupled, r.weightDecay != 0, r.amsgrad);
+        });
+        bumpVersions({p, m, v, vmax});
+        continue;
+      }
+      if (CudaQueue::accepts({p, g, m, v, vmax})) {
+        cuda.add(p, g, {m, v, vmax}, -stepSize, bc2Sqrt);
+        continue;
+      }
+      Tensor d = r.maximize ? neg(g) : g;
+      if (r.decoupled) {
+        p.mul_(1.0 - r.lr * r.weightDecay);
+      } else if (r.weightDecay != 0) {
+        d = add(d, p, r.weightDecay);
+      }
+      m.mul_(r.betas.first).add_(d, 1.0 - r.betas.first);
+      v.mul_(r.betas.second).addcmul_(d, d, 1.0 - r.betas.second);
+      Tensor denom;
+      if (r.amsgrad) {
+        vmax.copy_(maximum(vmax, v));
+        denom = add(sqrt(vmax) / bc2Sqrt, r.eps);
+      } else {
+        denom = add(sqrt(v) / bc2Sqrt, r.eps);
+      }
+      p.addcdiv_(m, denom, -stepSize);
     }
-    Tensor d = r.maximize ? neg(g) : g;
-    if (r.decoupled) {
-      p.mul_(1.0 - r.lr * r.weightDecay);
-    } else if (r.weightDecay != 0) {
-      d = add(d, p, r.weightDecay);
-    }
-    m.mul_(r.betas.first).add_(d, 1.0 - r.betas.first);
-    v.mul_(r.betas.second).addcmul_(d, d, 1.0 - r.betas.second);
-    Tensor denom;
-    if (r.amsgrad) {
-      vmax.copy_(maximum(vmax, v));
-      denom = add(sqrt(vmax) / bc2Sqrt, r.eps);
-    } else {
-      denom = add(sqrt(v) / bc2Sqrt, r.eps);
-    }
-    p.addcdiv_(m, denom, -stepSize);
-  }
+  });
 }
 
 }  // namespace
@@ -471,34 +586,44 @@ void adagrad(const std::vector<Tensor>& params, const std::vector<Tensor>& grads
   checkOptions(o);
   checkLists("Adagrad", params, grads, state);
   NoGradGuard ng;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    Tensor p = params[i];
-    const Tensor& g = grads[i];
-    checkParamAndGrad("Adagrad", i, p, g);
-    ParamState& st = state[i];
-    Tensor sum = stateBuffer("Adagrad", i, st, "sum", p, o.initialAccumulatorValue);
-    st.step += 1;
-    double clr = o.lr / (1.0 + static_cast<double>(st.step - 1) * o.lrDecay);
-    if (fusable({p, g, sum})) {
-      WEFT_DISPATCH_FLOATING(p.dtype(), "Adagrad", [&]<class T>() {
-        withFlags(
-            [&](auto maximize, auto decay) {
-              AdagradConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.eps), static_cast<T>(-clr)};
-              T *pp = p.data<T>(), *sp = sum.data<T>();
-              const T* gp = g.data<T>();
-              fusedLoop(p.numel(),
-                        [&](int64_t b, int64_t e) { adagradRange<T, maximize, decay>(b, e, pp, gp, sp, c); });
-            },
-            o.maximize, o.weightDecay != 0);
-      });
-      bumpVersions({p, sum});
-      continue;
+  CudaQueue cuda([&o](int device, DType dtype, std::span<const kernels::cuda::OptimTensor> ts) {
+    const kernels::cuda::AdagradStepOptions k{o.weightDecay, o.eps, o.maximize};
+    WEFT_CUDA_CALL(device, adagradStep(dtype, ts, k));
+  });
+  cuda.run([&] {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      Tensor p = params[i];
+      const Tensor& g = grads[i];
+      checkParamAndGrad("Adagrad", i, p, g);
+      ParamState& st = state[i];
+      Tensor sum = stateBuffer("Adagrad", i, st, "sum", p, o.initialAccumulatorValue);
+      st.step += 1;
+      double clr = o.lr / (1.0 + static_cast<double>(st.step - 1) * o.lrDecay);
+      if (fusable({p, g, sum})) {
+        WEFT_DISPATCH_FLOATING(p.dtype(), "Adagrad", [&]<class T>() {
+          withFlags(
+              [&](auto maximize, auto decay) {
+                AdagradConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.eps), static_cast<T>(-clr)};
+                T *pp = p.data<T>(), *sp = sum.data<T>();
+                const T* gp = g.data<T>();
+                fusedLoop(p.numel(),
+                          [&](int64_t b, int64_t e) { adagradRange<T, maximize, decay>(b, e, pp, gp, sp, c); });
+              },
+              o.maximize, o.weightDecay != 0);
+        });
+        bumpVersions({p, sum});
+        continue;
+      }
+      if (CudaQueue::accepts({p, g, sum})) {
+        cuda.add(p, g, {sum}, -clr, 0.0);
+        continue;
+      }
+      Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
+      sum.addcmul_(d, d, 1.0);
+      p.addcdiv_(d, add(sqrt(sum), o.eps), -clr);
     }
-    Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
-    sum.addcmul_(d, d, 1.0);
-    p.addcdiv_(d, add(sqrt(sum), o.eps), -clr);
-  }
+  });
 }
 
 // ---- RMSprop ----------------------------------------------------------------------------
@@ -544,51 +669,61 @@ void rmsprop(const std::vector<Tensor>& params, const std::vector<Tensor>& grads
   checkOptions(o);
   checkLists("RMSprop", params, grads, state);
   NoGradGuard ng;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    Tensor p = params[i];
-    const Tensor& g = grads[i];
-    checkParamAndGrad("RMSprop", i, p, g);
-    ParamState& st = state[i];
-    Tensor sq = stateBuffer("RMSprop", i, st, "square_avg", p, 0.0);
-    Tensor buf = o.momentum > 0 ? stateBuffer("RMSprop", i, st, "momentum_buffer", p, 0.0) : Tensor();
-    Tensor gavg = o.centered ? stateBuffer("RMSprop", i, st, "grad_avg", p, 0.0) : Tensor();
-    st.step += 1;
-    if (fusable({p, g, sq, buf, gavg})) {
-      WEFT_DISPATCH_FLOATING(p.dtype(), "RMSprop", [&]<class T>() {
-        withFlags(
-            [&](auto maximize, auto decay, auto centered, auto momentum) {
-              RMSpropConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.alpha),
-                                    static_cast<T>(1.0 - o.alpha),  static_cast<T>(o.eps),
-                                    static_cast<T>(o.momentum),     static_cast<T>(-o.lr)};
-              T *pp = p.data<T>(), *sp = sq.data<T>(), *bp = ptr<T>(buf), *ap = ptr<T>(gavg);
-              const T* gp = g.data<T>();
-              fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
-                rmspropRange<T, maximize, decay, centered, momentum>(b, e, pp, gp, sp, bp, ap, c);
-              });
-            },
-            o.maximize, o.weightDecay != 0, gavg.defined(), buf.defined());
-      });
-      bumpVersions({p, sq, buf, gavg});
-      continue;
+  CudaQueue cuda([&o](int device, DType dtype, std::span<const kernels::cuda::OptimTensor> ts) {
+    const kernels::cuda::RmspropStepOptions k{o.lr, o.alpha, o.eps, o.weightDecay, o.momentum, o.centered, o.maximize};
+    WEFT_CUDA_CALL(device, rmspropStep(dtype, ts, k));
+  });
+  cuda.run([&] {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      Tensor p = params[i];
+      const Tensor& g = grads[i];
+      checkParamAndGrad("RMSprop", i, p, g);
+      ParamState& st = state[i];
+      Tensor sq = stateBuffer("RMSprop", i, st, "square_avg", p, 0.0);
+      Tensor buf = o.momentum > 0 ? stateBuffer("RMSprop", i, st, "momentum_buffer", p, 0.0) : Tensor();
+      Tensor gavg = o.centered ? stateBuffer("RMSprop", i, st, "grad_avg", p, 0.0) : Tensor();
+      st.step += 1;
+      if (fusable({p, g, sq, buf, gavg})) {
+        WEFT_DISPATCH_FLOATING(p.dtype(), "RMSprop", [&]<class T>() {
+          withFlags(
+              [&](auto maximize, auto decay, auto centered, auto momentum) {
+                RMSpropConstants<T> c{static_cast<T>(o.weightDecay), static_cast<T>(o.alpha),
+                                      static_cast<T>(1.0 - o.alpha),  static_cast<T>(o.eps),
+                                      static_cast<T>(o.momentum),     static_cast<T>(-o.lr)};
+                T *pp = p.data<T>(), *sp = sq.data<T>(), *bp = ptr<T>(buf), *ap = ptr<T>(gavg);
+                const T* gp = g.data<T>();
+                fusedLoop(p.numel(), [&](int64_t b, int64_t e) {
+                  rmspropRange<T, maximize, decay, centered, momentum>(b, e, pp, gp, sp, bp, ap, c);
+                });
+              },
+              o.maximize, o.weightDecay != 0, gavg.defined(), buf.defined());
+        });
+        bumpVersions({p, sq, buf, gavg});
+        continue;
+      }
+      if (CudaQueue::accepts({p, g, sq, buf, gavg})) {
+        cuda.add(p, g, {sq, buf, gavg}, 0.0, 0.0);
+        continue;
+      }
+      Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
+      sq.mul_(o.alpha).addcmul_(d, d, 1.0 - o.alpha);
+      Tensor avg;
+      if (gavg.defined()) {
+        gavg.mul_(o.alpha).add_(d, 1.0 - o.alpha);
+        avg = sqrt(sub(sq, mul(gavg, gavg)));
+      } else {
+        avg = sqrt(sq);
+      }
+      avg = add(avg, o.eps);
+      if (buf.defined()) {
+        buf.mul_(o.momentum).addcdiv_(d, avg, 1.0);
+        p.add_(buf, -o.lr);
+      } else {
+        p.addcdiv_(d, avg, -o.lr);
+      }
     }
-    Tensor d = effectiveGrad(p, g, o.maximize, o.weightDecay);
-    sq.mul_(o.alpha).addcmul_(d, d, 1.0 - o.alpha);
-    Tensor avg;
-    if (gavg.defined()) {
-      gavg.mul_(o.alpha).add_(d, 1.0 - o.alpha);
-      avg = sqrt(sub(sq, mul(gavg, gavg)));
-    } else {
-      avg = sqrt(sq);
-    }
-    avg = add(avg, o.eps);
-    if (buf.defined()) {
-      buf.mul_(o.momentum).addcdiv_(d, avg, 1.0);
-      p.add_(buf, -o.lr);
-    } else {
-      p.addcdiv_(d, avg, -o.lr);
-    }
-  }
+  });
 }
 
 void step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,

@@ -37,7 +37,13 @@
 //  - parameters and state are updated in place under a NoGradGuard (no
 //    history is recorded), so handles held elsewhere see the new values.
 //    Contiguous CPU float32/float64 parameters are updated by one fused
-//    parallel pass; other layouts and devices by the equivalent tensor ops.
+//    parallel pass; contiguous CUDA float32/float64 parameters (with their
+//    gradients and buffers) by one multi-tensor kernel launch per step and
+//    device for up to 32 of them (kernels/cuda/optim.h), with the same
+//    arithmetic; other layouts and dtypes by the equivalent tensor ops.
+//    CUDA state buffers are created on the parameter's device. The CUDA
+//    parameters of one call are updated together, so they must be distinct
+//    (as the Optimizer objects require).
 //
 // State names follow torch.optim's state_dict: SGD "momentum_buffer"; Adam
 // and AdamW "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad); Adagrad

@@ -1,7 +1,10 @@
 #include "nn/utils.h"
 
 #include <cmath>
+#include <map>
 
+#include "kernels/cuda/optim.h"
+#include "kernels/cuda_call.h"
 #include "tensor/ops.h"
 
 namespace weft::nn {
@@ -30,8 +33,14 @@ double clipGradNorm_(const std::vector<Tensor>& params, double maxNorm, double n
   if (grads.empty()) return 0.0;
   bool inf = std::isinf(normType);
   double total = 0.0;
+  // Contiguous CUDA gradients: one device reduction and read-back per device.
+  std::map<int, std::vector<kernels::cuda::DeviceArray>> onDevice;
   for (const Tensor& g : grads) {
     if (g.numel() == 0) continue;
+    if (g.device().isCuda() && g.isContiguous() && isFloating(g.dtype())) {
+      onDevice[g.device().index].push_back({g.rawData(), g.dtype(), g.numel()});
+      continue;
+    }
     if (inf) {
       total = std::max(total, max(abs(g)).item<double>());
     } else if (normType == 2.0) {
@@ -40,12 +49,25 @@ double clipGradNorm_(const std::vector<Tensor>& params, double maxNorm, double n
       total += sum(pow(abs(g), normType)).item<double>();
     }
   }
+  for ([[maybe_unused]] const auto& [device, arrays] : onDevice) {
+    double part = 0.0;
+    WEFT_CUDA_CALL(device, gradPowerSum(arrays, normType, &part));
+    total = inf ? (std::isnan(part) || part > total ? part : total) : total + part;
+  }
   if (!inf) total = normType == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / normType);
   WEFT_ENFORCE(!errorIfNonfinite || std::isfinite(total), InvalidArgumentError, "clipGradNorm_: the total norm ",
                "of order ", normType, " of the gradients is ", total);
   double coef = maxNorm / (total + 1e-6);
   if (coef < 1.0) {
-    for (Tensor& g : grads) g.mul_(coef);
+    for ([[maybe_unused]] const auto& [device, arrays] : onDevice) WEFT_CUDA_CALL(device, gradScale(arrays, coef));
+    for (Tensor& g : grads) {
+      if (g.numel() == 0) continue;
+      if (g.device().isCuda() && g.isContiguous() && isFloating(g.dtype())) {
+        g.storage()->bumpVersion();
+      } else {
+        g.mul_(coef);
+      }
+    }
   }
   return total;
 }

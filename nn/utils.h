@@ -22,6 +22,8 @@ namespace weft::nn {
 // the normType-norm of the concatenated gradients (normType may be
 // infinity). Returns total. When errorIfNonfinite and total is NaN or
 // infinite, raises InvalidArgumentError and leaves the gradients alone.
+// Contiguous CUDA gradients are reduced on their device (float64
+// accumulation, one value read back per device) and scaled there.
 double clipGradNorm_(const std::vector<Tensor>& params, double maxNorm, double normType = 2.0,
                      bool errorIfNonfinite = false);
 // Zeroes every defined gradient in place (PyTorch 1.13's default), or drops
