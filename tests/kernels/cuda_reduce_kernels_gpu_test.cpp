@@ -2,6 +2,9 @@
 // device buffers, against the CPU kernels of the same name on the same data:
 // the paths each kernel picks by shape (warp or block per row, split rows
 // and columns with a second pass, strided columns), ties, NaN and infinities.
+// The CUDA kernels exist only in CUDA builds; without them this file is empty.
+#ifdef WEFT_HAVE_CUDA
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -336,3 +339,5 @@ TEST_CASE_TEMPLATE("loss kernels match the CPU", T, double, float) {
     }
   }
 }
+
+#endif  // WEFT_HAVE_CUDA
