@@ -165,9 +165,10 @@ TEST_CASE("GPipe with activation checkpointing equals the single-process step an
 }
 
 TEST_CASE("dp x pp: 2 replicas of a 2-stage pipeline on 4 processes, each on half the batch, equal the "
-          "single-process step on the whole batch") {
+          "single-process step on the whole batch: 1F1B, GPipe and interleaved 1F1B") {
   checkTraining("mlp", 4, "1f1b", 3, 2);
   checkTraining("gpt", 4, "gpipe", 2, 2);
+  checkTraining("gpt", 4, "interleaved", 2, 2);
 }
 
 TEST_CASE("a stage dying mid-step gives the other stages a DisconnectedError naming it within the group timeout") {
