@@ -66,7 +66,9 @@
 // Every link between two model stages agrees its own shape once per step,
 // has its own tags and its own receive posted ahead, so the chunks'
 // transfers between two processes never mix. Tied parameters and data
-// parallelism cover every chunk's parameters.
+// parallelism cover every chunk's parameters. Errors name the chunk:
+// "pipeline stage 0: receiving the activation of micro-batch 3 (chunk 1)
+// from stage 1: ...".
 //
 // Tied parameters. A parameter listed in `tied` (TiedParameter, see
 // pipeline/stage.h) also lives on stage peerStage; after the step's last

@@ -8,6 +8,8 @@
 //   pipeline::ScheduleReport r = pipeline::checkSchedule(s);   // throws if broken
 //   r.peakActivations[0];                                       // 4: at most P alive
 //   std::cout << pipeline::toString(s.stages[1]);               // "RA0 F0 SA0 RA1 F1 SA1 RG0 B0 SG0 ..."
+//   pipeline::Schedule v = pipeline::interleavedOneFOneB(4, /*chunks=*/2, 8);   // virtual stages
+//   pipeline::idealBubble(v);                                   // 3/19: (P - 1)/(V·M + P - 1)
 //
 // Actions. Forward(mb) runs the stage's module on micro-batch mb's input and
 // keeps what backward needs (the activations of mb stay alive until
