@@ -135,7 +135,7 @@ TEST_CASE("interleaved 1F1B with V = 2, 3 chunks passes every invariant and hold
   }
 }
 
-TEST_CASE("interleavedOneFOneB with one chunk is 1F1B; chunks without two stages are refused") {
+TEST_CASE("interleavedOneFOneB with one chunk is 1F1B, and chunks without two stages are refused") {
   for (int p = 1; p <= 4; ++p) {
     Schedule a = interleavedOneFOneB(p, 1, 5), b = oneFOneB(p, 5);
     CHECK(a.chunks == 1);
