@@ -48,8 +48,9 @@ struct Flags {
   uint64_t seed = 0;
 
   int64_t pp = 1;                 // pipeline stages, one per process (weftrun -n P)
-  std::string schedule = "1f1b";  // gpipe or 1f1b, with --pp
+  std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved (2 chunks per stage), with --pp
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
+  int64_t dp = 1;                 // with --pp: data-parallel replicas of the pipeline (weftrun -n D·P)
 };
 
 [[noreturn]] inline void usage(const std::string& err) {
@@ -62,7 +63,8 @@ struct Flags {
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
                      "           [--data-dir DIR] [--seed N]\n"
-                     "           [--pp P [--schedule gpipe|1f1b] [--microbatches M]] (P > 1: weftrun -n P)\n");
+                     "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D]]\n"
+                     "             (P > 1: weftrun -n D·P)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.
@@ -123,6 +125,7 @@ inline Flags parseFlags(int argc, char** argv) {
     else if (a == "--pp") f.pp = args.integer();
     else if (a == "--schedule") f.schedule = v;
     else if (a == "--microbatches") f.microbatches = args.integer();
+    else if (a == "--dp") f.dp = args.integer();
     else args.unknown();
   }
   if (f.layers < 1 || f.heads < 1 || f.width < 1 || f.block < 2) {
@@ -149,9 +152,11 @@ inline Flags parseFlags(int argc, char** argv) {
   }
   if (f.prompt.empty()) usage("--prompt must not be empty");
   if (f.pp < 1 || f.microbatches < 1) usage("--pp and --microbatches must be positive");
-  if (f.schedule != "gpipe" && f.schedule != "1f1b") {
-    usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b)");
+  if (f.schedule != "gpipe" && f.schedule != "1f1b" && f.schedule != "interleaved") {
+    usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b, interleaved)");
   }
+  if (f.dp < 1) usage("--dp must be positive");
+  if (f.dp > 1 && f.pp == 1) usage("--dp needs --pp");
   if (f.pp > 1 && f.batchSize % f.microbatches != 0) usage("--microbatches must divide --batch-size");
   if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {
     usage("--sample-tokens, --temperature and --top-k must be non-negative");
