@@ -50,6 +50,7 @@ struct Flags {
   int64_t pp = 1;                 // pipeline stages, one per process (weftrun -n P)
   std::string schedule = "1f1b";  // gpipe or 1f1b, with --pp
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
+  bool fsdp = false;              // fully sharded data parallel over the job's processes (fsdp_layout.h)
 };
 
 [[noreturn]] inline void usage(const std::string& err) {
@@ -62,7 +63,8 @@ struct Flags {
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
                      "           [--data-dir DIR] [--seed N]\n"
-                     "           [--pp P [--schedule gpipe|1f1b] [--microbatches M]] (P > 1: weftrun -n P)\n");
+                     "           [--pp P [--schedule gpipe|1f1b] [--microbatches M]] (P > 1: weftrun -n P)\n"
+                     "           [--fsdp] (fully sharded data parallel: weftrun -n N)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.
@@ -94,6 +96,10 @@ inline Flags parseFlags(int argc, char** argv) {
   app::FlagReader args(argc, argv, usage);
   while (args.next()) {
     const std::string& a = args.flag();
+    if (a == "--fsdp") {  // a switch: no value
+      f.fsdp = true;
+      continue;
+    }
     const std::string& v = args.value();
     if (a == "--layers") f.layers = args.integer();
     else if (a == "--heads") f.heads = args.integer();
@@ -152,6 +158,7 @@ inline Flags parseFlags(int argc, char** argv) {
   if (f.schedule != "gpipe" && f.schedule != "1f1b") {
     usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b)");
   }
+  if (f.fsdp && (f.pp > 1 || f.device != "cpu")) usage("--fsdp runs on CPUs and does not combine with --pp");
   if (f.pp > 1 && f.batchSize % f.microbatches != 0) usage("--microbatches must divide --batch-size");
   if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {
     usage("--sample-tokens, --temperature and --top-k must be non-negative");
