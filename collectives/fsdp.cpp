@@ -9,6 +9,7 @@
 #include "collectives/detail/sharding.h"
 #include "common/error.h"
 #include "nn/transformer.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -31,6 +32,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
                                                    Options options)
     : module_(std::move(module)), group_(group), options_(std::move(options)) {
   WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, kWho, ": the module is null");
+  const DType pd = options_.mixedPrecision.param;
+  const DType rd = options_.mixedPrecision.reduce;
+  WEFT_ENFORCE(pd == DType::Float32 || pd == DType::BFloat16 || pd == DType::Float16, InvalidArgumentError, kWho,
+               ": Options::mixedPrecision.param must be float32, bfloat16 or float16, got ", dtypeName(pd));
+  WEFT_ENFORCE(rd == DType::Float32 || rd == DType::Float16, InvalidArgumentError, kWho,
+               ": Options::mixedPrecision.reduce must be float32 or float16 (the backend reduces no bfloat16), got ",
+               dtypeName(rd));
   std::vector<std::shared_ptr<nn::Module>> given = options_.units;
   if (given.empty()) {
     if (auto gpt = std::dynamic_pointer_cast<nn::GPT>(module_)) {
@@ -127,22 +135,26 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   for (Unit& u : units_) {
     u.chunk = (u.numel + n - 1) / n;
     const int64_t padded = u.chunk * n;
-    u.storage = Storage::allocate(static_cast<size_t>(padded) * sizeof(float), Device::cpu());
-    u.flat = makeTensor(u.storage, {padded}, {1}, 0, DType::Float32);
-    u.flat.narrow(0, u.numel, padded - u.numel).zero_();
+    Tensor master = zeros({padded});
+    for (size_t i : u.params) {
+      const Param& p = params_[i];
+      master.narrow(0, p.offset, p.tensor.numel()).copy_(p.tensor.detach().reshape({-1}));
+    }
+    u.storage = Storage::allocate(static_cast<size_t>(padded) * elementSize(pd), Device::cpu());
+    u.flat = makeTensor(u.storage, {padded}, {1}, 0, pd);
     for (size_t i : u.params) {
       Param& p = params_[i];
-      u.flat.narrow(0, p.offset, p.tensor.numel()).copy_(p.tensor.detach().reshape({-1}));
       TensorImpl* im = p.tensor.impl();
       im->storage = u.storage;
       im->offset = p.offset;
+      im->dtype = pd;
       Shape strides(im->shape.size(), 1);
       for (int64_t d = static_cast<int64_t>(strides.size()) - 2; d >= 0; --d) {
         strides[static_cast<size_t>(d)] = strides[static_cast<size_t>(d) + 1] * im->shape[static_cast<size_t>(d) + 1];
       }
       im->strides = strides;
     }
-    Tensor shard = u.flat.narrow(0, group_.rank() * u.chunk, u.chunk).clone();
+    Tensor shard = master.narrow(0, group_.rank() * u.chunk, u.chunk).clone();
     shard.requiresGrad_(true);
     shards_.push_back(shard);
     u.storage->release();
@@ -184,6 +196,8 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     forwardOrder_.clear();
   }
+  const DType pd = options_.mixedPrecision.param;
+  autocast::Scope amp(pd == DType::Float32 ? DType::BFloat16 : pd, pd != DType::Float32);
   return (*module_)(input);
 }
 
@@ -192,9 +206,15 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
 void FullyShardedDataParallel::gather(size_t k, const char* why) {
   Unit& u = units_[k];
   if (u.gathered) return;
-  u.storage->reallocate(static_cast<size_t>(u.chunk * group_.size()) * sizeof(float));
+  const DType pd = options_.mixedPrecision.param;
+  u.storage->reallocate(static_cast<size_t>(u.chunk * group_.size()) * elementSize(pd));
   try {
-    group_.allGatherInto(u.flat, shards_[k].detach()).wait();
+    Tensor mine = shards_[k].detach();
+    if (pd != DType::Float32) {
+      NoGradGuard noGrad;
+      mine = mine.to(pd);
+    }
+    group_.allGatherInto(u.flat, mine).wait();
   } catch (const std::exception&) {
     u.storage->release();
     detail::rethrowPrefixed(std::current_exception(),
@@ -274,10 +294,13 @@ void FullyShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& gra
     if (u.pending.defined()) {
       u.gradFlat = std::exchange(u.pending, Tensor());
     } else {
-      u.gradFlat = zeros({u.chunk * group_.size()});
+      u.gradFlat = zeros({u.chunk * group_.size()}, {.dtype = options_.mixedPrecision.reduce});
     }
   }
-  if (g.defined()) u.gradFlat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.shape()).add_(g);
+  if (g.defined()) {
+    Tensor slot = u.gradFlat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.shape());
+    slot.add_(g.dtype() == slot.dtype() ? g : g.to(slot.dtype()));
+  }
   if (p.ready) return;
   p.ready = true;
   if (--u.waiting > 0) return;
@@ -296,7 +319,7 @@ void FullyShardedDataParallel::launchReadyLocked() {
     }
     std::vector<Tensor> inputs;
     for (int r = 0; r < group_.size(); ++r) inputs.push_back(u.gradFlat.narrow(0, r * u.chunk, u.chunk));
-    u.reduced = empty({u.chunk});
+    u.reduced = empty({u.chunk}, {.dtype = u.gradFlat.dtype()});
     try {
       u.work = group_.reduceScatter(u.reduced, inputs, ReduceOp::Sum);
     } catch (const std::exception&) {
@@ -326,6 +349,7 @@ void FullyShardedDataParallel::settleLocked(size_t k) {
   }
   NoGradGuard noGrad;
   if (group_.size() > 1) u.reduced.mul_(1.0 / static_cast<double>(group_.size()));
+  if (u.reduced.dtype() != DType::Float32) u.reduced = u.reduced.to(DType::Float32);
   Tensor shard = shards_[k];
   Tensor grad = shard.grad();
   if (grad.defined()) {

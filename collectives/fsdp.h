@@ -78,6 +78,18 @@
 // with no collective; the next synced pass reduce-scatters its gradients plus
 // what was accumulated. Parameters are still gathered and freed as above.
 //
+// Mixed precision (Options::mixedPrecision). The shards, their gradients and
+// the optimizer stay float32 (master weights). With param BFloat16 or
+// Float16, each unit's shard is converted to that dtype before the gather
+// (half the traffic and half the gathered bytes), the module's parameters
+// are tensors of that dtype, and forward() runs the module inside an
+// autocast::Scope of it (tensor/autocast.h: the products in low precision,
+// LayerNorm, softmax and the losses in float32), so the output is in the
+// dtype the module's last op gives. Gradients arrive in the param dtype,
+// are added up in the reduce dtype, reduce-scattered in it, and divided by
+// N and added to the shards' float32 gradients. fullStateDict() gives the
+// float32 masters. InvalidArgumentError for another dtype.
+//
 // The optimizer: build any weft optimizer over parameters() (one group: the
 // shards flatten parameters with different roles, so per-parameter options
 // such as decay groups do not apply). Each rank steps its shards only and
@@ -126,10 +138,16 @@ class FullyShardedDataParallel {
  public:
   struct Options {
     // See "Units": empty for the default policy.
-    std::vector<std::shared_ptr<nn::Module>> units;
+    std::vector<std::shared_ptr<nn::Module>> units = {};
     // true: ZeRO-3 (free each unit after its forward); false: keep it until
     // its backward is done.
     bool reshardAfterForward = true;
+    // See "Mixed precision".
+    struct MixedPrecision {
+      DType param = DType::Float32;   // Float32, BFloat16 or Float16
+      DType reduce = DType::Float32;  // Float32 or Float16 (Gloo reduces no bfloat16)
+    };
+    MixedPrecision mixedPrecision = {};
   };
 
   // Collective: checks that the ranks wrap the same units, broadcasts rank

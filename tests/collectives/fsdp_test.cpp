@@ -18,6 +18,7 @@
 #include "nn/optim.h"
 #include "nn/transformer.h"
 #include "nn/utils.h"
+#include "tensor/autocast.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "captured_text.h"
@@ -359,6 +360,59 @@ TEST_CASE("fsdp frees each block's parameters after its forward: the storage acc
   }
   CHECK(blockBytes > 0);
   CHECK(held[0] - held[1] == blockBytes);
+}
+
+TEST_CASE("fsdp mixed precision: bfloat16 or float16 compute parameters over float32 shards track float32") {
+  const int world = 2, steps = 10;
+  // Each rank's losses under a policy; the gathered bytes of the last forward's root unit.
+  auto losses = [&](Fsdp::Options::MixedPrecision mp, int64_t* rootBytes) {
+    Ranks ranks(world);
+    std::vector<double> out(steps);
+    ranks.onEachRank([&](int r) {
+      auto net = tinyGpt();
+      Fsdp fsdp(net, ranks[r], {.mixedPrecision = mp});
+      nn::optim::Optimizer opt(fsdp.parameters(), adamw());
+      for (int s = 0; s < steps; ++s) {
+        opt.zeroGrad();
+        auto [x, y] = batch(r, s);
+        Tensor logits = fsdp.forward(x);
+        CHECK(net->wte()->weight().dtype() == mp.param);
+        if (r == 0 && rootBytes != nullptr) *rootBytes = fsdp.gatheredBytes();
+        Tensor loss = lossOf(logits.to(DType::Float32), y);
+        loss.backward();
+        for (const Tensor& sh : fsdp.parameters()) CHECK(sh.grad().dtype() == DType::Float32);
+        opt.step();
+        Tensor l = loss.detach().reshape({1});
+        ranks[r].allReduce(l, collectives::ReduceOp::Avg).wait();
+        if (r == 0) out[static_cast<size_t>(s)] = l.item<double>();
+      }
+      for (const Tensor& sh : fsdp.parameters()) CHECK(sh.dtype() == DType::Float32);
+    });
+    return out;
+  };
+  int64_t f32Root = 0, bf16Root = 0, f16Root = 0;
+  const std::vector<double> f32 = losses({}, &f32Root);
+  const std::vector<double> bf16 = losses({.param = DType::BFloat16}, &bf16Root);
+  const std::vector<double> f16 = losses({.param = DType::Float16, .reduce = DType::Float16}, &f16Root);
+  // Half the bytes gathered.
+  CHECK(bf16Root * 2 == f32Root);
+  CHECK(f16Root * 2 == f32Root);
+  double worstBf16 = 0, worstF16 = 0;
+  bool differs = false;
+  for (int s = 0; s < steps; ++s) {
+    worstBf16 = std::max(worstBf16, std::abs(bf16[static_cast<size_t>(s)] - f32[static_cast<size_t>(s)]));
+    worstF16 = std::max(worstF16, std::abs(f16[static_cast<size_t>(s)] - f32[static_cast<size_t>(s)]));
+    differs = differs || bf16[static_cast<size_t>(s)] != f32[static_cast<size_t>(s)];
+  }
+  MESSAGE("loss " << f32.front() << " -> " << f32.back() << "; largest difference bf16 " << worstBf16 << ", f16 "
+                  << worstF16);
+  CHECK(differs);               // the products really ran in low precision
+  CHECK(worstBf16 < 0.02);      // the tolerance of tests/nn/amp_gpt_test.cpp's first steps
+  CHECK(worstF16 < 0.02);
+  Ranks one(1);
+  auto net = tinyGpt();
+  CHECK(contains(errorOf([&] { Fsdp f(net, one[0], {.mixedPrecision = {.reduce = DType::BFloat16}}); }),
+                 "must be float32 or float16"));
 }
 
 TEST_SUITE_END();
