@@ -182,6 +182,13 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (Unit& u : units_) {
     u.module->removeForwardHook(u.preHookId);
     u.module->removeForwardHook(u.postHookId);
+    if (u.gatherWork.valid()) {
+      try {
+        u.gatherWork.wait();
+      } catch (const std::exception&) {
+        // Dropped: the destructor has nobody to report to.
+      }
+    }
     if (!u.work.valid()) continue;
     try {
       u.work.wait();
@@ -194,7 +201,7 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
 Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    forwardOrder_.clear();
+    if (!forwardOrder_.empty()) previousForwardOrder_ = std::exchange(forwardOrder_, {});
   }
   const DType pd = options_.mixedPrecision.param;
   autocast::Scope amp(pd == DType::Float32 ? DType::BFloat16 : pd, pd != DType::Float32);
@@ -203,29 +210,67 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
 
 // ---- gathering and freeing --------------------------------------------------------
 
-void FullyShardedDataParallel::gather(size_t k, const char* why) {
+void FullyShardedDataParallel::startGather(size_t k, const char* why) {
   Unit& u = units_[k];
-  if (u.gathered) return;
+  if (u.gathered || u.gathering) return;
   const DType pd = options_.mixedPrecision.param;
   u.storage->reallocate(static_cast<size_t>(u.chunk * group_.size()) * elementSize(pd));
   try {
-    Tensor mine = shards_[k].detach();
+    u.gatherInput = shards_[k].detach();
     if (pd != DType::Float32) {
       NoGradGuard noGrad;
-      mine = mine.to(pd);
+      u.gatherInput = u.gatherInput.to(pd);
     }
-    group_.allGatherInto(u.flat, mine).wait();
+    u.gatherWork = group_.allGatherInto(u.flat, u.gatherInput);
   } catch (const std::exception&) {
+    u.storage->release();
+    u.gatherInput = Tensor();
+    detail::rethrowPrefixed(std::current_exception(),
+                            weft::detail::concat(kWho, ": gathering the parameters of unit ", k, " ('", u.name,
+                                                 "') ", why, " failed: "));
+  }
+  u.gathering = true;
+}
+
+void FullyShardedDataParallel::gather(size_t k, const char* why) {
+  Unit& u = units_[k];
+  if (u.gathered) return;
+  startGather(k, why);
+  try {
+    u.gatherWork.wait();
+  } catch (const std::exception&) {
+    u.gathering = false;
+    u.gatherWork = Work();
+    u.gatherInput = Tensor();
     u.storage->release();
     detail::rethrowPrefixed(std::current_exception(),
                             weft::detail::concat(kWho, ": gathering the parameters of unit ", k, " ('", u.name,
                                                  "') ", why, " failed: "));
   }
+  u.gathering = false;
+  u.gatherWork = Work();
+  u.gatherInput = Tensor();
   u.gathered = true;
+}
+
+void FullyShardedDataParallel::prefetch(size_t k, const char* why) {
+  if (k == 0) return;  // the root is gathered from the start of forward through its backward
+  startGather(k, why);
 }
 
 void FullyShardedDataParallel::reshard(size_t k) {
   Unit& u = units_[k];
+  if (u.gathering) {
+    try {
+      u.gatherWork.wait();
+    } catch (const std::exception&) {
+      // A prefetch nobody used: the group reports its failure to the next op.
+    }
+    u.gathering = false;
+    u.gatherWork = Work();
+    u.gatherInput = Tensor();
+    u.gathered = true;
+  }
   if (!u.gathered) return;
   u.storage->release();
   u.gathered = false;
@@ -238,6 +283,12 @@ void FullyShardedDataParallel::onPreForward(size_t k) {
     forwardOrder_.push_back(k);
   }
   gather(k, recomputing ? "for the recomputation of its forward" : "before its forward");
+  if (recomputing) return;
+  // The unit that came next in the previous forward, gathered while this one computes.
+  auto at = std::find(previousForwardOrder_.begin(), previousForwardOrder_.end(), k);
+  if (at != previousForwardOrder_.end() && at + 1 != previousForwardOrder_.end()) {
+    prefetch(*(at + 1), "ahead of its forward");
+  }
 }
 
 void FullyShardedDataParallel::onPostForward(size_t k, Tensor& output) {
@@ -246,12 +297,18 @@ void FullyShardedDataParallel::onPostForward(size_t k, Tensor& output) {
   const bool backwardComes = output.defined() && output.requiresGrad() && output.gradFn() != nullptr;
   if (!backwardComes) {
     reshard(k);
+    if (k == 0) {
+      for (size_t j = 0; j < units_.size(); ++j) reshard(j);  // prefetches this forward did not use
+    }
     return;
   }
   output.gradFn()->registerPreHook([this, k](std::vector<Tensor>&) {
     std::lock_guard<std::recursive_mutex> held(mutex_);
     beginPassLocked();
     gather(k, "before its backward");
+    // The unit whose backward comes next: the one before this in forward order.
+    auto at = std::find(forwardOrder_.begin(), forwardOrder_.end(), k);
+    if (at != forwardOrder_.end() && at != forwardOrder_.begin()) prefetch(*(at - 1), "ahead of its backward");
   });
   if (k != 0 && options_.reshardAfterForward) reshard(k);
 }

@@ -52,6 +52,13 @@
 // its tied head runs last). A forward whose output needs no gradient (eval,
 // NoGradGuard) frees each unit at the end of its forward.
 //
+// Prefetching. Gathers are collectives issued from hooks, so every rank
+// issues them in the same order. Just after a unit's gather before its
+// forward, the gather of the unit that followed it in the previous forward
+// is launched (asynchronously) and completes while this unit computes;
+// just after a unit's gather before its backward, that of the unit before it
+// in this forward's order. So up to two units are gathered at once.
+//
 // Backward. A pre-hook on each parameter's AccumulateGrad node adds the
 // gradient into its unit's flat gradient buffer and takes it from the engine:
 // the module's .grad stay empty. Once every parameter of a unit has its
@@ -252,6 +259,9 @@ class FullyShardedDataParallel {
     std::shared_ptr<Storage> storage;  // chunk·N float32; released when not gathered
     Tensor flat;                       // [chunk·N] over storage
     bool gathered = false;
+    bool gathering = false;            // a prefetch in flight
+    Work gatherWork;
+    Tensor gatherInput;                // the shard it sends, kept until it completes
     int preHookId = -1;
     int postHookId = -1;
     // backward
@@ -264,7 +274,9 @@ class FullyShardedDataParallel {
     Work work;
   };
 
+  void startGather(size_t u, const char* why);
   void gather(size_t u, const char* why);
+  void prefetch(size_t u, const char* why);
   void reshard(size_t u);
   void onPreForward(size_t u);
   void onPostForward(size_t u, Tensor& output);
@@ -289,7 +301,8 @@ class FullyShardedDataParallel {
   bool passActive_ = false;
   std::weak_ptr<int> passToken_;
   int64_t passes_ = 0;
-  std::vector<size_t> forwardOrder_;  // units in the order of their last forward's pre-hooks
+  std::vector<size_t> forwardOrder_;  // units in the order of this forward's pre-hooks
+  std::vector<size_t> previousForwardOrder_;  // the previous forward's: what to prefetch
   std::vector<size_t> launchOrder_;   // this pass's
   size_t nextLaunch_ = 0;
   std::vector<size_t> launched_;      // launched, not yet settled

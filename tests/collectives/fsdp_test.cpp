@@ -362,6 +362,26 @@ TEST_CASE("fsdp frees each block's parameters after its forward: the storage acc
   CHECK(held[0] - held[1] == blockBytes);
 }
 
+TEST_CASE("fsdp prefetches the next unit of the previous forward while the current one computes") {
+  Ranks one(1);
+  auto net = tinyGpt();
+  Fsdp fsdp(net, one[0]);
+  const auto units = fsdp.units();
+  std::vector<int64_t> bytesAtBlock0;
+  const int id = net->blocks()[0]->registerForwardPreHook(
+      [&](nn::Module&, const Tensor&) { bytesAtBlock0.push_back(fsdp.gatheredBytes()); });
+  for (int s = 0; s < 2; ++s) {
+    auto [x, y] = batch(0, s);
+    lossOf(fsdp.forward(x), y).backward();
+  }
+  net->blocks()[0]->removeForwardHook(id);
+  // The first forward knows no order yet: the root and block 0. The second one gathers block 1
+  // ahead of time, as soon as block 0 is in.
+  const int64_t root = units[0].shardNumel * 4, block = units[1].shardNumel * 4;
+  CHECK(bytesAtBlock0 == std::vector<int64_t>{root + block, root + 2 * block});
+  CHECK(fsdp.gatheredBytes() == 0);
+}
+
 TEST_CASE("fsdp mixed precision: bfloat16 or float16 compute parameters over float32 shards track float32") {
   const int world = 2, steps = 10;
   // Each rank's losses under a policy; the gathered bytes of the last forward's root unit.
