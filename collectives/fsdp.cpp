@@ -342,6 +342,16 @@ void FullyShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& gra
   if (!grads.empty()) grads[0] = Tensor();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   beginPassLocked();
+  // Reductions already done give their buffers back now rather than at the next launch.
+  for (auto it = launched_.begin(); it != launched_.end();) {
+    if (!units_[*it].work.isCompleted()) {
+      ++it;
+      continue;
+    }
+    const size_t done = *it;
+    it = launched_.erase(it);
+    settleLocked(done);
+  }
   Param& p = params_[index];
   Unit& u = units_[p.unit];
   NoGradGuard noGrad;
