@@ -15,6 +15,9 @@
 #include "collectives/fsdp.h"
 #include "common/error.h"
 #include "nn/functional.h"
+#include "nn/layers.h"
+#include "nn/linear.h"
+#include "nn/sequential.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
 #include "nn/utils.h"
@@ -360,6 +363,72 @@ TEST_CASE("fsdp frees each block's parameters after its forward: the storage acc
   }
   CHECK(blockBytes > 0);
   CHECK(held[0] - held[1] == blockBytes);
+}
+
+TEST_CASE("fsdp over any module: given submodules are units, and one unit when none is given") {
+  // 5 -> 7 -> 3 with tanh between, on 4 ranks: 42 and 66 elements are padded to 44 and 68.
+  auto make = [] {
+    Generator gen(3);
+    auto a = std::make_shared<nn::Linear>(5, 7);
+    auto b = std::make_shared<nn::Linear>(7, 3);
+    a->resetParameters(&gen);
+    b->resetParameters(&gen);
+    auto seq = std::make_shared<nn::Sequential>();
+    seq->push_back(a);
+    seq->push_back(std::make_shared<nn::Tanh>());
+    seq->push_back(b);
+    return seq;
+  };
+  auto input = [](int r, int s) {
+    Generator gen(50 + static_cast<uint64_t>(r) * 7 + static_cast<uint64_t>(s));
+    return randn({4, 5}, {}, &gen);
+  };
+  const int world = 4, steps = 5;
+  // One process on the ranks' inputs together: the mean of the ranks' mean losses.
+  auto plain = make();
+  nn::optim::Optimizer ref(plain->parameters(), sgd());
+  for (int s = 0; s < steps; ++s) {
+    ref.zeroGrad();
+    std::vector<Tensor> xs;
+    for (int r = 0; r < world; ++r) xs.push_back(input(r, s));
+    square(plain->forward(cat(xs, 0))).mean().backward();
+    ref.step();
+  }
+  for (bool given : {true, false}) {
+    INFO("units given " << given);
+    Ranks ranks(world);
+    ranks.onEachRank([&](int r) {
+      auto seq = make();
+      Fsdp::Options options;
+      if (given) options.units = {seq->children()[0], seq->children()[2]};
+      Fsdp fsdp(seq, ranks[r], options);
+      const auto units = fsdp.units();
+      if (given) {
+        REQUIRE(units.size() == 2);  // the root holds nothing of its own: dropped
+        CHECK(units[0].name == "0");
+        CHECK(units[0].numel == 5 * 7 + 7);
+        CHECK(units[0].shardNumel == 11);
+        CHECK(units[1].name == "2");
+        CHECK(units[1].shardNumel == 6);  // 24 elements: 7 · 3 + 3
+      } else {
+        REQUIRE(units.size() == 1);
+        CHECK(units[0].numel == 5 * 7 + 7 + 7 * 3 + 3);
+        CHECK(units[0].shardNumel == 17);
+      }
+      nn::optim::Optimizer opt(fsdp.parameters(), sgd());
+      for (int s = 0; s < steps; ++s) {
+        opt.zeroGrad();
+        square(fsdp.forward(input(r, s))).mean().backward();
+        opt.step();
+      }
+      nn::StateDict full = fsdp.fullStateDict(0);
+      if (r == 0) {
+        nn::StateDict want;
+        for (auto& [k, v] : plain->stateDict()) want.emplace(k, v.clone());
+        CHECK(relDiff(full, want) < 1e-6);
+      }
+    });
+  }
 }
 
 TEST_CASE("fsdp prefetches the next unit of the previous forward while the current one computes") {
