@@ -57,7 +57,8 @@
 // forward, the gather of the unit that followed it in the previous forward
 // is launched (asynchronously) and completes while this unit computes;
 // just after a unit's gather before its backward, that of the unit before it
-// in this forward's order. So up to two units are gathered at once.
+// in this forward's order. So up to two units besides the root are gathered
+// at once.
 //
 // Backward. A pre-hook on each parameter's AccumulateGrad node adds the
 // gradient into its unit's flat gradient buffer and takes it from the engine:
@@ -65,10 +66,11 @@
 // gradient, the unit's parameters are freed and its buffer is
 // reduce-scattered (sum, asynchronously), the units launched in reverse order
 // of their forward pre-hooks (the order backward completes them: the same
-// collectives on every rank); the previous unit's reduce-scatter is then
-// waited for, divided by N and added to its shard's .grad, so at most two
-// units' full gradients are held. The last is settled when the pass is over
-// (autograd::queueCallback). Every parameter must receive a gradient in every
+// collectives on every rank). A unit's reduce-scatter, once complete
+// (looked at with each gradient that arrives, and waited for when the next
+// unit launches), is divided by N and added to its shard's .grad and its
+// buffer freed, so at most two units' full gradients are held; the last is
+// settled when the pass is over (autograd::queueCallback). Every parameter must receive a gradient in every
 // pass (StateError naming them). Passes without zeroing add up in .grad.
 // The averaged gradient is DDP's (the same sum over the ranks, then the same
 // scaling): to the bit where the backend's reduce-scatter adds the ranks in
@@ -105,8 +107,10 @@
 // Memory per rank, float32 with Adam (Ψ elements): shards 4Ψ/N, gradients
 // 4Ψ/N, Adam state 8Ψ/N (16Ψ/N), plus the padding (at most N−1 elements per
 // unit, in each of the three) and the buffers, which are not sharded.
-// Transient: the gathered units (one at a time with reshardAfterForward, plus
-// the root) and the gradient buffers of at most two units.
+// Transient: the gathered units (with reshardAfterForward, the current one,
+// the one being prefetched and the root) and the gradient buffers of at most
+// two units. Construction briefly holds the whole model twice (rank 0's
+// values are broadcast into copies).
 //
 // State dicts: fullStateDict() gathers the whole module's state dict on one
 // rank, under the module's names, loadable into the plain module;
