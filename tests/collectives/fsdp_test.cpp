@@ -221,6 +221,10 @@ TEST_CASE("fsdp works with activation checkpointing and with noSync gradient acc
   const nn::StateDict accumulated = trainFsdp(2, steps, {.micro = 2, .optimizer = sgd()});
   CHECK(relDiff(accumulated, reference(2, steps, 2, sgd())) < 1e-5);
   CHECK(relDiff(accumulated, reference(2, steps, 1, sgd())) > 1e-3);  // the second micro-batches count
+  // Both at once.
+  const nn::StateDict both =
+      trainFsdp(2, steps, {.checkpoint = nn::CheckpointPolicy::everyBlock(), .micro = 2, .optimizer = sgd()});
+  CHECK(relDiff(both, accumulated) == 0.0);
 }
 
 TEST_CASE("fsdp state dicts: the full one loads into a plain GPT, the sharded one into a fresh wrapper") {
