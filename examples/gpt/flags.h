@@ -51,6 +51,7 @@ struct Flags {
   std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved (2 chunks per stage), with --pp
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
   int64_t dp = 1;                 // with --pp: data-parallel replicas of the pipeline (weftrun -n D·P)
+  bool fsdp = false;              // fully sharded data parallel over the job's processes (fsdp_layout.h)
 };
 
 [[noreturn]] inline void usage(const std::string& err) {
@@ -64,7 +65,8 @@ struct Flags {
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
                      "           [--data-dir DIR] [--seed N]\n"
                      "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D]]\n"
-                     "             (P > 1: weftrun -n D·P)\n");
+                     "             (P > 1: weftrun -n D·P)\n"
+                     "           [--fsdp] (fully sharded data parallel: weftrun -n N)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.
@@ -96,6 +98,10 @@ inline Flags parseFlags(int argc, char** argv) {
   app::FlagReader args(argc, argv, usage);
   while (args.next()) {
     const std::string& a = args.flag();
+    if (a == "--fsdp") {  // a switch: no value
+      f.fsdp = true;
+      continue;
+    }
     const std::string& v = args.value();
     if (a == "--layers") f.layers = args.integer();
     else if (a == "--heads") f.heads = args.integer();
@@ -157,6 +163,7 @@ inline Flags parseFlags(int argc, char** argv) {
   }
   if (f.dp < 1) usage("--dp must be positive");
   if (f.dp > 1 && f.pp == 1) usage("--dp needs --pp");
+  if (f.fsdp && (f.pp > 1 || f.device != "cpu")) usage("--fsdp runs on CPUs and does not combine with --pp");
   if (f.pp > 1 && f.batchSize % f.microbatches != 0) usage("--microbatches must divide --batch-size");
   if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {
     usage("--sample-tokens, --temperature and --top-k must be non-negative");
