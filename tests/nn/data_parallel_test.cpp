@@ -43,10 +43,10 @@ void expectSameGradients(const nn::Module& actual, const nn::Module& expected) {
   }
 }
 
-// y = x W^T * scale, with two buffers: `scale` (read by forward) and, in
-// training, `runningMean` (an exponential average of the batch mean that
-// forward updates in place, as a batch norm's running statistics) and
-// `calls` (an int64 count of forwards).
+// y = x W^T * scale in training, (x - runningMean) W^T * scale in eval, with
+// buffers `scale` (read by forward), `runningMean` (an exponential average of
+// the batch mean that a training forward updates in place, as a batch norm's
+// running statistics) and `calls` (an int64 count of training forwards).
 class Scaled : public nn::Module {
  public:
   Scaled() : Module("Scaled") {
@@ -58,11 +58,14 @@ class Scaled : public nn::Module {
   }
   Tensor forward(const Tensor& x) override {
     if (isTraining()) {
-      NoGradGuard ng;
-      runningMean_.mul_(0.9).add_(x.detach().mean({0}), 0.1);
-      calls_.add_(onesLike(calls_));
+      {
+        NoGradGuard ng;
+        runningMean_.mul_(0.9).add_(x.detach().mean({0}), 0.1);
+        calls_.add_(onesLike(calls_));
+      }
+      return mul(matmul(x, weight_.t()), scale_);
     }
-    return mul(matmul(x, weight_.t()), scale_);
+    return mul(matmul(sub(x, runningMean_), weight_.t()), scale_);
   }
   Tensor scale_, runningMean_, calls_;
 
@@ -194,9 +197,12 @@ TEST_CASE("replicas follow the module's training mode") {
   dp.eval();
   CHECK_FALSE(net->isTraining());
   Generator gen(6);
-  dp.forward(randn({4, 4}, kF64, &gen));
+  Tensor mean = randn({4}, kF64, &gen);
+  net->runningMean_.copy_(mean);
+  Tensor x = randn({6, 4}, kF64, &gen);
+  expectClose(dp.forward(x), mul(matmul(sub(x, mean), net->namedTensor("weight").t()), net->scale_), 1e-12, 1e-12);
   CHECK(net->calls_.item<int64_t>() == 0);
-  CHECK(allclose(net->runningMean_, zeros({4}, kF64)));
+  CHECK(allclose(net->runningMean_, mean));
   dp.train();
   dp.forward(randn({4, 4}, kF64, &gen));
   CHECK(net->calls_.item<int64_t>() == 1);
