@@ -14,7 +14,7 @@
 // replica): here the scatter, the replication and the gather run on one
 // coordinating thread every step, and the whole backward pass runs on the
 // calling thread, one replica's nodes after another. README.md,
-// "DataParallel", has the measurements.
+// "DataParallel (one process)", has the measurements.
 //
 // A forward is four steps:
 //  - scatter: the input is split along dim 0 as torch's scatter does, by
