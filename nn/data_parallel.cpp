@@ -210,7 +210,14 @@ Tensor DataParallel::forward(const Tensor& input) {
   {
     std::vector<std::thread> threads;
     threads.reserve(n - 1);
-    for (size_t i = 1; i < n; ++i) threads.emplace_back(runReplica, i);
+    try {
+      for (size_t i = 1; i < n; ++i) threads.emplace_back(runReplica, i);
+    } catch (...) {
+      // No thread could be started (std::system_error): those running
+      // reference this frame, so they finish before the error leaves it.
+      for (auto& t : threads) t.join();
+      throw;
+    }
     runReplica(0);
     for (auto& t : threads) t.join();
   }

@@ -123,6 +123,21 @@ TEST_CASE("DataParallel with 1, 2 and 3 replicas matches the module on the whole
   }
 }
 
+TEST_CASE("replicas take the module's dtype at every forward, whatever the factory built") {
+  auto net = makeMlp();  // float64
+  auto ref = copyOf(net, makeMlp);
+  auto float32Mlp = [] {
+    return std::static_pointer_cast<nn::Module>(nn::makeSequential(
+        {std::make_shared<nn::Linear>(6, 8), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(8, 3)}));
+  };
+  nn::DataParallel dp(net, float32Mlp, 2);
+  Generator gen(12);
+  Tensor x = randn({5, 6}, kF64, &gen);
+  Tensor out = dp.forward(x);
+  CHECK(out.dtype() == DType::Float64);
+  expectClose(out, ref->forward(x), 1e-12, 1e-12);
+}
+
 TEST_CASE("DataParallel's parameters and state dict are the module's, under 'module.'") {
   auto net = makeMlp();
   nn::DataParallel dp(net, makeMlp, 2);
