@@ -53,8 +53,9 @@
 // factory; a replica whose submodule, parameter or buffer names or shapes
 // differ from the module's (naming the first difference); CUDA devices that
 // are repeated, absent or not CUDA, or a module not on devices[0]; an input
-// with no dim 0, with fewer rows than replicas, or on another device than
-// the module; an output that is a scalar. An exception thrown by a replica's
+// with no dim 0 or with fewer rows than replicas; an input on a CUDA device
+// for CPU replicas (replicas on devices take it from the CPU or any device);
+// an output that is a scalar. An exception thrown by a replica's
 // forward is rethrown by forward() once every replica has stopped (the
 // lowest replica's first).
 //
