@@ -15,6 +15,7 @@
 
 #include "nn/amp.h"
 #include "nn/conv.h"
+#include "nn/data_parallel.h"
 #include "nn/embedding.h"
 #include "nn/functional.h"
 #include "nn/init.h"

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@ namespace weft::kernels::cpu {
 namespace {
 
 thread_local bool tInTask = false;
+thread_local int tThreadLimit = std::numeric_limits<int>::max();  // ThreadLimit's
 
 void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -212,8 +214,17 @@ bool inParallelTask() { return tInTask; }
 
 int threadsFor(int64_t tasks, int maxThreads) {
   if (tInTask) return 1;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(maxThreads), numThreads(), tasks})));
+  return static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>({static_cast<int64_t>(maxThreads), numThreads(), tasks, static_cast<int64_t>(tThreadLimit)})));
 }
+
+ThreadLimit::ThreadLimit(int maxThreads) : previous_(tThreadLimit) {
+  WEFT_ENFORCE(maxThreads >= 1, InvalidArgumentError, "ThreadLimit: the thread count must be at least 1, got ",
+               maxThreads);
+  tThreadLimit = maxThreads;
+}
+
+ThreadLimit::~ThreadLimit() { tThreadLimit = previous_; }
 
 namespace detail {
 void parallelRun(int64_t tasks, int maxThreads, TaskFn fn, void* context) {

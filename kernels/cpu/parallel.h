@@ -5,6 +5,7 @@
 //   // body(task, thread) for task in [0, 100), on up to numThreads() threads:
 //   kernels::cpu::parallelRun(100, kernels::cpu::numThreads(), [&](int64_t task, int thread) { ... });
 //   kernels::cpu::setNumThreads(1);                 // kernels run on the calling thread only
+//   { kernels::cpu::ThreadLimit one(1); ... }       // this thread's kernels run on it alone
 //
 // Why not OpenMP: libgomp gives each thread that opens a parallel region a
 // team of its own, and an idle team spins for milliseconds before it sleeps.
@@ -22,6 +23,11 @@
 // CPU that would stall the job's own caller). One job runs at a time: a job
 // started while another is running, or from inside a task, runs entirely on
 // its calling thread, in task order.
+//
+// Threads that run kernels side by side (nn::DataParallel's replicas) each
+// hold a ThreadLimit of 1: the pool serves one job at a time, so the replica
+// that got it would add numThreads() - 1 workers to the replicas' own threads
+// while the others ran alone; with the limit, R replicas are R threads.
 //
 // numThreads(): setNumThreads(n) if called, else WEFT_NUM_THREADS, else
 // OMP_NUM_THREADS, else the CPUs this process may run on (its affinity mask).
@@ -65,8 +71,23 @@ void parallelRun(int64_t tasks, int maxThreads, F&& body) {
       const_cast<void*>(static_cast<const void*>(&body)));
 }
 
-// The threads a job of `tasks` tasks would use now (1 inside a task).
+// The threads a job of `tasks` tasks would use now (1 inside a task, at most
+// the calling thread's ThreadLimit).
 int threadsFor(int64_t tasks, int maxThreads);
+
+// Caps, for its lifetime, the threads of every job the calling thread starts
+// (with 1, its kernels run on it alone); guards nest, the innermost applies.
+// maxThreads >= 1 (InvalidArgumentError otherwise).
+class ThreadLimit {
+ public:
+  explicit ThreadLimit(int maxThreads);
+  ~ThreadLimit();
+  ThreadLimit(const ThreadLimit&) = delete;
+  ThreadLimit& operator=(const ThreadLimit&) = delete;
+
+ private:
+  int previous_;
+};
 
 
 }  // namespace weft::kernels::cpu

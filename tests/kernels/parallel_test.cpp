@@ -72,6 +72,31 @@ TEST_CASE("a job started inside a task, or with one thread, runs on the calling 
   CHECK(order == std::vector<int64_t>{0, 1, 2, 3, 4});
 }
 
+TEST_CASE("a ThreadLimit caps the jobs its thread starts, nests, and leaves other threads alone") {
+  ThreadsScope two(2);
+  CHECK(threadsFor(100, 8) == 2);
+  {
+    ThreadLimit one(1);
+    CHECK(threadsFor(100, 8) == 1);
+    const auto self = std::this_thread::get_id();
+    std::atomic<bool> onCaller{true};
+    parallelRun(50, 8, [&](int64_t, int thread) {
+      if (thread != 0 || std::this_thread::get_id() != self) onCaller = false;
+    });
+    CHECK(onCaller.load());
+    int other = 0;
+    std::thread([&] { other = threadsFor(100, 8); }).join();
+    CHECK(other == 2);
+    {
+      ThreadLimit three(3);
+      CHECK(threadsFor(100, 8) == 2);
+    }
+    CHECK(threadsFor(100, 8) == 1);
+  }
+  CHECK(threadsFor(100, 8) == 2);
+  CHECK_THROWS_AS(ThreadLimit(0), weft::InvalidArgumentError);
+}
+
 TEST_CASE("jobs from several threads at once each run all their tasks exactly once") {
   ThreadsScope two(2);
   constexpr int kCallers = 4, kJobs = 300;
