@@ -202,7 +202,7 @@ Tensor DataParallel::forward(const Tensor& input) {
       autocast::Scope amp(autocastDType, autocastEnabled);
       std::unique_ptr<kernels::cpu::ThreadLimit> alone;
       if (replicas_.size() > 1) alone = std::make_unique<kernels::cpu::ThreadLimit>(1);
-      outputs[i] = replicas_[i].module->forward(slices[i]);
+      outputs[i] = (*replicas_[i].module)(slices[i]);  // through operator(): forward hooks run
     } catch (...) {
       errors[i] = std::current_exception();
     }
