@@ -1,4 +1,5 @@
 #include "layout.h"
+#include "mesh_layout.h"
 #include "pipeline_layout.h"
 
 #include <memory>
@@ -95,6 +96,7 @@ class SingleProcess final : public Layout {
 
 std::unique_ptr<Layout> makeLayout(const Flags& flags) {
   if (flags.pp > 1) return makePipelineLayout(flags);
+  if (meshLayout(flags)) return makeMeshLayout(flags);
   return std::make_unique<SingleProcess>(flags);
 }
 

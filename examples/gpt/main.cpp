@@ -54,12 +54,13 @@ int main(int argc, char** argv) {
                                            .minLr = flags.minLr,
                                            .startFactor = flags.warmup > 0 ? 1.0 / static_cast<double>(flags.warmup) : 1.0};
 
-    // The validation loss: the mean over the same evalBatches batches of windows every time.
+    // The validation loss: the mean over the same evalBatches batches of windows every time, each
+    // of the job's batch size (every process evaluates the whole of it).
     auto validate = [&]() {
       Generator g(app::streamSeed(flags.seed, kValidationStream));
       double sum = 0;
       for (int64_t i = 0; i < flags.evalBatches; ++i) {
-        auto [x, y] = text.batch(data::TextSplit::Validation, flags.batchSize, flags.block, g);
+        auto [x, y] = text.batch(data::TextSplit::Validation, flags.batchSize * layout->dataWorld(), flags.block, g);
         sum += layout->evaluate(x, y);
       }
       return sum / static_cast<double>(flags.evalBatches);
