@@ -16,8 +16,8 @@ void checkSplit(const nn::GPTConfig& c, int t) {
                "TensorParallelGPT: heads (", c.heads, ") must be positive and divide width (", c.width, ")");
   WEFT_ENFORCE(c.heads % t == 0, InvalidArgumentError, "TensorParallelGPT: heads (", c.heads,
                ") must be divisible by the tensor-parallel size ", t);
-  WEFT_ENFORCE(c.vocabSize > 0 && c.vocabSize % t == 0, InvalidArgumentError, "TensorParallelGPT: vocabSize (",
-               c.vocabSize, ") must be divisible by the tensor-parallel size ", t);
+  WEFT_ENFORCE(c.vocabSize > 0, InvalidArgumentError, "TensorParallelGPT: vocabSize must be positive, got ",
+               c.vocabSize);
 }
 
 }  // namespace
@@ -152,9 +152,12 @@ Tensor TensorParallelGPT::loss(const Tensor& idx, const Tensor& targets) {
       targets.defined() ? shapeString(targets.shape()) + " " + dtypeName(targets.dtype()) : std::string("undefined"));
   Tensor logits = forward(idx);
   Tensor flat = targets.reshape({-1});
-  if (!sp_) return vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart());
+  if (!sp_) {
+    return vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart(),
+                                     Reduction::Mean, config_.vocabSize);
+  }
   Tensor sum = vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart(),
-                                         Reduction::Sum);
+                                         Reduction::Sum, config_.vocabSize);
   double counted = 0;
   for (int64_t v : flat.toVector<int64_t>()) counted += v == -100 ? 0.0 : 1.0;
   Tensor count = full({}, counted, {.dtype = DType::Float64});

@@ -11,8 +11,10 @@
 //
 // Layout. Submodules and parameters carry nn::GPT's names ("wte.weight",
 // "h.k.attn.c_attn.weight", ...), holding:
-//  - wte: VocabParallelEmbedding, rows [r·V/T, (r+1)·V/T); the LM head is
-//    tied to it, so each rank computes its vocabulary slice of the logits;
+//  - wte: VocabParallelEmbedding, rows [r·L, (r+1)·L) with L = ⌈V/T⌉ (a
+//    vocabulary T does not divide is padded with zero rows to T·L); the LM
+//    head is tied to it, so each rank computes its vocabulary slice of the
+//    logits, and the loss masks the padding columns;
 //  - h.k.attn: ParallelCausalSelfAttention: heads/T heads per rank; c_attn
 //    column-parallel over the fused q, k, v (this rank's heads' rows of each),
 //    c_proj row-parallel;
@@ -46,7 +48,7 @@
 // Activation checkpointing (GPTConfig::checkpoint) is not applied.
 //
 // Errors: those of nn::GPT's config and inputs; InvalidArgumentError when T
-// does not divide heads or vocabSize (naming both), when loadFrom's model has
+// does not divide heads (naming both), when loadFrom's model has
 // another config, and for a shard() of an unknown name (NotFoundError) or a
 // tensor of another shape; the group's errors from forward and backward.
 #pragma once
@@ -121,8 +123,9 @@ class TensorParallelGPT : public nn::Module {
   TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig c, std::optional<SpOptions> sp = std::nullopt);
 
   // idx Int64 [B, S] (the same on every rank of the tp group; with sp, this
-  // rank's tokens) -> this rank's vocabulary slice of the logits [B, S, V/T],
-  // columns [wte.vocabStart(), + V/T).
+  // rank's tokens) -> this rank's vocabulary slice of the logits [B, S, L],
+  // columns [wte.vocabStart(), + L) of the padded vocabulary; the padding
+  // columns (from wte.localVocab() on) are 0, not logits of any token.
   Tensor forward(const Tensor& idx) override;
   // The final LayerNorm's output [B, S, C], replicated over the tp group.
   Tensor features(const Tensor& idx);

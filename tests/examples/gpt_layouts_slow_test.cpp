@@ -1,7 +1,7 @@
 // The GPT example on a process mesh (--dp, --zero, --tp, --sp, --sp-mode) run through weftrun as a
 // user runs it, at tiny sizes: each layout trains the one-process model on the same windows, so its
 // loss at every one of 20 steps equals the one-process run's to float rounding; bad combinations
-// are usage errors naming the problem.
+// are usage errors naming the problem. A vocabulary the tp group does not divide is padded.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -126,6 +126,14 @@ TEST_CASE("the GPT example's tensor- and sequence-parallel layouts train as one 
     checkSameLosses(single, train(weftrun(4), " --block 30 --batch-size 4 --dp 2 --sp 2 --sp-mode ring", run));
     CHECK(run.find("mesh {dp: 2, sp: 2} over 4 processes") != std::string::npos);
   }
+}
+
+TEST_CASE("the GPT example on tp 3 pads the 256-byte vocabulary to 258 and trains as one process does") {
+  std::string out, run;
+  const std::string model = " --block 32 --batch-size 8 --heads 6 --width 48";
+  const std::vector<double> single = train("", model, out);
+  checkSameLosses(single, train(weftrun(3), model + " --tp 3", run));
+  CHECK(run.find("mesh {tp: 3} over 3 processes") != std::string::npos);
 }
 
 TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job") {
