@@ -29,6 +29,8 @@ ParallelCausalSelfAttention::ParallelCausalSelfAttention(std::shared_ptr<TpGroup
     : Module("ParallelCausalSelfAttention"), width_(c.width), dropout_(c.dropout) {
   checkSplit(c, tp->size());
   localHeads_ = c.heads / tp->size();
+  heads_ = c.heads;
+  headOffset_ = tp->rank() * localHeads_;
   if (sp) {
     sp_ = checkedSpOptions(*sp, localHeads_, "ParallelCausalSelfAttention");
     WEFT_ENFORCE(c.dropout == 0.0, InvalidArgumentError,
@@ -50,6 +52,9 @@ Tensor ParallelCausalSelfAttention::forward(const Tensor& x) {
   AttentionOptions o;
   o.causal = true;
   o.dropout = isTraining() ? dropout_ : 0.0;
+  // This rank's heads' part of the whole model's attention dropout mask (the seed drawn alike on
+  // every rank of the group).
+  o.dropoutFrame = AttentionOptions::DropoutFrame{.heads = heads_, .headOffset = headOffset_, .queries = t, .keys = t};
   Tensor y = sp_ ? spAttention(*sp_, heads(qkv[0]).contiguous(), heads(qkv[1]).contiguous(),
                                heads(qkv[2]).contiguous())
                  : scaledDotProductAttention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), o);

@@ -40,11 +40,14 @@
 // gradients over the sequence-parallel groups after backward. Mesh order
 // puts tp innermost: {{"sp", P}, {"tp", T}}.
 //
-// Numerics: without dropout, forward and gradients equal nn::GPT's loaded
-// with the same weights up to the order of floating additions. With dropout,
-// each rank draws its own masks for its heads; the replicated dropouts
-// (embeddings, residual branches) draw from each rank's default generator,
-// which must then be seeded alike on every rank of the group.
+// Numerics: forward and gradients equal nn::GPT's loaded with the same
+// weights up to the order of floating additions, with dropout too when every
+// rank of the group seeds its default generator as the whole model's run
+// does: the replicated dropouts (embeddings, residual branches) draw the
+// whole model's masks from it, and each rank's attention draws the same seed
+// and takes its heads' part of the whole model's attention mask (a dropout
+// frame, tensor/ops_attention.h). Dropout with sequence parallelism is
+// refused (InvalidArgumentError).
 // Activation checkpointing (GPTConfig::checkpoint) is not applied.
 //
 // Errors: those of nn::GPT's config and inputs; InvalidArgumentError when T
@@ -78,7 +81,7 @@ class ParallelCausalSelfAttention : public nn::Module {
   const std::shared_ptr<RowParallelLinear>& cProj() const { return cProj_; }
 
  private:
-  int64_t localHeads_, width_, headDim_;
+  int64_t localHeads_, heads_ = 0, headOffset_ = 0, width_, headDim_;
   double dropout_;
   std::optional<SpOptions> sp_;
   std::shared_ptr<ColumnParallelLinear> cAttn_;

@@ -12,6 +12,7 @@
 #include "nn/optim.h"
 #include "nn/utils.h"
 #include "tensor/autograd.h"
+#include "tensor/generator.h"
 
 namespace weft::examples::gpt {
 namespace {
@@ -19,6 +20,9 @@ namespace {
 class SequenceParallel final : public Layout {
  public:
   explicit SequenceParallel(const Flags& f) : job_(makeMeshJob(f)), config_(modelConfig(f)), gradClip_(f.gradClip) {
+    // The parallel layers initialise from the default generator before they load the whole
+    // model's weights: its state is restored, so that dropout draws the one-process run's masks.
+    const GeneratorState dropoutState = defaultGenerator().state();
     model_ = std::make_shared<collectives::SequenceParallelGPT>(config_, job_.spOptions());
     {
       std::shared_ptr<nn::GPT> whole = initialModel(f);
@@ -31,6 +35,7 @@ class SequenceParallel final : public Layout {
     opt_ = std::make_unique<nn::optim::AdamW>(nn::optim::decayGroups(
         model_->namedParameters(),
         nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = f.weightDecay}));
+    defaultGenerator().setState(dropoutState);
   }
 
   std::string describe() const override {

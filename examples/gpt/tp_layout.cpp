@@ -14,6 +14,7 @@
 #include "mesh_layout.h"
 #include "nn/optim.h"
 #include "tensor/autograd.h"
+#include "tensor/generator.h"
 
 namespace weft::examples::gpt {
 namespace {
@@ -21,6 +22,9 @@ namespace {
 class TensorParallel final : public Layout {
  public:
   explicit TensorParallel(const Flags& f) : job_(makeMeshJob(f)), config_(modelConfig(f)), gradClip_(f.gradClip) {
+    // The parallel layers initialise from the default generator before they load the whole
+    // model's weights: its state is restored, so that dropout draws the one-process run's masks.
+    const GeneratorState dropoutState = defaultGenerator().state();
     tp_ = std::make_shared<collectives::TpGroup>(*job_.group("tp"));
     std::optional<collectives::SpOptions> sp;
     if (job_.sequenceParallel()) sp = job_.spOptions();
@@ -36,6 +40,7 @@ class TensorParallel final : public Layout {
     opt_ = std::make_unique<nn::optim::AdamW>(nn::optim::decayGroups(
         model_->namedParameters(),
         nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = f.weightDecay}));
+    defaultGenerator().setState(dropoutState);
   }
 
   std::string describe() const override {

@@ -136,6 +136,18 @@ TEST_CASE("the GPT example on tp 3 pads the 256-byte vocabulary to 258 and train
   CHECK(run.find("mesh {tp: 3} over 3 processes") != std::string::npos);
 }
 
+TEST_CASE("the GPT example on tp 2 with dropout draws the one-process run's masks and trains as it does") {
+  std::string out, run;
+  const std::string model = " --block 32 --batch-size 8 --dropout 0.2";
+  const std::vector<double> single = train("", model, out);
+  checkSameLosses(single, train(weftrun(2), model + " --tp 2", run));
+  // Dropout changes the losses: the comparison is not one of dropout-free runs.
+  std::string plain;
+  const std::vector<double> noDropout = train("", " --block 32 --batch-size 8", plain);
+  REQUIRE(noDropout.size() == single.size());
+  CHECK(std::fabs(noDropout[0] - single[0]) > 1e-3);
+}
+
 TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job") {
   auto usageError = [](const std::string& args, const std::string& message) {
     std::string out;
@@ -152,6 +164,7 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --zero 3", "invalid value '3' for --zero");
   usageError(" --tp 2 --pp 2", "--pp does not combine with --tp or --sp");
   usageError(" --dp 0", "--dp, --tp and --sp must be positive");
+  usageError(" --sp 2 --dropout 0.1", "--dropout with --sp is not supported");
   // The product must be the job's size.
   std::string out;
   CHECK(runShell(weftrun(3) + WEFT_GPT + kTiny + " --block 32 --dp 2 --tp 2 2>&1", out) != 0);
