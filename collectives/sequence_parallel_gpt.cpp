@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "collectives/detail/checkpointed_blocks.h"
 #include "common/error.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -84,7 +85,7 @@ Tensor SequenceParallelGPT::forward(const Tensor& idx) {
                config_.blockSize, " padded to ", paddedLength(config_.blockSize));
   Tensor pos = fromVector(positions(length), {idx.size(1)});
   Tensor x = add(wte_->forward(idx), indexSelect(wpe_->weight(), 0, pos));
-  for (const auto& blk : blocks_) x = blk->forward(x);
+  x = detail::runBlocks(blocks_, config_.checkpoint, x);
   return linear(lnF_->forward(x), wte_->weight());
 }
 

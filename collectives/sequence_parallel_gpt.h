@@ -34,8 +34,12 @@
 // step.
 //
 // Numerics: loss and gradients equal nn::GPT's on the whole sequence up to
-// the order of floating additions. Dropout is refused (InvalidArgumentError);
-// activation checkpointing is not applied.
+// the order of floating additions. Dropout is refused (InvalidArgumentError).
+// Activation checkpointing (GPTConfig::checkpoint) cuts the blocks into
+// segments as nn::GPT does, each under checkpoint(): backward recomputes a
+// segment's forward, its attention's all-to-alls or ring transfers included,
+// at the same point of every rank's backward; losses and gradients are those
+// of the run without checkpointing.
 //
 // Errors: nn::GPT's for the config; InvalidArgumentError when the groups do
 // not fit the mode (naming what is missing), heads not divisible by the

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "collectives/detail/checkpointed_blocks.h"
 #include "common/error.h"
 #include "tensor/ops.h"
 #include "tensor/ops_attention.h"
@@ -141,7 +142,7 @@ Tensor TensorParallelGPT::features(const Tensor& idx) {
     x = add(wte_->forward(idx), wpe_->weight().narrow(0, 0, t));
   }
   x = dropout(x, config_.dropout, isTraining());
-  for (const auto& blk : blocks_) x = blk->forward(x);
+  x = detail::runBlocks(blocks_, config_.checkpoint, x);
   return lnF_->forward(x);
 }
 

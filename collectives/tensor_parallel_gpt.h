@@ -48,7 +48,12 @@
 // and takes its heads' part of the whole model's attention mask (a dropout
 // frame, tensor/ops_attention.h). Dropout with sequence parallelism is
 // refused (InvalidArgumentError).
-// Activation checkpointing (GPTConfig::checkpoint) is not applied.
+// Activation checkpointing (GPTConfig::checkpoint) cuts the blocks into
+// segments as nn::GPT does, each under checkpoint(): only a segment's input
+// is kept, and backward recomputes it, its forward allreduces included (so
+// TpGroup::traffic() counts them again, as forward traffic), with the
+// generator states restored: losses and gradients are those of the run
+// without checkpointing.
 //
 // Errors: those of nn::GPT's config and inputs; InvalidArgumentError when T
 // does not divide heads (naming both), when loadFrom's model has

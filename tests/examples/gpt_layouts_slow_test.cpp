@@ -148,6 +148,38 @@ TEST_CASE("the GPT example on tp 2 with dropout draws the one-process run's mask
   CHECK(std::fabs(noDropout[0] - single[0]) > 1e-3);
 }
 
+TEST_CASE("the GPT example's tensor- and sequence-parallel layouts checkpoint every block: the same losses in "
+          "less memory") {
+  const std::string peak = "peak memory held by tensors during training: ";
+  auto peakOf = [&](const std::string& out) {
+    const auto at = out.find(peak);
+    return at == std::string::npos ? std::nan("") : std::atof(out.c_str() + at + peak.size());
+  };
+  SUBCASE("tp 2 with dropout") {
+    std::string out, plain, checkpointed;
+    const std::string model = " --block 32 --batch-size 8 --dropout 0.2";
+    const std::vector<double> single = train("", model, out);
+    checkSameLosses(single, train(weftrun(2), model + " --tp 2", plain));
+    checkSameLosses(single, train(weftrun(2), model + " --tp 2 --checkpoint every-block", checkpointed));
+    CHECK(peakOf(checkpointed) < 0.9 * peakOf(plain));
+  }
+  SUBCASE("tp 2 x sp 2, zig-zag ring") {
+    std::string out, plain, checkpointed;
+    const std::string model = " --block 32 --batch-size 8 --tp 2 --sp 2 --sp-mode ring";
+    const std::vector<double> single = train("", " --block 32 --batch-size 8", out);
+    checkSameLosses(single, train(weftrun(4), model, plain));
+    checkSameLosses(single, train(weftrun(4), model + " --checkpoint every-block", checkpointed));
+    CHECK(peakOf(checkpointed) < 0.9 * peakOf(plain));
+  }
+  SUBCASE("sp 4, 2-D") {
+    std::string out, checkpointed;
+    const std::vector<double> single = train("", " --block 32 --batch-size 8", out);
+    checkSameLosses(single,
+                    train(weftrun(4), " --block 32 --batch-size 8 --sp 4 --sp-mode 2d --checkpoint every-block",
+                          checkpointed));
+  }
+}
+
 TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job") {
   auto usageError = [](const std::string& args, const std::string& message) {
     std::string out;
