@@ -111,9 +111,11 @@ inline void checkMeshFlags(const Flags& f) {
     if (f.zero > 0) usage("--zero needs --dp > 1");
     return;
   }
+  if (f.zero > 0 && (f.dp < 2 || f.tp > 1 || f.sp > 1 || f.pp > 1)) {
+    usage("--zero needs --dp > 1 and no --tp, --sp or --pp");
+  }
   if (f.pp > 1 && (f.tp > 1 || f.sp > 1)) usage("--pp does not combine with --tp or --sp");
   if (f.pp > 1) return;
-  if (f.zero > 0 && (f.dp < 2 || f.tp > 1 || f.sp > 1)) usage("--zero needs --dp > 1 and no --tp or --sp");
   if (f.precision != "float32") usage("--precision " + f.precision + " trains in one process; --dp, --tp and --sp in float32");
   if (f.device != "cpu") usage("--device cuda trains in one process; --dp, --tp and --sp run on CPUs");
   if (f.heads % f.tp != 0) {

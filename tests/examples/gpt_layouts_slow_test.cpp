@@ -192,7 +192,8 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --sp 2 --sp-mode 2d", "--sp 2 with --sp-mode 2d must be U x R");
   usageError(" --sp-mode zigzag", "invalid value 'zigzag' for --sp-mode");
   usageError(" --zero 1", "--zero needs --dp > 1");
-  usageError(" --dp 2 --tp 2 --zero 2", "--zero needs --dp > 1 and no --tp or --sp");
+  usageError(" --dp 2 --tp 2 --zero 2", "--zero needs --dp > 1 and no --tp, --sp or --pp");
+  usageError(" --dp 2 --pp 2 --zero 1", "--zero needs --dp > 1 and no --tp, --sp or --pp");
   usageError(" --zero 3", "invalid value '3' for --zero");
   usageError(" --tp 2 --pp 2", "--pp does not combine with --tp or --sp");
   usageError(" --dp 0", "--dp, --tp and --sp must be positive");
