@@ -387,16 +387,42 @@ std::vector<int64_t> spPositions(const SpOptions& o, int64_t length, int64_t cap
   return p;
 }
 
-Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v) {
+Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v, double dropout) {
   if (o.mode == SpMode::Ulysses) {
     AttentionOptions a;
     a.causal = true;
+    if (dropout > 0.0) {
+      check4d("spAttention", q);
+      const int64_t p = o.ulysses->size(), heads = q.size(1), length = q.size(2) * p;
+      a.dropout = dropout;
+      a.dropoutFrame = AttentionOptions::DropoutFrame{
+          .heads = heads, .headOffset = o.ulysses->rank() * (heads / p), .queries = length, .keys = length};
+    }
     return ulyssesAttention(*o.ulysses, q, k, v, a);
   }
+  WEFT_ENFORCE(dropout == 0.0, InvalidArgumentError, "spAttention: dropout ", dropout,
+               " is supported with Ulysses only, not with ring or 2-D attention");
   RingOptions r;
   r.causal = true;
   r.layout = o.layout;
   return o.mode == SpMode::Ring ? ringAttention(*o.ring, q, k, v, r) : hybridAttention(*o.ulysses, *o.ring, q, k, v, r);
+}
+
+Tensor spTokenDropout(const SpOptions& o, const Tensor& x, double p, bool training) {
+  if (!training || p == 0.0) return x;
+  WEFT_ENFORCE(x.defined() && (x.dim() == 2 || x.dim() == 3), InvalidArgumentError,
+               "spTokenDropout: expected this rank's tokens [B, S/P, C] or [B, S/P], got ",
+               x.defined() ? x.shape() : Shape{});
+  const int64_t length = x.size(1) * spRanks(o);
+  Shape whole = x.shape();
+  whole[1] = length;
+  Tensor mask;
+  {
+    NoGradGuard noGrad;
+    Tensor all = dropout(ones(whole, {.dtype = x.dtype()}), p, true);
+    mask = indexSelect(all, 1, fromVector(spPositions(o, length, length - 1), {x.size(1)})).contiguous();
+  }
+  return mul(x, mask);
 }
 
 void spSumInPlace(const SpOptions& o, const Tensor& t) {

@@ -194,8 +194,18 @@ Tensor spShardTokens(const SpOptions& o, const Tensor& whole, int64_t pad = 0);
 // whole sequence of `length` tokens, capped at `cap`.
 std::vector<int64_t> spPositions(const SpOptions& o, int64_t length, int64_t cap);
 // Causal attention over the whole sequence with o's mode: q, k, v
-// [B, H, S/P, D] of this rank's tokens.
-Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v);
+// [B, H, S/P, D] of this rank's tokens. With `dropout` > 0 (Ulysses only:
+// InvalidArgumentError for the other modes), every rank draws one seed from
+// its default generator and takes its heads' part of the whole attention's
+// mask (a dropout frame, tensor/ops_attention.h): with the generators seeded
+// alike, the mask of attention over the whole sequence.
+Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v, double dropout = 0.0);
+// Dropout of this rank's tokens x [B, S/P, C] (or [B, S/P]) with the mask
+// that dropout() of the whole [B, S, C] draws from the default generator (S =
+// S/P · spRanks(o)): every rank draws the whole mask and keeps its tokens'
+// rows (spPositions), so that with the generators seeded alike the masks are
+// those of the unsplit model. x itself when not training or p = 0.
+Tensor spTokenDropout(const SpOptions& o, const Tensor& x, double p, bool training);
 // Sums `t` in place over o's groups (blocking): over every rank holding
 // tokens of the sequence.
 void spSumInPlace(const SpOptions& o, const Tensor& t);
