@@ -387,16 +387,19 @@ std::vector<int64_t> spPositions(const SpOptions& o, int64_t length, int64_t cap
   return p;
 }
 
-Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v, double dropout) {
+Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v, double dropout,
+                   int64_t heads, int64_t headOffset) {
   if (o.mode == SpMode::Ulysses) {
     AttentionOptions a;
     a.causal = true;
     if (dropout > 0.0) {
       check4d("spAttention", q);
-      const int64_t p = o.ulysses->size(), heads = q.size(1), length = q.size(2) * p;
+      const int64_t p = o.ulysses->size(), local = q.size(1), length = q.size(2) * p;
       a.dropout = dropout;
-      a.dropoutFrame = AttentionOptions::DropoutFrame{
-          .heads = heads, .headOffset = o.ulysses->rank() * (heads / p), .queries = length, .keys = length};
+      a.dropoutFrame = AttentionOptions::DropoutFrame{.heads = heads > 0 ? heads : local,
+                                                      .headOffset = headOffset + o.ulysses->rank() * (local / p),
+                                                      .queries = length,
+                                                      .keys = length};
     }
     return ulyssesAttention(*o.ulysses, q, k, v, a);
   }

@@ -198,8 +198,11 @@ std::vector<int64_t> spPositions(const SpOptions& o, int64_t length, int64_t cap
 // InvalidArgumentError for the other modes), every rank draws one seed from
 // its default generator and takes its heads' part of the whole attention's
 // mask (a dropout frame, tensor/ops_attention.h): with the generators seeded
-// alike, the mask of attention over the whole sequence.
-Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v, double dropout = 0.0);
+// alike, the mask of attention over the whole sequence. q's heads may be
+// part of a larger attention (tensor parallelism): `heads` of it (0: q's),
+// q's first at `headOffset`.
+Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v, double dropout = 0.0,
+                   int64_t heads = 0, int64_t headOffset = 0);
 // Dropout of this rank's tokens x [B, S/P, C] (or [B, S/P]) with the mask
 // that dropout() of the whole [B, S, C] draws from the default generator (S =
 // S/P · spRanks(o)): every rank draws the whole mask and keeps its tokens'

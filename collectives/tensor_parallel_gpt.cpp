@@ -34,8 +34,9 @@ ParallelCausalSelfAttention::ParallelCausalSelfAttention(std::shared_ptr<TpGroup
   headOffset_ = tp->rank() * localHeads_;
   if (sp) {
     sp_ = checkedSpOptions(*sp, localHeads_, "ParallelCausalSelfAttention");
-    WEFT_ENFORCE(c.dropout == 0.0, InvalidArgumentError,
-                 "ParallelCausalSelfAttention: dropout is not supported with sequence parallelism, got ", c.dropout);
+    WEFT_ENFORCE(c.dropout == 0.0 || sp_->mode == SpMode::Ulysses, InvalidArgumentError,
+                 "ParallelCausalSelfAttention: dropout ", c.dropout,
+                 " with sequence parallelism is supported with Ulysses only, not with ring or 2-D attention");
   }
   headDim_ = c.width / c.heads;
   cAttn_ = registerModule("c_attn", std::make_shared<ColumnParallelLinear>(tp, c.width, 3 * c.width, c.bias, 3));
@@ -57,21 +58,26 @@ Tensor ParallelCausalSelfAttention::forward(const Tensor& x) {
   // every rank of the group).
   o.dropoutFrame = AttentionOptions::DropoutFrame{.heads = heads_, .headOffset = headOffset_, .queries = t, .keys = t};
   Tensor y = sp_ ? spAttention(*sp_, heads(qkv[0]).contiguous(), heads(qkv[1]).contiguous(),
-                               heads(qkv[2]).contiguous())
+                               heads(qkv[2]).contiguous(), o.dropout, heads_, headOffset_)
                  : scaledDotProductAttention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), o);
   y = y.transpose(1, 2).reshape({b, t, local});
-  return dropout(cProj_->forward(y), dropout_, isTraining());
+  return tokenDropout(cProj_->forward(y));
 }
 
-ParallelMLP::ParallelMLP(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c)
-    : Module("ParallelMLP"), dropout_(c.dropout) {
+Tensor ParallelCausalSelfAttention::tokenDropout(const Tensor& x) const {
+  return sp_ ? spTokenDropout(*sp_, x, dropout_, isTraining()) : dropout(x, dropout_, isTraining());
+}
+
+ParallelMLP::ParallelMLP(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c, std::optional<SpOptions> sp)
+    : Module("ParallelMLP"), dropout_(c.dropout), sp_(std::move(sp)) {
   checkSplit(c, tp->size());
   cFc_ = registerModule("c_fc", std::make_shared<ColumnParallelLinear>(tp, c.width, 4 * c.width, c.bias));
   cProj_ = registerModule("c_proj", std::make_shared<RowParallelLinear>(tp, 4 * c.width, c.width, c.bias));
 }
 
 Tensor ParallelMLP::forward(const Tensor& x) {
-  return dropout(cProj_->forward(gelu(cFc_->forward(x))), dropout_, isTraining());
+  Tensor y = cProj_->forward(gelu(cFc_->forward(x)));
+  return sp_ ? spTokenDropout(*sp_, y, dropout_, isTraining()) : dropout(y, dropout_, isTraining());
 }
 
 ParallelTransformerBlock::ParallelTransformerBlock(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c,
@@ -80,7 +86,7 @@ ParallelTransformerBlock::ParallelTransformerBlock(std::shared_ptr<TpGroup> tp, 
   ln1_ = registerModule("ln_1", std::make_shared<nn::LayerNorm>(Shape{c.width}, 1e-5, true, c.bias));
   attn_ = registerModule("attn", std::make_shared<ParallelCausalSelfAttention>(tp, c, sp));
   ln2_ = registerModule("ln_2", std::make_shared<nn::LayerNorm>(Shape{c.width}, 1e-5, true, c.bias));
-  mlp_ = registerModule("mlp", std::make_shared<ParallelMLP>(tp, c));
+  mlp_ = registerModule("mlp", std::make_shared<ParallelMLP>(tp, c, sp));
 }
 
 Tensor ParallelTransformerBlock::forward(const Tensor& x) {
@@ -101,8 +107,9 @@ TensorParallelGPT::TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig 
   checkSplit(config_, tp_->size());
   if (sp) {
     sp_ = checkedSpOptions(*sp, config_.heads / tp_->size(), "TensorParallelGPT");
-    WEFT_ENFORCE(config_.dropout == 0.0, InvalidArgumentError,
-                 "TensorParallelGPT: dropout is not supported with sequence parallelism, got ", config_.dropout);
+    WEFT_ENFORCE(config_.dropout == 0.0 || sp_->mode == SpMode::Ulysses, InvalidArgumentError,
+                 "TensorParallelGPT: dropout ", config_.dropout,
+                 " with sequence parallelism is supported with Ulysses only, not with ring or 2-D attention");
   }
   wte_ = registerModule("wte", std::make_shared<VocabParallelEmbedding>(tp_, config_.vocabSize, config_.width));
   wpe_ = registerModule("wpe", std::make_shared<nn::Embedding>(config_.blockSize, config_.width));
@@ -141,7 +148,7 @@ Tensor TensorParallelGPT::features(const Tensor& idx) {
                  config_.blockSize, "]");
     x = add(wte_->forward(idx), wpe_->weight().narrow(0, 0, t));
   }
-  x = dropout(x, config_.dropout, isTraining());
+  x = sp_ ? spTokenDropout(*sp_, x, config_.dropout, isTraining()) : dropout(x, config_.dropout, isTraining());
   x = detail::runBlocks(blocks_, config_.checkpoint, x);
   return lnF_->forward(x);
 }

@@ -46,8 +46,11 @@
 // does: the replicated dropouts (embeddings, residual branches) draw the
 // whole model's masks from it, and each rank's attention draws the same seed
 // and takes its heads' part of the whole model's attention mask (a dropout
-// frame, tensor/ops_attention.h). Dropout with sequence parallelism is
-// refused (InvalidArgumentError).
+// frame, tensor/ops_attention.h). With Ulysses sequence parallelism too, for
+// a sequence the groups divide: the replicated dropouts keep their tokens'
+// rows of the whole mask (spTokenDropout), the attention its heads' part
+// (spAttention). Dropout with ring or 2-D attention is refused
+// (InvalidArgumentError).
 // Activation checkpointing (GPTConfig::checkpoint) cuts the blocks into
 // segments as nn::GPT does, each under checkpoint(): only a segment's input
 // is kept, and backward recomputes it, its forward allreduces included (so
@@ -86,6 +89,8 @@ class ParallelCausalSelfAttention : public nn::Module {
   const std::shared_ptr<RowParallelLinear>& cProj() const { return cProj_; }
 
  private:
+  // The residual dropout: the whole model's mask, of this rank's tokens with sp.
+  Tensor tokenDropout(const Tensor& x) const;
   int64_t localHeads_, heads_ = 0, headOffset_ = 0, width_, headDim_;
   double dropout_;
   std::optional<SpOptions> sp_;
@@ -97,13 +102,15 @@ class ParallelCausalSelfAttention : public nn::Module {
 // row-parallel back, dropout.
 class ParallelMLP : public nn::Module {
  public:
-  ParallelMLP(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c);
+  // With `sp`, x holds this rank's tokens (the dropout mask is theirs of the whole model's).
+  ParallelMLP(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c, std::optional<SpOptions> sp = std::nullopt);
   Tensor forward(const Tensor& x) override;
   const std::shared_ptr<ColumnParallelLinear>& cFc() const { return cFc_; }
   const std::shared_ptr<RowParallelLinear>& cProj() const { return cProj_; }
 
  private:
   double dropout_;
+  std::optional<SpOptions> sp_;
   std::shared_ptr<ColumnParallelLinear> cFc_;
   std::shared_ptr<RowParallelLinear> cProj_;
 };

@@ -239,7 +239,8 @@ TEST_CASE("sequence-parallel models refuse dropout with ring or 2-D attention, a
                          "ParallelCausalSelfAttention: heads (1) must be divisible by the Ulysses size 2",
                          InvalidArgumentError);
     CHECK_THROWS_WITH_AS(TensorParallelGPT(tp, cfg, SpOptions{.mode = SpMode::Ring, .ring = &sp}),
-                         "TensorParallelGPT: dropout is not supported with sequence parallelism, got 0.1",
+                         "TensorParallelGPT: dropout 0.1 with sequence parallelism is supported with Ulysses only, "
+                         "not with ring or 2-D attention",
                          InvalidArgumentError);
     cfg.dropout = 0.0;
     CHECK_THROWS_WITH_AS(SequenceParallelGPT(cfg, {.mode = SpMode::Ring}),

@@ -136,14 +136,15 @@ TEST_CASE("the GPT example on tp 3 pads the 256-byte vocabulary to 258 and train
   CHECK(run.find("mesh {tp: 3} over 3 processes") != std::string::npos);
 }
 
-TEST_CASE("the GPT example on tp 2 and on Ulysses sp 2 and 4 with dropout draws the one-process run's masks and "
-          "trains as it does") {
-  std::string out, run, sp2, sp4;
+TEST_CASE("the GPT example on tp 2, Ulysses sp 2 and 4 and tp 2 x Ulysses sp 2 with dropout draws the "
+          "one-process run's masks and trains as it does") {
+  std::string out, run, sp2, sp4, tpsp;
   const std::string model = " --block 32 --batch-size 8 --dropout 0.2";
   const std::vector<double> single = train("", model, out);
   checkSameLosses(single, train(weftrun(2), model + " --tp 2", run));
   checkSameLosses(single, train(weftrun(2), model + " --sp 2 --sp-mode ulysses", sp2));
   checkSameLosses(single, train(weftrun(4), model + " --sp 4 --sp-mode ulysses --checkpoint every-block", sp4));
+  checkSameLosses(single, train(weftrun(4), model + " --tp 2 --sp 2 --sp-mode ulysses", tpsp));
   // Dropout changes the losses: the comparison is not one of dropout-free runs.
   std::string plain;
   const std::vector<double> noDropout = train("", " --block 32 --batch-size 8", plain);
@@ -200,8 +201,8 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --zero 3", "invalid value '3' for --zero");
   usageError(" --tp 2 --pp 2", "--pp does not combine with --tp or --sp");
   usageError(" --dp 0", "--dp, --tp and --sp must be positive");
-  usageError(" --sp 2 --sp-mode ring --dropout 0.1", "--dropout with --sp needs --sp-mode ulysses and no --tp");
-  usageError(" --sp 2 --tp 2 --dropout 0.1", "--dropout with --sp needs --sp-mode ulysses and no --tp");
+  usageError(" --sp 2 --sp-mode ring --dropout 0.1", "--dropout with --sp needs --sp-mode ulysses");
+  usageError(" --sp 4 --sp-mode 2d --dropout 0.1", "--dropout with --sp needs --sp-mode ulysses");
   // The product must be the job's size.
   std::string out;
   CHECK(runShell(weftrun(3) + WEFT_GPT + kTiny + " --block 32 --dp 2 --tp 2 2>&1", out) != 0);
