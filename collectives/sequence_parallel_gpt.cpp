@@ -20,9 +20,6 @@ SequenceParallelAttention::SequenceParallelAttention(const nn::GPTConfig& c, SpO
       width_(c.width),
       dropout_(c.dropout),
       options_(checkedSpOptions(o, c.heads, "SequenceParallelAttention")) {
-  WEFT_ENFORCE(c.dropout == 0.0 || options_.mode == SpMode::Ulysses, InvalidArgumentError,
-               "SequenceParallelAttention: dropout ", c.dropout,
-               " is supported with Ulysses only, not with ring or 2-D attention");
   cAttn_ = registerModule("c_attn", std::make_shared<nn::Linear>(c.width, 3 * c.width, c.bias));
   cProj_ = registerModule("c_proj", std::make_shared<nn::Linear>(c.width, c.width, c.bias));
 }
@@ -60,9 +57,6 @@ Tensor SequenceParallelBlock::forward(const Tensor& x) {
 
 SequenceParallelGPT::SequenceParallelGPT(nn::GPTConfig c, SpOptions o)
     : Module("SequenceParallelGPT"), config_(std::move(c)), options_(checkedSpOptions(o, config_.heads, "SequenceParallelGPT")) {
-  WEFT_ENFORCE(config_.dropout == 0.0 || options_.mode == SpMode::Ulysses, InvalidArgumentError,
-               "SequenceParallelGPT: dropout ", config_.dropout,
-               " is supported with Ulysses only, not with ring or 2-D attention");
   wte_ = registerModule("wte", std::make_shared<nn::Embedding>(config_.vocabSize, config_.width));
   wpe_ = registerModule("wpe", std::make_shared<nn::Embedding>(config_.blockSize, config_.width));
   h_ = registerModule("h", std::make_shared<nn::Sequential>());

@@ -34,14 +34,13 @@
 // step.
 //
 // Numerics: loss and gradients equal nn::GPT's on the whole sequence up to
-// the order of floating additions. Dropout (Ulysses only; refused with ring
-// or 2-D attention, InvalidArgumentError) draws the whole model's masks when
-// every rank seeds its default generator as the unsplit run does and the
-// sequence splits without padding: the embedding and residual dropouts draw
-// the whole [B, S, C] mask on every rank and keep their tokens' rows
-// (spTokenDropout), the attention takes its heads' part of the whole
-// attention's mask (spAttention). A padded sequence draws other masks (of
-// the padded length), still a valid dropout.
+// the order of floating additions. Dropout, in every mode, draws the whole
+// model's masks when every rank seeds its default generator as the unsplit
+// run does and the sequence splits without padding: the embedding and
+// residual dropouts draw the whole [B, S, C] mask on every rank and keep
+// their tokens' rows (spTokenDropout), the attention takes its part of the
+// whole attention's mask (spAttention). A padded sequence draws the masks of
+// the padded length, still a valid dropout.
 // Activation checkpointing (GPTConfig::checkpoint) cuts the blocks into
 // segments as nn::GPT does, each under checkpoint(): backward recomputes a
 // segment's forward, its attention's all-to-alls or ring transfers included,
@@ -67,8 +66,8 @@
 namespace weft::collectives {
 
 // x [B, S/P, C], this rank's tokens -> [B, S/P, C]: nn's CausalSelfAttention
-// ("c_attn", "c_proj") with its attention over the whole sequence. A config
-// with dropout is refused (InvalidArgumentError) unless the mode is Ulysses.
+// ("c_attn", "c_proj") with its attention over the whole sequence, dropout
+// as SequenceParallelGPT says.
 class SequenceParallelAttention : public nn::Module {
  public:
   SequenceParallelAttention(const nn::GPTConfig& c, SpOptions o);

@@ -34,9 +34,6 @@ ParallelCausalSelfAttention::ParallelCausalSelfAttention(std::shared_ptr<TpGroup
   headOffset_ = tp->rank() * localHeads_;
   if (sp) {
     sp_ = checkedSpOptions(*sp, localHeads_, "ParallelCausalSelfAttention");
-    WEFT_ENFORCE(c.dropout == 0.0 || sp_->mode == SpMode::Ulysses, InvalidArgumentError,
-                 "ParallelCausalSelfAttention: dropout ", c.dropout,
-                 " with sequence parallelism is supported with Ulysses only, not with ring or 2-D attention");
   }
   headDim_ = c.width / c.heads;
   cAttn_ = registerModule("c_attn", std::make_shared<ColumnParallelLinear>(tp, c.width, 3 * c.width, c.bias, 3));
@@ -107,9 +104,6 @@ TensorParallelGPT::TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig 
   checkSplit(config_, tp_->size());
   if (sp) {
     sp_ = checkedSpOptions(*sp, config_.heads / tp_->size(), "TensorParallelGPT");
-    WEFT_ENFORCE(config_.dropout == 0.0 || sp_->mode == SpMode::Ulysses, InvalidArgumentError,
-                 "TensorParallelGPT: dropout ", config_.dropout,
-                 " with sequence parallelism is supported with Ulysses only, not with ring or 2-D attention");
   }
   wte_ = registerModule("wte", std::make_shared<VocabParallelEmbedding>(tp_, config_.vocabSize, config_.width));
   wpe_ = registerModule("wpe", std::make_shared<nn::Embedding>(config_.blockSize, config_.width));

@@ -46,11 +46,10 @@
 // does: the replicated dropouts (embeddings, residual branches) draw the
 // whole model's masks from it, and each rank's attention draws the same seed
 // and takes its heads' part of the whole model's attention mask (a dropout
-// frame, tensor/ops_attention.h). With Ulysses sequence parallelism too, for
-// a sequence the groups divide: the replicated dropouts keep their tokens'
-// rows of the whole mask (spTokenDropout), the attention its heads' part
-// (spAttention). Dropout with ring or 2-D attention is refused
-// (InvalidArgumentError).
+// frame, tensor/ops_attention.h). With sequence parallelism too, for a
+// sequence the groups divide: the replicated dropouts keep their tokens'
+// rows of the whole mask (spTokenDropout), the attention its heads' and
+// tokens' part (spAttention).
 // Activation checkpointing (GPTConfig::checkpoint) cuts the blocks into
 // segments as nn::GPT does, each under checkpoint(): only a segment's input
 // is kept, and backward recomputes it, its forward allreduces included (so

@@ -89,7 +89,7 @@ AttentionOutput scaledDotProductAttentionWithLse(const Tensor& q, const Tensor& 
                                       .queryOffset = o.queryOffset,
                                       .keyOffset = o.keyOffset,
                                       .dropout = o.dropout,
-                                      .seed = o.dropout > 0.0 ? drawSeed(o.generator) : 0,
+                                      .seed = o.dropout > 0.0 ? (o.dropoutSeed ? *o.dropoutSeed : drawSeed(o.generator)) : 0,
                                       .heads = H,
                                       .frameHeads = o.dropoutFrame ? o.dropoutFrame->heads : 0,
                                       .frameHeadOffset = o.dropoutFrame ? o.dropoutFrame->headOffset : 0,

@@ -69,6 +69,8 @@ struct AttentionOptions {
     int64_t keys = 0;        // of the whole attention, >= keyOffset + Sk
   };
   std::optional<DropoutFrame> dropoutFrame = std::nullopt;  // see "Dropout"
+  // The seed of the dropout mask; when unset, one is drawn from `generator`.
+  std::optional<uint64_t> dropoutSeed = std::nullopt;
 };
 
 struct AttentionOutput {

@@ -130,7 +130,6 @@ inline void checkMeshFlags(const Flags& f) {
     usage("--sp " + std::to_string(f.sp) + " with --sp-mode 2d must be U x R with U, R >= 2 and U dividing the heads of a"
           " tensor-parallel rank (" + std::to_string(f.heads / f.tp) + ")");
   }
-  if (f.sp > 1 && f.dropout > 0 && f.spMode != "ulysses") usage("--dropout with --sp needs --sp-mode ulysses");
 }
 
 inline nn::GPTConfig modelConfig(const Flags& f) {

@@ -233,7 +233,7 @@ void checkRing(int p) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO(out);
     for (const char* variant : {"ring_contiguous_causal", "ring_contiguous_full", "ring_zigzag_causal",
-                                "ring_zigzag_full"}) {
+                                "ring_zigzag_full", "ring_contiguous_dropout", "ring_zigzag_dropout"}) {
       INFO(variant);
       CHECK(field(out, r, variant, "out_diff_fe") <= 1000);
       CHECK(field(out, r, variant, "grad_diff_fe") <= 1000);
@@ -247,8 +247,8 @@ void checkRing(int p) {
   }
 }
 
-TEST_CASE("ring attention on 2 and 4 processes, contiguous and zig-zag, causal and not, equals "
-          "whole-sequence attention forward and backward") {
+TEST_CASE("ring attention on 2 and 4 processes, contiguous and zig-zag, causal and not, with dropout too, "
+          "equals whole-sequence attention forward and backward") {
   checkRing(2);
   checkRing(4);
 }

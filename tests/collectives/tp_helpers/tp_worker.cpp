@@ -38,7 +38,8 @@
 //             "ulysses_error <ErrorType>: <message>" for 2·P + 1 heads.
 //   ring      [P ranks, P dividing 8] Attention over q, k, v [2, 2, 16, 4] float64 whole on every
 //             rank, and ringAttention over this rank's tokens, for each layout (contiguous, zigzag)
-//             and mask (causal, full): "ring_<layout>_<causal|full> out_diff_fe N grad_diff_fe N
+//             and mask (causal, full, causal with dropout 0.3 from the default generator seeded
+//             alike): "ring_<layout>_<causal|full|dropout> out_diff_fe N grad_diff_fe N
 //             fwd_sends S fwd_bytes B bwd_sends S bwd_bytes B local_bytes L".
 //   hybrid    [4 ranks] Mesh {ring: 2, ulysses: 2}: causal attention over [2, 4, 16, 4] float64
 //             against hybridAttention over this rank's 4 tokens, for each ring layout:
@@ -363,7 +364,11 @@ void runRing(ProcessGroup& world) {
   const int64_t b = 2, h = 2, s = 16, d = 4;
   weft::TensorOptions f64{.dtype = DType::Float64};
   for (RingLayout layout : {RingLayout::Contiguous, RingLayout::ZigZag}) {
-    for (bool causal : {true, false}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      // Causal, full, and causal with dropout 0.3 (every rank's default generator seeded as the
+      // whole attention's).
+      const bool causal = variant != 1;
+      const double drop = variant == 2 ? 0.3 : 0.0;
       Generator gen(31);
       Tensor q = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
       Tensor k = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
@@ -371,6 +376,8 @@ void runRing(ProcessGroup& world) {
       Tensor w = weft::randn({b, h, s, d}, f64, &gen);
       weft::AttentionOptions o;
       o.causal = causal;
+      o.dropout = drop;
+      weft::manualSeed(77);
       Tensor y = weft::scaledDotProductAttention(q, k, v, o);
       weft::sum(y * w).backward();
       auto mine = [&](const Tensor& t) { return shardSequence(t.detach(), 2, sp, layout); };
@@ -379,6 +386,8 @@ void runRing(ProcessGroup& world) {
       RingOptions ro;
       ro.causal = causal;
       ro.layout = layout;
+      ro.dropout = drop;
+      weft::manualSeed(77);
       Tensor yl = ringAttention(sp, ql, kl, vl, ro);
       SpGroup::Transfers fwd = sp.transfers();
       weft::sum(yl * mine(w)).backward();
@@ -386,7 +395,7 @@ void runRing(ProcessGroup& world) {
       long long gradDiff = std::max({diffFe(ql.grad(), mine(q.grad())), diffFe(kl.grad(), mine(k.grad())),
                                      diffFe(vl.grad(), mine(v.grad()))});
       sayLine(std::string("ring_") + (layout == RingLayout::ZigZag ? "zigzag" : "contiguous") +
-              (causal ? "_causal" : "_full") + " out_diff_fe " + std::to_string(diffFe(yl, mine(y))) +
+              (variant == 2 ? "_dropout" : causal ? "_causal" : "_full") + " out_diff_fe " + std::to_string(diffFe(yl, mine(y))) +
               " grad_diff_fe " + std::to_string(gradDiff) + " fwd_sends " + std::to_string(fwd.forwardSends) +
               " fwd_bytes " + std::to_string(fwd.forwardBytes) + " bwd_sends " + std::to_string(all.backwardSends) +
               " bwd_bytes " + std::to_string(all.backwardBytes) + " local_bytes " + std::to_string(ql.nbytes()));
