@@ -2,12 +2,16 @@
 // re-executes itself as every rank: `/proc/self/exe --worker MODEL P M SCHEDULE STEPS`), each stage
 // with one kernel thread.
 //  1. Bubble: an MLP of 8 equal blocks (Linear(W, W) + tanh) cut into P = 2 and 4 stages, trained
-//     with M = 1, 2, 4, 8, 16 micro-batches under 1F1B; the measured bubble (per stage, the share
+//     with M = 1, 2, 4, 8, 16 micro-batches under 1F1B and under interleaved 1F1B with V = 2
+//     chunks per stage (the MLP cut into 2P pieces); the measured bubble (per stage, the share
 //     of the step not spent in forward or backward, averaged over the stages; the median over
-//     the timed steps) beside the theory (P - 1) / (M + P - 1).
+//     the timed steps) beside the theory: pipeline::idealBubble of the schedule (backward twice
+//     the forward, free communication), which is (P - 1) / (M + P - 1) for 1F1B and
+//     (P - 1) / (V·M + P - 1) for the interleaved schedule at M >= P.
 //  2. Memory: the peak activation memory per stage (StepStats::activationBytes: tensor bytes live
 //     above the step's start, sampled after each forward), GPipe against 1F1B at M = 8 (goal:
-//     1F1B <= (P/M + 0.1) x GPipe, the largest stage), and GPipe with activation checkpointing.
+//     1F1B <= (P/M + 0.1) x GPipe, the largest stage), GPipe with activation checkpointing, and
+//     interleaved 1F1B (V = 2).
 //  3. Throughput: the GPT (vocab 256, 64 tokens, 4 blocks of width 128) trained for a few steps:
 //     tokens/s of one process (all the CPUs' threads), of vanilla model parallelism (P = 2, M = 1)
 //     and of the 2-stage pipeline at M = 4 and 8, both schedules (goal: pipelined >= 1.5 x
@@ -118,13 +122,21 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
     layers = benchMlp();
     lossFn = [](const Tensor& out, const Tensor& y) { return weft::mseLoss(out, y); };
   }
-  auto mine = pipeline::splitSequential(*layers, pipeline::cutsByParameterCount(*layers, stages))
-                  [static_cast<size_t>(stage)];
-  pipeline::Schedule schedule =
-      scheduleName.rfind("gpipe", 0) == 0 ? pipeline::gpipe(stages, m) : pipeline::oneFOneB(stages, m);
+  // Interleaved: the model in V·P pieces, piece c·P + stage being this stage's chunk c.
+  const int chunks = scheduleName == "interleaved" ? 2 : 1;
+  auto pieces = pipeline::splitSequential(*layers, pipeline::cutsByParameterCount(*layers, stages * chunks));
+  std::vector<std::shared_ptr<nn::Module>> mine;
+  std::vector<Tensor> params;
+  for (int c = 0; c < chunks; ++c) {
+    mine.push_back(pieces[static_cast<size_t>(c * stages + stage)]);
+    for (const Tensor& p : mine.back()->parameters()) params.push_back(p);
+  }
+  pipeline::Schedule schedule = scheduleName.rfind("gpipe", 0) == 0 ? pipeline::gpipe(stages, m)
+                                : chunks > 1 ? pipeline::interleavedOneFOneB(stages, chunks, m)
+                                             : pipeline::oneFOneB(stages, m);
   pipeline::PipelineExecutor pipe(*pg, mine, schedule, lossFn,
                                   {.tied = tied, .checkpoint = scheduleName == "gpipe-ckpt"});
-  nn::optim::SGD opt(mine->parameters(), {.lr = 0.01, .momentum = 0.9});
+  nn::optim::SGD opt(params, {.lr = 0.01, .momentum = 0.9});
 
   weft::Generator data(4);
   Tensor x, y;
@@ -329,17 +341,22 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
   std::printf("pipeline_bench: %u CPUs, load average %s, %d timed steps per run after 2 warm-up steps\n",
               std::thread::hardware_concurrency(), weft::bench::loadAverage().c_str(), steps);
 
-  std::printf("\n1. bubble, 1F1B, an MLP of %d x Linear(%lld, %lld)+tanh, batch %lld\n", kMlpBlocks,
-              static_cast<long long>(kMlpWidth), static_cast<long long>(kMlpWidth),
+  std::printf("\n1. bubble, an MLP of %d x Linear(%lld, %lld)+tanh, batch %lld; 1f1b and interleaved 1F1B "
+              "(V = 2)\n", kMlpBlocks, static_cast<long long>(kMlpWidth), static_cast<long long>(kMlpWidth),
               static_cast<long long>(kMlpBatch));
-  std::printf("%3s %3s %8s %9s %7s %9s\n", "P", "M", "theory", "measured", "diff", "step_ms");
+  std::printf("%3s %3s %-12s %8s %9s %7s %9s\n", "P", "M", "schedule", "theory", "measured", "diff", "step_ms");
   const std::vector<int> ms = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16};
   for (int p : {2, 4}) {
     for (int m : ms) {
-      RunResult r = runJob("mlp", p, m, "1f1b", steps);
-      const double theory = static_cast<double>(p - 1) / (m + p - 1);
-      std::printf("%3d %3d %8.3f %9.3f %+7.3f %9.2f\n", p, m, theory, r.bubble, r.bubble - theory, r.stepMs);
-      std::fflush(stdout);
+      for (const char* s : {"1f1b", "interleaved"}) {
+        const bool interleaved = std::string(s) == "interleaved";
+        RunResult r = runJob("mlp", p, m, s, steps);
+        const double theory =
+            pipeline::idealBubble(interleaved ? pipeline::interleavedOneFOneB(p, 2, m) : pipeline::oneFOneB(p, m));
+        std::printf("%3d %3d %-12s %8.3f %9.3f %+7.3f %9.2f\n", p, m, s, theory, r.bubble, r.bubble - theory,
+                    r.stepMs);
+        std::fflush(stdout);
+      }
     }
   }
 
@@ -350,6 +367,7 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
     RunResult g = runJob("mlp", p, memM, "gpipe", steps);
     RunResult f = runJob("mlp", p, memM, "1f1b", steps);
     RunResult c = runJob("mlp", p, memM, "gpipe-ckpt", steps);
+    RunResult i = runJob("mlp", p, memM, "interleaved", steps);
     auto row = [p](const char* name, const RunResult& r) {
       std::string per;
       for (double b : r.peakBytes) {
@@ -361,6 +379,7 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
     row("gpipe", g);
     row("1f1b", f);
     row("gpipe+ck", c);
+    row("interl.", i);
     std::printf("    1f1b / gpipe = %.3f (goal <= P/M + 0.1 = %.3f)\n", largest(f.peakBytes) / largest(g.peakBytes),
                 static_cast<double>(p) / memM + 0.1);
     std::fflush(stdout);

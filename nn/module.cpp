@@ -230,6 +230,36 @@ Module& Module::to(Device device) {
   return *this;
 }
 
+// ---- forward hooks ---------------------------------------------------------------
+
+Tensor Module::operator()(const Tensor& input) {
+  if (forwardPreHooks_.empty() && forwardHooks_.empty()) return forward(input);
+  // Copies: a hook may remove hooks.
+  const auto pre = forwardPreHooks_;
+  for (const auto& [id, hook] : pre) hook(*this, input);
+  Tensor output = forward(input);
+  const auto post = forwardHooks_;
+  for (const auto& [id, hook] : post) hook(*this, input, output);
+  return output;
+}
+
+int Module::registerForwardPreHook(ForwardPreHook hook) {
+  const int id = nextHookId_++;
+  forwardPreHooks_.emplace(id, std::move(hook));
+  return id;
+}
+
+int Module::registerForwardHook(ForwardHook hook) {
+  const int id = nextHookId_++;
+  forwardHooks_.emplace(id, std::move(hook));
+  return id;
+}
+
+void Module::removeForwardHook(int id) {
+  forwardPreHooks_.erase(id);
+  forwardHooks_.erase(id);
+}
+
 // ---- state ----------------------------------------------------------------------
 
 StateDict Module::stateDict() const {

@@ -79,7 +79,22 @@ class Module : public std::enable_shared_from_this<Module> {
   // The single-tensor forward (see the header comment). The base raises
   // InvalidArgumentError naming the module type.
   virtual Tensor forward(const Tensor& input);
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  // forward(input) between this module's forward hooks (see "Forward hooks").
+  Tensor operator()(const Tensor& input);
+
+  // ---- forward hooks ----------------------------------------------------------
+  // Run by operator() only, as torch's __call__ (a direct forward() call runs
+  // none): every pre-hook, in registration order, before forward; every hook
+  // after it, which may replace the output. Containers call their children
+  // through operator() (Sequential, GPT's blocks), so hooks on a child run
+  // when the parent's forward does. Fully sharded data parallelism gathers a
+  // unit's parameters in its pre-hook and frees them in its hook. Returns an
+  // id for removeForwardHook (unknown ids are ignored).
+  using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
+  using ForwardHook = std::function<void(Module& module, const Tensor& input, Tensor& output)>;
+  int registerForwardPreHook(ForwardPreHook hook);
+  int registerForwardHook(ForwardHook hook);
+  void removeForwardHook(int id);
 
   // ---- registration ---------------------------------------------------------
   // Names are non-empty, contain no '.', and are unique across this module's
@@ -176,6 +191,9 @@ class Module : public std::enable_shared_from_this<Module> {
 
   std::string typeName_;
   bool training_ = true;
+  int nextHookId_ = 0;
+  std::map<int, ForwardPreHook> forwardPreHooks_;
+  std::map<int, ForwardHook> forwardHooks_;
   std::vector<NamedTensor> parameters_;
   std::vector<NamedTensor> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

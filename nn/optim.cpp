@@ -189,15 +189,17 @@ Tensor stateBuffer(const char* opt, size_t i, ParamState& st, const std::string&
   return b;
 }
 
-// True when every tensor can be updated by a fused loop: CPU, contiguous,
-// the same floating dtype and element count, and no two overlapping in
-// memory (the loops are compiled assuming independent elements).
-bool fusable(std::initializer_list<Tensor> ts) {
+// True when every defined tensor is contiguous, on the first one's device,
+// of its float32/float64 dtype and element count, and no two overlap in
+// memory: what the fused loops and kernels need (they are compiled assuming
+// independent elements).
+bool alikeAndDisjoint(std::initializer_list<Tensor> ts) {
   const Tensor& first = *ts.begin();
   if (first.dtype() != DType::Float32 && first.dtype() != DType::Float64) return false;
   for (auto a = ts.begin(); a != ts.end(); ++a) {
     if (!a->defined()) continue;
-    if (!a->device().isCpu() || !a->isContiguous() || a->dtype() != first.dtype() || a->numel() != first.numel()) {
+    if (a->device() != first.device() || !a->isContiguous() || a->dtype() != first.dtype() ||
+        a->numel() != first.numel()) {
       return false;
     }
     const char* aBegin = static_cast<const char*>(a->rawData());
@@ -209,6 +211,9 @@ bool fusable(std::initializer_list<Tensor> ts) {
   }
   return true;
 }
+
+// True when the tensors can be updated by a fused CPU loop.
+bool fusable(std::initializer_list<Tensor> ts) { return ts.begin()->device().isCpu() && alikeAndDisjoint(ts); }
 
 // Parameters of one step queued for the fused CUDA kernels: contiguous,
 // non-overlapping float32/float64 tensors on one device, each parameter with
@@ -227,23 +232,7 @@ class CudaQueue {
   // one's device, of its float32/float64 dtype and element count, and no two
   // overlap.
   static bool accepts(std::initializer_list<Tensor> ts) {
-    const Tensor& first = *ts.begin();
-    if (!first.device().isCuda()) return false;
-    if (first.dtype() != DType::Float32 && first.dtype() != DType::Float64) return false;
-    for (auto a = ts.begin(); a != ts.end(); ++a) {
-      if (!a->defined()) continue;
-      if (a->device() != first.device() || !a->isContiguous() || a->dtype() != first.dtype() ||
-          a->numel() != first.numel()) {
-        return false;
-      }
-      const char* aBegin = static_cast<const char*>(a->rawData());
-      for (auto b = ts.begin(); b != a; ++b) {
-        if (!b->defined()) continue;
-        const char* bBegin = static_cast<const char*>(b->rawData());
-        if (aBegin < bBegin + b->nbytes() && bBegin < aBegin + a->nbytes()) return false;
-      }
-    }
-    return true;
+    return ts.begin()->device().isCuda() && alikeAndDisjoint(ts);
   }
 
   void add(const Tensor& p, const Tensor& g, std::initializer_list<Tensor> buffers, double s0, double s1) {

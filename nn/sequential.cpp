@@ -15,7 +15,7 @@ void Sequential::push_back(const std::string& name, std::shared_ptr<Module> modu
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor y = x;
-  for (const auto& m : modules_) y = m->forward(y);
+  for (const auto& m : modules_) y = (*m)(y);
   return y;
 }
 

@@ -230,7 +230,7 @@ Tensor GPT::features(const Tensor& idx) {
   const bool checkpointing = config_.checkpoint.enabled() && GradMode::enabled();
   for (int b = 0; b < n;) {
     if (!checkpointing) {
-      x = blocks_[b++]->forward(x);
+      x = (*blocks_[b++])(x);
       continue;
     }
     int e = b + 1;
@@ -239,7 +239,7 @@ Tensor GPT::features(const Tensor& idx) {
     x = checkpoint(
         [segment](const Tensor& in) {
           Tensor y = in;
-          for (const auto& blk : segment) y = blk->forward(y);
+          for (const auto& blk : segment) y = (*blk)(y);
           return y;
         },
         x);

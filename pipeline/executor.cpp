@@ -1,6 +1,7 @@
 #include "pipeline/executor.h"
 
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -54,8 +55,13 @@ struct PipelineExecutor::Micro {
 
 PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::shared_ptr<nn::Module> stage, Schedule schedule,
                                    LossFn loss, ExecutorOptions options)
+    : PipelineExecutor(pg, std::vector<std::shared_ptr<nn::Module>>{std::move(stage)}, std::move(schedule),
+                       std::move(loss), std::move(options)) {}
+
+PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::vector<std::shared_ptr<nn::Module>> chunks,
+                                   Schedule schedule, LossFn loss, ExecutorOptions options)
     : pg_(pg),
-      module_(std::move(stage)),
+      modules_(std::move(chunks)),
       schedule_(std::move(schedule)),
       loss_(std::move(loss)),
       tied_(std::move(options.tied)),
@@ -63,11 +69,16 @@ PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::shared_pt
       checkpoint_(options.checkpoint),
       stage_(pg.rank()),
       numStages_(pg.size()) {
-  WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, "PipelineExecutor: null stage module");
+  WEFT_ENFORCE(static_cast<int>(modules_.size()) == schedule_.chunks, InvalidArgumentError, "PipelineExecutor: ",
+               modules_.size(), " chunk modules for a schedule of ", schedule_.chunks, " chunks");
+  for (size_t c = 0; c < modules_.size(); ++c)
+    WEFT_ENFORCE(modules_[c] != nullptr, InvalidArgumentError, "PipelineExecutor: null stage module",
+                 modules_.size() > 1 ? " for chunk " + std::to_string(c) : std::string());
   WEFT_ENFORCE(schedule_.numStages() == numStages_, InvalidArgumentError, "PipelineExecutor: the schedule has ",
                schedule_.numStages(), " stages, but the process group has ", numStages_, " ranks");
-  WEFT_ENFORCE(schedule_.microbatches <= kMaxMicrobatches, InvalidArgumentError,
-               "PipelineExecutor: at most ", kMaxMicrobatches, " micro-batches, got ", schedule_.microbatches);
+  WEFT_ENFORCE(static_cast<int64_t>(schedule_.microbatches) * schedule_.chunks <= kMaxMicrobatches,
+               InvalidArgumentError, "PipelineExecutor: at most ", kMaxMicrobatches,
+               " micro-batches times chunks, got ", schedule_.microbatches, " x ", schedule_.chunks);
   checkSchedule(schedule_);
   WEFT_ENFORCE(stage_ != numStages_ - 1 || static_cast<bool>(loss_), InvalidArgumentError,
                "PipelineExecutor: the last stage needs a loss function");
@@ -81,8 +92,25 @@ PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::shared_pt
   }
 }
 
-uint32_t PipelineExecutor::tagOf(int kind, int mb) const {
-  return kTagBase + static_cast<uint32_t>(mb) * kKinds + static_cast<uint32_t>(kind);
+std::string PipelineExecutor::chunkText(int chunk) const {
+  return chunks() > 1 ? " (chunk " + std::to_string(chunk) + ")" : std::string();
+}
+
+std::vector<Tensor> PipelineExecutor::parameters() const {
+  std::vector<Tensor> out;
+  for (const auto& m : modules_) {
+    for (const Tensor& p : m->parameters()) {
+      bool seen = false;
+      for (const Tensor& q : out) seen = seen || q.sameAs(p);
+      if (!seen) out.push_back(p);
+    }
+  }
+  return out;
+}
+
+uint32_t PipelineExecutor::tagOf(int kind, int link, int mb) const {
+  const auto slot = static_cast<uint32_t>(link) * static_cast<uint32_t>(schedule_.microbatches) + static_cast<uint32_t>(mb);
+  return kTagBase + slot * kKinds + static_cast<uint32_t>(kind);
 }
 
 void PipelineExecutor::waitFor(const collectives::Work& work, const std::string& what) {
@@ -131,19 +159,21 @@ void PipelineExecutor::rethrowFirstFailure(const std::string& context) const {
 
 Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   const int m = schedule_.microbatches;
-  std::vector<Micro> micros(static_cast<size_t>(m));
-  auto splitInto = [m](const Tensor& t, const char* what, std::vector<Micro>& out, bool isTarget) {
+  const int v = chunks();
+  // micros[c * M + mb]: micro-batch mb on chunk c.
+  std::vector<Micro> micros(static_cast<size_t>(m * v));
+  auto splitInto = [m](const Tensor& t, const char* what, Micro* out, bool isTarget) {
     WEFT_ENFORCE(t.defined() && t.dim() >= 1 && t.size(0) % m == 0 && t.size(0) > 0, InvalidArgumentError,
                  "PipelineExecutor::step: ", what, " must have a dim 0 divisible by the ", m,
                  " micro-batches, got ", t.defined() ? shapeString(t.shape()) : std::string("undefined"));
     const int64_t rows = t.size(0) / m;
     for (int mb = 0; mb < m; ++mb) {
       Tensor part = t.narrow(0, mb * rows, rows);
-      (isTarget ? out[static_cast<size_t>(mb)].target : out[static_cast<size_t>(mb)].input) = part;
+      (isTarget ? out[mb].target : out[mb].input) = part;
     }
   };
-  if (stage_ == 0) splitInto(input, "input", micros, false);
-  if (stage_ == numStages_ - 1) splitInto(target, "target", micros, true);
+  if (stage_ == 0) splitInto(input, "input", micros.data(), false);
+  if (stage_ == numStages_ - 1) splitInto(target, "target", micros.data() + static_cast<ptrdiff_t>((v - 1) * m), true);
 
   WEFT_ENFORCE(!broken_, StateError, "PipelineExecutor::step: stage ", stage_,
                ": an earlier step failed, and transfers it left pending may match this step's; build a new "
@@ -156,7 +186,8 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   postedGrad_ = Posted{};
   pendingSends_.clear();
   liveAtStart_ = Storage::memoryStats().liveBytes;
-  shapeSent_ = shapeKnown_ = false;
+  inShape_.assign(static_cast<size_t>(v), LinkShape{});
+  outShape_.assign(static_cast<size_t>(v), LinkShape{});
   alive_ = 0;
   struct Reset {
     PipelineExecutor* self;
@@ -171,25 +202,25 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
     const Action& a = actions[i];
     position_ = i;
     dropCompletedSends();
-    Micro& mi = micros[static_cast<size_t>(a.microbatch)];
+    Micro& mi = micros[static_cast<size_t>(a.chunk * m + a.microbatch)];
     switch (a.kind) {
       case ActionKind::Forward:
-        forward(mi, a.microbatch);
+        forward(mi, a.microbatch, a.chunk);
         break;
       case ActionKind::Backward:
-        backward(mi, a.microbatch);
+        backward(mi, a.microbatch, a.chunk);
         break;
       case ActionKind::SendActivation:
-        sendActivation(mi, a.microbatch);
+        sendActivation(mi, a.microbatch, a.chunk);
         break;
       case ActionKind::RecvActivation:
-        recvActivation(mi, a.microbatch);
+        recvActivation(mi, a.microbatch, a.chunk);
         break;
       case ActionKind::SendGrad:
-        sendGrad(mi, a.microbatch);
+        sendGrad(mi, a.microbatch, a.chunk);
         break;
       case ActionKind::RecvGrad:
-        recvGrad(mi, a.microbatch);
+        recvGrad(mi, a.microbatch, a.chunk);
         break;
     }
   }
@@ -198,7 +229,7 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   exchangeTied();
   double loss = 0.0;
   if (stage_ == numStages_ - 1) {
-    for (const Micro& mi : micros) loss += mi.output.item<double>();
+    for (int mb = 0; mb < m; ++mb) loss += micros[static_cast<size_t>((v - 1) * m + mb)].output.item<double>();
     loss /= m;
   }
   if (dataParallel_ != nullptr) averageOverReplicas(loss);
@@ -207,13 +238,14 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   return stage_ == numStages_ - 1 ? full({}, loss) : Tensor();
 }
 
-void PipelineExecutor::forward(Micro& m, int mb) {
-  WEFT_ENFORCE(m.input.defined(), StateError, "pipeline stage ", stage_, ": micro-batch ", mb,
+void PipelineExecutor::forward(Micro& m, int mb, int chunk) {
+  WEFT_ENFORCE(m.input.defined(), StateError, "pipeline stage ", stage_, ": micro-batch ", mb, chunkText(chunk),
                " has no input at its forward");
   const auto t0 = Clock::now();
   const double startUs = nowUs();
-  Tensor out = checkpoint_ ? checkpointedForward(m.input) : module_->forward(m.input);
-  if (stage_ == numStages_ - 1) {
+  const auto& module = modules_[static_cast<size_t>(chunk)];
+  Tensor out = checkpoint_ ? checkpointedForward(module, m.input) : module->forward(m.input);
+  if (isLast(chunk)) {
     Tensor loss = loss_(out, m.target);
     WEFT_ENFORCE(loss.defined() && loss.numel() == 1, InvalidArgumentError,
                  "PipelineExecutor: the loss function must return a scalar, got ",
@@ -224,15 +256,15 @@ void PipelineExecutor::forward(Micro& m, int mb) {
   m.alive = true;
   stats_.peakActivations = std::max(stats_.peakActivations, ++alive_);
   stats_.computeSeconds += secondsSince(t0);
-  record(ActionKind::Forward, mb, startUs);
+  record(ActionKind::Forward, mb, chunk, startUs);
   noteActivationBytes();
 }
 
-Tensor PipelineExecutor::checkpointedForward(const Tensor& input) {
-  std::shared_ptr<nn::Module> module = module_;
+Tensor PipelineExecutor::checkpointedForward(const std::shared_ptr<nn::Module>& chunk, const Tensor& input) {
+  std::shared_ptr<nn::Module> module = chunk;
   Tensor x = input;
   if (!input.requiresGrad()) {
-    auto seq = std::dynamic_pointer_cast<nn::Sequential>(module_);
+    auto seq = std::dynamic_pointer_cast<nn::Sequential>(chunk);
     if (seq != nullptr && seq->size() >= 2) {
       x = seq->at(0)->forward(input);
       auto rest = std::make_shared<nn::Sequential>();
@@ -243,29 +275,31 @@ Tensor PipelineExecutor::checkpointedForward(const Tensor& input) {
   return checkpoint([module](const Tensor& t) { return module->forward(t); }, x);
 }
 
-void PipelineExecutor::backward(Micro& m, int mb) {
+void PipelineExecutor::backward(Micro& m, int mb, int chunk) {
   const auto t0 = Clock::now();
   const double startUs = nowUs();
-  if (stage_ == numStages_ - 1) {
+  if (isLast(chunk)) {
     mul(m.output, 1.0 / schedule_.microbatches).backward();
   } else {
-    WEFT_ENFORCE(m.gradOut.defined(), StateError, "pipeline stage ", stage_, ": micro-batch ", mb,
+    WEFT_ENFORCE(m.gradOut.defined(), StateError, "pipeline stage ", stage_, ": micro-batch ", mb, chunkText(chunk),
                  " has no output gradient at its backward");
     if (m.output.requiresGrad()) m.output.backward(m.gradOut);
   }
   // The activations of mb are released here; the input stays for SendGrad.
-  m.output = stage_ == numStages_ - 1 ? m.output.detach() : Tensor();
+  m.output = isLast(chunk) ? m.output.detach() : Tensor();
   m.gradOut = Tensor();
   m.alive = false;
   --alive_;
   stats_.computeSeconds += secondsSince(t0);
-  record(ActionKind::Backward, mb, startUs);
+  record(ActionKind::Backward, mb, chunk, startUs);
 }
 
-void PipelineExecutor::sendActivation(Micro& m, int mb) {
-  const int next = stage_ + 1;
+void PipelineExecutor::sendActivation(Micro& m, int mb, int chunk) {
+  const int next = (stage_ + 1) % numStages_;
+  const int link = nextChunk(chunk);
+  LinkShape& sent = outShape_[static_cast<size_t>(chunk)];
   Tensor out = m.output.detach().contiguous();
-  if (!shapeSent_) {
+  if (!sent.known) {
     WEFT_ENFORCE(out.dim() <= kMaxDims, InvalidArgumentError, "pipeline stage ", stage_, ": an activation has at most ",
                  kMaxDims, " dimensions, got shape ", out.shape());
     Tensor meta = zeros({kShapeLen}, {.dtype = DType::Int64});
@@ -273,24 +307,23 @@ void PipelineExecutor::sendActivation(Micro& m, int mb) {
     p[0] = static_cast<int64_t>(out.dtype());
     p[1] = out.dim();
     for (int64_t d = 0; d < out.dim(); ++d) p[2 + d] = out.size(d);
-    send(meta, next, tagOf(kKindShape, 0));
-    sentShape_ = out.shape();
-    sentDtype_ = out.dtype();
-    shapeSent_ = true;
+    send(meta, next, tagOf(kKindShape, link, 0));
+    sent = {true, out.shape(), out.dtype()};
   }
-  WEFT_ENFORCE(out.shape() == sentShape_ && out.dtype() == sentDtype_, InvalidArgumentError, "pipeline stage ",
-               stage_, ": micro-batch ", mb, "'s activation is ", out.shape(), " ", dtypeName(out.dtype()),
-               ", but this step's activations are ", sentShape_, " ", dtypeName(sentDtype_),
+  WEFT_ENFORCE(out.shape() == sent.shape && out.dtype() == sent.dtype, InvalidArgumentError, "pipeline stage ",
+               stage_, ": micro-batch ", mb, chunkText(chunk), "'s activation is ", out.shape(), " ",
+               dtypeName(out.dtype()), ", but this step's activations are ", sent.shape, " ", dtypeName(sent.dtype),
                " (every micro-batch of a step must have the same shape)");
-  send(out, next, tagOf(kKindActivation, mb));
+  send(out, next, tagOf(kKindActivation, link, mb));
 }
 
-void PipelineExecutor::recvActivation(Micro& m, int mb) {
-  const int prev = stage_ - 1;
-  if (!shapeKnown_) {
+void PipelineExecutor::recvActivation(Micro& m, int mb, int chunk) {
+  const int prev = (stage_ + numStages_ - 1) % numStages_;
+  LinkShape& in = inShape_[static_cast<size_t>(chunk)];
+  if (!in.known) {
     Tensor meta = zeros({kShapeLen}, {.dtype = DType::Int64});
-    waitFor(pg_.irecv(meta, prev, tagOf(kKindShape, 0)),
-            "receiving the activation shape from stage " + std::to_string(prev));
+    waitFor(pg_.irecv(meta, prev, tagOf(kKindShape, chunk, 0)),
+            "receiving the activation shape" + chunkText(chunk) + " from stage " + std::to_string(prev));
     const auto* p = meta.data<int64_t>();
     WEFT_ENFORCE(p[0] >= 0 && p[0] <= static_cast<int64_t>(kLastDType) && p[1] >= 0 && p[1] <= kMaxDims,
                  ProtocolError, "pipeline stage ", stage_, ": stage ", prev, " announced dtype code ", p[0], " and ",
@@ -304,17 +337,16 @@ void PipelineExecutor::recvActivation(Micro& m, int mb) {
       numel *= p[2 + d];
       shape.push_back(p[2 + d]);
     }
-    dtype_ = static_cast<DType>(p[0]);
-    WEFT_ENFORCE(numel * static_cast<int64_t>(elementSize(dtype_)) <= kMaxActivationBytes, ProtocolError,
+    const auto dtype = static_cast<DType>(p[0]);
+    WEFT_ENFORCE(numel * static_cast<int64_t>(elementSize(dtype)) <= kMaxActivationBytes, ProtocolError,
                  "pipeline stage ", stage_, ": stage ", prev, " announced an activation of shape ", shape,
                  " beyond the limit of ", kMaxActivationBytes, " bytes");
-    shape_ = shape;
-    shapeKnown_ = true;
+    in = {true, shape, dtype};
   }
-  Tensor buf = receive(ActionKind::RecvActivation, mb,
-                       "receiving the activation of micro-batch " + std::to_string(mb) + " from stage " +
-                           std::to_string(prev));
-  if (isFloating(dtype_)) buf.requiresGrad_();
+  Tensor buf = receive(ActionKind::RecvActivation, mb, chunk,
+                       "receiving the activation of micro-batch " + std::to_string(mb) + chunkText(chunk) +
+                           " from stage " + std::to_string(prev));
+  if (isFloating(in.dtype)) buf.requiresGrad_();
   m.input = buf;
 }
 
@@ -331,35 +363,44 @@ void PipelineExecutor::noteActivationBytes() {
   if (live > liveAtStart_) stats_.activationBytes = std::max(stats_.activationBytes, live - liveAtStart_);
 }
 
-void PipelineExecutor::post(ActionKind kind, int mb) {
+bool PipelineExecutor::post(ActionKind kind, int mb, int chunk) {
   const bool activation = kind == ActionKind::RecvActivation;
+  const LinkShape& link = activation ? inShape_[static_cast<size_t>(chunk)] : outShape_[static_cast<size_t>(chunk)];
+  if (!link.known) return false;
   Posted& p = activation ? postedActivation_ : postedGrad_;
   p.microbatch = mb;
-  p.buffer = activation ? empty(shape_, {.dtype = dtype_}) : empty(sentShape_, {.dtype = sentDtype_});
-  p.work = pg_.irecv(p.buffer, activation ? stage_ - 1 : stage_ + 1,
-                     tagOf(activation ? kKindActivation : kKindGrad, mb));
+  p.chunk = chunk;
+  p.buffer = empty(link.shape, {.dtype = link.dtype});
+  p.work = activation ? pg_.irecv(p.buffer, (stage_ + numStages_ - 1) % numStages_, tagOf(kKindActivation, chunk, mb))
+                      : pg_.irecv(p.buffer, (stage_ + 1) % numStages_, tagOf(kKindGrad, nextChunk(chunk), mb));
+  return true;
 }
 
-Tensor PipelineExecutor::receive(ActionKind kind, int mb, const std::string& what) {
+Tensor PipelineExecutor::receive(ActionKind kind, int mb, int chunk, const std::string& what) {
   Posted& p = kind == ActionKind::RecvActivation ? postedActivation_ : postedGrad_;
-  if (p.microbatch != mb) post(kind, mb);
+  if (p.microbatch != mb || p.chunk != chunk) {
+    WEFT_ENFORCE(p.microbatch < 0, StateError, "pipeline stage ", stage_, ": a receive of micro-batch ", p.microbatch,
+                 chunkText(p.chunk), " is posted ahead of ", mb, chunkText(chunk));
+    WEFT_ENFORCE(post(kind, mb, chunk), StateError, "pipeline stage ", stage_, ": ", what,
+                 ": the activation shape is not known");
+  }
   const double startUs = nowUs();
   waitFor(p.work, what);
-  record(kind, mb, startUs);
+  record(kind, mb, chunk, startUs);
   Tensor buf = p.buffer;
   p = Posted{};
   const auto& actions = schedule_.stages[static_cast<size_t>(stage_)];
   for (size_t i = position_ + 1; i < actions.size(); ++i) {
     if (actions[i].kind == kind) {
-      post(kind, actions[i].microbatch);
+      post(kind, actions[i].microbatch, actions[i].chunk);
       break;
     }
   }
   return buf;
 }
 
-void PipelineExecutor::record(ActionKind kind, int mb, double startUs) {
-  stats_.events.push_back({kind, mb, startUs, nowUs()});
+void PipelineExecutor::record(ActionKind kind, int mb, int chunk, double startUs) {
+  stats_.events.push_back({kind, mb, startUs, nowUs(), chunk});
 }
 
 std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events) {
@@ -371,33 +412,39 @@ std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events) 
   out += line;
   for (const TraceEvent& e : events) {
     const bool compute = e.kind == ActionKind::Forward || e.kind == ActionKind::Backward;
+    char name[48];
+    if (e.chunk != 0) {
+      std::snprintf(name, sizeof name, "%s%dv%d", actionKindName(e.kind), e.microbatch, e.chunk);
+    } else {
+      std::snprintf(name, sizeof name, "%s%d", actionKindName(e.kind), e.microbatch);
+    }
     std::snprintf(line, sizeof line,
-                  ",{\"name\":\"%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,"
+                  ",{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,"
                   "\"dur\":%.3f}",
-                  actionKindName(e.kind), e.microbatch, compute ? "compute" : "wait", stage, e.startUs,
-                  e.endUs - e.startUs);
+                  name, compute ? "compute" : "wait", stage, e.startUs, e.endUs - e.startUs);
     out += line;
   }
   return out;
 }
 
-void PipelineExecutor::sendGrad(Micro& m, int mb) {
+void PipelineExecutor::sendGrad(Micro& m, int mb, int chunk) {
+  const LinkShape& in = inShape_[static_cast<size_t>(chunk)];
   Tensor g = m.input.defined() ? m.input.grad() : Tensor();
-  g = g.defined() ? g.contiguous() : zeros(shape_, {.dtype = dtype_});
-  send(g, stage_ - 1, tagOf(kKindGrad, mb));
+  g = g.defined() ? g.contiguous() : zeros(in.shape, {.dtype = in.dtype});
+  send(g, (stage_ + numStages_ - 1) % numStages_, tagOf(kKindGrad, chunk, mb));
   m.input = Tensor();
 }
 
-void PipelineExecutor::recvGrad(Micro& m, int mb) {
-  const int next = stage_ + 1;
-  Tensor buf = receive(ActionKind::RecvGrad, mb,
-                       "receiving the gradient of micro-batch " + std::to_string(mb) + " from stage " +
-                           std::to_string(next));
+void PipelineExecutor::recvGrad(Micro& m, int mb, int chunk) {
+  const int next = (stage_ + 1) % numStages_;
+  Tensor buf = receive(ActionKind::RecvGrad, mb, chunk,
+                       "receiving the gradient of micro-batch " + std::to_string(mb) + chunkText(chunk) +
+                           " from stage " + std::to_string(next));
   m.gradOut = buf;
 }
 
 void PipelineExecutor::averageOverReplicas(double& loss) {
-  const std::vector<Tensor> params = module_->parameters();
+  const std::vector<Tensor> params = parameters();
   int64_t total = 0;
   for (const Tensor& p : params) total += p.numel();
   const bool last = stage_ == numStages_ - 1;
@@ -437,10 +484,10 @@ void PipelineExecutor::exchangeTied() {
     Tensor mine = t.parameter.grad();
     mine = mine.defined() ? mine.detach().contiguous() : zerosLike(t.parameter.detach());
     Tensor theirs = emptyLike(mine);
-    collectives::Work sent = pg_.isend(mine, t.peerStage, tagOf(kKindTied, static_cast<int>(i)));
+    collectives::Work sent = pg_.isend(mine, t.peerStage, tagOf(kKindTied, 0, static_cast<int>(i)));
     const std::string what = "exchanging the gradient of tied parameter " + std::to_string(i) + " with stage " +
                              std::to_string(t.peerStage);
-    waitFor(pg_.irecv(theirs, t.peerStage, tagOf(kKindTied, static_cast<int>(i))), what);
+    waitFor(pg_.irecv(theirs, t.peerStage, tagOf(kKindTied, 0, static_cast<int>(i))), what);
     waitFor(sent, what);
     NoGradGuard noGrad;
     Tensor sum = add(mine, theirs);

@@ -56,6 +56,20 @@
 //    peakActivations is the number of micro-batches whose activations a stage
 //    holds at once.
 //
+// Virtual stages (interleaved schedules, Schedule::chunks = V > 1). The stage
+// holds V modules, the model's chunks: `chunks[c]` is model stage c·P + s of
+// the model cut into V·P pieces (the second constructor; the first is V = 1).
+// Each action runs on the chunk it names. Stage 0's chunk 0 reads `input`,
+// stage P - 1's chunk V - 1 computes the loss; every other chunk receives its
+// input from the previous model stage and sends its output to the next:
+// stage s + 1's same chunk, or from stage P - 1 to stage 0's next chunk.
+// Every link between two model stages agrees its own shape once per step,
+// has its own tags and its own receive posted ahead, so the chunks'
+// transfers between two processes never mix. Tied parameters and data
+// parallelism cover every chunk's parameters. Errors name the chunk:
+// "pipeline stage 0: receiving the activation of micro-batch 3 (chunk 1)
+// from stage 1: ...".
+//
 // Tied parameters. A parameter listed in `tied` (TiedParameter, see
 // pipeline/stage.h) also lives on stage peerStage; after the step's last
 // backward the two stages exchange its gradient and each adds the other's,
@@ -127,6 +141,7 @@ struct TraceEvent {
   int microbatch;
   double startUs;
   double endUs;
+  int chunk = 0;
 };
 
 // What the last step did on this stage.
@@ -134,7 +149,7 @@ struct StepStats {
   double computeSeconds = 0.0;  // in Forward and Backward actions (the loss included)
   double waitSeconds = 0.0;     // blocked on receives and on the sends' completion
   double stepSeconds = 0.0;     // the whole step, from its start to its return
-  int peakActivations = 0;      // micro-batches whose activations were alive at once
+  int peakActivations = 0;      // (micro-batch, chunk) pairs whose activations were alive at once
   // The most tensor bytes live (Storage::memoryStats) above the step's start,
   // sampled after each Forward: the activations the stage holds (and the
   // receive buffers posted), without backward's temporaries. Process-wide:
@@ -164,6 +179,10 @@ class PipelineExecutor {
   // `loss` is used on the last stage only (may be empty elsewhere).
   PipelineExecutor(collectives::ProcessGroup& pg, std::shared_ptr<nn::Module> stage, Schedule schedule, LossFn loss,
                    ExecutorOptions options = {});
+  // One module per chunk of an interleaved schedule: chunks.size() ==
+  // schedule.chunks, none null (InvalidArgumentError otherwise).
+  PipelineExecutor(collectives::ProcessGroup& pg, std::vector<std::shared_ptr<nn::Module>> chunks, Schedule schedule,
+                   LossFn loss, ExecutorOptions options = {});
 
   Tensor step(const Tensor& input, const Tensor& target = Tensor());
 
@@ -174,13 +193,22 @@ class PipelineExecutor {
 
  private:
   struct Micro;
-  void forward(Micro& m, int mb);
-  Tensor checkpointedForward(const Tensor& input);
-  void backward(Micro& m, int mb);
-  void sendActivation(Micro& m, int mb);
-  void recvActivation(Micro& m, int mb);
-  void sendGrad(Micro& m, int mb);
-  void recvGrad(Micro& m, int mb);
+  void forward(Micro& m, int mb, int chunk);
+  Tensor checkpointedForward(const std::shared_ptr<nn::Module>& chunk, const Tensor& input);
+  void backward(Micro& m, int mb, int chunk);
+  void sendActivation(Micro& m, int mb, int chunk);
+  void recvActivation(Micro& m, int mb, int chunk);
+  void sendGrad(Micro& m, int mb, int chunk);
+  void recvGrad(Micro& m, int mb, int chunk);
+  // Model stage chunk·P + stage_ is the first / the last of V·P.
+  bool isFirst(int chunk) const { return chunk == 0 && stage_ == 0; }
+  bool isLast(int chunk) const { return chunk == chunks() - 1 && stage_ == numStages_ - 1; }
+  int chunks() const { return static_cast<int>(modules_.size()); }
+  // The chunk of the model stage after chunk `chunk` of this stage.
+  int nextChunk(int chunk) const { return (chunk * numStages_ + stage_ + 1) / numStages_; }
+  // " (chunk c)" with several chunks, "" otherwise.
+  std::string chunkText(int chunk) const;
+  std::vector<Tensor> parameters() const;
   void exchangeTied();
   // Averages the gradients (and `loss` on the last stage) over dataParallel_.
   void averageOverReplicas(double& loss);
@@ -188,21 +216,25 @@ class PipelineExecutor {
   // Raises the DisconnectedError or TimeoutError of a failed transfer of this
   // step, if there is one, prefixed with `context`.
   void rethrowFirstFailure(const std::string& context) const;
-  uint32_t tagOf(int kind, int mb) const;
+  // A link between two model stages is named by the chunk of the later one.
+  uint32_t tagOf(int kind, int link, int mb) const;
   // A receive posted ahead of its action.
   struct Posted {
     int microbatch = -1;
+    int chunk = 0;
     Tensor buffer;
     collectives::Work work;
   };
-  // Takes mb's receive of `kind` (posting it now unless posted ahead) and
-  // posts the next receive of that kind in this stage's list.
-  Tensor receive(ActionKind kind, int mb, const std::string& what);
-  void post(ActionKind kind, int mb);
-  void record(ActionKind kind, int mb, double startUs);
+  // Takes the receive of `kind` for (mb, chunk) (posting it now unless posted
+  // ahead) and posts the next receive of that kind in this stage's list whose
+  // link's shape is known.
+  Tensor receive(ActionKind kind, int mb, int chunk, const std::string& what);
+  // False, posting nothing, while the link's shape is unknown.
+  bool post(ActionKind kind, int mb, int chunk);
+  void record(ActionKind kind, int mb, int chunk, double startUs);
 
   collectives::ProcessGroup& pg_;
-  std::shared_ptr<nn::Module> module_;
+  std::vector<std::shared_ptr<nn::Module>> modules_;  // per chunk
   Schedule schedule_;
   LossFn loss_;
   std::vector<TiedParameter> tied_;
@@ -226,12 +258,14 @@ class PipelineExecutor {
   void dropCompletedSends();
   void noteActivationBytes();
   size_t liveAtStart_ = 0;
-  bool shapeSent_ = false;
-  bool shapeKnown_ = false;
-  Shape shape_;        // this step's activation shape, received from the previous stage
-  DType dtype_ = DType::Float32;
-  Shape sentShape_;    // this step's shape sent to the next stage
-  DType sentDtype_ = DType::Float32;
+  // This step's activation shape on one link, once agreed.
+  struct LinkShape {
+    bool known = false;
+    Shape shape;
+    DType dtype = DType::Float32;
+  };
+  std::vector<LinkShape> inShape_;   // per chunk: received from the previous model stage
+  std::vector<LinkShape> outShape_;  // per chunk: sent to the next model stage
   int alive_ = 0;
   size_t position_ = 0;  // the action running, in this stage's list
   bool broken_ = false;  // a step threw: transfers it posted may still be pending

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 
@@ -31,6 +34,7 @@ std::string toString(const std::vector<Action>& actions) {
     if (!s.empty()) s += ' ';
     s += actionKindName(a.kind);
     s += std::to_string(a.microbatch);
+    if (a.chunk != 0) s += 'v' + std::to_string(a.chunk);
   }
   return s;
 }
@@ -42,18 +46,21 @@ void checkSizes(const char* fn, int stages, int microbatches) {
   WEFT_ENFORCE(microbatches >= 1, InvalidArgumentError, fn, ": microbatches must be >= 1, got ", microbatches);
 }
 
-// A stage's forward of mb with its transfers: receive the input from the
-// previous stage, compute, send the output to the next.
-void appendForward(std::vector<Action>& out, int stage, int stages, int mb) {
-  if (stage > 0) out.push_back({ActionKind::RecvActivation, mb});
-  out.push_back({ActionKind::Forward, mb});
-  if (stage < stages - 1) out.push_back({ActionKind::SendActivation, mb});
+// Chunk c of stage s of P is model stage c·P + s of V·P.
+// A stage's forward of mb on a chunk with its transfers: receive the input
+// from the previous model stage, compute, send the output to the next.
+void appendForward(std::vector<Action>& out, int stage, int stages, int mb, int chunk = 0, int chunks = 1) {
+  const int k = chunk * stages + stage;
+  if (k > 0) out.push_back({ActionKind::RecvActivation, mb, chunk});
+  out.push_back({ActionKind::Forward, mb, chunk});
+  if (k < stages * chunks - 1) out.push_back({ActionKind::SendActivation, mb, chunk});
 }
 
-void appendBackward(std::vector<Action>& out, int stage, int stages, int mb) {
-  if (stage < stages - 1) out.push_back({ActionKind::RecvGrad, mb});
-  out.push_back({ActionKind::Backward, mb});
-  if (stage > 0) out.push_back({ActionKind::SendGrad, mb});
+void appendBackward(std::vector<Action>& out, int stage, int stages, int mb, int chunk = 0, int chunks = 1) {
+  const int k = chunk * stages + stage;
+  if (k < stages * chunks - 1) out.push_back({ActionKind::RecvGrad, mb, chunk});
+  out.push_back({ActionKind::Backward, mb, chunk});
+  if (k > 0) out.push_back({ActionKind::SendGrad, mb, chunk});
 }
 
 }  // namespace
@@ -86,112 +93,118 @@ Schedule oneFOneB(int stages, int microbatches) {
   return s;
 }
 
+Schedule interleavedOneFOneB(int stages, int chunks, int microbatches) {
+  checkSizes("interleavedOneFOneB", stages, microbatches);
+  WEFT_ENFORCE(chunks >= 1, InvalidArgumentError, "interleavedOneFOneB: chunks must be >= 1, got ", chunks);
+  if (chunks == 1) return oneFOneB(stages, microbatches);
+  WEFT_ENFORCE(stages >= 2, InvalidArgumentError, "interleavedOneFOneB: ", chunks,
+               " chunks need at least 2 stages, got ", stages);
+  // The (micro-batch, chunk) order of the forwards, the same on every stage:
+  // groups of micro-batches, chunk after chunk within a group. Groups hold P
+  // micro-batches but the first, which takes the M mod P left over as well
+  // (all M when M < P): a group shorter than P would leave stage 0 waiting
+  // for its micro-batches to come round to the next chunk.
+  const int firstGroup = microbatches < stages ? microbatches : stages + microbatches % stages;
+  std::vector<std::pair<int, int>> order;
+  for (int first = 0; first < microbatches;) {
+    const int last = first == 0 ? firstGroup : first + stages;
+    for (int c = 0; c < chunks; ++c)
+      for (int mb = first; mb < last; ++mb) order.emplace_back(mb, c);
+    first = last;
+  }
+  const int total = static_cast<int>(order.size());
+  Schedule s{microbatches, std::vector<std::vector<Action>>(static_cast<size_t>(stages)), chunks};
+  for (int st = 0; st < stages; ++st) {
+    auto& acts = s.stages[static_cast<size_t>(st)];
+    const int warmup = std::min((stages - st - 1) * 2 + (chunks - 1) * firstGroup, total);
+    auto forward = [&](int i) {
+      const auto [mb, c] = order[static_cast<size_t>(i)];
+      appendForward(acts, st, stages, mb, c, chunks);
+    };
+    auto backward = [&](int i) {
+      const auto [mb, c] = order[static_cast<size_t>(i)];
+      appendBackward(acts, st, stages, mb, chunks - 1 - c, chunks);
+    };
+    int nextForward = 0, nextBackward = 0;
+    for (; nextForward < warmup; ++nextForward) forward(nextForward);
+    while (nextForward < total) {
+      forward(nextForward++);
+      backward(nextBackward++);
+    }
+    while (nextBackward < total) backward(nextBackward++);
+  }
+  return s;
+}
+
 // ---- checkSchedule ------------------------------------------------------------
 
 namespace {
 
 constexpr int kKinds = 6;
 
-struct StagePositions {
-  // pos[kind][mb]: the action's index in the stage's list, -1 when absent.
-  std::vector<std::vector<int>> pos;
-};
+std::string nameOf(const Action& a) {
+  std::string s = actionKindName(a.kind) + std::to_string(a.microbatch);
+  if (a.chunk != 0) s += 'v' + std::to_string(a.chunk);
+  return s;
+}
 
 std::string where(int stage, int index, const Action& a) {
   std::ostringstream os;
-  os << "stage " << stage << ", action " << index << " (" << actionKindName(a.kind) << a.microbatch << ")";
+  os << "stage " << stage << ", action " << index << " (" << nameOf(a) << ")";
   return os.str();
 }
 
-bool allowedOn(ActionKind k, int stage, int stages) {
+// On model stage k of `modelStages`.
+bool allowedOn(ActionKind k, int modelStage, int modelStages) {
   switch (k) {
     case ActionKind::RecvActivation:
     case ActionKind::SendGrad:
-      return stage > 0;
+      return modelStage > 0;
     case ActionKind::SendActivation:
     case ActionKind::RecvGrad:
-      return stage < stages - 1;
+      return modelStage < modelStages - 1;
     default:
       return true;
   }
 }
 
-// The micro-batches of the actions of kind k on a stage, in order.
-std::vector<int> sequenceOf(const std::vector<Action>& acts, ActionKind k) {
+// The micro-batches of the actions of kind k on one chunk of a stage, in order.
+std::vector<int> sequenceOf(const std::vector<Action>& acts, ActionKind k, int chunk) {
   std::vector<int> out;
   for (const Action& a : acts)
-    if (a.kind == k) out.push_back(a.microbatch);
+    if (a.kind == k && a.chunk == chunk) out.push_back(a.microbatch);
   return out;
 }
 
-void requireBefore(const StagePositions& p, int stage, ActionKind first, ActionKind second, int mb) {
-  const int a = p.pos[static_cast<size_t>(first)][static_cast<size_t>(mb)];
-  const int b = p.pos[static_cast<size_t>(second)][static_cast<size_t>(mb)];
-  WEFT_ENFORCE(a >= 0, InvalidArgumentError, "checkSchedule: stage ", stage, " has no ", actionKindName(first), mb);
-  WEFT_ENFORCE(b >= 0, InvalidArgumentError, "checkSchedule: stage ", stage, " has no ", actionKindName(second), mb);
-  WEFT_ENFORCE(a < b, InvalidArgumentError, "checkSchedule: stage ", stage, " runs ", actionKindName(second), mb,
-               " (action ", b, ") before ", actionKindName(first), mb, " (action ", a, ")");
+// pos[chunk * kKinds + kind][mb]: the action's index in the stage's list, -1 when absent.
+using Positions = std::vector<std::vector<int>>;
+
+void requireBefore(const Positions& p, int stage, ActionKind first, ActionKind second, int mb, int chunk) {
+  const int a = p[static_cast<size_t>(chunk * kKinds + static_cast<int>(first))][static_cast<size_t>(mb)];
+  const int b = p[static_cast<size_t>(chunk * kKinds + static_cast<int>(second))][static_cast<size_t>(mb)];
+  const std::string f = nameOf({first, mb, chunk}), s = nameOf({second, mb, chunk});
+  WEFT_ENFORCE(a >= 0, InvalidArgumentError, "checkSchedule: stage ", stage, " has no ", f);
+  WEFT_ENFORCE(b >= 0, InvalidArgumentError, "checkSchedule: stage ", stage, " has no ", s);
+  WEFT_ENFORCE(a < b, InvalidArgumentError, "checkSchedule: stage ", stage, " runs ", s, " (action ", b, ") before ",
+               f, " (action ", a, ")");
 }
 
-}  // namespace
-
-ScheduleReport checkSchedule(const Schedule& schedule) {
+// Runs every stage as far as its receives allow until all end, calling
+// step(stage, action, readyAt) for each action run, in an order that respects
+// the receives: readyAt is the time its matching send was issued (the value
+// step returned for that send), 0 for actions that wait on nothing. Throws
+// InvalidArgumentError naming the stuck actions on a deadlock.
+template <class Step>
+void runSchedule(const Schedule& schedule, Step&& step) {
   const int stages = schedule.numStages();
+  const int v = schedule.chunks;
   const int m = schedule.microbatches;
-  WEFT_ENFORCE(stages >= 1, InvalidArgumentError, "checkSchedule: the schedule has no stage");
-  WEFT_ENFORCE(m >= 1, InvalidArgumentError, "checkSchedule: microbatches must be >= 1, got ", m);
-
-  std::vector<StagePositions> positions(static_cast<size_t>(stages));
-  for (int s = 0; s < stages; ++s) {
-    auto& p = positions[static_cast<size_t>(s)];
-    p.pos.assign(kKinds, std::vector<int>(static_cast<size_t>(m), -1));
-    const auto& acts = schedule.stages[static_cast<size_t>(s)];
-    for (int i = 0; i < static_cast<int>(acts.size()); ++i) {
-      const Action& a = acts[static_cast<size_t>(i)];
-      WEFT_ENFORCE(a.microbatch >= 0 && a.microbatch < m, InvalidArgumentError, "checkSchedule: ", where(s, i, a),
-                   ": micro-batch outside [0, ", m, ")");
-      WEFT_ENFORCE(allowedOn(a.kind, s, stages), InvalidArgumentError, "checkSchedule: ", where(s, i, a), ": ",
-                   s == 0 ? "the first" : "the last", " stage has no neighbour to ",
-                   a.kind == ActionKind::RecvActivation || a.kind == ActionKind::RecvGrad ? "receive from" : "send to");
-      int& slot = p.pos[static_cast<size_t>(a.kind)][static_cast<size_t>(a.microbatch)];
-      WEFT_ENFORCE(slot < 0, InvalidArgumentError, "checkSchedule: ", where(s, i, a), ": repeats action ", slot);
-      slot = i;
-    }
-    for (int mb = 0; mb < m; ++mb) {
-      requireBefore(p, s, ActionKind::Forward, ActionKind::Backward, mb);
-      if (s > 0) {
-        requireBefore(p, s, ActionKind::RecvActivation, ActionKind::Forward, mb);
-        requireBefore(p, s, ActionKind::Backward, ActionKind::SendGrad, mb);
-      }
-      if (s < stages - 1) {
-        requireBefore(p, s, ActionKind::Forward, ActionKind::SendActivation, mb);
-        requireBefore(p, s, ActionKind::RecvGrad, ActionKind::Backward, mb);
-      }
-    }
-  }
-
-  // Matching: transfers between two stages pair up in issue order.
-  for (int s = 0; s + 1 < stages; ++s) {
-    const auto& here = schedule.stages[static_cast<size_t>(s)];
-    const auto& next = schedule.stages[static_cast<size_t>(s + 1)];
-    const auto sent = sequenceOf(here, ActionKind::SendActivation);
-    const auto received = sequenceOf(next, ActionKind::RecvActivation);
-    WEFT_ENFORCE(sent == received, InvalidArgumentError, "checkSchedule: stage ", s, " sends activations in order ",
-                 sent, " but stage ", s + 1, " receives them in order ", received);
-    const auto gradsSent = sequenceOf(next, ActionKind::SendGrad);
-    const auto gradsReceived = sequenceOf(here, ActionKind::RecvGrad);
-    WEFT_ENFORCE(gradsSent == gradsReceived, InvalidArgumentError, "checkSchedule: stage ", s + 1,
-                 " sends gradients in order ", gradsSent, " but stage ", s, " receives them in order ", gradsReceived);
-  }
-
-  // Progress: run every stage as far as its receives allow until all end.
-  ScheduleReport report;
-  report.peakActivations.assign(static_cast<size_t>(stages), 0);
-  std::vector<size_t> next(static_cast<size_t>(stages), 0);
-  std::vector<int> alive(static_cast<size_t>(stages), 0);
-  // sentAct[s][mb]: stage s issued SendActivation(mb); sentGrad[s][mb]: SendGrad(mb).
-  std::vector<std::vector<char>> sentAct(static_cast<size_t>(stages), std::vector<char>(static_cast<size_t>(m), 0));
+  const size_t modelStages = static_cast<size_t>(stages * v);
+  // sentAct[k][mb] / sentGrad[k][mb]: when model stage k issued SendActivation(mb)
+  // / SendGrad(mb); negative until it does.
+  std::vector<std::vector<double>> sentAct(modelStages, std::vector<double>(static_cast<size_t>(m), -1.0));
   auto sentGrad = sentAct;
+  std::vector<size_t> next(static_cast<size_t>(stages), 0);
   for (;;) {
     bool moved = false, done = true;
     for (int s = 0; s < stages; ++s) {
@@ -200,22 +213,20 @@ ScheduleReport checkSchedule(const Schedule& schedule) {
       while (i < acts.size()) {
         const Action& a = acts[i];
         const auto mb = static_cast<size_t>(a.microbatch);
-        if (a.kind == ActionKind::RecvActivation && !sentAct[static_cast<size_t>(s - 1)][mb]) break;
-        if (a.kind == ActionKind::RecvGrad && !sentGrad[static_cast<size_t>(s + 1)][mb]) break;
-        if (a.kind == ActionKind::SendActivation) sentAct[static_cast<size_t>(s)][mb] = 1;
-        if (a.kind == ActionKind::SendGrad) sentGrad[static_cast<size_t>(s)][mb] = 1;
-        int& live = alive[static_cast<size_t>(s)];
-        if (a.kind == ActionKind::Forward) {
-          ++live;
-          report.peakActivations[static_cast<size_t>(s)] = std::max(report.peakActivations[static_cast<size_t>(s)], live);
-        }
-        if (a.kind == ActionKind::Backward) --live;
+        const auto k = static_cast<size_t>(a.chunk * stages + s);
+        double readyAt = 0.0;
+        if (a.kind == ActionKind::RecvActivation) readyAt = sentAct[k - 1][mb];
+        if (a.kind == ActionKind::RecvGrad) readyAt = sentGrad[k + 1][mb];
+        if (readyAt < 0) break;
+        const double t = step(s, a, readyAt);
+        if (a.kind == ActionKind::SendActivation) sentAct[k][mb] = t;
+        if (a.kind == ActionKind::SendGrad) sentGrad[k][mb] = t;
         ++i;
         moved = true;
       }
       done = done && i == acts.size();
     }
-    if (done) break;
+    if (done) return;
     if (!moved) {
       std::ostringstream os;
       for (int s = 0; s < stages; ++s) {
@@ -227,7 +238,112 @@ ScheduleReport checkSchedule(const Schedule& schedule) {
                                  "whose send never comes: " + os.str());
     }
   }
+}
+
+}  // namespace
+
+ScheduleReport checkSchedule(const Schedule& schedule) {
+  const int stages = schedule.numStages();
+  const int m = schedule.microbatches;
+  const int v = schedule.chunks;
+  WEFT_ENFORCE(stages >= 1, InvalidArgumentError, "checkSchedule: the schedule has no stage");
+  WEFT_ENFORCE(m >= 1, InvalidArgumentError, "checkSchedule: microbatches must be >= 1, got ", m);
+  WEFT_ENFORCE(v >= 1, InvalidArgumentError, "checkSchedule: chunks must be >= 1, got ", v);
+  WEFT_ENFORCE(v == 1 || stages >= 2, InvalidArgumentError, "checkSchedule: ", v,
+               " chunks need at least 2 stages, the schedule has ", stages);
+  const int modelStages = stages * v;
+
+  std::vector<Positions> positions(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) {
+    auto& p = positions[static_cast<size_t>(s)];
+    p.assign(static_cast<size_t>(kKinds * v), std::vector<int>(static_cast<size_t>(m), -1));
+    const auto& acts = schedule.stages[static_cast<size_t>(s)];
+    for (int i = 0; i < static_cast<int>(acts.size()); ++i) {
+      const Action& a = acts[static_cast<size_t>(i)];
+      WEFT_ENFORCE(a.microbatch >= 0 && a.microbatch < m, InvalidArgumentError, "checkSchedule: ", where(s, i, a),
+                   ": micro-batch outside [0, ", m, ")");
+      WEFT_ENFORCE(a.chunk >= 0 && a.chunk < v, InvalidArgumentError, "checkSchedule: ", where(s, i, a),
+                   ": chunk outside [0, ", v, ")");
+      const int k = a.chunk * stages + s;
+      WEFT_ENFORCE(allowedOn(a.kind, k, modelStages), InvalidArgumentError, "checkSchedule: ", where(s, i, a), ": ",
+                   k == 0 ? "the first" : "the last", " stage has no neighbour to ",
+                   a.kind == ActionKind::RecvActivation || a.kind == ActionKind::RecvGrad ? "receive from" : "send to");
+      int& slot = p[static_cast<size_t>(a.chunk * kKinds + static_cast<int>(a.kind))][static_cast<size_t>(a.microbatch)];
+      WEFT_ENFORCE(slot < 0, InvalidArgumentError, "checkSchedule: ", where(s, i, a), ": repeats action ", slot);
+      slot = i;
+    }
+    for (int c = 0; c < v; ++c) {
+      const int k = c * stages + s;
+      for (int mb = 0; mb < m; ++mb) {
+        requireBefore(p, s, ActionKind::Forward, ActionKind::Backward, mb, c);
+        if (k > 0) {
+          requireBefore(p, s, ActionKind::RecvActivation, ActionKind::Forward, mb, c);
+          requireBefore(p, s, ActionKind::Backward, ActionKind::SendGrad, mb, c);
+        }
+        if (k < modelStages - 1) {
+          requireBefore(p, s, ActionKind::Forward, ActionKind::SendActivation, mb, c);
+          requireBefore(p, s, ActionKind::RecvGrad, ActionKind::Backward, mb, c);
+        }
+      }
+    }
+  }
+
+  // Matching: transfers between two model stages pair up in issue order.
+  for (int k = 0; k + 1 < modelStages; ++k) {
+    const int s = k % stages, c = k / stages, s2 = (k + 1) % stages, c2 = (k + 1) / stages;
+    const auto& here = schedule.stages[static_cast<size_t>(s)];
+    const auto& next = schedule.stages[static_cast<size_t>(s2)];
+    const std::string from = "stage " + std::to_string(s) + (v > 1 ? " chunk " + std::to_string(c) : "");
+    const std::string to = "stage " + std::to_string(s2) + (v > 1 ? " chunk " + std::to_string(c2) : "");
+    const auto sent = sequenceOf(here, ActionKind::SendActivation, c);
+    const auto received = sequenceOf(next, ActionKind::RecvActivation, c2);
+    WEFT_ENFORCE(sent == received, InvalidArgumentError, "checkSchedule: ", from, " sends activations in order ",
+                 sent, " but ", to, " receives them in order ", received);
+    const auto gradsSent = sequenceOf(next, ActionKind::SendGrad, c2);
+    const auto gradsReceived = sequenceOf(here, ActionKind::RecvGrad, c);
+    WEFT_ENFORCE(gradsSent == gradsReceived, InvalidArgumentError, "checkSchedule: ", to,
+                 " sends gradients in order ", gradsSent, " but ", from, " receives them in order ", gradsReceived);
+  }
+
+  // Progress, and the activations alive on each stage along the way.
+  ScheduleReport report;
+  report.peakActivations.assign(static_cast<size_t>(stages), 0);
+  std::vector<int> alive(static_cast<size_t>(stages), 0);
+  runSchedule(schedule, [&](int s, const Action& a, double) {
+    int& live = alive[static_cast<size_t>(s)];
+    if (a.kind == ActionKind::Forward) {
+      ++live;
+      report.peakActivations[static_cast<size_t>(s)] = std::max(report.peakActivations[static_cast<size_t>(s)], live);
+    }
+    if (a.kind == ActionKind::Backward) --live;
+    return 0.0;
+  });
   return report;
+}
+
+double idealBubble(const Schedule& schedule, double forwardCost, double backwardCost) {
+  WEFT_ENFORCE(forwardCost > 0 && backwardCost > 0, InvalidArgumentError,
+               "idealBubble: costs must be positive, got forward ", forwardCost, " and backward ", backwardCost);
+  checkSchedule(schedule);
+  const int stages = schedule.numStages();
+  const double f = forwardCost / schedule.chunks, b = backwardCost / schedule.chunks;
+  // Each stage's clock: when its last action ended. A receive ends when both
+  // the stage reached it and the send was issued; sends take no time.
+  std::vector<double> clock(static_cast<size_t>(stages), 0.0), busy(static_cast<size_t>(stages), 0.0);
+  runSchedule(schedule, [&](int s, const Action& a, double readyAt) {
+    double& t = clock[static_cast<size_t>(s)];
+    t = std::max(t, readyAt);
+    if (a.kind == ActionKind::Forward || a.kind == ActionKind::Backward) {
+      const double cost = a.kind == ActionKind::Forward ? f : b;
+      t += cost;
+      busy[static_cast<size_t>(s)] += cost;
+    }
+    return t;
+  });
+  const double end = *std::max_element(clock.begin(), clock.end());
+  double sumBusy = 0;
+  for (double x : busy) sumBusy += x;
+  return 1.0 - sumBusy / (stages * end);
 }
 
 }  // namespace weft::pipeline

@@ -187,12 +187,22 @@ void Agent::Impl::learnPeers(Clock::time_point deadline) {
       }
     }
   } catch (const TimeoutError&) {
-    std::string missing;
+    // Named as the collectives name ranks: "rank 2", "ranks [2, 3]".
+    std::vector<int> missing;
     for (int r = 0; r < world; ++r) {
-      if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!store_->check({keys[r]})) missing.push_back(r);
     }
-    throw TimeoutError("Agent::start: worker '" + name_ + "' waited " + seconds(options_.storeTimeout) +
-                       " for ranks " + missing + " to join");
+    std::string who;
+    if (missing.empty()) {
+      who = "every rank";  // all joined just after the deadline
+    } else if (missing.size() == 1) {
+      who = "rank " + std::to_string(missing[0]);
+    } else {
+      for (int r : missing) who += (who.empty() ? "ranks [" : ", ") + std::to_string(r);
+      who += "]";
+    }
+    throw TimeoutError("Agent::start: worker '" + name_ + "' waited " + seconds(options_.storeTimeout) + " for " +
+                       who + " to join");
   }
   for (int r = 0; r < world; ++r) {
     std::string v = store_->get(keys[r]);

@@ -145,6 +145,9 @@ class StoreClient {
     std::string host = "127.0.0.1";
     uint16_t port = 0;
     std::string token;
+    // Who serves the store, named beside its address in every error ("the
+    // server at 127.0.0.1:29500 (rank 0)"); empty: the address alone.
+    std::string serverName;
     // The constructor retries refused or failed connections (the server may
     // start later) until this has passed; zero retries forever. After a lost
     // connection, the client tries to reconnect for this long too.
@@ -154,7 +157,8 @@ class StoreClient {
     std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   };
   // Host and port from opt.masterAddr/masterPort, token from opt.authToken,
-  // both timeouts from opt.storeTimeout.
+  // both timeouts from opt.storeTimeout; the server is rank 0 (the agent's
+  // rank 0 serves the store).
   static Config configFor(const Options& opt);
 
   // Connects, blocking until the server accepted the Hello. Throws

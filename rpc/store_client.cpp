@@ -850,6 +850,7 @@ StoreClient::Config StoreClient::configFor(const Options& opt) {
   c.token = opt.authToken;
   c.connectTimeout = opt.storeTimeout;
   c.timeout = opt.storeTimeout;
+  c.serverName = "rank 0";
   return c;
 }
 
@@ -869,16 +870,19 @@ StoreClient::StoreClient(Config config, UvLoop* loop) : config_(std::move(config
   // Names are resolved here, on the calling thread: getaddrinfo blocks. A name
   // server that does not answer (EAI_AGAIN) is retried like a refused connection.
   Clock::time_point deadline = Clock::now() + config_.connectTimeout;
+  // The address as errors name it: with the server's owner, so that a worker
+  // that loses the store names the peer it lost.
+  const std::string described = config_.serverName.empty() ? endpoint_ : endpoint_ + " (" + config_.serverName + ")";
   std::optional<SocketAddress> address;
   std::string temporaryFailure;
   while (!(address = SocketAddress::resolve(config_.host, config_.port, &temporaryFailure))) {
     WEFT_ENFORCE(config_.connectTimeout.count() == 0 || Clock::now() < deadline, TimeoutError,
-                 "store: could not connect to the server at ", endpoint_, " within ",
+                 "store: could not connect to the server at ", described, " within ",
                  store::describeDuration(config_.connectTimeout), ": ", temporaryFailure);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 
-  impl_ = std::make_shared<Impl>(*loop_, config_, *address, endpoint_);
+  impl_ = std::make_shared<Impl>(*loop_, config_, *address, described);
   Promise<store::Limits> connected;
   Future<store::Limits> limits = connected.getFuture();
   bool posted = loop_->post([impl = impl_, connected]() mutable { impl->startConnectOnLoop(std::move(connected)); });

@@ -241,6 +241,8 @@ class RunningGuard {
 
 namespace autograd {
 
+bool inBackward() { return tRunning != nullptr; }
+
 void queueCallback(std::function<void()> fn) {
   WEFT_ENFORCE(tRunning != nullptr, StateError, "autograd::queueCallback: no backward pass is running on this thread");
   tRunning->callbacks_.push_back(std::move(fn));

@@ -192,6 +192,10 @@ namespace autograd {
 // backward request started there is done). DDP waits for its reductions this
 // way. StateError outside a backward pass.
 void queueCallback(std::function<void()> fn);
+// True while a backward pass runs on this thread (inside its nodes' rules,
+// hooks and queued callbacks): what a forward hook checks to tell activation
+// checkpointing's recomputation from a forward.
+bool inBackward();
 // From a hook, a rule or a queued callback while a backward pass runs on this
 // thread: hands `grad` to leaf `leaf` as if it had reached the leaf's
 // AccumulateGrad node: into .grad for a local backward, into the context for

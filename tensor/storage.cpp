@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <utility>
 
 #include "common/error.h"
 #include "kernels/device.h"
@@ -168,6 +169,26 @@ size_t Storage::cachedBytes() { return LargeBlockCache::instance().cachedBytes()
 
 std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device, Deleter deleter) {
   return std::shared_ptr<Storage>(new Storage(data, nbytes, device, std::move(deleter)));
+}
+
+void Storage::release() {
+  countFree(device_, nbytes_);
+  if (deleter_ && data_) deleter_(data_);
+  data_ = nullptr;
+  nbytes_ = 0;
+  deleter_ = nullptr;
+}
+
+void Storage::reallocate(size_t nbytes) {
+  WEFT_ENFORCE(deleter_ || data_ == nullptr, InvalidArgumentError,
+               "Storage::reallocate: the storage wraps memory it does not own");
+  std::shared_ptr<Storage> fresh = allocate(nbytes, device_);
+  release();
+  // Take the fresh buffer and its count; the emptied Storage frees nothing.
+  data_ = std::exchange(fresh->data_, nullptr);
+  nbytes_ = std::exchange(fresh->nbytes_, 0);
+  deleter_ = std::move(fresh->deleter_);
+  fresh->deleter_ = nullptr;
 }
 
 Storage::~Storage() {

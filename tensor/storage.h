@@ -55,6 +55,18 @@ class Storage {
   // when the last reference goes.
   static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Device device, Deleter deleter);
 
+  // Frees the buffer while the Storage itself, and so every tensor viewing it
+  // (those autograd saved for backward included), lives on: data() is null,
+  // nbytes() 0 and the bytes leave memoryStats() until reallocate(). Reading
+  // a tensor of a released storage is a StateError (Tensor::rawData). The
+  // version is unchanged. How fully sharded data parallelism frees gathered
+  // parameters between a unit's forward and its backward.
+  void release();
+  // Gives the storage a fresh, uninitialised buffer of `nbytes` on its device
+  // (allocate()'s rules), freeing the one it had; the version is unchanged,
+  // so tensors saved for backward stay valid once the caller refills it.
+  void reallocate(size_t nbytes);
+
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   ~Storage();
@@ -70,7 +82,7 @@ class Storage {
   Storage(void* data, size_t nbytes, Device device, Deleter deleter);
 
   void* data_;
-  size_t nbytes_;
+  size_t nbytes_;  // 0 once released
   Device device_;
   Deleter deleter_;
   std::atomic<uint64_t> version_{0};

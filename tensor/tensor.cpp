@@ -109,6 +109,11 @@ bool Tensor::isContiguous() const {
 
 void* Tensor::rawData() const {
   const auto& im = checked();
+  if (im.storage->data() == nullptr && numel() > 0) {
+    throw StateError(detail::concat("a tensor of shape ", shapeString(im.shape),
+                                    " views a released storage (Storage::release: e.g. a parameter that fully "
+                                    "sharded data parallelism holds only as shards between uses)"));
+  }
   return static_cast<char*>(im.storage->data()) + im.offset * static_cast<int64_t>(elementSize(im.dtype));
 }
 

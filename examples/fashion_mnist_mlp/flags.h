@@ -24,12 +24,13 @@ struct Flags {
   std::string csv = "fashion_mnist_mlp.csv";
   int64_t maxBatches = -1;  // per epoch; -1 = all
   std::string save;
+  std::string device = "cpu";  // cpu, cuda or cuda:N
 };
 
 [[noreturn]] inline void usage(const std::string& err) {
   app::exitWithUsage(kProgram, err, "",
                      "[--epochs N] [--batch-size N] [--lr X] [--momentum X] [--seed N] [--data-dir DIR]\n"
-                     "          [--csv PATH] [--max-batches N] [--save PATH]\n");
+                     "          [--csv PATH] [--max-batches N] [--save PATH] [--device cpu|cuda|cuda:N]\n");
 }
 
 inline Flags parseFlags(int argc, char** argv) {
@@ -47,9 +48,15 @@ inline Flags parseFlags(int argc, char** argv) {
     else if (a == "--csv") f.csv = v;
     else if (a == "--max-batches") f.maxBatches = args.integer();
     else if (a == "--save") f.save = v;
+    else if (a == "--device") f.device = v;
     else args.unknown();
   }
   if (f.epochs < 1 || f.batchSize < 1) usage("--epochs and --batch-size must be positive");
+  try {
+    (void)Device::parse(f.device);
+  } catch (const Error&) {
+    usage("invalid value '" + f.device + "' for --device (cpu, cuda, cuda:N)");
+  }
   return f;
 }
 

@@ -35,7 +35,9 @@ int main(int argc, char** argv) {
                 static_cast<long long>(train->size()), static_cast<long long>(test.size()), flags.lr, flags.momentum,
                 static_cast<long long>(flags.batchSize));
 
+    const Device device = Device::parse(flags.device);
     auto model = makeModel();
+    model->to(device);  // initialised on the CPU, so every device starts from the same weights
     nn::optim::SGD opt(model->parameters(), {.lr = flags.lr, .momentum = flags.momentum});
     data::DataLoader loader(train, {.batchSize = flags.batchSize, .shuffle = true, .seed = flags.seed});
     app::CsvFile csv(flags.csv, "iteration,epoch,loss,seconds");
@@ -52,8 +54,9 @@ int main(int argc, char** argv) {
       for (const data::Example& batch : loader) {
         if (batches == perEpoch) break;
         const auto t0 = app::Clock::now();
-        Tensor logits = model->forward(batch.data);
-        Tensor loss = crossEntropy(logits, batch.target);
+        const Tensor target = batch.target.to(device);
+        Tensor logits = model->forward(batch.data.to(device));
+        Tensor loss = crossEntropy(logits, target);
         opt.zeroGrad();
         loss.backward();
         opt.step();
@@ -61,7 +64,7 @@ int main(int argc, char** argv) {
         const double secs = app::secondsSince(t0);
         {
           NoGradGuard ng;
-          correct += eq(argmax(logits, 1), batch.target).sum().item<int64_t>();
+          correct += eq(argmax(logits, 1), target).sum().item<int64_t>();
         }
         seen += batch.target.numel();
         lossSum += l;

@@ -47,16 +47,18 @@ inline data::TensorDataset loadSplit(const std::string& dir, data::Split split) 
 }
 
 // Correct predictions on examples [begin, begin + count) of `ds`, in eval
-// mode and without recording (the model is back in train mode afterwards).
+// mode and without recording (the model is back in train mode afterwards),
+// on the device of the model's parameters.
 inline int64_t countCorrect(nn::Module& model, const data::TensorDataset& ds, int64_t begin, int64_t count) {
   NoGradGuard ng;
   model.eval();
+  const Device device = model.parameters().empty() ? Device::cpu() : model.parameters().front().device();
   const int64_t chunk = 1000;
   int64_t correct = 0;
   for (int64_t s = begin; s < begin + count; s += chunk) {
     const int64_t len = std::min(chunk, begin + count - s);
-    Tensor pred = argmax(model.forward(ds.data().narrow(0, s, len)), 1);
-    correct += eq(pred, ds.targets().narrow(0, s, len)).sum().item<int64_t>();
+    Tensor pred = argmax(model.forward(ds.data().narrow(0, s, len).to(device)), 1);
+    correct += eq(pred, ds.targets().narrow(0, s, len).to(device)).sum().item<int64_t>();
   }
   model.train();
   return correct;

@@ -48,11 +48,13 @@ struct Flags {
   uint64_t seed = 0;
 
   int64_t pp = 1;                 // pipeline stages, one per process (weftrun -n P)
-  std::string schedule = "1f1b";  // gpipe or 1f1b, with --pp
+  std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved (2 chunks per stage), with --pp
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
+  bool fsdp = false;              // fully sharded data parallel over the job's processes (fsdp_layout.h)
 
-  // A process mesh (mesh_layout.h): data-, tensor- and sequence-parallel sizes, whose product is
-  // the job's size (weftrun -n dp·tp·sp). --batch-size is each data-parallel replica's.
+  // Data-parallel replicas: with --pp, of the pipeline (weftrun -n D·P); otherwise of a process
+  // mesh (mesh_layout.h) with tensor- and sequence-parallel sizes, whose product is the job's size
+  // (weftrun -n dp·tp·sp). --batch-size is each data-parallel replica's.
   int64_t dp = 1;
   int64_t zero = 0;                 // with --dp alone: 1 ZeroRedundancyOptimizer, 2 ShardedDataParallel
   int64_t tp = 1;
@@ -70,9 +72,11 @@ struct Flags {
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
                      "           [--data-dir DIR] [--seed N]\n"
-                     "           [--pp P [--schedule gpipe|1f1b] [--microbatches M]] (P > 1: weftrun -n P)\n"
+                     "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D]]\n"
+                     "             (P > 1: weftrun -n D·P)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
-                     "             (D·T·S > 1: weftrun -n D·T·S)\n");
+                     "             (D·T·S > 1: weftrun -n D·T·S)\n"
+                     "           [--fsdp] (fully sharded data parallel: weftrun -n N)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.
@@ -148,6 +152,10 @@ inline Flags parseFlags(int argc, char** argv) {
   app::FlagReader args(argc, argv, usage);
   while (args.next()) {
     const std::string& a = args.flag();
+    if (a == "--fsdp") {  // a switch: no value
+      f.fsdp = true;
+      continue;
+    }
     const std::string& v = args.value();
     if (a == "--layers") f.layers = args.integer();
     else if (a == "--heads") f.heads = args.integer();
@@ -208,9 +216,11 @@ inline Flags parseFlags(int argc, char** argv) {
   }
   if (f.prompt.empty()) usage("--prompt must not be empty");
   if (f.pp < 1 || f.microbatches < 1) usage("--pp and --microbatches must be positive");
-  if (f.schedule != "gpipe" && f.schedule != "1f1b") {
-    usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b)");
+  if (f.schedule != "gpipe" && f.schedule != "1f1b" && f.schedule != "interleaved") {
+    usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b, interleaved)");
   }
+  if (f.fsdp && (f.pp > 1 || f.device != "cpu")) usage("--fsdp runs on CPUs and does not combine with --pp");
+  if (f.fsdp && meshLayout(f)) usage("--fsdp shards over the whole job and does not combine with --dp, --tp or --sp");
   if (f.pp > 1 && f.batchSize % f.microbatches != 0) usage("--microbatches must divide --batch-size");
   if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {
     usage("--sample-tokens, --temperature and --top-k must be non-negative");

@@ -1,4 +1,5 @@
 #include "layout.h"
+#include "fsdp_layout.h"
 #include "mesh_layout.h"
 #include "pipeline_layout.h"
 
@@ -96,6 +97,7 @@ class SingleProcess final : public Layout {
 
 std::unique_ptr<Layout> makeLayout(const Flags& flags) {
   if (flags.pp > 1) return makePipelineLayout(flags);
+  if (flags.fsdp) return makeFsdpLayout(flags);
   if (meshLayout(flags)) return makeMeshLayout(flags);
   return std::make_unique<SingleProcess>(flags);
 }

@@ -1,5 +1,6 @@
-// The pipelined layout of the gpt example (--pp P): one pipeline stage per process of the job,
-// run by pipeline::PipelineExecutor over the job's process group (collectives::init).
+// The pipelined layout of the gpt example (--pp P [--dp D]): one pipeline stage per process of the
+// job, run by pipeline::PipelineExecutor over the mesh's pp group, replicas averaged over its dp
+// group.
 #include "pipeline_layout.h"
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "collectives/init.h"
+#include "collectives/mesh.h"
 #include "common/error.h"
 #include "data/text.h"
 #include "examples/common/seed.h"
@@ -26,44 +28,58 @@ namespace {
 constexpr uint64_t kInitStream = 1;
 
 // Every process builds the whole model from the same seed and trains its stage; before an
-// evaluation or a sample the stages' parameters are broadcast from their owners, so that every
-// process holds the trained model and evaluates or samples it alike.
+// evaluation or a sample the stages' parameters are broadcast from their owners in the replica, so
+// that every process holds the trained model and evaluates or samples it alike (the replicas
+// hold the same parameters: they take the same averaged steps).
 class Pipelined final : public Layout {
  public:
   explicit Pipelined(const Flags& f)
-      : pg_(collectives::init()),
+      : world_(collectives::init()),
         init_(app::splitmix64(f.seed ^ (kInitStream * app::kGolden))),
         model_(std::make_shared<nn::GPT>(modelConfigFor(f), &init_)),
         gradClip_(f.gradClip),
         scheduleName_(f.schedule),
         microbatches_(f.microbatches) {
-    WEFT_ENFORCE(pg_->size() == f.pp, InvalidArgumentError, "gpt: --pp ", f.pp, " needs a job of ", f.pp,
-                 " processes (weftrun -n ", f.pp, "), this one has ", pg_->size());
+    WEFT_ENFORCE(world_->size() == f.dp * f.pp, InvalidArgumentError, "gpt: --pp ", f.pp,
+                 f.dp > 1 ? " --dp " + std::to_string(f.dp) : std::string(), " needs a job of ", f.dp * f.pp,
+                 " processes (weftrun -n ", f.dp * f.pp, "), this one has ", world_->size());
     WEFT_ENFORCE(f.batchSize % f.microbatches == 0, InvalidArgumentError, "gpt: --batch-size ", f.batchSize,
                  " must be divisible by --microbatches ", f.microbatches);
     WEFT_ENFORCE(f.precision == "float32", InvalidArgumentError, "gpt: --precision ", f.precision,
                  " is not supported with --pp");
+    mesh_ = std::make_unique<collectives::Mesh>(
+        *world_, std::vector<collectives::MeshDim>{{"dp", static_cast<int>(f.dp)}, {"pp", static_cast<int>(f.pp)}});
+    pg_ = &mesh_->group("pp");
     const int stages = pg_->size();
     stage_ = pg_->rank();
+    const int chunks = f.schedule == "interleaved" ? 2 : 1;
     layers_ = pipeline::gptLayers(model_);
-    WEFT_ENFORCE(static_cast<int>(layers_->size()) >= stages, InvalidArgumentError, "gpt: --pp ", stages,
-                 " stages for ", layers_->size(), " layers (embedding, ", f.layers, " blocks, head)");
-    stages_ = pipeline::splitSequential(*layers_, pipeline::cutsByParameterCount(*layers_, stages));
-    const auto& mine = stages_[static_cast<size_t>(stage_)];
+    WEFT_ENFORCE(static_cast<int>(layers_->size()) >= stages * chunks, InvalidArgumentError, "gpt: --pp ", stages,
+                 chunks > 1 ? " interleaved needs " : " needs ", stages * chunks, " pieces of ", layers_->size(),
+                 " layers (embedding, ", f.layers, " blocks, head)");
+    // Model stage c·P + s is stage s's chunk c.
+    stages_ = pipeline::splitSequential(*layers_, pipeline::cutsByParameterCount(*layers_, stages * chunks));
+    std::vector<std::shared_ptr<nn::Module>> mine;
+    for (int c = 0; c < chunks; ++c) mine.push_back(stages_[static_cast<size_t>(c * stages + stage_)]);
     tied_ = pipeline::gptTiedParameters(*model_, stage_, stages);
     pipeline::Schedule schedule = f.schedule == "gpipe" ? pipeline::gpipe(stages, f.microbatches)
+                                  : chunks > 1          ? pipeline::interleavedOneFOneB(stages, chunks, f.microbatches)
                                                         : pipeline::oneFOneB(stages, f.microbatches);
     executor_ = std::make_unique<pipeline::PipelineExecutor>(
         *pg_, mine, std::move(schedule),
         [](const Tensor& logits, const Tensor& y) {
           return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
         },
-        pipeline::ExecutorOptions{.tied = tied_, .checkpoint = f.checkpoint != "none"});
+        pipeline::ExecutorOptions{.tied = tied_,
+                                  .dataParallel = f.dp > 1 ? &mesh_->group("dp") : nullptr,
+                                  .checkpoint = f.checkpoint != "none"});
     // This stage's parameters under the model's names, for the weight-decay groups.
     std::vector<std::pair<std::string, Tensor>> named;
     for (auto& [name, p] : model_->namedParameters()) {
-      for (const Tensor& q : mine->parameters())
-        if (q.sameAs(p)) named.emplace_back(name, p);
+      bool ours = false;
+      for (const auto& chunk : mine)
+        for (const Tensor& q : chunk->parameters()) ours = ours || q.sameAs(p);
+      if (ours) named.emplace_back(name, p);
     }
     for (auto& np : named) params_.push_back(np.second);
     opt_ = std::make_unique<nn::optim::AdamW>(nn::optim::decayGroups(
@@ -71,13 +87,17 @@ class Pipelined final : public Layout {
   }
 
   std::string describe() const override {
-    return "pipeline of " + std::to_string(pg_->size()) + " stages (one per process, " +
+    const int replicas = mesh_->size("dp");
+    return (replicas > 1 ? std::to_string(replicas) + " data-parallel replicas of a " : std::string()) +
+           "pipeline of " + std::to_string(pg_->size()) + " stages (one per process, " +
            std::to_string(kernels::cpu::numThreads()) + " kernel threads each), " + scheduleName_ + " with " +
            std::to_string(microbatches_) + " micro-batches";
   }
 
   int64_t numParameters() const override { return model_->numParameters(); }
-  bool reports() const override { return stage_ == 0; }
+  int dataRank() const override { return mesh_->coordinate("dp"); }
+  int dataWorld() const override { return mesh_->size("dp"); }
+  bool reports() const override { return world_->rank() == 0; }
 
   double step(const Tensor& x, const Tensor& y, double lr) override {
     opt_->setLr(lr);
@@ -120,7 +140,8 @@ class Pipelined final : public Layout {
   }
 
   // nn::clipGradNorm_ over the whole model: the squares of every stage's gradients summed over
-  // the stages (the tied wte counted once, on the first stage), then the same scale everywhere.
+  // the stages of the replica (the tied wte counted once, on the first stage; the replicas hold
+  // the same averaged gradients), then the same scale everywhere.
   void clipGlobalNorm() {
     double local = 0;
     const bool lastHoldsTied = stage_ == pg_->size() - 1 && !tied_.empty();
@@ -141,16 +162,19 @@ class Pipelined final : public Layout {
     }
   }
 
-  // Every stage's parameters broadcast from the process that trains them.
+  // Every model stage's parameters broadcast from the process of the replica that trains them.
   void sync() {
     if (synced_) return;
-    for (size_t s = 0; s < stages_.size(); ++s) {
-      for (const Tensor& p : stages_[s]->parameters()) pg_->broadcast(p.detach(), static_cast<int>(s)).wait();
+    for (size_t k = 0; k < stages_.size(); ++k) {
+      const int owner = static_cast<int>(k % static_cast<size_t>(pg_->size()));
+      for (const Tensor& p : stages_[k]->parameters()) pg_->broadcast(p.detach(), owner).wait();
     }
     synced_ = true;
   }
 
-  std::unique_ptr<collectives::ProcessGroup> pg_;
+  std::unique_ptr<collectives::ProcessGroup> world_;
+  std::unique_ptr<collectives::Mesh> mesh_;
+  collectives::ProcessGroup* pg_ = nullptr;  // this replica's stages
   Generator init_;
   std::shared_ptr<nn::GPT> model_;
   std::shared_ptr<nn::Sequential> layers_;

@@ -17,6 +17,10 @@ namespace weft::kernels::cpu {
 // (rounded to the dtype once at the end).
 void sumRows(DType type, const void* in, int64_t K, int64_t R, void* out);
 // out[k] = sum_r in[r*K + k]  (reduce the leading axis of [R, K]).
+// Accumulates in the element type, rows in order (float32 in float32: the
+// column-parallel adds vectorise), bfloat16/float16 in float32. The CUDA
+// sumCols accumulates float32 in float64, so the two differ by float32's
+// rounding over R terms.
 void sumCols(DType type, const void* in, int64_t R, int64_t K, void* out);
 
 // The largest (isMax) or smallest element along the middle axis of a

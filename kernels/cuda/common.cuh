@@ -42,6 +42,49 @@ inline unsigned blocksFor(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(need, cap)));
 }
 
+// Device memory from the caching allocator of `device` (default: the
+// current one) for the duration of a scope. Freed blocks are reused in
+// stream order, so work enqueued on the current stream before the release
+// may still use the buffer.
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes, int device = currentDevice())
+      : device_(device), p_(bytes > 0 ? allocate(bytes, device) : nullptr) {}
+  ~Scratch() {
+    if (p_) deallocate(p_, device_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  int device_;
+  void* p_;
+};
+
+// A device int flag set to 0 on the current stream; read() waits for the
+// stream and returns it (the error checks of ops whose CPU twin throws).
+class DeviceFlag {
+ public:
+  DeviceFlag() : buf_(sizeof(int)) {
+    WEFT_CUDA_CHECK(cudaMemsetAsync(buf_.get(), 0, sizeof(int), stream()));
+  }
+  int* get() const { return buf_.as<int>(); }
+  int read() const {
+    int host = 0;
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(&host, buf_.get(), sizeof(int), cudaMemcpyDeviceToHost, stream()));
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return host;
+  }
+
+ private:
+  Scratch buf_;
+};
+
 // ---- element types -------------------------------------------------------------
 
 // The device type of a host element type (weft::BFloat16 -> __nv_bfloat16,

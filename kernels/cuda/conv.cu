@@ -188,7 +188,7 @@ void conv2dForward(DType type, const Conv2dGeometry& g, const void* x, const voi
       return;
     }
     const int64_t B = chunkImages(g, CKK * L, sizeof(T));
-    DeviceScratch cols(static_cast<size_t>(B * CKK * L) * sizeof(T));
+    Scratch cols(static_cast<size_t>(B * CKK * L) * sizeof(T));
     for (int64_t n0 = 0; n0 < g.batch; n0 += B) {
       const int64_t b = std::min(B, g.batch - n0);
       launchIm2col(px + n0 * inImage, b, d, CKK * L, L, cols.as<T>());
@@ -230,8 +230,8 @@ void conv2dBackward(DType type, const Conv2dGeometry& g, const void* x, const vo
     // every image's product runs at once, then summed in image order.
     const int64_t perImage = (direct ? 0 : CKK * L) + (gw ? O * CKK : 0);
     const int64_t B = chunkImages(g, perImage, sizeof(T));
-    DeviceScratch cols(direct ? 0 : static_cast<size_t>(B * CKK * L) * sizeof(T));
-    DeviceScratch partial(gw ? static_cast<size_t>(B * O * CKK) * sizeof(T) : 0);
+    Scratch cols(direct ? 0 : static_cast<size_t>(B * CKK * L) * sizeof(T));
+    Scratch partial(gw ? static_cast<size_t>(B * O * CKK) * sizeof(T) : 0);
     for (int64_t n0 = 0; n0 < g.batch; n0 += B) {
       const int64_t b = std::min(B, g.batch - n0);
       const T* gn = pg + n0 * outImage;

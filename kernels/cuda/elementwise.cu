@@ -104,12 +104,8 @@ void binaryTyped(BinaryOp op, const T* a, std::span<const int64_t> as, const T* 
     case BinaryOp::Div:
       if constexpr (std::is_integral_v<T>) {
         // A flag in device memory, read back once: division by zero is an error, as on the CPU.
-        int* flag = static_cast<int*>(allocate(sizeof(int), currentDevice()));
-        struct Free {
-          int* p;
-          ~Free() { deallocate(p, currentDevice()); }
-        } freeFlag{flag};
-        WEFT_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
+        DeviceFlag zero;
+        int* flag = zero.get();
         binaryLoop(a, as, b, bs, out, shape, n, [flag] __device__(C x, C y) {
           if (y == 0) {
             *flag = 1;
@@ -120,10 +116,7 @@ void binaryTyped(BinaryOp op, const T* a, std::span<const int64_t> as, const T* 
           }
           return static_cast<C>(x / y);
         }, "div");
-        int host = 0;
-        WEFT_CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream()));
-        WEFT_CUDA_CHECK(cudaStreamSynchronize(stream()));
-        if (host) throw InvalidArgumentError("div: integer division by zero");
+        if (zero.read()) throw InvalidArgumentError("div: integer division by zero");
       } else {
         binaryLoop(a, as, b, bs, out, shape, n, [] __device__(C x, C y) { return x / y; }, "div");
       }
@@ -342,17 +335,9 @@ void scaleAndFlagNonFinite(DType type, void* x, int64_t n, double scale, int* fl
 
 bool scaleAndCheckFinite(DType type, void* x, int64_t n, double scale) {
   if (n <= 0) return false;
-  int* flag = static_cast<int*>(allocate(sizeof(int), currentDevice()));
-  struct Free {
-    int* p;
-    ~Free() { deallocate(p, currentDevice()); }
-  } freeFlag{flag};
-  WEFT_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
-  scaleAndFlagNonFinite(type, x, n, scale, flag);
-  int host = 0;
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream()));
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return host != 0;
+  DeviceFlag flag;
+  scaleAndFlagNonFinite(type, x, n, scale, flag.get());
+  return flag.read() != 0;
 }
 
 void unaryBackward(UnaryOp op, DType type, const void* x, const void* y, const void* g, void* gx, int64_t n,

@@ -169,8 +169,8 @@ void lstmLayerBackward(DType type, const LstmLayerGeometry& g, const LstmLayerSa
     // dh and dc: the gradients reaching h_s and c_s from step s + 1 (and from
     // hLast, cLast at the end); they end as the gradients of h0 and c0, so
     // they live in those outputs (scratch where an output is not wanted).
-    DeviceScratch dhScratch(out.h0 ? 0 : static_cast<size_t>(state) * sizeof(T));
-    DeviceScratch dcScratch(out.c0 ? 0 : static_cast<size_t>(state) * sizeof(T));
+    Scratch dhScratch(out.h0 ? 0 : static_cast<size_t>(state) * sizeof(T));
+    Scratch dcScratch(out.c0 ? 0 : static_cast<size_t>(state) * sizeof(T));
     T* dh = out.h0 ? static_cast<T*>(out.h0) : dhScratch.as<T>();
     T* dc = out.c0 ? static_cast<T*>(out.c0) : dcScratch.as<T>();
     if (state > 0) {

@@ -366,27 +366,14 @@ __global__ void __launch_bounds__(kThreads) normFinalKernel(double* partial, int
   if (threadIdx.x == 0) partial[0] = acc[0];
 }
 
-// Device memory from the caching allocator for the duration of a call.
-struct DeviceScratch {
-  void* p;
-  int device;
-  DeviceScratch(size_t nbytes, int d) : p(allocate(nbytes, d)), device(d) {}
-  ~DeviceScratch() { deallocate(p, device); }
-  DeviceScratch(const DeviceScratch&) = delete;
-  DeviceScratch& operator=(const DeviceScratch&) = delete;
-};
-
 }  // namespace
 
 void gradScaleAndCheckFinite(std::span<const DeviceArray> arrays, double scale, bool* found) {
   checkArrays(arrays, "gradScaleAndCheckFinite");
   const int device = currentDevice();
-  DeviceScratch flag(sizeof(int), device);
-  WEFT_CUDA_CHECK(cudaMemsetAsync(flag.p, 0, sizeof(int), stream()));
-  scaleAll(arrays, scale, static_cast<int*>(flag.p), "gradScaleAndCheckFinite");
-  int any = 0;
-  copyDeviceToHost(&any, flag.p, sizeof(int), device);
-  *found = any != 0;
+  DeviceFlag flag;
+  scaleAll(arrays, scale, flag.get(), "gradScaleAndCheckFinite");
+  *found = flag.read() != 0;
 }
 
 void gradScale(std::span<const DeviceArray> arrays, double scale) {
@@ -405,8 +392,8 @@ void gradPowerSum(std::span<const DeviceArray> arrays, double normType, double* 
   *total = 0.0;
   if (blocks == 0) return;
   const int device = currentDevice();
-  DeviceScratch partial(static_cast<size_t>(blocks) * sizeof(double), device);
-  double* part = static_cast<double*>(partial.p);
+  Scratch partial(static_cast<size_t>(blocks) * sizeof(double), device);
+  double* part = partial.as<double>();
   cudaStream_t st = stream();
   int64_t base = 0;
   for (DType dtype : kFloatingTypes) {

@@ -60,25 +60,6 @@ struct SumOp {
   static __device__ __forceinline__ State shuffleXor(State s, int m) { return shuffleXorValue(s, m); }
 };
 
-// Device memory for partial results, from the caching allocator of the
-// current device; released when the scope ends (the allocator orders the
-// reuse after the work already enqueued on the stream).
-class Scratch {
- public:
-  explicit Scratch(size_t bytes) : device_(currentDevice()), p_(allocate(bytes, device_)) {}
-  ~Scratch() { deallocate(p_, device_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  int device_;
-  void* p_;
-};
-
 // exp at the precision of its argument (the accurate expf, not __expf).
 __device__ __forceinline__ float expOf(float v) { return expf(v); }
 __device__ __forceinline__ double expOf(double v) { return exp(v); }

@@ -74,28 +74,6 @@ void stridedGemm(GemmIn<T> a, GemmIn<T> b, int64_t m, int64_t n, int64_t k, T al
   }
 }
 
-// Device scratch from the caching allocator, returned to it at scope end.
-// Freed blocks are reused in stream order, so work enqueued on the current
-// stream before the release may still read the buffer.
-class DeviceScratch {
- public:
-  explicit DeviceScratch(size_t bytes)
-      : device_(currentDevice()), p_(bytes > 0 ? allocate(bytes, device_) : nullptr) {}
-  ~DeviceScratch() {
-    if (p_) deallocate(p_, device_);
-  }
-  DeviceScratch(const DeviceScratch&) = delete;
-  DeviceScratch& operator=(const DeviceScratch&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  int device_;
-  void* p_;
-};
-
 // Whether v fits cuBLAS's int sizes.
 inline bool fitsBlasInt(int64_t v) { return v >= 0 && v <= static_cast<int64_t>(INT_MAX); }
 

@@ -43,6 +43,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -74,6 +75,23 @@ inline constexpr double kStoreTimeout = 5.0;
 inline std::vector<std::string> chaosSettings() {
   return {"WEFT_HEARTBEAT_INTERVAL=0.5", "WEFT_HEARTBEAT_MISSES=5", "WEFT_SHUTDOWN_TIMEOUT=5",
           "WEFT_STORE_TIMEOUT=5",       "WEFT_RPC_TIMEOUT=20",     "WEFT_NUM_THREADS=1"};
+}
+
+// "rank R", or R in a list "ranks [A, B, ...]", as weft names ranks (the collectives, the
+// agent's start-up, the store's server).
+inline bool namesRank(const std::string& text, int r) {
+  static const std::regex one("rank ([0-9]+)");
+  static const std::regex list("ranks \\[([0-9, ]+)\\]");
+  for (const std::regex* re : {&one, &list}) {
+    for (std::sregex_iterator it(text.begin(), text.end(), *re), end; it != end; ++it) {
+      std::istringstream items((*it)[1].str());
+      std::string item;
+      while (std::getline(items, item, ',')) {
+        if (std::atoi(item.c_str()) == r) return true;
+      }
+    }
+  }
+  return false;
 }
 
 struct Scenario {
@@ -231,8 +249,10 @@ inline std::string runOnce(const Scenario& s, const Fault& fault) {
       endedAt[i] = hardLimit;
     }
   }
+  // A fault during start-up comes before the workers know each other's names: a survivor can
+  // name the peer only by its rank then (the store's server, a rank that never joined).
   auto mentions = [&](const std::string& text, int p) {
-    return s.names ? s.names(text, p) : text.find(s.nameOf(p)) != std::string::npos;
+    return (s.names ? s.names(text, p) : text.find(s.nameOf(p)) != std::string::npos) || namesRank(text, p);
   };
   // The ranks a survivor may blame: the faulted one, and every rank whose own output names one
   // already blamed (the loss spreading: a rank that left because of the fault, and the rank that

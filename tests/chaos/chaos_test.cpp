@@ -10,8 +10,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
-#include <regex>
-#include <sstream>
 #include <string>
 
 #include "chaos/chaos.h"
@@ -21,22 +19,6 @@ using namespace weft::testing::chaos;
 namespace {
 
 std::string rankName(int r) { return "rank " + std::to_string(r); }
-
-// "rank R", or R in a list "ranks [A, B, ...]", as the collectives name ranks.
-bool namesRank(const std::string& text, int r) {
-  static const std::regex one("rank ([0-9]+)");
-  static const std::regex list("ranks \\[([0-9, ]+)\\]");
-  for (const std::regex* re : {&one, &list}) {
-    for (std::sregex_iterator it(text.begin(), text.end(), *re), end; it != end; ++it) {
-      std::istringstream items((*it)[1].str());
-      std::string item;
-      while (std::getline(items, item, ',')) {
-        if (std::atoi(item.c_str()) == r) return true;
-      }
-    }
-  }
-  return false;
-}
 
 }  // namespace
 

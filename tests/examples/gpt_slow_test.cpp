@@ -1,8 +1,9 @@
 // The GPT example run as a user runs it, at tiny sizes: the validation loss starts at that of a
 // uniform guess over the 256 bytes and falls below that of the corpus's byte frequencies, the
 // sample continues the prompt in printable text, checkpointing changes nothing in the numbers,
-// bfloat16 products train about as well, a pipeline of 2 or 3 processes (--pp) trains as one
-// process does, and bad command lines and a missing corpus are reported.
+// bfloat16 products train about as well, a pipeline of 2 or 3 processes (--pp; interleaved
+// 1F1B too) and 2 data-parallel replicas of a 2-stage pipeline (--dp 2 --pp 2, each replica on
+// half the batch) train as one process does, and bad command lines and a missing corpus are reported.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -93,9 +94,9 @@ TEST_CASE("the GPT example with checkpointing every block trains to the same los
   CHECK(checkpointedPeak < 0.9 * plainPeak);
 }
 
-TEST_CASE("the GPT example pipelined over 2 and 3 processes trains as one process does") {
+TEST_CASE("the GPT example pipelined over 2 and 3 processes, and as dp 2 x pp 2, trains as one process does") {
   const std::string args = kTiny + " --steps 40 --eval-interval 20 --eval-batches 4 --metrics /dev/null";
-  std::string single, two, three;
+  std::string single, two, three, interleaved, dpxpp;
   REQUIRE(runShell(std::string(WEFT_GPT) + args + " 2>&1", single) == 0);
   REQUIRE(runShell(std::string(WEFT_GPT_WEFTRUN) + " -n 2 " + WEFT_GPT + args + " --pp 2 --schedule 1f1b " +
                        "--microbatches 4 2>&1",
@@ -103,15 +104,28 @@ TEST_CASE("the GPT example pipelined over 2 and 3 processes trains as one proces
   REQUIRE(runShell(std::string(WEFT_GPT_WEFTRUN) + " -n 3 " + WEFT_GPT + args + " --pp 3 --schedule gpipe " +
                        "--microbatches 2 2>&1",
                    three) == 0);
+  REQUIRE(runShell(std::string(WEFT_GPT_WEFTRUN) + " -n 2 " + WEFT_GPT + args + " --pp 2 --schedule interleaved " +
+                       "--microbatches 4 2>&1",
+                   interleaved) == 0);
+  // Each replica draws half of the single process's 8 windows (--batch-size is a replica's).
+  REQUIRE(runShell(std::string(WEFT_GPT_WEFTRUN) + " -n 4 " + WEFT_GPT + args + " --batch-size 4 --dp 2 --pp 2 " +
+                       "--microbatches 2 2>&1",
+                   dpxpp) == 0);
   INFO(single);
   INFO(two);
   INFO(three);
+  INFO(interleaved);
+  INFO(dpxpp);
   CHECK(two.find("pipeline of 2 stages") != std::string::npos);
   CHECK(three.find("pipeline of 3 stages") != std::string::npos);
+  CHECK(interleaved.find("pipeline of 2 stages") != std::string::npos);
+  CHECK(interleaved.find("interleaved with 4 micro-batches") != std::string::npos);
+  CHECK(dpxpp.find("2 data-parallel replicas of a pipeline of 2 stages") != std::string::npos);
+  CHECK(dpxpp.find("model: GPT") == dpxpp.rfind("model: GPT"));
   // Rank 0 alone reports: one banner.
   CHECK(two.find("model: GPT") == two.rfind("model: GPT"));
   // The same model, data and updates: the losses agree to float rounding of the micro-batch sums.
-  for (const std::string* run : {&two, &three}) {
+  for (const std::string* run : {&two, &three, &interleaved, &dpxpp}) {
     for (const std::string key : {"step    20  loss ", "step    40  loss ", "final validation loss "}) {
       const double want = numberAfter(single, key), got = numberAfter(*run, key);
       CAPTURE(key);
@@ -123,6 +137,8 @@ TEST_CASE("the GPT example pipelined over 2 and 3 processes trains as one proces
   std::string alone;
   CHECK(runShell(std::string(WEFT_GPT) + args + " --pp 2 2>&1", alone) != 0);
   CHECK(alone.find("--pp 2 needs a job of 2 processes") != std::string::npos);
+  CHECK(runShell(std::string(WEFT_GPT_WEFTRUN) + " -n 2 " + WEFT_GPT + args + " --pp 2 --dp 2 2>&1", alone) != 0);
+  CHECK(alone.find("--pp 2 --dp 2 needs a job of 4 processes") != std::string::npos);
 }
 
 TEST_CASE("the GPT example trained with bfloat16 products tracks the float32 run") {

@@ -263,3 +263,29 @@ TEST_CASE("namedModules needs the module to be held by a shared_ptr") {
   CHECK_THROWS_WITH_AS(onStack.namedModules(), doctest::Contains("std::shared_ptr"), InvalidArgumentError);
   CHECK(onStack.children().size() == 2);
 }
+
+TEST_CASE("forward hooks run around forward through operator() only, in registration order, and can be removed") {
+  auto seq = std::make_shared<nn::Sequential>();
+  auto lin = std::make_shared<nn::Linear>(3, 2);
+  seq->push_back(lin);
+  std::vector<std::string> calls;
+  const int pre = lin->registerForwardPreHook([&](nn::Module& m, const Tensor& x) {
+    calls.push_back("pre " + m.typeName() + " " + std::to_string(x.size(1)));
+  });
+  const int post = lin->registerForwardHook([&](nn::Module&, const Tensor&, Tensor& out) {
+    calls.push_back("post");
+    out = mul(out, 2.0);  // a hook may replace the output
+  });
+  Tensor x = ones({1, 3});
+  Tensor plain = lin->forward(x);
+  CHECK(calls.empty());  // forward() itself runs no hook
+  Tensor hooked = (*seq)(x);   // Sequential calls its children through operator()
+  CHECK(calls == std::vector<std::string>{"pre Linear 3", "post"});
+  CHECK(hooked.toVector<float>() == mul(plain, 2.0).toVector<float>());
+  lin->removeForwardHook(pre);
+  lin->removeForwardHook(post);
+  lin->removeForwardHook(12345);  // unknown: ignored
+  calls.clear();
+  CHECK((*seq)(x).toVector<float>() == plain.toVector<float>());
+  CHECK(calls.empty());
+}

@@ -1,6 +1,7 @@
 // The pipeline executor across real processes on 127.0.0.1 (tests/pipeline/helpers/pipeline_worker.cpp,
 // one process per stage, Gloo): for P = 2, 3 and 4 stages, both schedules, a Sequential MLP and the
-// tiny GPT (uneven layer counts per stage, M not divisible by P), the pipelined loss and every
+// tiny GPT (uneven layer counts per stage, M not divisible by P), and interleaved 1F1B with 2 chunks
+// per stage for P = 2 and 4 (M a multiple of P and not), the pipelined loss and every
 // stage's gradients equal those of one single-process step on the whole batch, and after three
 // optimizer steps each stage's parameters equal the single-process model's; the peak of live
 // micro-batches is the schedule's and the step's trace holds every forward, backward and receive;
@@ -55,6 +56,7 @@ std::vector<weft::testing::Subprocess::Result> checkTraining(const std::string& 
   auto results = runJob({replicas > 1 ? model + "dp" : model, schedule, std::to_string(m)}, world, 40s);
   REQUIRE(allClean(results));
   const int stages = world / replicas;
+  const int chunks = schedule == "interleaved" ? 2 : 1;
   long long params = 0;
   for (int rank = 0; rank < world; ++rank) {
     const int r = rank % stages;  // the stage
@@ -74,11 +76,23 @@ std::vector<weft::testing::Subprocess::Result> checkTraining(const std::string& 
         CHECK(field(line, "loss_diff_ppb") == -1);
       }
       const long long peak = field(line, "peak");
-      CHECK(peak == (schedule.rfind("gpipe", 0) == 0 ? m : std::min(stages - r, m)));
+      if (chunks > 1) {
+        // (micro-batch, chunk) pairs: the warm-up plus one (pipeline/schedule.h).
+        const int group = m < stages ? m : stages + m % stages;
+        CHECK(peak == std::min((stages - r - 1) * 2 + (chunks - 1) * group + 1, chunks * m));
+      } else {
+        CHECK(peak == (schedule.rfind("gpipe", 0) == 0 ? m : std::min(stages - r, m)));
+      }
       CHECK(field(line, "params") > 0);
-      CHECK(field(line, "forwards") == m);
-      CHECK(field(line, "backwards") == m);
-      CHECK(field(line, "receives") == m * ((r > 0 ? 1 : 0) + (r < stages - 1 ? 1 : 0)));
+      CHECK(field(line, "forwards") == chunks * m);
+      CHECK(field(line, "backwards") == chunks * m);
+      // Per chunk, as the stage c·P + r of chunks·P would.
+      long long receives = 0;
+      for (int c = 0; c < chunks; ++c) {
+        const int k = c * stages + r;
+        receives += m * ((k > 0 ? 1 : 0) + (k < chunks * stages - 1 ? 1 : 0));
+      }
+      CHECK(field(line, "receives") == receives);
       CHECK(field(line, "ordered") == 1);
       if (step == 0 && rank < stages) params += field(line, "params");
     }
@@ -90,7 +104,7 @@ std::vector<weft::testing::Subprocess::Result> checkTraining(const std::string& 
   // the GPT's per the GPT-2 formula, wte counted on the first and the last stage.
   if (model == "mlp") CHECK(params == 1052);
   if (model == "gpt") {
-    const long long v = 32, c = 16, t = 8, l = 3;
+    const long long v = 32, c = 16, t = 8, l = chunks > 1 ? 6 : 3;
     CHECK(params == v * c + t * c + l * (12 * c * c + 13 * c) + 2 * c + (stages > 1 ? v * c : 0));
   }
   return results;
@@ -123,6 +137,15 @@ TEST_CASE("the tiny GPT pipelined on 2 and 3 stages, wte tied across the ends, e
   checkTraining("gpt", 3, "1f1b", 4);
 }
 
+TEST_CASE("interleaved 1F1B, 2 chunks per stage, equals the single-process step: 2 stages (the MLP in 4 pieces, "
+          "M = 2 and 3, the GPT in 4, M = 4) and 4 stages (the GPT in 8 pieces, M = 4 and 6)") {
+  checkTraining("mlp", 2, "interleaved", 2);
+  checkTraining("mlp", 2, "interleaved", 3);
+  checkTraining("gpt", 2, "interleaved", 4);
+  checkTraining("gpt", 4, "interleaved", 4);
+  checkTraining("gpt", 4, "interleaved", 6);
+}
+
 TEST_CASE("GPipe with activation checkpointing equals the single-process step and holds less activation "
           "memory on every stage") {
   auto plain = checkTraining("gpt", 2, "gpipe", 4);
@@ -142,9 +165,10 @@ TEST_CASE("GPipe with activation checkpointing equals the single-process step an
 }
 
 TEST_CASE("dp x pp: 2 replicas of a 2-stage pipeline on 4 processes, each on half the batch, equal the "
-          "single-process step on the whole batch") {
+          "single-process step on the whole batch: 1F1B, GPipe and interleaved 1F1B") {
   checkTraining("mlp", 4, "1f1b", 3, 2);
   checkTraining("gpt", 4, "gpipe", 2, 2);
+  checkTraining("gpt", 4, "interleaved", 2, 2);
 }
 
 TEST_CASE("a stage dying mid-step gives the other stages a DisconnectedError naming it within the group timeout") {

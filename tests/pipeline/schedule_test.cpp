@@ -1,11 +1,14 @@
-// Pipeline schedules as data (pipeline/schedule.h): gpipe and oneFOneB for P up to 8 stages and
-// micro-batch counts that P does not divide pass every invariant checkSchedule enforces, with the
-// activation peaks each schedule promises; hand-derived small schedules; broken schedules rejected
+// Pipeline schedules as data (pipeline/schedule.h): gpipe, oneFOneB and interleavedOneFOneB (V = 2,
+// 3 chunks) for P up to 8 stages and micro-batch counts that P does not divide pass every invariant
+// checkSchedule enforces, with the activation peaks each schedule promises; idealBubble against the
+// closed forms (P - 1)/(M + P - 1) and (P - 1)/(V·M + P - 1); hand-derived small schedules; broken schedules rejected
 // with the stage and action named. No processes.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "pipeline/schedule.h"
@@ -15,13 +18,15 @@ using weft::pipeline::Action;
 using weft::pipeline::ActionKind;
 using weft::pipeline::checkSchedule;
 using weft::pipeline::gpipe;
+using weft::pipeline::idealBubble;
+using weft::pipeline::interleavedOneFOneB;
 using weft::pipeline::oneFOneB;
 using weft::pipeline::Schedule;
 using weft::pipeline::toString;
 
 namespace {
 
-const int kMicrobatches[] = {1, 2, 3, 4, 5, 7, 8, 13, 16};
+const int kMicrobatches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 24};
 
 // Transfers per micro-batch on stage s of P: RA and SG unless first, SA and RG unless last.
 size_t expectedLength(int s, int p, int m) {
@@ -92,6 +97,84 @@ TEST_CASE("1F1B holds at most min(P - s, M) micro-batches on stage s and passes 
   }
 }
 
+TEST_CASE("interleaved 1F1B with V = 2, 3 chunks passes every invariant and holds its warm-up plus one, P 2..8") {
+  for (int p = 2; p <= 8; ++p) {
+    for (int v : {2, 3}) {
+      for (int m : kMicrobatches) {
+        CAPTURE(p);
+        CAPTURE(v);
+        CAPTURE(m);
+        Schedule s = interleavedOneFOneB(p, v, m);
+        REQUIRE(s.numStages() == p);
+        REQUIRE(s.chunks == v);
+        auto report = checkSchedule(s);
+        for (int st = 0; st < p; ++st) {
+          const auto& acts = s.stages[static_cast<size_t>(st)];
+          // Each chunk is a stage of the V·P model stages: its transfers as a plain stage's.
+          size_t length = 0;
+          for (int c = 0; c < v; ++c) length += expectedLength(c * p + st, v * p, m);
+          CHECK(acts.size() == length);
+          const int group = m < p ? m : p + m % p;  // the first group's micro-batches
+          const int warmup = std::min((p - st - 1) * 2 + (v - 1) * group, v * m);
+          CHECK(report.peakActivations[static_cast<size_t>(st)] == std::min(warmup + 1, v * m));
+          // Megatron's orders: forwards by groups of P micro-batches (the first taking the
+          // M mod P left over), chunk after chunk in a group; backwards alike, chunks reversed.
+          std::vector<std::pair<int, int>> forwards, backwards, want;
+          for (const Action& a : acts) {
+            if (a.kind == ActionKind::Forward) forwards.emplace_back(a.microbatch, a.chunk);
+            if (a.kind == ActionKind::Backward) backwards.emplace_back(a.microbatch, v - 1 - a.chunk);
+          }
+          for (int g = 0; g < m; g = g == 0 ? group : g + p)
+            for (int c = 0; c < v; ++c)
+              for (int mb = g; mb < (g == 0 ? group : g + p); ++mb) want.emplace_back(mb, c);
+          CHECK(forwards == want);
+          CHECK(backwards == want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("interleavedOneFOneB with one chunk is 1F1B, and chunks without two stages are refused") {
+  for (int p = 1; p <= 4; ++p) {
+    Schedule a = interleavedOneFOneB(p, 1, 5), b = oneFOneB(p, 5);
+    CHECK(a.chunks == 1);
+    CHECK(a.stages == b.stages);
+  }
+  CHECK_THROWS_AS(interleavedOneFOneB(1, 2, 4), InvalidArgumentError);
+  CHECK_THROWS_AS(interleavedOneFOneB(2, 0, 4), InvalidArgumentError);
+  CHECK_THROWS_AS(interleavedOneFOneB(2, 2, 0), InvalidArgumentError);
+  Schedule one{2, {{{ActionKind::Forward, 0}, {ActionKind::Backward, 0}}}, 2};
+  CHECK(contains(errorOf(one), "2 chunks need at least 2 stages"));
+}
+
+TEST_CASE("the ideal bubble: (P - 1)/(M + P - 1) for GPipe and 1F1B, (P - 1)/(V·M + P - 1) interleaved for M >= P") {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m : kMicrobatches) {
+      CAPTURE(p);
+      CAPTURE(m);
+      const double theory = static_cast<double>(p - 1) / (m + p - 1);
+      CHECK(idealBubble(gpipe(p, m)) == doctest::Approx(theory).epsilon(1e-12));
+      CHECK(idealBubble(oneFOneB(p, m), 1.0, 2.0) == doctest::Approx(theory).epsilon(1e-12));
+      CHECK(idealBubble(oneFOneB(p, m), 1.0, 1.0) == doctest::Approx(theory).epsilon(1e-12));
+      if (p < 2) continue;
+      for (int v : {2, 3}) {
+        CAPTURE(v);
+        const double interleaved = idealBubble(interleavedOneFOneB(p, v, m));
+        const double v1 = static_cast<double>(p - 1) / (v * m + p - 1);
+        if (m >= p) {
+          CHECK(interleaved == doctest::Approx(v1).epsilon(1e-12));
+        } else {
+          // Fewer micro-batches than stages: stage 0 waits for each chunk's to come round.
+          CHECK(interleaved > v1);
+          CHECK(interleaved <= theory + 1e-12);
+        }
+      }
+    }
+  }
+  CHECK_THROWS_AS(idealBubble(gpipe(2, 2), 0.0, 1.0), InvalidArgumentError);
+}
+
 TEST_CASE("the small schedules read as derived by hand") {
   Schedule g = gpipe(2, 2);
   CHECK(toString(g.stages[0]) == "F0 SA0 F1 SA1 RG0 B0 RG1 B1");
@@ -105,6 +188,13 @@ TEST_CASE("the small schedules read as derived by hand") {
   CHECK(toString(f3.stages[2]) == "RA0 F0 B0 SG0 RA1 F1 B1 SG1");
   Schedule one = oneFOneB(1, 2);
   CHECK(toString(one.stages[0]) == "F0 B0 F1 B1");
+  // P = 2, V = 2, M = 2: model stages 0..3 are (stage 0, chunk 0), (1, 0), (0, 1), (1, 1). Stage 0
+  // warms up with (2 - 0 - 1)·2 + (2 - 1)·2 = 4 forwards (all of them), stage 1 with 2.
+  Schedule i = interleavedOneFOneB(2, 2, 2);
+  CHECK(toString(i.stages[0]) ==
+        "F0 SA0 F1 SA1 RA0v1 F0v1 SA0v1 RA1v1 F1v1 SA1v1 RG0v1 B0v1 SG0v1 RG1v1 B1v1 SG1v1 RG0 B0 RG1 B1");
+  CHECK(toString(i.stages[1]) ==
+        "RA0 F0 SA0 RA1 F1 SA1 RA0v1 F0v1 B0v1 SG0v1 RA1v1 F1v1 B1v1 SG1v1 RG0 B0 SG0 RG1 B1 SG1");
 }
 
 TEST_CASE("schedules of no stage or no micro-batch are refused") {
@@ -153,6 +243,41 @@ TEST_CASE("broken schedules are rejected naming the stage and the action") {
                    {ActionKind::Forward, 0},        {ActionKind::Backward, 0}, {ActionKind::SendGrad, 0},
                    {ActionKind::Backward, 1},       {ActionKind::SendGrad, 1}};
     CHECK(contains(errorOf(s), "stage 0 sends activations in order [0, 1] but stage 1 receives them in order [1, 0]"));
+  }
+  SUBCASE("interleaved: a chunk outside [0, V)") {
+    Schedule s = interleavedOneFOneB(2, 2, 2);
+    s.stages[1][1].chunk = 2;
+    CHECK(contains(errorOf(s), "stage 1, action 1 (F0v2): chunk outside [0, 2)"));
+  }
+  SUBCASE("interleaved: the last chunk of the last stage sending on") {
+    Schedule s = interleavedOneFOneB(2, 2, 1);
+    s.stages[1].push_back({ActionKind::SendActivation, 0, 1});
+    CHECK(contains(errorOf(s), "(SA0v1): the last stage has no neighbour to send to"));
+  }
+  SUBCASE("interleaved: stage 0's chunk 1 receiving in another order than the last stage's chunk 0 sends") {
+    Schedule s = interleavedOneFOneB(2, 2, 2);
+    auto& acts = s.stages[0];
+    // Swap RA0v1 F0v1 SA0v1 with RA1v1 F1v1 SA1v1 on stage 0.
+    auto at = [&](Action a) { return std::find(acts.begin(), acts.end(), a) - acts.begin(); };
+    const auto a = at({ActionKind::RecvActivation, 0, 1}), b = at({ActionKind::RecvActivation, 1, 1});
+    REQUIRE(b == a + 3);
+    std::swap_ranges(acts.begin() + a, acts.begin() + a + 3, acts.begin() + b);
+    CHECK(contains(errorOf(s), "stage 1 chunk 0 sends activations in order [0, 1] but stage 0 chunk 1 receives "
+                               "them in order [1, 0]"));
+  }
+  SUBCASE("interleaved: a deadlock across the wrap from the last stage to the first") {
+    // Stage 0 waits for chunk 1's input before sending chunk 0's output.
+    Schedule s{1,
+               {{{ActionKind::Forward, 0}, {ActionKind::RecvActivation, 0, 1}, {ActionKind::SendActivation, 0},
+                 {ActionKind::Forward, 0, 1}, {ActionKind::SendActivation, 0, 1}, {ActionKind::RecvGrad, 0, 1},
+                 {ActionKind::Backward, 0, 1}, {ActionKind::SendGrad, 0, 1}, {ActionKind::RecvGrad, 0},
+                 {ActionKind::Backward, 0}},
+                interleavedOneFOneB(2, 2, 1).stages[1]},
+               2};
+    std::string e = errorOf(s);
+    CHECK(contains(e, "deadlocks"));
+    CHECK(contains(e, "stage 0, action 1 (RA0v1)"));
+    CHECK(contains(e, "stage 1, action 0 (RA0)"));
   }
   SUBCASE("a deadlock: stage 0 waits for a gradient before sending the activation") {
     Schedule s{1,

@@ -89,6 +89,18 @@ TEST_CASE("two workers claiming one rank are a clear error at start, and nobody 
                     [](const std::string& m) { return contains(m, "rank 1") || contains(m, "worker2"); }));
 }
 
+TEST_CASE("a start that times out names the ranks that never joined, as the collectives name ranks") {
+  AgentGroup g(3, shortStart);
+  std::string e;
+  try {
+    g.agent(0).start();  // ranks 1 and 2 never start
+  } catch (const TimeoutError& ex) {
+    e = ex.what();
+  }
+  INFO(e);
+  CHECK(e.find("for ranks [1, 2] to join") != std::string::npos);
+}
+
 TEST_CASE("an agent waiting in start for a peer that never comes is released at once by its shutdown") {
   AgentGroup g(2, [](int, Options& o) {
     o.storeTimeout = 10s;

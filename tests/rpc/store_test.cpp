@@ -589,6 +589,19 @@ TEST_CASE("connecting where nobody listens times out naming the address and the 
   CHECK(secondsSince(start) < 3.0);
 }
 
+TEST_CASE("a client that knows who serves the store names it beside the address") {
+  uint16_t port = unusedPort();
+  StoreClient::Config c = clientConfig(port);
+  c.connectTimeout = 300ms;
+  c.serverName = "rank 0";
+  std::string e = errorOf<TimeoutError>([&] { StoreClient client(c); });
+  CHECK(contains(e, "could not connect to the server at 127.0.0.1:" + std::to_string(port) + " (rank 0) within 0.3 s"));
+  // The agent's clients are configured so.
+  Options o;
+  o.masterPort = port;
+  CHECK(StoreClient::configFor(o).serverName == "rank 0");
+}
+
 TEST_CASE("a second server on a port in use fails with an error naming the address") {
   StoreServer server(serverConfig());
   StoreServer::Config c = serverConfig();

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -113,6 +114,27 @@ TEST_CASE("live and peak bytes count what tensors hold, not the kept buffers") {
   CHECK(Storage::memoryStats().peakBytes == before.liveBytes);
   CHECK_THROWS_AS(Storage::memoryStats(Device::cuda(16)), InvalidArgumentError);
   Storage::releaseCachedMemory();
+}
+
+TEST_CASE("a released storage gives its bytes back while its tensors live on, and reallocate refills it") {
+  Tensor a = arange(0, 1000, 1, {.dtype = DType::Float64});  // 8,000 bytes
+  Tensor saved = a.detach();                                // another view of the same storage
+  const uint64_t version = a.version();
+  const size_t before = Storage::memoryStats().liveBytes;
+  a.storage()->release();
+  CHECK(Storage::memoryStats().liveBytes == before - 8000);
+  CHECK(a.storage()->nbytes() == 0);
+  CHECK(a.storage()->data() == nullptr);
+  CHECK_THROWS_WITH_AS((void)saved.sum(), doctest::Contains("views a released storage"), StateError);
+  a.storage()->reallocate(8000);
+  CHECK(Storage::memoryStats().liveBytes == before);
+  std::vector<double> values(1000, 2.5);
+  std::memcpy(a.storage()->data(), values.data(), 8000);
+  CHECK(saved.toVector<double>() == values);  // the saved view sees the refilled buffer
+  CHECK(a.version() == version);              // neither step counts as an in-place write
+  a.storage()->release();
+  a.storage()->release();                     // twice is harmless
+  CHECK(Storage::memoryStats().liveBytes == before - 8000);
 }
 
 TEST_CASE("freed large CPU buffers are reused by the next allocation of the same size") {

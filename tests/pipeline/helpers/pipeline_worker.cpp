@@ -7,11 +7,12 @@
 //
 //   WEFT_RANK=0 WEFT_WORLD_SIZE=2 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=29500 pipeline_worker mlp 1f1b 3
 //
-// Scenarios (argv: scenario schedule microbatches; schedule gpipe, 1f1b, or gpipe-ckpt: GPipe with
-// activation checkpointing):
+// Scenarios (argv: scenario schedule microbatches; schedule gpipe, 1f1b, gpipe-ckpt: GPipe with
+// activation checkpointing, or interleaved: interleaved 1F1B with 2 chunks per stage, the model cut
+// into 2P pieces, stage s holding pieces s and P + s):
 //   mlp   A Sequential of 7 layers (4 Linear with Tanh between), MSE loss, SGD with momentum.
-//   gpt   The tiny GPT (3 blocks: 5 layers; wte tied between the first and the last stage), its
-//         cross-entropy loss, SGD with momentum.
+//   gpt   The tiny GPT (3 blocks: 5 layers, 6 blocks under the interleaved schedule; wte tied
+//         between the first and the last stage), its cross-entropy loss, SGD with momentum.
 //   For each of 3 steps (each on a new batch): "step K grad_maxdiff_ppb N loss_diff_ppb L peak A
 //   params P" (N: this stage's gradients against the twin's, after the tied exchange; L: the
 //   pipelined loss against the twin's, on the last stage, -1 elsewhere; A: the stage's peak
@@ -76,11 +77,13 @@ std::shared_ptr<nn::Sequential> mlp() {
   return nn::makeSequential(layers);
 }
 
-nn::GPTConfig gptConfig() { return {.vocabSize = 32, .blockSize = 8, .layers = 3, .heads = 2, .width = 16}; }
+nn::GPTConfig gptConfig(int blocks) {
+  return {.vocabSize = 32, .blockSize = 8, .layers = blocks, .heads = 2, .width = 16};
+}
 
-std::shared_ptr<nn::GPT> gpt() {
+std::shared_ptr<nn::GPT> gpt(int blocks) {
   Generator g(12);
-  return std::make_shared<nn::GPT>(gptConfig(), &g);
+  return std::make_shared<nn::GPT>(gptConfig(blocks), &g);
 }
 
 // Forwards to `inner`; the process exits with status 3 at forward call number `dieAt` (from 1).
@@ -134,6 +137,7 @@ std::vector<std::pair<std::string, Tensor>> stageParameters(const nn::Module& mo
 pipeline::Schedule scheduleOf(const std::string& name, int stages, int m) {
   if (name == "gpipe" || name == "gpipe-ckpt") return pipeline::gpipe(stages, m);
   if (name == "1f1b") return pipeline::oneFOneB(stages, m);
+  if (name == "interleaved") return pipeline::interleavedOneFOneB(stages, 2, m);
   throw weft::InvalidArgumentError("pipeline_worker: unknown schedule '" + name + "'");
 }
 
@@ -163,9 +167,11 @@ void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::
   std::vector<pipeline::TiedParameter> tied;
   pipeline::LossFn lossFn;
   std::function<Tensor(const Batch&)> twinLoss;
+  const int chunks = scheduleName == "interleaved" ? 2 : 1;
   if (isGpt) {
-    auto g = gpt();
-    auto t = gpt();
+    const int blocks = chunks > 1 ? 6 : 3;
+    auto g = gpt(blocks);
+    auto t = gpt(blocks);
     model = g;
     twin = t;
     layers = pipeline::gptLayers(g);
@@ -182,9 +188,16 @@ void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::
     lossFn = [](const Tensor& out, const Tensor& y) { return weft::mseLoss(out, y); };
     twinLoss = [t](const Batch& b) { return weft::mseLoss(t->forward(b.x), b.y); };
   }
-  auto cuts = pipeline::cutsByParameterCount(*layers, stages);
-  auto mine = pipeline::splitSequential(*layers, cuts)[static_cast<size_t>(stage)];
-  pipeline::PipelineExecutor pipe(pg, mine, scheduleOf(scheduleName, stages, m), lossFn,
+  // Model stage c·P + s is this stage's chunk c.
+  auto pieces = pipeline::splitSequential(*layers, pipeline::cutsByParameterCount(*layers, stages * chunks));
+  std::vector<std::shared_ptr<nn::Module>> mineChunks;
+  auto mine = std::make_shared<nn::Sequential>();  // every chunk's layers, for their parameters
+  for (int c = 0; c < chunks; ++c) {
+    const auto& piece = pieces[static_cast<size_t>(c * stages + stage)];
+    mineChunks.push_back(piece);
+    for (size_t i = 0; i < piece->size(); ++i) mine->push_back(piece->at(i));
+  }
+  pipeline::PipelineExecutor pipe(pg, mineChunks, scheduleOf(scheduleName, stages, m), lossFn,
                                   {.tied = tied, .dataParallel = dpGroup.get(), .checkpoint = scheduleName == "gpipe-ckpt"});
   const auto named = stageParameters(*model, *mine);
   int64_t count = 0;
