@@ -210,6 +210,7 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --zero 3", "invalid value '3' for --zero");
   usageError(" --tp 2 --pp 2", "--pp does not combine with --tp or --sp");
   usageError(" --dp 0", "--dp, --tp and --sp must be positive");
+  usageError(" --fsdp --tp 2", "--fsdp shards over the whole job and does not combine with --dp, --tp or --sp");
   // The product must be the job's size.
   std::string out;
   CHECK(runShell(weftrun(3) + WEFT_GPT + kTiny + " --block 32 --dp 2 --tp 2 2>&1", out) != 0);
