@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
 #include "tensor/autograd.h"
+#include "tensor/generator.h"
 #include "tensor/ops.h"
 
 namespace weft::collectives {
@@ -214,6 +216,17 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
   const int64_t b = q.size(0), h = q.size(1), local = q.size(2), d = q.size(3);
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(d));
   const std::vector<Chunk> queries = chunksOf(r, p, local, o.layout, "ringAttention");
+  WEFT_ENFORCE(o.dropout >= 0.0 && o.dropout <= 1.0, InvalidArgumentError,
+               "ringAttention: dropout probability has to be between 0 and 1, got ", o.dropout);
+  // Dropout: one seed for every step, and each pair's part of the whole attention's mask.
+  const double drop = o.dropout;
+  uint64_t seed = 0;
+  if (drop > 0.0) {
+    std::lock_guard<std::mutex> lock(defaultGeneratorMutex());
+    seed = defaultGenerator().nextU64();
+  }
+  const AttentionOptions::DropoutFrame frame{
+      .heads = o.heads > 0 ? o.heads : h, .headOffset = o.headOffset, .queries = local * p, .keys = local * p};
 
   // ---- forward: no graph inside; the merged out and lse per query chunk.
   Tensor out, lse;
@@ -233,6 +246,11 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
         a.queryOffset = pair.query->position;
         a.keyOffset = pair.key->position;
         a.scale = scale;
+        if (drop > 0.0) {
+          a.dropout = drop;
+          a.dropoutSeed = seed;
+          a.dropoutFrame = frame;
+        }
         AttentionOutput part = scaledDotProductAttentionWithLse(
             q.detach().narrow(2, pair.query->local, pair.query->length),
             kv.select(0, 0).narrow(2, pair.key->local, pair.key->length),
@@ -262,8 +280,8 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
   const RingLayout layout = o.layout;
   const bool causal = o.causal;
   recordOp("ringAttention", {q, k, v}, {out},
-           [&sp, qs, ks, vs, out, lse, queries, layout, causal, scale, p, r, next, prev, b, h, local,
-            d](const std::vector<Tensor>& g) {
+           [&sp, qs, ks, vs, out, lse, queries, layout, causal, scale, p, r, next, prev, b, h, local, d, drop, seed,
+            frame](const std::vector<Tensor>& g) {
              NoGradGuard noGrad;
              const DType dt = qs.dtype();
              Tensor gOut = g[0].contiguous();
@@ -287,7 +305,14 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
                                                      .scale = scale,
                                                      .causal = causal,
                                                      .queryOffset = qc.position,
-                                                     .keyOffset = kc.position};
+                                                     .keyOffset = kc.position,
+                                                     .dropout = drop,
+                                                     .seed = seed,
+                                                     .heads = h,
+                                                     .frameHeads = drop > 0.0 ? frame.heads : 0,
+                                                     .frameHeadOffset = frame.headOffset,
+                                                     .frameQueries = frame.queries,
+                                                     .frameKeys = frame.keys};
                  Tensor qPart = chunkOf(qs, qc), oPart = chunkOf(out, qc), gPart = chunkOf(gOut, qc);
                  Tensor lPart = lse.narrow(2, qc.local, qc.length).contiguous();
                  Tensor kPart = chunkOf(kb, kc), vPart = chunkOf(vb, kc);
@@ -335,7 +360,11 @@ Tensor hybridAttention(SpGroup& ulysses, SpGroup& ring, const Tensor& q, const T
                    k.dtype() == q.dtype() && v.dtype() == q.dtype(),
                InvalidArgumentError, "hybridAttention: q, k and v must share one shape and dtype, got ", q.shape(),
                ", ", k.defined() ? k.shape() : Shape{}, " and ", v.defined() ? v.shape() : Shape{});
-  Tensor y = ringAttention(ring, seqToHeads(ulysses, q), seqToHeads(ulysses, k), seqToHeads(ulysses, v), o);
+  // The Ulysses rank's heads of the whole attention, for dropout.
+  RingOptions ro = o;
+  ro.heads = o.heads > 0 ? o.heads : q.size(1);
+  ro.headOffset = o.headOffset + ulysses.rank() * (q.size(1) / ulysses.size());
+  Tensor y = ringAttention(ring, seqToHeads(ulysses, q), seqToHeads(ulysses, k), seqToHeads(ulysses, v), ro);
   return headsToSeq(ulysses, y);
 }
 
@@ -387,16 +416,46 @@ std::vector<int64_t> spPositions(const SpOptions& o, int64_t length, int64_t cap
   return p;
 }
 
-Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v) {
+Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v, double dropout,
+                   int64_t heads, int64_t headOffset) {
   if (o.mode == SpMode::Ulysses) {
     AttentionOptions a;
     a.causal = true;
+    if (dropout > 0.0) {
+      check4d("spAttention", q);
+      const int64_t p = o.ulysses->size(), local = q.size(1), length = q.size(2) * p;
+      a.dropout = dropout;
+      a.dropoutFrame = AttentionOptions::DropoutFrame{.heads = heads > 0 ? heads : local,
+                                                      .headOffset = headOffset + o.ulysses->rank() * (local / p),
+                                                      .queries = length,
+                                                      .keys = length};
+    }
     return ulyssesAttention(*o.ulysses, q, k, v, a);
   }
   RingOptions r;
   r.causal = true;
   r.layout = o.layout;
+  r.dropout = dropout;
+  r.heads = heads;
+  r.headOffset = headOffset;
   return o.mode == SpMode::Ring ? ringAttention(*o.ring, q, k, v, r) : hybridAttention(*o.ulysses, *o.ring, q, k, v, r);
+}
+
+Tensor spTokenDropout(const SpOptions& o, const Tensor& x, double p, bool training) {
+  if (!training || p == 0.0) return x;
+  WEFT_ENFORCE(x.defined() && (x.dim() == 2 || x.dim() == 3), InvalidArgumentError,
+               "spTokenDropout: expected this rank's tokens [B, S/P, C] or [B, S/P], got ",
+               x.defined() ? x.shape() : Shape{});
+  const int64_t length = x.size(1) * spRanks(o);
+  Shape whole = x.shape();
+  whole[1] = length;
+  Tensor mask;
+  {
+    NoGradGuard noGrad;
+    Tensor all = dropout(ones(whole, {.dtype = x.dtype()}), p, true);
+    mask = indexSelect(all, 1, fromVector(spPositions(o, length, length - 1), {x.size(1)})).contiguous();
+  }
+  return mul(x, mask);
 }
 
 void spSumInPlace(const SpOptions& o, const Tensor& t) {

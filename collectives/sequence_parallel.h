@@ -21,7 +21,8 @@
 // refer to positions in the whole sequence, so causal attention is the whole
 // sequence's) and returns this rank's tokens of the output: four allToAlls
 // in forward (q, k, v, the output) and four in backward. With dropout, each
-// rank draws its own masks for its heads. Output and gradients equal
+// rank draws its own masks for its heads unless the options carry a dropout
+// frame (spAttention passes one). Output and gradients equal
 // attention over the whole sequence, up to the order of floating additions.
 //
 // ringAttention keeps q in place and runs P steps: at step s it attends to
@@ -40,7 +41,7 @@
 // of 2·B·H·(S/P)·D. Every rank of the group must backpropagate through its
 // output, in the same order relative to its other ring backwards (an output
 // that reaches no loss leaves the ring's neighbours waiting until the group's
-// timeout). No dropout.
+// timeout). Dropout: RingOptions::dropout.
 //
 // Ring layouts. Contiguous: rank r holds tokens [r·S/P, (r+1)·S/P) (S
 // divisible by P). ZigZag: the sequence in 2·P equal chunks, rank r holding
@@ -140,6 +141,15 @@ struct RingOptions {
   bool causal = false;
   RingLayout layout = RingLayout::Contiguous;
   std::optional<double> scale = std::nullopt;  // default 1/sqrt(headDim)
+  // Dropout on the attention probabilities: each rank draws one seed from
+  // its default generator and every step (forward and backward) takes its
+  // part of the mask of attention over the whole sequence of `heads` heads
+  // (0: q's), q's first at `headOffset` (a dropout frame,
+  // tensor/ops_attention.h): with the generators seeded alike, the mask of
+  // the unsplit attention.
+  double dropout = 0.0;
+  int64_t heads = 0;
+  int64_t headOffset = 0;
 };
 
 
@@ -194,8 +204,21 @@ Tensor spShardTokens(const SpOptions& o, const Tensor& whole, int64_t pad = 0);
 // whole sequence of `length` tokens, capped at `cap`.
 std::vector<int64_t> spPositions(const SpOptions& o, int64_t length, int64_t cap);
 // Causal attention over the whole sequence with o's mode: q, k, v
-// [B, H, S/P, D] of this rank's tokens.
-Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v);
+// [B, H, S/P, D] of this rank's tokens. With `dropout` > 0, every rank draws
+// one seed from its default generator and takes its part of the whole
+// attention's mask (a dropout frame, tensor/ops_attention.h; the ring's
+// RingOptions::dropout): with the generators seeded alike, the mask of
+// attention over the whole sequence. q's heads may be
+// part of a larger attention (tensor parallelism): `heads` of it (0: q's),
+// q's first at `headOffset`.
+Tensor spAttention(const SpOptions& o, const Tensor& q, const Tensor& k, const Tensor& v, double dropout = 0.0,
+                   int64_t heads = 0, int64_t headOffset = 0);
+// Dropout of this rank's tokens x [B, S/P, C] (or [B, S/P]) with the mask
+// that dropout() of the whole [B, S, C] draws from the default generator (S =
+// S/P · spRanks(o)): every rank draws the whole mask and keeps its tokens'
+// rows (spPositions), so that with the generators seeded alike the masks are
+// those of the unsplit model. x itself when not training or p = 0.
+Tensor spTokenDropout(const SpOptions& o, const Tensor& x, double p, bool training);
 // Sums `t` in place over o's groups (blocking): over every rank holding
 // tokens of the sequence.
 void spSumInPlace(const SpOptions& o, const Tensor& t);

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "collectives/detail/checkpointed_blocks.h"
 #include "common/error.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -17,9 +18,8 @@ SequenceParallelAttention::SequenceParallelAttention(const nn::GPTConfig& c, SpO
     : Module("SequenceParallelAttention"),
       heads_(c.heads),
       width_(c.width),
+      dropout_(c.dropout),
       options_(checkedSpOptions(o, c.heads, "SequenceParallelAttention")) {
-  WEFT_ENFORCE(c.dropout == 0.0, InvalidArgumentError, "SequenceParallelAttention: dropout is not supported, got ",
-               c.dropout);
   cAttn_ = registerModule("c_attn", std::make_shared<nn::Linear>(c.width, 3 * c.width, c.bias));
   cProj_ = registerModule("c_proj", std::make_shared<nn::Linear>(c.width, c.width, c.bias));
 }
@@ -32,28 +32,31 @@ Tensor SequenceParallelAttention::forward(const Tensor& x) {
   std::vector<Tensor> qkv = split(cAttn_->forward(x), width_, 2);
   auto heads = [&](const Tensor& part) { return part.view({b, t, heads_, d}).transpose(1, 2).contiguous(); };
   Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  Tensor y = spAttention(options_, q, k, v);
-  return cProj_->forward(y.transpose(1, 2).reshape({b, t, width_}));
+  Tensor y = spAttention(options_, q, k, v, isTraining() ? dropout_ : 0.0);
+  return spTokenDropout(options_, cProj_->forward(y.transpose(1, 2).reshape({b, t, width_})), dropout_, isTraining());
 }
 
 SequenceParallelBlock::SequenceParallelBlock(const nn::GPTConfig& c, SpOptions o) : Module("SequenceParallelBlock") {
   ln1_ = registerModule("ln_1", std::make_shared<nn::LayerNorm>(Shape{c.width}, 1e-5, true, c.bias));
   attn_ = registerModule("attn", std::make_shared<SequenceParallelAttention>(c, o));
   ln2_ = registerModule("ln_2", std::make_shared<nn::LayerNorm>(Shape{c.width}, 1e-5, true, c.bias));
-  mlp_ = registerModule("mlp", std::make_shared<nn::MLP>(c));
+  // nn's MLP without its dropout, which draws over this rank's tokens only: spTokenDropout instead.
+  nn::GPTConfig mlp = c;
+  mlp.dropout = 0.0;
+  mlp_ = registerModule("mlp", std::make_shared<nn::MLP>(mlp));
+  options_ = o;
+  dropout_ = c.dropout;
 }
 
 Tensor SequenceParallelBlock::forward(const Tensor& x) {
   Tensor h = add(x, attn_->forward(ln1_->forward(x)));
-  return add(h, mlp_->forward(ln2_->forward(h)));
+  return add(h, spTokenDropout(options_, mlp_->forward(ln2_->forward(h)), dropout_, isTraining()));
 }
 
 // ---- the model ---------------------------------------------------------------------------
 
 SequenceParallelGPT::SequenceParallelGPT(nn::GPTConfig c, SpOptions o)
     : Module("SequenceParallelGPT"), config_(std::move(c)), options_(checkedSpOptions(o, config_.heads, "SequenceParallelGPT")) {
-  WEFT_ENFORCE(config_.dropout == 0.0, InvalidArgumentError,
-               "SequenceParallelGPT: dropout is not supported, got ", config_.dropout);
   wte_ = registerModule("wte", std::make_shared<nn::Embedding>(config_.vocabSize, config_.width));
   wpe_ = registerModule("wpe", std::make_shared<nn::Embedding>(config_.blockSize, config_.width));
   h_ = registerModule("h", std::make_shared<nn::Sequential>());
@@ -84,7 +87,8 @@ Tensor SequenceParallelGPT::forward(const Tensor& idx) {
                config_.blockSize, " padded to ", paddedLength(config_.blockSize));
   Tensor pos = fromVector(positions(length), {idx.size(1)});
   Tensor x = add(wte_->forward(idx), indexSelect(wpe_->weight(), 0, pos));
-  for (const auto& blk : blocks_) x = blk->forward(x);
+  x = spTokenDropout(options_, x, config_.dropout, isTraining());
+  x = detail::runBlocks(blocks_, config_.checkpoint, x);
   return linear(lnF_->forward(x), wte_->weight());
 }
 

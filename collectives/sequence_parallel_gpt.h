@@ -34,8 +34,18 @@
 // step.
 //
 // Numerics: loss and gradients equal nn::GPT's on the whole sequence up to
-// the order of floating additions. Dropout is refused (InvalidArgumentError);
-// activation checkpointing is not applied.
+// the order of floating additions. Dropout, in every mode, draws the whole
+// model's masks when every rank seeds its default generator as the unsplit
+// run does and the sequence splits without padding: the embedding and
+// residual dropouts draw the whole [B, S, C] mask on every rank and keep
+// their tokens' rows (spTokenDropout), the attention takes its part of the
+// whole attention's mask (spAttention). A padded sequence draws the masks of
+// the padded length, still a valid dropout.
+// Activation checkpointing (GPTConfig::checkpoint) cuts the blocks into
+// segments as nn::GPT does, each under checkpoint(): backward recomputes a
+// segment's forward, its attention's all-to-alls or ring transfers included,
+// at the same point of every rank's backward; losses and gradients are those
+// of the run without checkpointing.
 //
 // Errors: nn::GPT's for the config; InvalidArgumentError when the groups do
 // not fit the mode (naming what is missing), heads not divisible by the
@@ -56,8 +66,8 @@
 namespace weft::collectives {
 
 // x [B, S/P, C], this rank's tokens -> [B, S/P, C]: nn's CausalSelfAttention
-// ("c_attn", "c_proj") with its attention over the whole sequence. A config
-// with dropout is refused (InvalidArgumentError).
+// ("c_attn", "c_proj") with its attention over the whole sequence, dropout
+// as SequenceParallelGPT says.
 class SequenceParallelAttention : public nn::Module {
  public:
   SequenceParallelAttention(const nn::GPTConfig& c, SpOptions o);
@@ -65,6 +75,7 @@ class SequenceParallelAttention : public nn::Module {
 
  private:
   int64_t heads_, width_;
+  double dropout_;
   SpOptions options_;
   std::shared_ptr<nn::Linear> cAttn_;
   std::shared_ptr<nn::Linear> cProj_;
@@ -80,6 +91,8 @@ class SequenceParallelBlock : public nn::Module {
   std::shared_ptr<SequenceParallelAttention> attn_;
   std::shared_ptr<nn::LayerNorm> ln2_;
   std::shared_ptr<nn::MLP> mlp_;
+  SpOptions options_;
+  double dropout_ = 0.0;
 };
 
 class SequenceParallelGPT : public nn::Module {

@@ -409,6 +409,23 @@ void ShardedDataParallel::zeroGrad(bool setToNone) {
   }
 }
 
+double ShardedDataParallel::lr(size_t group) const {
+  WEFT_ENFORCE(group < groups_.size(), InvalidArgumentError, "ShardedDataParallel::lr: group ", group,
+               " out of range for ", groups_.size(), " groups");
+  return nn::optim::learningRate(groups_[group].options);
+}
+
+void ShardedDataParallel::setLr(double lr) {
+  for (size_t g = 0; g < groups_.size(); ++g) setLr(g, lr);
+}
+
+void ShardedDataParallel::setLr(size_t group, double lr) {
+  WEFT_ENFORCE(group < groups_.size(), InvalidArgumentError, "ShardedDataParallel::setLr: group ", group,
+               " out of range for ", groups_.size(), " groups");
+  std::lock_guard<std::mutex> lock(mutex_);
+  groups_[group].options = nn::optim::withLearningRate(groups_[group].options, lr);
+}
+
 double ShardedDataParallel::clipGradNorm_(double maxNorm, double normType, bool errorIfNonfinite) {
   WEFT_ENFORCE(normType > 0, InvalidArgumentError, "ShardedDataParallel::clipGradNorm_: normType must be positive, got ",
                normType);

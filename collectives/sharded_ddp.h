@@ -159,6 +159,11 @@ class ShardedDataParallel {
   void step();
   // Zeroes this rank's gradient shard, or drops it when setToNone.
   void zeroGrad(bool setToNone = false);
+  // Learning rates of every group or of group `group` (InvalidArgumentError
+  // when out of range), as nn::optim::Optimizer's: the next step() uses them.
+  double lr(size_t group = 0) const;
+  void setLr(double lr);
+  void setLr(size_t group, double lr);
   // nn::clipGradNorm_ over the sharded gradients (collective): the
   // normType-norm of all the averaged gradients, from each rank's part of the
   // sum of |g|^normType (or of the largest |g|) allreduced in float64; every

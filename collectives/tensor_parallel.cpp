@@ -1,6 +1,8 @@
 #include "collectives/tensor_parallel.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -202,22 +204,25 @@ void RowParallelLinear::loadFull(const Tensor& weight, const Tensor& bias) {
 VocabParallelEmbedding::VocabParallelEmbedding(std::shared_ptr<TpGroup> tp, int64_t vocab, int64_t dim)
     : Module("VocabParallelEmbedding"), tp_(std::move(tp)), vocab_(vocab), dim_(dim) {
   WEFT_ENFORCE(dim > 0, InvalidArgumentError, "VocabParallelEmbedding: dim must be positive, got ", dim);
-  const int64_t local = divided("VocabParallelEmbedding", "vocab", vocab, tp_->size());
+  WEFT_ENFORCE(vocab > 0, InvalidArgumentError, "VocabParallelEmbedding: vocab must be positive, got ", vocab);
+  const int64_t t = tp_->size();
+  const int64_t local = (vocab + t - 1) / t;
   start_ = tp_->rank() * local;
+  real_ = std::clamp<int64_t>(vocab - start_, 0, local);
   weight_ = registerParameter("weight", nn::init::normal_(empty({local, dim}), 0.0, 1.0));
+  if (real_ < local) copyInto(weight_.narrow(0, real_, local - real_), zeros({local - real_, dim}));
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
   WEFT_ENFORCE(ids.defined() && ids.dtype() == DType::Int64, InvalidArgumentError,
                "VocabParallelEmbedding: ids must be Int64, got ",
                ids.defined() ? dtypeName(ids.dtype()) : std::string("undefined"));
-  const int64_t local = weight_.size(0);
   std::vector<int64_t> v = ids.contiguous().toVector<int64_t>();
   std::vector<double> keep(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
     WEFT_ENFORCE(v[i] >= 0 && v[i] < vocab_, IndexError, "VocabParallelEmbedding: id ", v[i], " at flat position ", i,
                  " is outside the vocabulary [0, ", vocab_, ")");
-    const bool mine = v[i] >= start_ && v[i] < start_ + local;
+    const bool mine = v[i] >= start_ && v[i] < start_ + real_;
     keep[i] = mine ? 1.0 : 0.0;
     v[i] = mine ? v[i] - start_ : 0;
   }
@@ -231,14 +236,20 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
 Tensor VocabParallelEmbedding::shard(const std::string& param, const Tensor& full) const {
   WEFT_ENFORCE(param == "weight", NotFoundError, "VocabParallelEmbedding: no parameter '", param, "'");
   checkFull("VocabParallelEmbedding", param, full, {vocab_, dim_});
-  return full.narrow(0, start_, weight_.size(0)).contiguous().clone();
+  const int64_t local = weight_.size(0);
+  Tensor mine = full.narrow(0, std::min(start_, vocab_), real_).contiguous().clone();
+  if (real_ == local) return mine;
+  return cat({mine, zeros({local - real_, dim_}, {.dtype = full.dtype()})}, 0).contiguous();
 }
 
 Tensor VocabParallelEmbedding::unshard(const std::string& param, const std::vector<Tensor>& shards) const {
+  WEFT_ENFORCE(param == "weight", NotFoundError, "VocabParallelEmbedding: no parameter '", param, "'");
   checkShards("VocabParallelEmbedding", shards, tp_->size());
-  Tensor full = cat(shards, 0).contiguous();
-  shard(param, full);
-  return full;
+  Tensor padded = cat(shards, 0);
+  WEFT_ENFORCE(padded.dim() == 2 && padded.size(0) == paddedVocabSize() && padded.size(1) == dim_,
+               InvalidArgumentError, "VocabParallelEmbedding: the shards make ", padded.shape(), ", expected [",
+               paddedVocabSize(), ", ", dim_, "]");
+  return padded.narrow(0, 0, vocab_).contiguous();
 }
 
 void VocabParallelEmbedding::loadFull(const Tensor& weight) { copyInto(weight_, shard("weight", weight)); }
@@ -246,14 +257,18 @@ void VocabParallelEmbedding::loadFull(const Tensor& weight) { copyInto(weight_, 
 // ---- vocabulary-parallel cross-entropy ------------------------------------------------------
 
 Tensor vocabParallelCrossEntropy(TpGroup& tp, const Tensor& logits, const Tensor& targets, int64_t vocabStart,
-                                 Reduction reduction) {
+                                 Reduction reduction, int64_t vocabSize) {
   WEFT_ENFORCE(reduction != Reduction::None, InvalidArgumentError,
                "vocabParallelCrossEntropy: the reduction must be Mean or Sum");
   WEFT_ENFORCE(logits.defined() && logits.dim() == 2 && isFloating(logits.dtype()), InvalidArgumentError,
                "vocabParallelCrossEntropy: logits must be a floating [N, V/T] tensor, got ",
                logits.defined() ? shapeString(logits.shape()) + " " + dtypeName(logits.dtype())
                                 : std::string("undefined"));
-  const int64_t n = logits.size(0), local = logits.size(1), vocab = local * tp.size();
+  const int64_t n = logits.size(0), local = logits.size(1), padded = local * tp.size();
+  const int64_t vocab = vocabSize < 0 ? padded : vocabSize;
+  WEFT_ENFORCE(vocab > 0 && (vocab + tp.size() - 1) / tp.size() == local, InvalidArgumentError,
+               "vocabParallelCrossEntropy: a vocabulary of ", vocab, " does not split into ", tp.size(),
+               " slices of ", local, " columns (padded to ", padded, ")");
   WEFT_ENFORCE(targets.defined() && targets.dtype() == DType::Int64 && targets.shape() == Shape{n},
                InvalidArgumentError, "vocabParallelCrossEntropy: targets must be Int64 [", n, "], got ",
                targets.defined() ? shapeString(targets.shape()) + " " + dtypeName(targets.dtype())
@@ -273,17 +288,31 @@ Tensor vocabParallelCrossEntropy(TpGroup& tp, const Tensor& logits, const Tensor
     rows += counted[i];
   }
   const DType dt = logits.dtype();
+  // Padding columns (whole-vocabulary index >= vocab) are masked out: -inf adds nothing to any
+  // row's sum of exponentials and takes no gradient.
+  const int64_t real = std::clamp<int64_t>(vocab - vocabStart, 0, local);
+  Tensor masked = logits;
+  if (real < local) {
+    std::vector<double> pad(static_cast<size_t>(local), 0.0);
+    for (int64_t j = real; j < local; ++j) pad[static_cast<size_t>(j)] = -std::numeric_limits<double>::infinity();
+    masked = add(logits, fromVector(pad, {1, local}).to(dt));
+  }
   // The row maxima shift the exponentials; being constants of the loss, they
   // carry no gradient.
   Tensor rowMax;
   {
     NoGradGuard noGrad;
-    rowMax = max(logits, 1, /*keepDim=*/true).first.contiguous().clone();
+    rowMax = max(masked, 1, /*keepDim=*/true).first.contiguous().clone();
     tp.allReduce(rowMax, ReduceOp::Max, /*backward=*/false);
   }
-  Tensor shifted = sub(logits, rowMax);
+  Tensor shifted = sub(masked, rowMax);
   Tensor sumExp = reduceFromTp(tp, sum(exp(shifted), {1}));
-  Tensor picked = mul(gather(shifted, 1, fromVector(column, {n, 1})).view({n}), fromVector(owned, {n}).to(dt));
+  // Rows whose target another rank holds pick 0 (a where, not a product: a padding column's -inf
+  // times 0 would be NaN).
+  std::vector<uint8_t> ownedMask(owned.size());
+  for (size_t i = 0; i < owned.size(); ++i) ownedMask[i] = owned[i] != 0.0;
+  Tensor picked = where(fromVector(ownedMask, {n}).to(DType::Bool), gather(shifted, 1, fromVector(column, {n, 1})).view({n}),
+                        zeros({}, {.dtype = dt}));
   Tensor target = reduceFromTp(tp, picked);
   Tensor perRow = mul(sub(log(sumExp), target), fromVector(counted, {n}).to(dt));
   if (reduction == Reduction::Sum) return sum(perRow);

@@ -25,10 +25,12 @@
 // 1 otherwise), the r-th 1/T slice of every part, the slices concatenated in
 // part order; of a row-parallel layer, columns [r·in/T, (r+1)·in/T) of the
 // weight and the whole bias (added once, after the allreduce); of a
-// vocabulary-parallel embedding, rows [r·V/T, (r+1)·V/T). shard() maps a
+// vocabulary-parallel embedding, rows [r·L, (r+1)·L) with L = ⌈V/T⌉, the
+// vocabulary padded to T·L rows (see VocabParallelEmbedding). shard() maps a
 // whole layer's tensor (a parameter or its gradient) to this rank's part, so
 // a split model can be loaded from, and compared with, an unsplit one.
-// Sizes must divide evenly (InvalidArgumentError naming the size and T).
+// The linear layers' sizes must divide evenly (InvalidArgumentError naming
+// the size and T).
 //
 // Gradients. With every rank running the same forward on the same (replicated)
 // input, each rank's gradients of its shards equal the corresponding slices
@@ -41,7 +43,7 @@
 // reduced (payload: a ring allreduce sends 2·(T−1)/T of it per rank), forward
 // and backward apart.
 //
-// Errors: InvalidArgumentError for a size T does not divide, a shape or dtype
+// Errors: InvalidArgumentError for a linear layer's size T does not divide, a shape or dtype
 // the layer cannot take (naming both), and a shard() of a tensor whose shape is
 // not the whole layer's; IndexError for a target id outside the vocabulary;
 // the group's errors (process_group.h) from the allreduces, raised by forward
@@ -158,10 +160,15 @@ class RowParallelLinear : public nn::Module, public TpSharded {
 };
 
 // An embedding table whose rows (the vocabulary) are split: "weight"
-// [V/T, dim], rows [vocabStart(), vocabStart() + V/T) of the whole table,
-// initialised N(0, 1) as nn::Embedding. forward(ids) looks up the ids this
-// rank holds, zeros for the others, and sums over the group (one allreduce
-// of [*ids, dim]).
+// [L, dim] with L = ⌈V/T⌉, rows [vocabStart(), vocabStart() + L) of the whole
+// table padded with zero rows to T·L (paddedVocabSize()): when T does not
+// divide V, the last ranks hold padding rows past V (localVocab() real rows,
+// possibly none), which no id looks up and which, as a tied LM head, give
+// logits columns that vocabParallelCrossEntropy masks. Initialised N(0, 1) as
+// nn::Embedding, the padding rows zero. shard() pads the whole [V, dim]
+// table, unshard() drops the padding. forward(ids) looks up the ids this rank
+// holds, zeros for the others, and sums over the group (one allreduce of
+// [*ids, dim]).
 class VocabParallelEmbedding : public nn::Module, public TpSharded {
  public:
   VocabParallelEmbedding(std::shared_ptr<TpGroup> tp, int64_t vocab, int64_t dim);
@@ -174,22 +181,30 @@ class VocabParallelEmbedding : public nn::Module, public TpSharded {
   const Tensor& weight() const { return weight_; }
   int64_t vocabStart() const { return start_; }
   int64_t vocabSize() const { return vocab_; }
+  // T·⌈V/T⌉: the rows of every rank's weight together.
+  int64_t paddedVocabSize() const { return weight_.size(0) * tp_->size(); }
+  // The rows of this rank's weight that are vocabulary (the rest padding).
+  int64_t localVocab() const { return real_; }
 
  private:
   std::shared_ptr<TpGroup> tp_;
-  int64_t vocab_, dim_, start_;
+  int64_t vocab_, dim_, start_, real_ = 0;
   Tensor weight_;
 };
 
-// Mean cross-entropy of logits split over the vocabulary: `logits` [N, V/T]
-// holds this rank's columns [vocabStart, vocabStart + V/T) of the whole
-// [N, V]; `targets` Int64 [N], the same on every rank, in [0, V) or -100
+// Mean cross-entropy of logits split over the vocabulary: `logits` [N, L]
+// holds this rank's columns [vocabStart, vocabStart + L) of the whole [N, T·L]
+// (L = ⌈V/T⌉ for a vocabulary of `vocabSize` V; the default -1 means T·L),
+// the columns at V and past it padding, masked out (as if their logits were
+// -inf: they add nothing and get zero gradient); `targets` Int64 [N], the
+// same on every rank, in [0, V) or -100
 // (ignored, as nn's crossEntropy; NaN when every row is ignored). Equals
 // crossEntropy of the gathered logits without gathering them: three
 // allreduces of N elements (the row maxima, the sums of exponentials, the
 // target logits). Differentiable in logits; every rank returns the same loss.
 // Reduction::Sum gives the sum over the counted rows instead of the mean.
+// InvalidArgumentError when ⌈V/T⌉ is not L.
 Tensor vocabParallelCrossEntropy(TpGroup& tp, const Tensor& logits, const Tensor& targets, int64_t vocabStart,
-                                 Reduction reduction = Reduction::Mean);
+                                 Reduction reduction = Reduction::Mean, int64_t vocabSize = -1);
 
 }  // namespace weft::collectives

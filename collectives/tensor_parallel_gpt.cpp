@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "collectives/detail/checkpointed_blocks.h"
 #include "common/error.h"
 #include "tensor/ops.h"
 #include "tensor/ops_attention.h"
@@ -16,8 +17,8 @@ void checkSplit(const nn::GPTConfig& c, int t) {
                "TensorParallelGPT: heads (", c.heads, ") must be positive and divide width (", c.width, ")");
   WEFT_ENFORCE(c.heads % t == 0, InvalidArgumentError, "TensorParallelGPT: heads (", c.heads,
                ") must be divisible by the tensor-parallel size ", t);
-  WEFT_ENFORCE(c.vocabSize > 0 && c.vocabSize % t == 0, InvalidArgumentError, "TensorParallelGPT: vocabSize (",
-               c.vocabSize, ") must be divisible by the tensor-parallel size ", t);
+  WEFT_ENFORCE(c.vocabSize > 0, InvalidArgumentError, "TensorParallelGPT: vocabSize must be positive, got ",
+               c.vocabSize);
 }
 
 }  // namespace
@@ -29,10 +30,10 @@ ParallelCausalSelfAttention::ParallelCausalSelfAttention(std::shared_ptr<TpGroup
     : Module("ParallelCausalSelfAttention"), width_(c.width), dropout_(c.dropout) {
   checkSplit(c, tp->size());
   localHeads_ = c.heads / tp->size();
+  heads_ = c.heads;
+  headOffset_ = tp->rank() * localHeads_;
   if (sp) {
     sp_ = checkedSpOptions(*sp, localHeads_, "ParallelCausalSelfAttention");
-    WEFT_ENFORCE(c.dropout == 0.0, InvalidArgumentError,
-                 "ParallelCausalSelfAttention: dropout is not supported with sequence parallelism, got ", c.dropout);
   }
   headDim_ = c.width / c.heads;
   cAttn_ = registerModule("c_attn", std::make_shared<ColumnParallelLinear>(tp, c.width, 3 * c.width, c.bias, 3));
@@ -50,22 +51,30 @@ Tensor ParallelCausalSelfAttention::forward(const Tensor& x) {
   AttentionOptions o;
   o.causal = true;
   o.dropout = isTraining() ? dropout_ : 0.0;
+  // This rank's heads' part of the whole model's attention dropout mask (the seed drawn alike on
+  // every rank of the group).
+  o.dropoutFrame = AttentionOptions::DropoutFrame{.heads = heads_, .headOffset = headOffset_, .queries = t, .keys = t};
   Tensor y = sp_ ? spAttention(*sp_, heads(qkv[0]).contiguous(), heads(qkv[1]).contiguous(),
-                               heads(qkv[2]).contiguous())
+                               heads(qkv[2]).contiguous(), o.dropout, heads_, headOffset_)
                  : scaledDotProductAttention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), o);
   y = y.transpose(1, 2).reshape({b, t, local});
-  return dropout(cProj_->forward(y), dropout_, isTraining());
+  return tokenDropout(cProj_->forward(y));
 }
 
-ParallelMLP::ParallelMLP(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c)
-    : Module("ParallelMLP"), dropout_(c.dropout) {
+Tensor ParallelCausalSelfAttention::tokenDropout(const Tensor& x) const {
+  return sp_ ? spTokenDropout(*sp_, x, dropout_, isTraining()) : dropout(x, dropout_, isTraining());
+}
+
+ParallelMLP::ParallelMLP(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c, std::optional<SpOptions> sp)
+    : Module("ParallelMLP"), dropout_(c.dropout), sp_(std::move(sp)) {
   checkSplit(c, tp->size());
   cFc_ = registerModule("c_fc", std::make_shared<ColumnParallelLinear>(tp, c.width, 4 * c.width, c.bias));
   cProj_ = registerModule("c_proj", std::make_shared<RowParallelLinear>(tp, 4 * c.width, c.width, c.bias));
 }
 
 Tensor ParallelMLP::forward(const Tensor& x) {
-  return dropout(cProj_->forward(gelu(cFc_->forward(x))), dropout_, isTraining());
+  Tensor y = cProj_->forward(gelu(cFc_->forward(x)));
+  return sp_ ? spTokenDropout(*sp_, y, dropout_, isTraining()) : dropout(y, dropout_, isTraining());
 }
 
 ParallelTransformerBlock::ParallelTransformerBlock(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c,
@@ -74,7 +83,7 @@ ParallelTransformerBlock::ParallelTransformerBlock(std::shared_ptr<TpGroup> tp, 
   ln1_ = registerModule("ln_1", std::make_shared<nn::LayerNorm>(Shape{c.width}, 1e-5, true, c.bias));
   attn_ = registerModule("attn", std::make_shared<ParallelCausalSelfAttention>(tp, c, sp));
   ln2_ = registerModule("ln_2", std::make_shared<nn::LayerNorm>(Shape{c.width}, 1e-5, true, c.bias));
-  mlp_ = registerModule("mlp", std::make_shared<ParallelMLP>(tp, c));
+  mlp_ = registerModule("mlp", std::make_shared<ParallelMLP>(tp, c, sp));
 }
 
 Tensor ParallelTransformerBlock::forward(const Tensor& x) {
@@ -95,8 +104,6 @@ TensorParallelGPT::TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig 
   checkSplit(config_, tp_->size());
   if (sp) {
     sp_ = checkedSpOptions(*sp, config_.heads / tp_->size(), "TensorParallelGPT");
-    WEFT_ENFORCE(config_.dropout == 0.0, InvalidArgumentError,
-                 "TensorParallelGPT: dropout is not supported with sequence parallelism, got ", config_.dropout);
   }
   wte_ = registerModule("wte", std::make_shared<VocabParallelEmbedding>(tp_, config_.vocabSize, config_.width));
   wpe_ = registerModule("wpe", std::make_shared<nn::Embedding>(config_.blockSize, config_.width));
@@ -135,8 +142,8 @@ Tensor TensorParallelGPT::features(const Tensor& idx) {
                  config_.blockSize, "]");
     x = add(wte_->forward(idx), wpe_->weight().narrow(0, 0, t));
   }
-  x = dropout(x, config_.dropout, isTraining());
-  for (const auto& blk : blocks_) x = blk->forward(x);
+  x = sp_ ? spTokenDropout(*sp_, x, config_.dropout, isTraining()) : dropout(x, config_.dropout, isTraining());
+  x = detail::runBlocks(blocks_, config_.checkpoint, x);
   return lnF_->forward(x);
 }
 
@@ -152,9 +159,12 @@ Tensor TensorParallelGPT::loss(const Tensor& idx, const Tensor& targets) {
       targets.defined() ? shapeString(targets.shape()) + " " + dtypeName(targets.dtype()) : std::string("undefined"));
   Tensor logits = forward(idx);
   Tensor flat = targets.reshape({-1});
-  if (!sp_) return vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart());
+  if (!sp_) {
+    return vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart(),
+                                     Reduction::Mean, config_.vocabSize);
+  }
   Tensor sum = vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart(),
-                                         Reduction::Sum);
+                                         Reduction::Sum, config_.vocabSize);
   double counted = 0;
   for (int64_t v : flat.toVector<int64_t>()) counted += v == -100 ? 0.0 : 1.0;
   Tensor count = full({}, counted, {.dtype = DType::Float64});

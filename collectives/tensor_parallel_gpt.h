@@ -11,8 +11,10 @@
 //
 // Layout. Submodules and parameters carry nn::GPT's names ("wte.weight",
 // "h.k.attn.c_attn.weight", ...), holding:
-//  - wte: VocabParallelEmbedding, rows [r·V/T, (r+1)·V/T); the LM head is
-//    tied to it, so each rank computes its vocabulary slice of the logits;
+//  - wte: VocabParallelEmbedding, rows [r·L, (r+1)·L) with L = ⌈V/T⌉ (a
+//    vocabulary T does not divide is padded with zero rows to T·L); the LM
+//    head is tied to it, so each rank computes its vocabulary slice of the
+//    logits, and the loss masks the padding columns;
 //  - h.k.attn: ParallelCausalSelfAttention: heads/T heads per rank; c_attn
 //    column-parallel over the fused q, k, v (this rank's heads' rows of each),
 //    c_proj row-parallel;
@@ -38,15 +40,25 @@
 // gradients over the sequence-parallel groups after backward. Mesh order
 // puts tp innermost: {{"sp", P}, {"tp", T}}.
 //
-// Numerics: without dropout, forward and gradients equal nn::GPT's loaded
-// with the same weights up to the order of floating additions. With dropout,
-// each rank draws its own masks for its heads; the replicated dropouts
-// (embeddings, residual branches) draw from each rank's default generator,
-// which must then be seeded alike on every rank of the group.
-// Activation checkpointing (GPTConfig::checkpoint) is not applied.
+// Numerics: forward and gradients equal nn::GPT's loaded with the same
+// weights up to the order of floating additions, with dropout too when every
+// rank of the group seeds its default generator as the whole model's run
+// does: the replicated dropouts (embeddings, residual branches) draw the
+// whole model's masks from it, and each rank's attention draws the same seed
+// and takes its heads' part of the whole model's attention mask (a dropout
+// frame, tensor/ops_attention.h). With sequence parallelism too, for a
+// sequence the groups divide: the replicated dropouts keep their tokens'
+// rows of the whole mask (spTokenDropout), the attention its heads' and
+// tokens' part (spAttention).
+// Activation checkpointing (GPTConfig::checkpoint) cuts the blocks into
+// segments as nn::GPT does, each under checkpoint(): only a segment's input
+// is kept, and backward recomputes it, its forward allreduces included (so
+// TpGroup::traffic() counts them again, as forward traffic), with the
+// generator states restored: losses and gradients are those of the run
+// without checkpointing.
 //
 // Errors: those of nn::GPT's config and inputs; InvalidArgumentError when T
-// does not divide heads or vocabSize (naming both), when loadFrom's model has
+// does not divide heads (naming both), when loadFrom's model has
 // another config, and for a shard() of an unknown name (NotFoundError) or a
 // tensor of another shape; the group's errors from forward and backward.
 #pragma once
@@ -76,7 +88,9 @@ class ParallelCausalSelfAttention : public nn::Module {
   const std::shared_ptr<RowParallelLinear>& cProj() const { return cProj_; }
 
  private:
-  int64_t localHeads_, width_, headDim_;
+  // The residual dropout: the whole model's mask, of this rank's tokens with sp.
+  Tensor tokenDropout(const Tensor& x) const;
+  int64_t localHeads_, heads_ = 0, headOffset_ = 0, width_, headDim_;
   double dropout_;
   std::optional<SpOptions> sp_;
   std::shared_ptr<ColumnParallelLinear> cAttn_;
@@ -87,13 +101,15 @@ class ParallelCausalSelfAttention : public nn::Module {
 // row-parallel back, dropout.
 class ParallelMLP : public nn::Module {
  public:
-  ParallelMLP(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c);
+  // With `sp`, x holds this rank's tokens (the dropout mask is theirs of the whole model's).
+  ParallelMLP(std::shared_ptr<TpGroup> tp, const nn::GPTConfig& c, std::optional<SpOptions> sp = std::nullopt);
   Tensor forward(const Tensor& x) override;
   const std::shared_ptr<ColumnParallelLinear>& cFc() const { return cFc_; }
   const std::shared_ptr<RowParallelLinear>& cProj() const { return cProj_; }
 
  private:
   double dropout_;
+  std::optional<SpOptions> sp_;
   std::shared_ptr<ColumnParallelLinear> cFc_;
   std::shared_ptr<RowParallelLinear> cProj_;
 };
@@ -121,8 +137,9 @@ class TensorParallelGPT : public nn::Module {
   TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig c, std::optional<SpOptions> sp = std::nullopt);
 
   // idx Int64 [B, S] (the same on every rank of the tp group; with sp, this
-  // rank's tokens) -> this rank's vocabulary slice of the logits [B, S, V/T],
-  // columns [wte.vocabStart(), + V/T).
+  // rank's tokens) -> this rank's vocabulary slice of the logits [B, S, L],
+  // columns [wte.vocabStart(), + L) of the padded vocabulary; the padding
+  // columns (from wte.localVocab() on) are 0, not logits of any token.
   Tensor forward(const Tensor& idx) override;
   // The final LayerNorm's output [B, S, C], replicated over the tp group.
   Tensor features(const Tensor& idx);

@@ -46,6 +46,15 @@ void checkAttentionArguments(const char* op, const Tensor& q, const Tensor& k, c
                q.shape());
   WEFT_ENFORCE(o.dropout >= 0.0 && o.dropout <= 1.0, InvalidArgumentError, op,
                ": dropout probability has to be between 0 and 1, got ", o.dropout);
+  if (const auto& f = o.dropoutFrame) {
+    WEFT_ENFORCE(!q.device().isCuda(), InvalidArgumentError, op, ": a dropout frame is supported on the CPU only");
+    WEFT_ENFORCE(f->headOffset >= 0 && o.queryOffset >= 0 && o.keyOffset >= 0 &&
+                     f->heads >= f->headOffset + q.size(1) && f->queries >= o.queryOffset + q.size(2) &&
+                     f->keys >= o.keyOffset + k.size(2),
+                 InvalidArgumentError, op, ": the dropout frame (heads ", f->heads, " from ", f->headOffset,
+                 ", queries ", f->queries, " from ", o.queryOffset, ", keys ", f->keys, " from ", o.keyOffset,
+                 ") does not hold q of shape ", q.shape(), " and k of shape ", k.shape());
+  }
 }
 
 uint64_t drawSeed(Generator* gen) {
@@ -80,7 +89,12 @@ AttentionOutput scaledDotProductAttentionWithLse(const Tensor& q, const Tensor& 
                                       .queryOffset = o.queryOffset,
                                       .keyOffset = o.keyOffset,
                                       .dropout = o.dropout,
-                                      .seed = o.dropout > 0.0 ? drawSeed(o.generator) : 0};
+                                      .seed = o.dropout > 0.0 ? (o.dropoutSeed ? *o.dropoutSeed : drawSeed(o.generator)) : 0,
+                                      .heads = H,
+                                      .frameHeads = o.dropoutFrame ? o.dropoutFrame->heads : 0,
+                                      .frameHeadOffset = o.dropoutFrame ? o.dropoutFrame->headOffset : 0,
+                                      .frameQueries = o.dropoutFrame ? o.dropoutFrame->queries : 0,
+                                      .frameKeys = o.dropoutFrame ? o.dropoutFrame->keys : 0};
   Tensor qc = packed(q), kc = packed(k), vc = packed(v);
   const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
   AttentionOutput r{empty({B, H, Sq, D}, like), empty({B, H, Sq}, like)};

@@ -29,14 +29,20 @@
 // seed from its generator (the default one, under its mutex, when null) and
 // derives every element's keep bit from (seed, batch-head, i, j), so backward
 // regenerates the mask without storing it, and a generator reset to the same
-// state gives the same mask.
+// state gives the same mask. A dropout frame places the call inside a larger
+// attention (a tensor-parallel rank's heads, a sequence-parallel block): its
+// element (b, h, i, j) takes the keep bit of element (b, headOffset + h,
+// queryOffset + i, keyOffset + j) of an attention of frame.heads heads over
+// frame.queries × frame.keys, so that calls given the same seed draw their
+// parts of that attention's mask (CPU only).
 //
 // Errors (InvalidArgumentError naming the op and the shapes): tensors not
 // 4-D, batch or head counts that differ, k and v of different shapes, a head
 // dimension of 0 or differing between q and k, non-floating or mixed dtypes,
 // a dropout probability outside [0, 1], on CUDA a head dimension above 256
 // (float64: above what the device's shared memory holds, 128 on an H100);
-// for mergeAttention, outputs or lses whose shapes differ or do not fit each
+// a dropout frame that does not hold the call (or given on CUDA); for
+// mergeAttention, outputs or lses whose shapes differ or do not fit each
 // other. A given seed drops the same elements on the CPU and on CUDA.
 #pragma once
 
@@ -56,6 +62,15 @@ struct AttentionOptions {
   std::optional<double> scale = std::nullopt;  // default 1/sqrt(headDim)
   double dropout = 0.0;         // on the attention probabilities; 0 outside training
   Generator* generator = nullptr;  // the default generator when null
+  struct DropoutFrame {
+    int64_t heads = 0;       // of the whole attention, >= headOffset + H
+    int64_t headOffset = 0;  // of this call's first head
+    int64_t queries = 0;     // of the whole attention, >= queryOffset + Sq
+    int64_t keys = 0;        // of the whole attention, >= keyOffset + Sk
+  };
+  std::optional<DropoutFrame> dropoutFrame = std::nullopt;  // see "Dropout"
+  // The seed of the dropout mask; when unset, one is drawn from `generator`.
+  std::optional<uint64_t> dropoutSeed = std::nullopt;
 };
 
 struct AttentionOutput {

@@ -50,8 +50,16 @@ struct Flags {
   int64_t pp = 1;                 // pipeline stages, one per process (weftrun -n P)
   std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved (2 chunks per stage), with --pp
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
-  int64_t dp = 1;                 // with --pp: data-parallel replicas of the pipeline (weftrun -n D·P)
   bool fsdp = false;              // fully sharded data parallel over the job's processes (fsdp_layout.h)
+
+  // Data-parallel replicas: with --pp, of the pipeline (weftrun -n D·P); otherwise of a process
+  // mesh (mesh_layout.h) with tensor- and sequence-parallel sizes, whose product is the job's size
+  // (weftrun -n dp·tp·sp). --batch-size is each data-parallel replica's.
+  int64_t dp = 1;
+  int64_t zero = 0;                 // with --dp alone: 1 ZeroRedundancyOptimizer, 2 ShardedDataParallel
+  int64_t tp = 1;
+  int64_t sp = 1;
+  std::string spMode = "ulysses";  // ulysses, ring (zig-zag) or 2d (Ulysses x ring)
 };
 
 [[noreturn]] inline void usage(const std::string& err) {
@@ -66,6 +74,8 @@ struct Flags {
                      "           [--data-dir DIR] [--seed N]\n"
                      "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D]]\n"
                      "             (P > 1: weftrun -n D·P)\n"
+                     "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
+                     "             (D·T·S > 1: weftrun -n D·T·S)\n"
                      "           [--fsdp] (fully sharded data parallel: weftrun -n N)\n");
 }
 
@@ -80,6 +90,50 @@ inline nn::CheckpointPolicy checkpointPolicy(const std::string& v) {
     if (end != v.c_str() + 6 && *end == '\0' && k >= 1 && k <= 1 << 20) return nn::CheckpointPolicy::every(static_cast<int>(k));
   }
   usage("invalid value '" + v + "' for --checkpoint (none, every-block, every:K with K >= 1, sqrt)");
+}
+
+// Whether the flags ask for a process mesh (mesh_layout.h).
+inline bool meshLayout(const Flags& f) { return f.dp > 1 || f.tp > 1 || f.sp > 1; }
+
+// The Ulysses size of --sp-mode 2d: the largest divisor U of --sp with 1 < U < sp that divides
+// the heads of a tensor-parallel rank (the ring then has sp / U positions); 0 when there is none.
+inline int64_t ulyssesSize2d(const Flags& f) {
+  for (int64_t u = f.sp - 1; u > 1; --u)
+    if (f.sp % u == 0 && f.tp > 0 && f.heads % f.tp == 0 && (f.heads / f.tp) % u == 0) return u;
+  return 0;
+}
+
+// The checks of --dp, --zero, --tp, --sp and --sp-mode that need no process group (the job's size
+// is checked by the layout).
+inline void checkMeshFlags(const Flags& f) {
+  if (f.dp < 1 || f.tp < 1 || f.sp < 1) usage("--dp, --tp and --sp must be positive");
+  if (f.zero < 0 || f.zero > 2) usage("invalid value '" + std::to_string(f.zero) + "' for --zero (1, 2)");
+  if (f.spMode != "ulysses" && f.spMode != "ring" && f.spMode != "2d") {
+    usage("invalid value '" + f.spMode + "' for --sp-mode (ulysses, ring, 2d)");
+  }
+  if (!meshLayout(f)) {
+    if (f.zero > 0) usage("--zero needs --dp > 1");
+    return;
+  }
+  if (f.zero > 0 && (f.dp < 2 || f.tp > 1 || f.sp > 1 || f.pp > 1)) {
+    usage("--zero needs --dp > 1 and no --tp, --sp or --pp");
+  }
+  if (f.pp > 1 && (f.tp > 1 || f.sp > 1)) usage("--pp does not combine with --tp or --sp");
+  if (f.pp > 1) return;
+  if (f.precision != "float32") usage("--precision " + f.precision + " trains in one process; --dp, --tp and --sp in float32");
+  if (f.device != "cpu") usage("--device cuda trains in one process; --dp, --tp and --sp run on CPUs");
+  if (f.heads % f.tp != 0) {
+    usage("--tp " + std::to_string(f.tp) + " must divide --heads " + std::to_string(f.heads) +
+          " (each tensor-parallel rank holds whole heads)");
+  }
+  if (f.sp > 1 && f.spMode == "ulysses" && (f.heads / f.tp) % f.sp != 0) {
+    usage("--sp " + std::to_string(f.sp) + " with --sp-mode ulysses must divide the heads of a tensor-parallel rank (" +
+          std::to_string(f.heads / f.tp) + ")");
+  }
+  if (f.sp > 1 && f.spMode == "2d" && ulyssesSize2d(f) == 0) {
+    usage("--sp " + std::to_string(f.sp) + " with --sp-mode 2d must be U x R with U, R >= 2 and U dividing the heads of a"
+          " tensor-parallel rank (" + std::to_string(f.heads / f.tp) + ")");
+  }
 }
 
 inline nn::GPTConfig modelConfig(const Flags& f) {
@@ -132,6 +186,10 @@ inline Flags parseFlags(int argc, char** argv) {
     else if (a == "--schedule") f.schedule = v;
     else if (a == "--microbatches") f.microbatches = args.integer();
     else if (a == "--dp") f.dp = args.integer();
+    else if (a == "--zero") f.zero = args.integer();
+    else if (a == "--tp") f.tp = args.integer();
+    else if (a == "--sp") f.sp = args.integer();
+    else if (a == "--sp-mode") f.spMode = v;
     else args.unknown();
   }
   if (f.layers < 1 || f.heads < 1 || f.width < 1 || f.block < 2) {
@@ -161,13 +219,13 @@ inline Flags parseFlags(int argc, char** argv) {
   if (f.schedule != "gpipe" && f.schedule != "1f1b" && f.schedule != "interleaved") {
     usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b, interleaved)");
   }
-  if (f.dp < 1) usage("--dp must be positive");
-  if (f.dp > 1 && f.pp == 1) usage("--dp needs --pp");
   if (f.fsdp && (f.pp > 1 || f.device != "cpu")) usage("--fsdp runs on CPUs and does not combine with --pp");
+  if (f.fsdp && meshLayout(f)) usage("--fsdp shards over the whole job and does not combine with --dp, --tp or --sp");
   if (f.pp > 1 && f.batchSize % f.microbatches != 0) usage("--microbatches must divide --batch-size");
   if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {
     usage("--sample-tokens, --temperature and --top-k must be non-negative");
   }
+  checkMeshFlags(f);
   return f;
 }
 

@@ -1,5 +1,6 @@
 #include "layout.h"
 #include "fsdp_layout.h"
+#include "mesh_layout.h"
 #include "pipeline_layout.h"
 
 #include <memory>
@@ -97,6 +98,7 @@ class SingleProcess final : public Layout {
 std::unique_ptr<Layout> makeLayout(const Flags& flags) {
   if (flags.pp > 1) return makePipelineLayout(flags);
   if (flags.fsdp) return makeFsdpLayout(flags);
+  if (meshLayout(flags)) return makeMeshLayout(flags);
   return std::make_unique<SingleProcess>(flags);
 }
 

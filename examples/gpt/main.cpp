@@ -1,11 +1,12 @@
 // gpt: a small GPT (nanoGPT's model, byte vocabulary) trained on the fortune cookie corpus in one
-// process. Prints the training loss and tokens/s every --log-interval steps, the validation loss
+// process, or under weftrun as a pipeline (--pp) or on a process mesh (--dp, --tp, --sp). Prints the training loss and tokens/s every --log-interval steps, the validation loss
 // in bits per byte every --eval-interval steps, writes per-step metrics to a CSV file, and ends
 // with a text sample continuing a fixed prompt.
 //
 //   ./build/examples/gpt/gpt [--layers 4] [--heads 4] [--width 128] [--block 128] [--steps 600]
 //       [--batch-size 16] [--lr 1e-3] [--checkpoint none] [--precision float32] [--seed 0]
 //       [--metrics gpt_metrics.csv] ...
+//   ./build/tools/weftrun/weftrun -n 4 ./build/examples/gpt/gpt --dp 2 --tp 2 ...
 //
 // The flags are in flags.h; where the model lives and how a step runs there is the Layout of
 // layout.h, so that this loop is the same for every placement of the model; what is printed and
@@ -43,8 +44,7 @@ int main(int argc, char** argv) {
   try {
     manualSeed(app::streamSeed(flags.seed, kDropoutStream));
     const data::TextDataset text = data::TextDataset::fromDirectory(flags.dataDir);
-    // The model, its optimizer and where they live (one process today; a parallel layout is
-    // another Layout).
+    // The model, its optimizer and where they live (layout.h).
     std::unique_ptr<Layout> layout = makeLayout(flags);
     Report report(flags, layout->reports());
     report.banner(*layout, text);

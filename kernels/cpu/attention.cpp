@@ -52,7 +52,14 @@ struct Tile {
     const auto threshold = static_cast<uint64_t>(std::ceil(pr * 0x1.0p53));
     const T keep = pr >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - pr));
     for (int64_t r = 0; r < rows; ++r) {
-      const uint64_t base = static_cast<uint64_t>((bh * g->queries + i0 + r) * g->keys + j0);
+      const uint64_t base =
+          g->frameHeads > 0
+              ? static_cast<uint64_t>(
+                    (((bh / g->heads) * g->frameHeads + g->frameHeadOffset + bh % g->heads) * g->frameQueries +
+                     g->queryOffset + i0 + r) *
+                        g->frameKeys +
+                    g->keyOffset + j0)
+              : static_cast<uint64_t>((bh * g->queries + i0 + r) * g->keys + j0);
       T* row = p + r * ld;
       for (int64_t c = 0; c < cols; ++c) {
         const bool kept = (attentionDropoutBits(g->seed, base + static_cast<uint64_t>(c)) >> 11) >= threshold;

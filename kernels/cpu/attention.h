@@ -65,6 +65,15 @@ struct AttentionGeometry {
   int64_t keyOffset = 0;
   double dropout = 0.0;  // probability of dropping, in [0, 1]
   uint64_t seed = 0;     // of the dropout mask
+  // The dropout frame (AttentionOptions::DropoutFrame): with frameHeads > 0,
+  // element (bh, i, j) with bh = b·heads + h takes the keep bit of counter
+  // ((b·frameHeads + frameHeadOffset + h)·frameQueries + queryOffset + i)
+  // ·frameKeys + keyOffset + j.
+  int64_t heads = 0;  // H, to split bh into b and h (with a frame)
+  int64_t frameHeads = 0;
+  int64_t frameHeadOffset = 0;
+  int64_t frameQueries = 0;
+  int64_t frameKeys = 0;
 };
 
 // The dropout hash of element `counter` = (bh * Sq + i) * Sk + j.

@@ -128,7 +128,7 @@ TEST_CASE("a mesh's accessors name an unknown dimension and out-of-range coordin
   checkNone(errors);
 }
 
-TEST_CASE("tensor-parallel layers refuse sizes the group does not divide, naming the size and T") {
+TEST_CASE("tensor-parallel linear layers refuse sizes the group does not divide, naming the size and T") {
   Ranks ranks(2);
   std::vector<std::string> errors = ranks.run([](ProcessGroup& w) {
     auto tp = std::make_shared<TpGroup>(w);
@@ -138,14 +138,56 @@ TEST_CASE("tensor-parallel layers refuse sizes the group does not divide, naming
     CHECK_THROWS_WITH_AS(RowParallelLinear(tp, 5, 4),
                          "RowParallelLinear: in (5) must be divisible by the tensor-parallel size 2",
                          InvalidArgumentError);
-    CHECK_THROWS_WITH_AS(VocabParallelEmbedding(tp, 7, 4),
-                         "VocabParallelEmbedding: vocab (7) must be divisible by the tensor-parallel size 2",
+    CHECK_THROWS_WITH_AS(VocabParallelEmbedding(tp, 0, 4), "VocabParallelEmbedding: vocab must be positive, got 0",
                          InvalidArgumentError);
     ColumnParallelLinear fc(tp, 4, 6, true, 3);
     CHECK_THROWS_WITH_AS(fc.shard("weight", zeros({6, 5})),
                          "ColumnParallelLinear: the whole layer's weight must have shape [6, 4], got [6, 5]",
                          InvalidArgumentError);
     CHECK_THROWS_AS(fc.shard("scale", zeros({6})), NotFoundError);
+  });
+  checkNone(errors);
+}
+
+TEST_CASE("a vocabulary of 7 on 2 ranks is padded to 8: the embedding pads and unpads its table, looks up "
+          "every id as nn's, and the cross-entropy masks the padding column") {
+  Generator g(5);
+  const Tensor table = randn({7, 3}, {.dtype = DType::Float64}, &g);
+  const Tensor ids = fromVector(std::vector<int64_t>{6, 0, 3, 4, 6, 2}, {2, 3});
+  const Tensor whole = randn({5, 7}, {.dtype = DType::Float64}, &g);
+  const Tensor targets = fromVector(std::vector<int64_t>{6, 2, -100, 4, 0}, {5});
+  Tensor w = whole.clone().requiresGrad_();
+  Tensor want = crossEntropy(w, targets);
+  want.backward();
+  Ranks ranks(2);
+  std::vector<std::string> errors = ranks.run([&](ProcessGroup& pg) {
+    auto tp = std::make_shared<TpGroup>(pg);
+    VocabParallelEmbedding emb(tp, 7, 3);
+    emb.to(DType::Float64);
+    CHECK(emb.weight().size(0) == 4);
+    CHECK(emb.paddedVocabSize() == 8);
+    CHECK(emb.vocabStart() == 4 * pg.rank());
+    CHECK(emb.localVocab() == (pg.rank() == 0 ? 4 : 3));
+    emb.loadFull(table);
+    if (pg.rank() == 1) CHECK(max(abs(emb.weight().narrow(0, 3, 1))).item<double>() == 0.0);  // the padding row
+    std::vector<Tensor> shards;
+    pg.allGather(shards, emb.weight().detach().contiguous()).wait();
+    CHECK(max(abs(emb.unshard("weight", shards) - table)).item<double>() == 0.0);
+    CHECK(max(abs(emb.forward(ids) - embedding(table, ids))).item<double>() < 1e-15);
+    // This rank's columns of the logits, the padding column (rank 1's last) a large value.
+    Tensor mine = pg.rank() == 0 ? whole.narrow(1, 0, 4).contiguous()
+                                 : cat({whole.narrow(1, 4, 3), full({5, 1}, 50.0, {.dtype = DType::Float64})}, 1);
+    mine.requiresGrad_();
+    Tensor got = vocabParallelCrossEntropy(*tp, mine, targets, 4 * pg.rank(), Reduction::Mean, 7);
+    got.backward();
+    CHECK(std::abs(got.item<double>() - want.item<double>()) < 1e-12);
+    const int64_t real = pg.rank() == 0 ? 4 : 3;
+    CHECK(max(abs(mine.grad().narrow(1, 0, real) - w.grad().narrow(1, 4 * pg.rank(), real))).item<double>() < 1e-12);
+    if (pg.rank() == 1) CHECK(max(abs(mine.grad().narrow(1, 3, 1))).item<double>() == 0.0);
+    CHECK_THROWS_WITH_AS(vocabParallelCrossEntropy(*tp, mine, targets, 4 * pg.rank(), Reduction::Mean, 9),
+                         "vocabParallelCrossEntropy: a vocabulary of 9 does not split into 2 slices of 4 columns "
+                         "(padded to 8)",
+                         InvalidArgumentError);
   });
   checkNone(errors);
 }
@@ -174,21 +216,17 @@ TEST_CASE("the vocabulary-parallel cross-entropy on 2 ranks equals crossEntropy 
   }
 }
 
-TEST_CASE("sequence-parallel models refuse dropout and a mode without its group") {
+TEST_CASE("sequence-parallel models take dropout in every mode, and refuse a mode without its group") {
   Ranks ranks(2);
   std::vector<std::string> errors = ranks.run([](ProcessGroup& w) {
     SpGroup sp(w);
     auto tp = std::make_shared<TpGroup>(w);
     nn::GPTConfig cfg{.vocabSize = 8, .blockSize = 8, .layers = 1, .heads = 2, .width = 8, .dropout = 0.1};
-    CHECK_THROWS_WITH_AS(SequenceParallelGPT(cfg, {.mode = SpMode::Ulysses, .ulysses = &sp}),
-                         "SequenceParallelGPT: dropout is not supported, got 0.1", InvalidArgumentError);
-    CHECK_THROWS_WITH_AS(SequenceParallelAttention(cfg, {.mode = SpMode::Ulysses, .ulysses = &sp}),
-                         "SequenceParallelAttention: dropout is not supported, got 0.1", InvalidArgumentError);
+    CHECK_NOTHROW(SequenceParallelGPT(cfg, {.mode = SpMode::Ring, .ring = &sp}));
+    CHECK_NOTHROW(SequenceParallelGPT(cfg, {.mode = SpMode::Ulysses, .ulysses = &sp}));
+    CHECK_NOTHROW(TensorParallelGPT(tp, cfg, SpOptions{.mode = SpMode::Ring, .ring = &sp}));
     CHECK_THROWS_WITH_AS(ParallelCausalSelfAttention(tp, cfg, SpOptions{.mode = SpMode::Ulysses, .ulysses = &sp}),
                          "ParallelCausalSelfAttention: heads (1) must be divisible by the Ulysses size 2",
-                         InvalidArgumentError);
-    CHECK_THROWS_WITH_AS(TensorParallelGPT(tp, cfg, SpOptions{.mode = SpMode::Ring, .ring = &sp}),
-                         "TensorParallelGPT: dropout is not supported with sequence parallelism, got 0.1",
                          InvalidArgumentError);
     cfg.dropout = 0.0;
     CHECK_THROWS_WITH_AS(SequenceParallelGPT(cfg, {.mode = SpMode::Ring}),

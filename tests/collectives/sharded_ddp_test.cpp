@@ -188,6 +188,60 @@ TEST_CASE("after 5 AdamW steps the parameters equal DDP's with the plain optimiz
   }
 }
 
+TEST_CASE("setLr changes every group's learning rate for the next steps, as the plain optimizer's does") {
+  constexpr int world = 2;
+  const std::vector<double> lrs = {0.02, 0.005, 0.05};
+  std::vector<std::vector<Tensor>> plain(world), sharded(world);
+  {
+    Ranks ranks(world);
+    ranks.onEachRank([&](int r) {
+      auto net = std::make_shared<Net>(1 + static_cast<uint64_t>(r));
+      DistributedDataParallel ddp(net, ranks[r]);
+      nn::optim::AdamW opt(nn::optim::decayGroups(net->namedParameters(), adamw()));
+      for (size_t s = 0; s < lrs.size(); ++s) {
+        opt.setLr(lrs[s]);
+        opt.zeroGrad();
+        lossOf(ddp.forward(batchFor(r, static_cast<int>(s)))).backward();
+        opt.step();
+      }
+      for (const Tensor& p : net->parameters()) plain[static_cast<size_t>(r)].push_back(p.detach().clone());
+    });
+  }
+  std::vector<double> seen(world);
+  {
+    Ranks ranks(world);
+    ranks.onEachRank([&](int r) {
+      auto net = std::make_shared<Net>(1 + static_cast<uint64_t>(r));
+      Sdp sdp(net, nn::optim::decayGroups(net->namedParameters(), adamw()), ranks[r], {.bucketCapBytes = kCap});
+      for (size_t s = 0; s < lrs.size(); ++s) {
+        sdp.setLr(lrs[s]);
+        sdp.zeroGrad();
+        lossOf(sdp.forward(batchFor(r, static_cast<int>(s)))).backward();
+        sdp.step();
+      }
+      seen[static_cast<size_t>(r)] = sdp.lr(1);
+      for (const Tensor& p : net->parameters()) sharded[static_cast<size_t>(r)].push_back(p.detach().clone());
+    });
+  }
+  for (int r = 0; r < world; ++r) {
+    CHECK(seen[static_cast<size_t>(r)] == lrs.back());
+    for (size_t i = 0; i < plain[0].size(); ++i) {
+      INFO("rank " << r << " parameter " << i);
+      CHECK(allclose(sharded[static_cast<size_t>(r)][i], plain[static_cast<size_t>(r)][i], 0, 1e-6));
+    }
+  }
+  auto net = std::make_shared<Net>(1);
+  Ranks one(1);
+  one.onEachRank([&](int r) {
+    Sdp sdp(net, nn::optim::decayGroups(net->namedParameters(), adamw()), one[r]);
+    sdp.setLr(0, 0.5);
+    CHECK(sdp.lr(0) == 0.5);
+    CHECK(sdp.lr(1) == 0.02);
+    CHECK(contains(errorOf([&] { sdp.setLr(2, 0.1); }), "ShardedDataParallel::setLr: group 2 out of range for 2 groups"));
+    CHECK(contains(errorOf([&] { (void)sdp.lr(5); }), "ShardedDataParallel::lr: group 5 out of range"));
+  });
+}
+
 TEST_CASE("passes without zeroGrad between them add up in the gradient shard, as DDP's do in .grad") {
   Ranks ranks(3);
   std::vector<Tensor> ddpGrads;

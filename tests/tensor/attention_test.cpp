@@ -301,6 +301,61 @@ TEST_CASE("attention dropout is reproducible from the generator's state and diff
   CHECK(run(nullptr) == first);
 }
 
+TEST_CASE("a dropout frame gives a call its part of a larger attention's mask: heads, query rows, key blocks") {
+  const Case c{2, 4, 40, 40, 8, true, 0, 0};
+  std::vector<Tensor> in = inputs(c, DType::Float64, 31);
+  const Tensor gradOut = randn({2, 4, 40, 8}, {.dtype = DType::Float64}, nullptr);
+  // The whole attention, with dropout from a generator of seed 5; out and the gradients of sum(out·gradOut).
+  std::vector<Tensor> leaves;
+  for (const Tensor& t : in) leaves.push_back(t.detach().clone().requiresGrad_());
+  Generator whole(5);
+  Tensor out = scaledDotProductAttention(leaves[0], leaves[1], leaves[2],
+                                         {.causal = true, .dropout = 0.3, .generator = &whole});
+  sum(mul(out, gradOut)).backward();
+  using Frame = AttentionOptions::DropoutFrame;
+  const Frame frame{.heads = 4, .headOffset = 0, .queries = 40, .keys = 40};
+  SUBCASE("two calls of two heads each") {
+    for (int64_t h0 : {0, 2}) {
+      CAPTURE(h0);
+      std::vector<Tensor> part;
+      for (const Tensor& t : in) part.push_back(t.narrow(1, h0, 2).contiguous().requiresGrad_());
+      Generator g(5);
+      Frame f = frame;
+      f.headOffset = h0;
+      Tensor y = scaledDotProductAttention(part[0], part[1], part[2],
+                                           {.causal = true, .dropout = 0.3, .generator = &g, .dropoutFrame = f});
+      sum(mul(y, gradOut.narrow(1, h0, 2))).backward();
+      CHECK(max(abs(y - out.narrow(1, h0, 2))).item<double>() < 1e-12);
+      for (size_t i = 0; i < 3; ++i) {
+        CHECK(max(abs(part[i].grad() - leaves[i].grad().narrow(1, h0, 2))).item<double>() < 1e-12);
+      }
+      // Without the frame the second pair of heads would draw the first pair's mask.
+      Generator again(5);
+      Tensor plain = scaledDotProductAttention(part[0], part[1], part[2],
+                                               {.causal = true, .dropout = 0.3, .generator = &again});
+      if (h0 == 2) CHECK(max(abs(plain - out.narrow(1, h0, 2))).item<double>() > 1e-3);
+    }
+  }
+  SUBCASE("the last 16 query rows against two key blocks, merged") {
+    Tensor q = in[0].narrow(2, 24, 16).contiguous();
+    AttentionOutput parts[2];
+    for (int blk = 0; blk < 2; ++blk) {
+      Generator g(5);
+      parts[blk] = scaledDotProductAttentionWithLse(
+          q, in[1].narrow(2, 20 * blk, 20).contiguous(), in[2].narrow(2, 20 * blk, 20).contiguous(),
+          {.causal = true, .queryOffset = 24, .keyOffset = 20 * blk, .dropout = 0.3, .generator = &g,
+           .dropoutFrame = frame});
+    }
+    CHECK(max(abs(mergeAttention(parts[0], parts[1]).out - out.narrow(2, 24, 16))).item<double>() < 1e-12);
+  }
+  SUBCASE("a frame that does not hold the call") {
+    Frame small = frame;
+    small.headOffset = 1;
+    CHECK_THROWS_WITH_AS(scaledDotProductAttention(in[0], in[1], in[2], {.dropout = 0.3, .dropoutFrame = small}),
+                         doctest::Contains("does not hold q of shape [2, 4, 40, 8]"), InvalidArgumentError);
+  }
+}
+
 TEST_CASE("attention dropout drops about p of the probabilities, independently per head, and scales the rest") {
   // With v the identity (Sk = D), out is the matrix of probabilities itself:
   // P ∘ Z, Z = 0 or 1/(1-p).

@@ -25,6 +25,12 @@
 //             clipGradNorm(0.01) against nn::clipGradNorm_ on the whole model (the norm and the
 //             clipped gradients); "model fwd_allreduces ... bwd_bytes B" the traffic of the loss
 //             and its backward; "errors heads <ErrorType>: ... target <ErrorType>: ...".
+//   tpvocab   [T ranks, T = 2 or 4] The GPT of tp64 with a vocabulary of 29 (padded to 30 or 32):
+//             "tpvocab loss_diff_fe N logits_diff_fe N padding_fe N grad_diff_fe N norm_diff_fe N
+//             state_shapes 0|1 state_diff_fe N local L real R": the loss, this rank's real logits
+//             columns and every gradient (against the whole model's, padded by shard) in 1e-15, the
+//             largest padding logit, clipGradNorm's norm against nn::clipGradNorm_'s, fullStateDict
+//             against the whole model's parameters, this rank's rows and real rows.
 //   ulysses   [P ranks, P dividing 4] Causal attention over q, k, v [2, 4, 8, 4] float64 whole on
 //             every rank, and ulyssesAttention over this rank's 8/P tokens: "ulysses out_diff_fe N
 //             grad_diff_fe N fwd_a2a A fwd_bytes B bwd_a2a A bwd_bytes B local_bytes L" (this rank's
@@ -32,7 +38,8 @@
 //             "ulysses_error <ErrorType>: <message>" for 2·P + 1 heads.
 //   ring      [P ranks, P dividing 8] Attention over q, k, v [2, 2, 16, 4] float64 whole on every
 //             rank, and ringAttention over this rank's tokens, for each layout (contiguous, zigzag)
-//             and mask (causal, full): "ring_<layout>_<causal|full> out_diff_fe N grad_diff_fe N
+//             and mask (causal, full, causal with dropout 0.3 from the default generator seeded
+//             alike): "ring_<layout>_<causal|full|dropout> out_diff_fe N grad_diff_fe N
 //             fwd_sends S fwd_bytes B bwd_sends S bwd_bytes B local_bytes L".
 //   hybrid    [4 ranks] Mesh {ring: 2, ulysses: 2}: causal attention over [2, 4, 16, 4] float64
 //             against hybridAttention over this rank's 4 tokens, for each ring layout:
@@ -251,6 +258,63 @@ void runTp(ProcessGroup& world, DType dtype) {
   world.barrier().wait();
 }
 
+void runTpVocab(ProcessGroup& world) {
+  using namespace weft::collectives;
+  Mesh mesh(world, {{"tp", world.size()}});
+  auto tp = std::make_shared<TpGroup>(mesh.group("tp"));
+  weft::nn::GPTConfig cfg{.vocabSize = 29, .blockSize = 16, .layers = 2, .heads = 4, .width = 16};
+  Generator init(7);
+  auto full = std::make_shared<weft::nn::GPT>(cfg, &init);
+  full->to(DType::Float64);
+  auto model = std::make_shared<TensorParallelGPT>(tp, cfg);
+  model->to(DType::Float64);
+  model->loadFrom(*full);
+
+  Generator data(11);
+  Tensor idx = weft::randint(0, cfg.vocabSize, {2, 8}, {.dtype = DType::Int64}, &data);
+  Tensor targets = weft::randint(0, cfg.vocabSize, {2, 8}, {.dtype = DType::Int64}, &data);
+  {
+    weft::NoGradGuard noGrad;
+    targets.view({-1}).narrow(0, 0, 1).fill_(cfg.vocabSize - 1);  // the last rank's last real column
+    targets.view({-1}).narrow(0, 3, 1).fill_(-100);
+  }
+  Tensor fullLogits = full->forward(idx);
+  Tensor fullLoss = full->loss(idx, targets);
+  fullLoss.backward();
+  Tensor loss = model->loss(idx, targets);
+  loss.backward();
+  Tensor logits;
+  {
+    weft::NoGradGuard noGrad;
+    logits = model->forward(idx);
+  }
+  const int64_t real = model->wte()->localVocab(), local = logits.size(2);
+  long long logitsDiff = diffFe(logits.narrow(2, 0, real), fullLogits.narrow(2, model->wte()->vocabStart(), real));
+  long long padding = 0;
+  if (real < local) padding = diffFe(logits.narrow(2, real, local - real), weft::zerosLike(logits.narrow(2, real, local - real)));
+  std::map<std::string, Tensor> fullParams;
+  for (auto& [n, p] : full->namedParameters()) fullParams[n] = p;
+  long long gradDiff = 0;
+  for (auto& [n, p] : model->namedParameters()) {
+    gradDiff = std::max(gradDiff, diffFe(p.grad(), model->shard(n, fullParams.at(n).grad())));
+  }
+  const double fullNorm = weft::nn::clipGradNorm_(full->parameters(), 0.01);
+  const double norm = model->clipGradNorm(0.01);
+  weft::nn::StateDict gathered = model->fullStateDict();
+  long long stateDiff = 0;
+  bool shapes = gathered.size() == fullParams.size();
+  for (auto& [n, p] : fullParams) {
+    shapes = shapes && gathered.count(n) && gathered.at(n).shape() == p.shape();
+    if (shapes) stateDiff = std::max(stateDiff, diffFe(gathered.at(n), p));
+  }
+  sayLine("tpvocab loss_diff_fe " + std::to_string(diffFe(loss, fullLoss)) + " logits_diff_fe " +
+          std::to_string(logitsDiff) + " padding_fe " + std::to_string(padding) + " grad_diff_fe " +
+          std::to_string(gradDiff) + " norm_diff_fe " + std::to_string(std::llround(std::abs(norm - fullNorm) * 1e15)) +
+          " state_shapes " + std::to_string(shapes ? 1 : 0) + " state_diff_fe " + std::to_string(stateDiff) +
+          " local " + std::to_string(local) + " real " + std::to_string(real));
+  world.barrier().wait();
+}
+
 void runUlysses(ProcessGroup& world) {
   using namespace weft::collectives;
   Mesh mesh(world, {{"sp", world.size()}});
@@ -300,7 +364,11 @@ void runRing(ProcessGroup& world) {
   const int64_t b = 2, h = 2, s = 16, d = 4;
   weft::TensorOptions f64{.dtype = DType::Float64};
   for (RingLayout layout : {RingLayout::Contiguous, RingLayout::ZigZag}) {
-    for (bool causal : {true, false}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      // Causal, full, and causal with dropout 0.3 (every rank's default generator seeded as the
+      // whole attention's).
+      const bool causal = variant != 1;
+      const double drop = variant == 2 ? 0.3 : 0.0;
       Generator gen(31);
       Tensor q = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
       Tensor k = weft::randn({b, h, s, d}, f64, &gen).requiresGrad_();
@@ -308,6 +376,8 @@ void runRing(ProcessGroup& world) {
       Tensor w = weft::randn({b, h, s, d}, f64, &gen);
       weft::AttentionOptions o;
       o.causal = causal;
+      o.dropout = drop;
+      weft::manualSeed(77);
       Tensor y = weft::scaledDotProductAttention(q, k, v, o);
       weft::sum(y * w).backward();
       auto mine = [&](const Tensor& t) { return shardSequence(t.detach(), 2, sp, layout); };
@@ -316,6 +386,8 @@ void runRing(ProcessGroup& world) {
       RingOptions ro;
       ro.causal = causal;
       ro.layout = layout;
+      ro.dropout = drop;
+      weft::manualSeed(77);
       Tensor yl = ringAttention(sp, ql, kl, vl, ro);
       SpGroup::Transfers fwd = sp.transfers();
       weft::sum(yl * mine(w)).backward();
@@ -323,7 +395,7 @@ void runRing(ProcessGroup& world) {
       long long gradDiff = std::max({diffFe(ql.grad(), mine(q.grad())), diffFe(kl.grad(), mine(k.grad())),
                                      diffFe(vl.grad(), mine(v.grad()))});
       sayLine(std::string("ring_") + (layout == RingLayout::ZigZag ? "zigzag" : "contiguous") +
-              (causal ? "_causal" : "_full") + " out_diff_fe " + std::to_string(diffFe(yl, mine(y))) +
+              (variant == 2 ? "_dropout" : causal ? "_causal" : "_full") + " out_diff_fe " + std::to_string(diffFe(yl, mine(y))) +
               " grad_diff_fe " + std::to_string(gradDiff) + " fwd_sends " + std::to_string(fwd.forwardSends) +
               " fwd_bytes " + std::to_string(fwd.forwardBytes) + " bwd_sends " + std::to_string(all.backwardSends) +
               " bwd_bytes " + std::to_string(all.backwardBytes) + " local_bytes " + std::to_string(ql.nbytes()));
@@ -536,7 +608,7 @@ void runDpTp(ProcessGroup& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "hybrid", "spgpt", "tpsp", "dptp"}, argc, argv,
+  return weft::testing::workerMain("tp_worker", {"mesh", "mismatch", "tp64", "tp32", "ulysses", "ring", "hybrid", "spgpt", "tpsp", "dptp", "tpvocab"}, argc, argv,
                                    [](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -554,6 +626,7 @@ int main(int argc, char** argv) {
       else if (scenario == "hybrid") runHybrid(*pg);
       else if (scenario == "spgpt") runSpGpt(*pg);
       else if (scenario == "tpsp") runTpSp(*pg);
+      else if (scenario == "tpvocab") runTpVocab(*pg);
       else runTp(*pg, scenario == "tp64" ? DType::Float64 : DType::Float32);
     }
     if (opt.rank == 0) {

@@ -1,0 +1,69 @@
+// The gpt example's process-mesh layouts (--dp D, --tp T, --sp S with --sp-mode, under weftrun -n
+// D·T·S): the job's processes arranged as a collectives::Mesh of the sizes above 1, in the order
+// {dp, sp, tp} (tensor parallelism innermost, on neighbouring ranks; --sp-mode 2d splits sp into
+// {ring, ulysses}), and one Layout per kind of model:
+//  - data parallel alone (dp_layout.cpp): nn::GPT under DistributedDataParallel with AdamW, or
+//    with --zero 1 ZeroRedundancyOptimizer, or with --zero 2 ShardedDataParallel;
+//  - tensor parallel (tp_layout.cpp): collectives::TensorParallelGPT over the tp groups, its tokens
+//    split over the sp groups when --sp > 1, DistributedDataParallel over the dp groups;
+//  - sequence parallel without tp (sp_layout.cpp): collectives::SequenceParallelGPT over the sp
+//    groups, DistributedDataParallel over the dp groups.
+// Every process builds the one-process model from the run's seed and takes its part of it, so the
+// job starts from the one-process run's weights. --batch-size is each data-parallel replica's:
+// the dp replicas draw disjoint shares of the job's windows (TextDataset::batch), and D replicas of
+// batch B train on the windows one process draws with batch D·B; the processes of a tp or sp group
+// share their replica's windows. The loss of a step is the mean over the replicas' batches, the
+// gradient norm is clipped over the whole model, and evaluation and sampling run on every process
+// alike (the sample from the whole model, gathered). World rank 0 reports.
+//
+// Errors: InvalidArgumentError when the job's size is not D·T·S (naming both), and the models'
+// and groups' errors (collectives/*.h).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/mesh.h"
+#include "collectives/process_group.h"
+#include "collectives/sequence_parallel.h"
+#include "layout.h"
+#include "nn/transformer.h"
+#include "tensor/generator.h"
+
+namespace weft::examples::gpt {
+
+// The job's process group and its mesh, with the sequence-parallel groups the flags ask for.
+struct MeshJob {
+  std::unique_ptr<collectives::ProcessGroup> world;
+  std::unique_ptr<collectives::Mesh> mesh;
+  std::unique_ptr<collectives::SpGroup> ulysses;  // --sp-mode ulysses or 2d
+  std::unique_ptr<collectives::SpGroup> ring;     // --sp-mode ring or 2d
+
+  // The group of dimension `name`, or null when the mesh does not have it (size 1).
+  collectives::ProcessGroup* group(const std::string& name) const;
+  // The sequence-parallel options of the flags' mode (std::nullopt-like: mode unused when sp = 1).
+  collectives::SpOptions spOptions() const;
+  bool sequenceParallel() const { return ulysses != nullptr || ring != nullptr; }
+};
+
+// Joins the job (collectives::init) and builds the mesh; collective over the job.
+MeshJob makeMeshJob(const Flags& flags);
+// The one-process model of the run: the same initial weights as layout.cpp's.
+std::shared_ptr<nn::GPT> initialModel(const Flags& flags);
+// The mean over the dp group of `loss` (itself without one).
+double meanOverReplicas(const MeshJob& job, double loss);
+// "mesh {dp: 2, tp: 2}, 2 kernel threads per process".
+std::string describeMesh(const MeshJob& job);
+// `prompt` continued by `model` (a whole nn::GPT) as Layout::sample says.
+std::string sampleText(nn::GPT& model, const std::string& prompt, int64_t tokens, double temperature, int64_t topK,
+                       Generator& gen);
+
+std::unique_ptr<Layout> makeDataParallelLayout(const Flags& flags);
+std::unique_ptr<Layout> makeTensorParallelLayout(const Flags& flags);
+std::unique_ptr<Layout> makeSequenceParallelLayout(const Flags& flags);
+
+// The layout of a mesh the flags ask for (meshLayout(flags)).
+std::unique_ptr<Layout> makeMeshLayout(const Flags& flags);
+
+}  // namespace weft::examples::gpt
