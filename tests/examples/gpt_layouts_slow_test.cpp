@@ -3,6 +3,7 @@
 // loss at every one of 20 steps equals the one-process run's to float rounding; bad combinations
 // are usage errors naming the problem. A vocabulary the tp group does not divide is padded.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -46,7 +47,9 @@ std::vector<double> stepLosses(const std::string& csv) {
 // The losses of the run of `args` (with `launch` in front: weftrun -n N, or nothing), whose
 // output goes to `out`.
 std::vector<double> train(const std::string& launch, const std::string& args, std::string& out) {
-  const std::string csv = "gpt_layouts_test_metrics.csv";
+  // A name of this process's own: CTest runs the test cases as concurrent processes in one folder.
+  static int runs = 0;
+  const std::string csv = "gpt_layouts_test_metrics_" + std::to_string(::getpid()) + "_" + std::to_string(runs++) + ".csv";
   std::remove(csv.c_str());
   const int rc = runShell(launch + std::string(WEFT_GPT) + kTiny + args + " --metrics " + csv + " 2>&1", out);
   INFO(out);
