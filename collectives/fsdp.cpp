@@ -97,38 +97,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   detail::checkLayoutsAgree(group_, sizes, flatOrder, kWho);
 
   // Rank 0's parameters and buffers everywhere.
+  detail::broadcastModuleState(group_, *module_, kWho);
   NoGradGuard noGrad;
-  if (group_.size() > 1) {
-    std::vector<Tensor> targets = module_->parameters();
-    for (const Tensor& b : module_->buffers()) targets.push_back(b);
-    std::vector<Tensor> sent;
-    std::vector<Work> works;
-    std::exception_ptr failure;
-    try {
-      for (const Tensor& t : targets) {
-        sent.push_back(t.contiguous().clone());
-        works.push_back(group_.broadcast(sent.back(), 0));
-      }
-    } catch (const std::exception&) {
-      failure = std::current_exception();
-    }
-    for (Work& w : works) {
-      try {
-        w.wait();
-      } catch (const std::exception&) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) {
-      detail::rethrowPrefixed(failure, std::string(kWho) + ": broadcasting the parameters and buffers from rank 0 "
-                                                           "failed (every rank must wrap a module with the same "
-                                                           "parameters and buffers): ");
-    }
-    for (size_t i = 0; i < targets.size(); ++i) {
-      Tensor target = targets[i];
-      target.copy_(sent[i]);
-    }
-  }
 
   // Each unit's flat storage: the parameters become views of it; this rank keeps its shard.
   const int64_t n = group_.size();

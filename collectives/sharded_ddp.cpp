@@ -86,37 +86,7 @@ ShardedDataParallel::~ShardedDataParallel() {
 }
 
 void ShardedDataParallel::broadcastState() {
-  if (group_.size() == 1) return;
-  std::vector<Tensor> targets = module_->parameters();
-  for (const Tensor& b : module_->buffers()) targets.push_back(b);
-  NoGradGuard noGrad;
-  std::vector<Tensor> sent;
-  std::vector<Work> works;
-  std::exception_ptr failure;
-  try {
-    for (const Tensor& t : targets) {
-      sent.push_back(t.contiguous().clone());
-      works.push_back(group_.broadcast(sent.back(), 0));
-    }
-  } catch (const std::exception&) {
-    failure = std::current_exception();
-  }
-  for (Work& w : works) {
-    try {
-      w.wait();
-    } catch (const std::exception&) {
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) {
-    detail::rethrowPrefixed(failure,
-                            "ShardedDataParallel: broadcasting the parameters and buffers from rank 0 failed (every "
-                            "rank must wrap a module with the same parameters and buffers): ");
-  }
-  for (size_t i = 0; i < targets.size(); ++i) {
-    Tensor target = targets[i];  // a handle: copy_ writes the module's tensor
-    target.copy_(sent[i]);
-  }
+  detail::broadcastModuleState(group_, *module_, "ShardedDataParallel");
 }
 
 void ShardedDataParallel::layOut() {

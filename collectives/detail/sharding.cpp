@@ -4,6 +4,7 @@
 
 #include "collectives/object_collectives.h"
 #include "common/error.h"
+#include "tensor/autograd.h"
 
 namespace weft::collectives::detail {
 
@@ -70,6 +71,39 @@ void checkLayoutsAgree(ProcessGroup& group, const std::vector<size_t>& groupSize
                                ": the ranks wrap different parameters (every rank must pass the same groups of "
                                "parameters of the same shapes): " +
                                what);
+  }
+}
+
+void broadcastModuleState(ProcessGroup& group, nn::Module& module, const std::string& who) {
+  if (group.size() == 1) return;
+  std::vector<Tensor> targets = module.parameters();
+  for (const Tensor& b : module.buffers()) targets.push_back(b);
+  NoGradGuard noGrad;
+  std::vector<Tensor> sent;
+  std::vector<Work> works;
+  std::exception_ptr failure;
+  try {
+    for (const Tensor& t : targets) {
+      sent.push_back(t.contiguous().clone());
+      works.push_back(group.broadcast(sent.back(), 0));
+    }
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  for (Work& w : works) {
+    try {
+      w.wait();
+    } catch (const std::exception&) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) {
+    rethrowPrefixed(failure, who + ": broadcasting the parameters and buffers from rank 0 failed (every rank must "
+                                   "wrap a module with the same parameters and buffers): ");
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    Tensor target = targets[i];  // a handle: copy_ writes the module's tensor
+    target.copy_(sent[i]);
   }
 }
 

@@ -1,6 +1,7 @@
 // What the data-parallel wrappers share: error prefixing (ddp.h, zero.h,
-// sharded_ddp.h) and, for the sharded ones (zero.h, sharded_ddp.h), the
-// check that every rank wraps the same parameters.
+// sharded_ddp.h, fsdp.h) and, for the sharded ones (zero.h, sharded_ddp.h,
+// fsdp.h), the check that every rank wraps the same parameters and the
+// broadcast of rank 0's module state.
 #pragma once
 
 #include <exception>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "collectives/process_group.h"
+#include "nn/module.h"
 #include "tensor/tensor.h"
 
 namespace weft::collectives::detail {
@@ -22,5 +24,13 @@ namespace weft::collectives::detail {
 // elements of float32 on rank 0 but 6 elements of float32 on rank 1").
 void checkLayoutsAgree(ProcessGroup& group, const std::vector<size_t>& groupSizes, const std::vector<Tensor>& params,
                        const std::string& who);
+
+// Collective (nothing on a group of one): every rank's parameters and
+// buffers of `module` take rank 0's values, one broadcast per tensor (of a
+// contiguous copy, written back once all have arrived). Every broadcast is
+// waited for before a failure is rethrown, as its own type, "<who>:
+// broadcasting the parameters and buffers from rank 0 failed (every rank
+// must wrap a module with the same parameters and buffers): <error>".
+void broadcastModuleState(ProcessGroup& group, nn::Module& module, const std::string& who);
 
 }  // namespace weft::collectives::detail
