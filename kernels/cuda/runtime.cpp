@@ -191,23 +191,25 @@ DeviceGuard::~DeviceGuard() {
 }
 
 const DeviceProperties& properties(int device) {
-  static std::array<std::unique_ptr<DeviceProperties>, kMaxDevices> props;
+  // Read before every launch (blocksFor): filled once per device under the
+  // lock, then read without it.
+  static std::array<std::atomic<const DeviceProperties*>, kMaxDevices> props{};
   static std::mutex mu;
   checkDevice(device, "reading device properties");
+  if (const DeviceProperties* known = props[device].load(std::memory_order_acquire)) return *known;
   std::lock_guard<std::mutex> lk(mu);
-  auto& p = props[device];
-  if (!p) {
-    cudaDeviceProp dp;
-    CHECK_CUDA(cudaGetDeviceProperties(&dp, device), "cudaGetDeviceProperties", device);
-    p = std::make_unique<DeviceProperties>();
-    p->multiprocessors = dp.multiProcessorCount;
-    p->maxThreadsPerBlock = dp.maxThreadsPerBlock;
-    p->sharedMemPerBlockOptin = dp.sharedMemPerBlockOptin;
-    p->major = dp.major;
-    p->minor = dp.minor;
-    p->totalMemory = dp.totalGlobalMem;
-    std::memcpy(p->name, dp.name, std::min(sizeof(p->name) - 1, sizeof(dp.name)));
-  }
+  if (const DeviceProperties* known = props[device].load(std::memory_order_relaxed)) return *known;
+  cudaDeviceProp dp;
+  CHECK_CUDA(cudaGetDeviceProperties(&dp, device), "cudaGetDeviceProperties", device);
+  auto* p = new DeviceProperties();  // kept for the process's life
+  p->multiprocessors = dp.multiProcessorCount;
+  p->maxThreadsPerBlock = dp.maxThreadsPerBlock;
+  p->sharedMemPerBlockOptin = dp.sharedMemPerBlockOptin;
+  p->major = dp.major;
+  p->minor = dp.minor;
+  p->totalMemory = dp.totalGlobalMem;
+  std::memcpy(p->name, dp.name, std::min(sizeof(p->name) - 1, sizeof(dp.name)));
+  props[device].store(p, std::memory_order_release);
   return *p;
 }
 
