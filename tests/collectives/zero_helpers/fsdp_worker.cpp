@@ -28,6 +28,7 @@
 #include "collectives/fsdp.h"
 #include "collectives/gloo/detail/group.h"
 #include "mp_worker.h"
+#include "collectives/zero_helpers/tiny_gpt_job.h"
 #include "nn/functional.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
@@ -45,50 +46,17 @@ using weft::collectives::DistributedDataParallel;
 using weft::collectives::FullyShardedDataParallel;
 using weft::collectives::ProcessGroupGloo;
 using weft::testing::say;
+using weft::testing::zero::adamw;
+using weft::testing::zero::batch;
+using weft::testing::zero::lossOf;
+using weft::testing::zero::settledLiveBytes;
+using weft::testing::zero::tinyGpt;
 
 int gRank = 0;
 constexpr int kSteps = 10;
 
 void sayLine(const std::string& line) { say(weft::testing::prefix(gRank) + line); }
 
-std::shared_ptr<weft::nn::GPT> tinyGpt() {
-  weft::nn::GPTConfig c;
-  c.vocabSize = 64;
-  c.blockSize = 16;
-  c.layers = 2;
-  c.heads = 2;
-  c.width = 32;
-  Generator init(11);
-  return std::make_shared<weft::nn::GPT>(c, &init);
-}
-
-std::pair<Tensor, Tensor> batch(int rank, int step) {
-  Generator gen(900 + static_cast<uint64_t>(rank) * 37 + static_cast<uint64_t>(step));
-  Tensor idx = weft::randint(0, 64, {4, 16}, {.dtype = weft::DType::Int64}, &gen);
-  Tensor targets = weft::randint(0, 64, {4, 16}, {.dtype = weft::DType::Int64}, &gen);
-  return {idx, targets};
-}
-
-weft::nn::optim::AdamWOptions adamw() { return {.lr = 3e-3, .betas = {0.9, 0.95}, .eps = 1e-8, .weightDecay = 0.1}; }
-
-Tensor lossOf(const Tensor& logits, const Tensor& targets) {
-  return weft::nn::functional::crossEntropy(logits.view({-1, 64}), targets.view({-1}));
-}
-
-// The bytes held by tensors once the group's thread has let go of the tensors of finished
-// collectives (see zero_worker.cpp).
-size_t settledLiveBytes(ProcessGroupGloo& pg) {
-  pg.barrier().wait();
-  size_t last = weft::Storage::memoryStats().liveBytes;
-  int same = 0;
-  for (int i = 0; i < 400 && same < 3; ++i) {
-    std::this_thread::sleep_for(5ms);
-    const size_t now = weft::Storage::memoryStats().liveBytes;
-    same = now == last ? same + 1 : 0;
-    last = now;
-  }
-  return last;
-}
 
 void runGpt(ProcessGroupGloo& pg) {
   const int me = pg.rank();

@@ -32,6 +32,7 @@
 #include "collectives/sharded_ddp.h"
 #include "collectives/zero.h"
 #include "mp_worker.h"
+#include "collectives/zero_helpers/tiny_gpt_job.h"
 #include "nn/functional.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
@@ -50,49 +51,17 @@ using weft::collectives::ProcessGroupGloo;
 using weft::collectives::ShardedDataParallel;
 using weft::collectives::ZeroRedundancyOptimizer;
 using weft::testing::say;
+using weft::testing::zero::adamw;
+using weft::testing::zero::batch;
+using weft::testing::zero::lossOf;
+using weft::testing::zero::settledLiveBytes;
+using weft::testing::zero::tinyGpt;
 
 int gRank = 0;
 constexpr int kSteps = 5;
 
 void sayLine(const std::string& line) { say(weft::testing::prefix(gRank) + line); }
 
-std::shared_ptr<weft::nn::GPT> tinyGpt() {
-  weft::nn::GPTConfig c;
-  c.vocabSize = 64;
-  c.blockSize = 16;
-  c.layers = 2;
-  c.heads = 2;
-  c.width = 32;
-  Generator init(11);
-  return std::make_shared<weft::nn::GPT>(c, &init);
-}
-
-std::pair<Tensor, Tensor> batch(int rank, int step) {
-  Generator gen(900 + static_cast<uint64_t>(rank) * 37 + static_cast<uint64_t>(step));
-  Tensor idx = weft::randint(0, 64, {4, 16}, {.dtype = weft::DType::Int64}, &gen);
-  Tensor targets = weft::randint(0, 64, {4, 16}, {.dtype = weft::DType::Int64}, &gen);
-  return {idx, targets};
-}
-
-weft::nn::optim::OptimizerOptions adamw() {
-  return weft::nn::optim::AdamWOptions{.lr = 3e-3, .betas = {0.9, 0.95}, .eps = 1e-8, .weightDecay = 0.1};
-}
-
-// The bytes held by tensors once the group's thread has let go of the tensors of finished
-// collectives: it drops an op only after completing its Work, so after a barrier, the count is
-// read until it stays put (three equal reads 5 ms apart, at most 2 s).
-size_t settledLiveBytes(ProcessGroupGloo& pg) {
-  pg.barrier().wait();
-  size_t last = weft::Storage::memoryStats().liveBytes;
-  int same = 0;
-  for (int i = 0; i < 400 && same < 3; ++i) {
-    std::this_thread::sleep_for(5ms);
-    const size_t now = weft::Storage::memoryStats().liveBytes;
-    same = now == last ? same + 1 : 0;
-    last = now;
-  }
-  return last;
-}
 
 std::vector<Tensor> snapshot(const weft::nn::Module& m) {
   std::vector<Tensor> out;
@@ -163,7 +132,7 @@ void runGpt(ProcessGroupGloo& pg) {
     for (int s = 0; s < kSteps; ++s) {
       opt.zeroGrad();
       auto [idx, targets] = batch(me, s);
-      weft::nn::functional::crossEntropy(ddp.forward(idx).view({-1, 64}), targets.view({-1})).backward();
+      lossOf(ddp.forward(idx), targets).backward();
       if (s == 0) {
         const std::vector<Tensor> params = net->parameters();
         for (size_t i = 0; i < params.size(); ++i) firstGrads[i].copy_(params[i].grad());
@@ -187,7 +156,7 @@ void runGpt(ProcessGroupGloo& pg) {
     for (int s = 0; s < kSteps; ++s) {
       opt.zeroGrad();
       auto [idx, targets] = batch(me, s);
-      weft::nn::functional::crossEntropy(ddp.forward(idx).view({-1, 64}), targets.view({-1})).backward();
+      lossOf(ddp.forward(idx), targets).backward();
       opt.step();
     }
     int64_t grads = 0;
@@ -202,7 +171,7 @@ void runGpt(ProcessGroupGloo& pg) {
     for (int s = 0; s < kSteps; ++s) {
       sdp.zeroGrad();
       auto [idx, targets] = batch(me, s);
-      weft::nn::functional::crossEntropy(sdp.forward(idx).view({-1, 64}), targets.view({-1})).backward();
+      lossOf(sdp.forward(idx), targets).backward();
       if (s == 0) compareFirstGradients(sdp, *net, firstGrads);
       sdp.step();
     }
@@ -233,7 +202,7 @@ void runKill(ProcessGroupGloo& pg, bool stage2) {
     for (int s = 0; s < 2; ++s) {
       auto [idx, targets] = batch(me, s);
       Tensor logits = stage2 ? sdp->forward(idx) : ddp->forward(idx);
-      Tensor loss = weft::nn::functional::crossEntropy(logits.view({-1, 64}), targets.view({-1}));
+      Tensor loss = lossOf(logits, targets);
       if (me == 1 && s == 1 && stage2) ::_exit(3);
       loss.backward();
       if (me == 1 && s == 1 && !stage2) ::_exit(3);
