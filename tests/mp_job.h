@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "captured_text.h"
 #include "rpc/agent_group.h"
 #include "tools/subprocess.h"
 
@@ -120,6 +121,24 @@ inline std::string resultsText(const std::vector<Subprocess::Result>& results) {
 // One MESSAGE per rank with its resultText.
 inline void dumpResults(const std::vector<Subprocess::Result>& results) {
   for (size_t r = 0; r < results.size(); ++r) MESSAGE(resultText(r, results[r]));
+}
+
+// True when every rank ended in time with exit 0 after printing "rank R done"; otherwise dumps
+// every rank's result (dumpResults) and returns false: REQUIRE(allClean(results)).
+inline bool allClean(const std::vector<Subprocess::Result>& results) {
+  bool ok = true;
+  for (size_t r = 0; r < results.size(); ++r) {
+    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
+         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
+  }
+  if (!ok) dumpResults(results);
+  return ok;
+}
+
+// The number after `key` on rank `rank`'s line that starts with `first` ("rank R <first> ... key v").
+inline long long rankField(const std::string& out, int rank, const std::string& first, const std::string& key) {
+  const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ");
+  return numberAfter(line, " " + key + " ");
 }
 
 }  // namespace weft::testing

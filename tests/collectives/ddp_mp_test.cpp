@@ -17,7 +17,9 @@
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
+using weft::testing::allClean;
 using weft::testing::MpJob;
+using weft::testing::rankField;
 using weft::testing::numberAfter;
 using weft::testing::rankPrefix;
 using weft::testing::restOfLine;
@@ -26,16 +28,6 @@ namespace {
 
 
 // Exit status 0 and "rank R done"; dumps every rank's output otherwise.
-bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
-  bool ok = true;
-  for (size_t r = 0; r < results.size(); ++r) {
-    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
-         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
-  }
-  if (!ok) weft::testing::dumpResults(results);
-  return ok;
-}
-
 // Every rank's result of ddp_worker playing `scenario` on `world` ranks, once all have ended
 // cleanly (REQUIREd) within `timeout`; CHECKs that every process is gone.
 std::vector<weft::testing::Subprocess::Result> runDdpJob(const std::string& scenario, int world,
@@ -49,11 +41,6 @@ std::vector<weft::testing::Subprocess::Result> runDdpJob(const std::string& scen
 
 // The number after `key` among the "key value" pairs of rank `rank`'s line that starts with `first`
 // ("rank R <first> v <key> v ..."); -1 when absent.
-long long field(const std::string& out, int rank, const std::string& first, const std::string& key) {
-  const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ");
-  return numberAfter(line, " " + key + " ");
-}
-
 }  // namespace
 
 TEST_SUITE_BEGIN("ddp");
@@ -68,16 +55,16 @@ TEST_CASE("ddp on 3 processes: averaged gradients, overlapping buckets, bit-iden
     const std::string p = rankPrefix(r);
     INFO(out);
     // Against the average of the ranks' gradients computed separately, to 1e-6.
-    CHECK(field(out, r, "grad_maxdiff_ppb", "grad_maxdiff_ppb") <= 1000);
+    CHECK(rankField(out, r, "grad_maxdiff_ppb", "grad_maxdiff_ppb") <= 1000);
     // 12 parameters (6 layers x weight, bias) in buckets of 1088 B (one layer): 6 buckets, the first
     // launched after 2 gradients of 12, before backward reached the input, in bucket order.
-    CHECK(field(out, r, "overlap", "buckets") == 6);
-    CHECK(field(out, r, "overlap", "first_launch_hooks") == 2);
-    CHECK(field(out, r, "overlap", "params") == 12);
-    CHECK(field(out, r, "overlap", "first_before_last_hook") == 1);
-    CHECK(field(out, r, "overlap", "in_order") == 1);
-    CHECK(field(out, r, "overlap", "launches") == 6);
-    CHECK(field(out, r, "overlap", "first_before_input_grad") == 1);
+    CHECK(rankField(out, r, "overlap", "buckets") == 6);
+    CHECK(rankField(out, r, "overlap", "first_launch_hooks") == 2);
+    CHECK(rankField(out, r, "overlap", "params") == 12);
+    CHECK(rankField(out, r, "overlap", "first_before_last_hook") == 1);
+    CHECK(rankField(out, r, "overlap", "in_order") == 1);
+    CHECK(rankField(out, r, "overlap", "launches") == 6);
+    CHECK(rankField(out, r, "overlap", "first_before_input_grad") == 1);
     // Trained on different data, yet identical to the bit.
     std::string line = restOfLine(out, p + "params_hash ");
     CHECK(contains(line, " moved 1"));
@@ -85,12 +72,12 @@ TEST_CASE("ddp on 3 processes: averaged gradients, overlapping buckets, bit-iden
     if (r == 0) hash0 = hash;
     CHECK(hash == hash0);
     // Two microbatches under noSync and a synced one: the averaged sum, no communication meanwhile.
-    CHECK(field(out, r, "nosync_maxdiff_ppb", "nosync_maxdiff_ppb") <= 1000);
-    CHECK(field(out, r, "nosync_maxdiff_ppb", "nosync_collectives") == 0);
-    CHECK(field(out, r, "nosync_maxdiff_ppb", "grad_untouched") == 1);
+    CHECK(rankField(out, r, "nosync_maxdiff_ppb", "nosync_maxdiff_ppb") <= 1000);
+    CHECK(rankField(out, r, "nosync_maxdiff_ppb", "nosync_collectives") == 0);
+    CHECK(rankField(out, r, "nosync_maxdiff_ppb", "grad_untouched") == 1);
     // Only rank 0 uses the extra layer: its 2 parameters are reduced as zeros on the others.
-    CHECK(field(out, r, "unused_maxdiff_ppb", "unused_maxdiff_ppb") <= 1000);
-    CHECK(field(out, r, "unused_maxdiff_ppb", "unused_count") == (r == 0 ? 0 : 2));
+    CHECK(rankField(out, r, "unused_maxdiff_ppb", "unused_maxdiff_ppb") <= 1000);
+    CHECK(rankField(out, r, "unused_maxdiff_ppb", "unused_count") == (r == 0 ? 0 : 2));
   }
 }
 
@@ -106,10 +93,10 @@ TEST_CASE("ddp on 3 processes: after the first pass the buckets follow rank 0's 
     // Parameters: l3.weight, l3.bias (0, 1), l2 (2, 3), l1 (4, 5), l0 (6, 7); backward reaches l3 first.
     std::string line = restOfLine(out, p + "rebuild ");
     CHECK(contains(line, "before 6,7|4,5|2,3|0,1 after 0,1|2,3|4,5|6,7 "));
-    CHECK(field(out, r, "rebuild", "first_launch_hooks") == 8);  // l0's bucket waited for the last gradient
-    CHECK(field(out, r, "rebuild", "then") == 2);                // now l3's, the first to arrive
-    CHECK(field(out, r, "rebuild", "rebuilds") == 1);
-    CHECK(field(out, r, "rebuild_grad_maxdiff_ppb", "rebuild_grad_maxdiff_ppb") <= 1000);
+    CHECK(rankField(out, r, "rebuild", "first_launch_hooks") == 8);  // l0's bucket waited for the last gradient
+    CHECK(rankField(out, r, "rebuild", "then") == 2);                // now l3's, the first to arrive
+    CHECK(rankField(out, r, "rebuild", "rebuilds") == 1);
+    CHECK(rankField(out, r, "rebuild_grad_maxdiff_ppb", "rebuild_grad_maxdiff_ppb") <= 1000);
     CHECK(contains(out, p + "buffer_after_forward 2.000000\n"));
     std::string hash = restOfLine(out, p + "rebuild_hash ");
     if (r == 0) hash0 = hash;
@@ -141,12 +128,12 @@ TEST_CASE("ddp inside a distributed autograd context: averaged gradients land in
     const std::string& out = results[static_cast<size_t>(r)].out;
     const std::string p = rankPrefix(r);
     INFO(out);
-    long long diff = field(out, r, "ctx_maxdiff_ppb", "ctx_maxdiff_ppb");
+    long long diff = rankField(out, r, "ctx_maxdiff_ppb", "ctx_maxdiff_ppb");
     CHECK(diff >= 0);
     CHECK(diff <= 1000);
-    CHECK(field(out, r, "ctx_maxdiff_ppb", "dotgrad") == 0);
-    CHECK(field(out, r, "ctx_maxdiff_ppb", "input_grad") == 1);
-    CHECK(field(out, r, "local_after_ctx_maxdiff_ppb", "local_after_ctx_maxdiff_ppb") <= 1000);
+    CHECK(rankField(out, r, "ctx_maxdiff_ppb", "dotgrad") == 0);
+    CHECK(rankField(out, r, "ctx_maxdiff_ppb", "input_grad") == 1);
+    CHECK(rankField(out, r, "local_after_ctx_maxdiff_ppb", "local_after_ctx_maxdiff_ppb") <= 1000);
     CHECK(contains(out, p + "shutdown graceful 1"));
   }
 }
@@ -157,13 +144,13 @@ TEST_CASE("ddp over checkpointed segments with dropout: DDP's hooks fire for eve
   for (int r = 0; r < 2; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO(out);
-    long long diff = field(out, r, "ckpt_maxdiff_ppb", "ckpt_maxdiff_ppb");
+    long long diff = rankField(out, r, "ckpt_maxdiff_ppb", "ckpt_maxdiff_ppb");
     CHECK(diff >= 0);
     CHECK(diff <= 1000);
-    CHECK(field(out, r, "ckpt_maxdiff_ppb", "ckpt_bitwise") == 1);
+    CHECK(rankField(out, r, "ckpt_maxdiff_ppb", "ckpt_bitwise") == 1);
     // 8 parameters (4 layers x weight, bias) in 4 buckets of one layer.
-    CHECK(field(out, r, "ckpt_hooks", "ckpt_hooks") == 8);
-    CHECK(field(out, r, "ckpt_hooks", "launches") == 4);
+    CHECK(rankField(out, r, "ckpt_hooks", "ckpt_hooks") == 8);
+    CHECK(rankField(out, r, "ckpt_hooks", "launches") == 4);
   }
 }
 

@@ -16,27 +16,14 @@
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
+using weft::testing::allClean;
 using weft::testing::MpJob;
+using weft::testing::rankField;
 using weft::testing::numberAfter;
 using weft::testing::rankPrefix;
 using weft::testing::restOfLine;
 
 namespace {
-
-bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
-  bool ok = true;
-  for (size_t r = 0; r < results.size(); ++r) {
-    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
-         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
-  }
-  if (!ok) weft::testing::dumpResults(results);
-  return ok;
-}
-
-long long field(const std::string& out, int rank, const std::string& first, const std::string& key) {
-  const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ");
-  return numberAfter(line, " " + key + " ");
-}
 
 void checkWorld(int world) {
   MpJob job({FSDP_WORKER_PATH, "gpt"}, world, [](int) { return weft::testing::fastFailureSettings(4); });
@@ -49,25 +36,25 @@ void checkWorld(int world) {
     INFO("rank " << r << "\n" << out);
     const double psi = static_cast<double>(numberAfter(out, rankPrefix(r) + "numel "));
     REQUIRE(psi == 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
-    const double held = static_cast<double>(field(out, r, "mem fsdp", "held"));
-    const double padding = static_cast<double>(field(out, r, "mem fsdp", "padding"));
+    const double held = static_cast<double>(rankField(out, r, "mem fsdp", "held"));
+    const double padding = static_cast<double>(rankField(out, r, "mem fsdp", "padding"));
     MESSAGE("N=" << world << " rank " << r << " held " << held << " (" << held / psi << " B/param; 16/N = " << 16 / n
                  << "), padding elements " << padding);
     CHECK(padding >= 0);
     CHECK(padding <= 3 * (n - 1));  // 3 units
     const double shards = 4 * (psi + padding) / n;
-    CHECK(static_cast<double>(field(out, r, "mem fsdp", "shards")) == shards);
-    CHECK(static_cast<double>(field(out, r, "mem fsdp", "grads")) == shards);
-    CHECK(static_cast<double>(field(out, r, "mem fsdp", "state")) == 2 * shards);
+    CHECK(static_cast<double>(rankField(out, r, "mem fsdp", "shards")) == shards);
+    CHECK(static_cast<double>(rankField(out, r, "mem fsdp", "grads")) == shards);
+    CHECK(static_cast<double>(rankField(out, r, "mem fsdp", "state")) == 2 * shards);
     CHECK(held == doctest::Approx(16 * psi / n + 16 * padding / n).epsilon(0.10));
   }
   // Two ranks: the reduce-scatter adds the two values as DDP's allreduce does, and AdamW over a
   // flat shard is AdamW element by element: the same bits. More ranks add in another order (see
   // zero_mp_test.cpp): within 1e-5 of the largest parameter.
   const std::string& out = results[0].out;
-  CHECK(field(out, 0, "eq fsdp", "maxdiff_ppb") >= 0);
-  CHECK(field(out, 0, "eq fsdp", "maxdiff_ppb") <= 10000);
-  if (world == 2) CHECK(field(out, 0, "eq fsdp", "bitwise") == 1);
+  CHECK(rankField(out, 0, "eq fsdp", "maxdiff_ppb") >= 0);
+  CHECK(rankField(out, 0, "eq fsdp", "maxdiff_ppb") <= 10000);
+  if (world == 2) CHECK(rankField(out, 0, "eq fsdp", "bitwise") == 1);
 }
 
 }  // namespace

@@ -16,22 +16,14 @@
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
+using weft::testing::allClean;
 using weft::testing::MpJob;
+using weft::testing::rankField;
 using weft::testing::numberAfter;
 using weft::testing::rankPrefix;
 using weft::testing::restOfLine;
 
 namespace {
-
-bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
-  bool ok = true;
-  for (size_t r = 0; r < results.size(); ++r) {
-    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
-         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
-  }
-  if (!ok) weft::testing::dumpResults(results);
-  return ok;
-}
 
 std::vector<weft::testing::Subprocess::Result> runTpJob(const std::string& scenario, int world,
                                                         std::chrono::milliseconds timeout) {
@@ -43,11 +35,6 @@ std::vector<weft::testing::Subprocess::Result> runTpJob(const std::string& scena
 }
 
 // The number after " key " on rank `rank`'s line that starts with `first`.
-long long field(const std::string& out, int rank, const std::string& first, const std::string& key) {
-  const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ");
-  return numberAfter(line, " " + key + " ");
-}
-
 std::string word(const std::string& out, int rank, const std::string& first, const std::string& key) {
   const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ") + " ";
   const std::string rest = restOfLine(line, " " + key + " ");
@@ -63,32 +50,32 @@ void checkTpJob(const std::string& scenario, int t, long long toleranceFe) {
   for (int r = 0; r < t; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO(out);
-    CHECK(field(out, r, "tp", "loss_diff_fe") <= toleranceFe);
-    CHECK(field(out, r, "tp", "logits_diff_fe") <= toleranceFe);
-    CHECK(field(out, r, "tp", "grad_diff_fe") <= toleranceFe);
+    CHECK(rankField(out, r, "tp", "loss_diff_fe") <= toleranceFe);
+    CHECK(rankField(out, r, "tp", "logits_diff_fe") <= toleranceFe);
+    CHECK(rankField(out, r, "tp", "grad_diff_fe") <= toleranceFe);
     // wte, wpe, ln_f (2) and 12 per block with biases.
-    CHECK(field(out, r, "tp", "grads") == 4 + 12 * kLayers);
+    CHECK(rankField(out, r, "tp", "grads") == 4 + 12 * kLayers);
     // Gradient clipping over the whole model.
-    CHECK(field(out, r, "clip", "clipped") == 1);
-    CHECK(field(out, r, "clip", "norm_diff_fe") <= toleranceFe);
-    CHECK(field(out, r, "clip", "grad_diff_fe") <= toleranceFe);
+    CHECK(rankField(out, r, "clip", "clipped") == 1);
+    CHECK(rankField(out, r, "clip", "norm_diff_fe") <= toleranceFe);
+    CHECK(rankField(out, r, "clip", "grad_diff_fe") <= toleranceFe);
     // 12·C² matrix elements per block, 1/T of them on each rank.
-    CHECK(field(out, r, "shapes", "block_full") == 12 * kWidth * kWidth);
-    CHECK(field(out, r, "shapes", "block_local") * t == 12 * kWidth * kWidth);
+    CHECK(rankField(out, r, "shapes", "block_full") == 12 * kWidth * kWidth);
+    CHECK(rankField(out, r, "shapes", "block_local") * t == 12 * kWidth * kWidth);
     // One block: exactly two allreduces of B·S·C elements each way.
-    const long long elem = field(out, r, "block", "elem");
-    const long long bsc = field(out, r, "block", "bsc");
+    const long long elem = rankField(out, r, "block", "elem");
+    const long long bsc = rankField(out, r, "block", "bsc");
     CHECK(bsc == kRows * kWidth);
-    CHECK(field(out, r, "block", "fwd_allreduces") == 2);
-    CHECK(field(out, r, "block", "fwd_bytes") == 2 * bsc * elem);
-    CHECK(field(out, r, "block", "bwd_allreduces") == 2);
-    CHECK(field(out, r, "block", "bwd_bytes") == 2 * bsc * elem);
+    CHECK(rankField(out, r, "block", "fwd_allreduces") == 2);
+    CHECK(rankField(out, r, "block", "fwd_bytes") == 2 * bsc * elem);
+    CHECK(rankField(out, r, "block", "bwd_allreduces") == 2);
+    CHECK(rankField(out, r, "block", "bwd_bytes") == 2 * bsc * elem);
     // The step: per block 2 + the embedding's 1 + the loss's 3 (of B·S) in forward; per block 2
     // + the head's 1 in backward.
-    CHECK(field(out, r, "model", "fwd_allreduces") == 2 * kLayers + 1 + 3);
-    CHECK(field(out, r, "model", "fwd_bytes") == (2 * kLayers + 1) * bsc * elem + 3 * kRows * elem);
-    CHECK(field(out, r, "model", "bwd_allreduces") == 2 * kLayers + 1);
-    CHECK(field(out, r, "model", "bwd_bytes") == (2 * kLayers + 1) * bsc * elem);
+    CHECK(rankField(out, r, "model", "fwd_allreduces") == 2 * kLayers + 1 + 3);
+    CHECK(rankField(out, r, "model", "fwd_bytes") == (2 * kLayers + 1) * bsc * elem + 3 * kRows * elem);
+    CHECK(rankField(out, r, "model", "bwd_allreduces") == 2 * kLayers + 1);
+    CHECK(rankField(out, r, "model", "bwd_bytes") == (2 * kLayers + 1) * bsc * elem);
     const std::string errors = restOfLine(out, rankPrefix(r) + "errors ");
     CHECK(contains(errors, "heads InvalidArgumentError: TensorParallelGPT: heads ("));
     CHECK(contains(errors, "must be divisible by the tensor-parallel size " + std::to_string(t)));
@@ -110,9 +97,9 @@ TEST_CASE("a mesh {dp: 2, tp: 2} on 4 processes gives row-major coordinates and 
     CHECK(word(out, r, "mesh", "coords") == std::to_string(dp) + "," + std::to_string(tp));
     CHECK(word(out, r, "mesh", "tp_ranks") == std::to_string(2 * dp) + "," + std::to_string(2 * dp + 1));
     CHECK(word(out, r, "mesh", "dp_ranks") == std::to_string(tp) + "," + std::to_string(tp + 2));
-    CHECK(field(out, r, "mesh", "tp_sum") == 2 * dp + 2 * dp + 1);
-    CHECK(field(out, r, "mesh", "dp_sum") == tp + tp + 2);
-    CHECK(field(out, r, "mesh", "rank_at") == r);
+    CHECK(rankField(out, r, "mesh", "tp_sum") == 2 * dp + 2 * dp + 1);
+    CHECK(rankField(out, r, "mesh", "dp_sum") == tp + tp + 2);
+    CHECK(rankField(out, r, "mesh", "rank_at") == r);
     CHECK(contains(restOfLine(out, rankPrefix(r) + "lookup "),
                    "NotFoundError: Mesh {dp: 2, tp: 2}: no dimension named 'pp'"));
   }
@@ -126,8 +113,8 @@ TEST_CASE("a mesh {dp: 1, tp: 2} on 2 processes has a group of one rank along dp
     CHECK(word(out, r, "mesh", "coords") == "0," + std::to_string(r));
     CHECK(word(out, r, "mesh", "tp_ranks") == "0,1");
     CHECK(word(out, r, "mesh", "dp_ranks") == std::to_string(r));
-    CHECK(field(out, r, "mesh", "tp_sum") == 1);
-    CHECK(field(out, r, "mesh", "dp_sum") == r);
+    CHECK(rankField(out, r, "mesh", "tp_sum") == 1);
+    CHECK(rankField(out, r, "mesh", "dp_sum") == r);
   }
 }
 
@@ -167,15 +154,15 @@ TEST_CASE("a tensor-parallel GPT whose vocabulary the group does not divide pads
     for (int r = 0; r < t; ++r) {
       const std::string& out = results[static_cast<size_t>(r)].out;
       INFO(out);
-      CHECK(field(out, r, "tpvocab", "local") == local);
-      CHECK(field(out, r, "tpvocab", "real") == (r == t - 1 ? 29 - (t - 1) * local : local));
-      CHECK(field(out, r, "tpvocab", "loss_diff_fe") <= 1000);
-      CHECK(field(out, r, "tpvocab", "logits_diff_fe") <= 1000);
-      CHECK(field(out, r, "tpvocab", "padding_fe") == 0);
-      CHECK(field(out, r, "tpvocab", "grad_diff_fe") <= 1000);
-      CHECK(field(out, r, "tpvocab", "norm_diff_fe") <= 1000);
-      CHECK(field(out, r, "tpvocab", "state_shapes") == 1);
-      CHECK(field(out, r, "tpvocab", "state_diff_fe") == 0);
+      CHECK(rankField(out, r, "tpvocab", "local") == local);
+      CHECK(rankField(out, r, "tpvocab", "real") == (r == t - 1 ? 29 - (t - 1) * local : local));
+      CHECK(rankField(out, r, "tpvocab", "loss_diff_fe") <= 1000);
+      CHECK(rankField(out, r, "tpvocab", "logits_diff_fe") <= 1000);
+      CHECK(rankField(out, r, "tpvocab", "padding_fe") == 0);
+      CHECK(rankField(out, r, "tpvocab", "grad_diff_fe") <= 1000);
+      CHECK(rankField(out, r, "tpvocab", "norm_diff_fe") <= 1000);
+      CHECK(rankField(out, r, "tpvocab", "state_shapes") == 1);
+      CHECK(rankField(out, r, "tpvocab", "state_diff_fe") == 0);
     }
   }
 }
@@ -187,14 +174,14 @@ void checkUlysses(int p) {
   for (int r = 0; r < p; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO(out);
-    CHECK(field(out, r, "ulysses", "out_diff_fe") <= 1000);
-    CHECK(field(out, r, "ulysses", "grad_diff_fe") <= 1000);
-    const long long local = field(out, r, "ulysses", "local_bytes");
+    CHECK(rankField(out, r, "ulysses", "out_diff_fe") <= 1000);
+    CHECK(rankField(out, r, "ulysses", "grad_diff_fe") <= 1000);
+    const long long local = rankField(out, r, "ulysses", "local_bytes");
     CHECK(local == 2 * 4 * (8 / p) * 4 * 8);
-    CHECK(field(out, r, "ulysses", "fwd_a2a") == 4);
-    CHECK(field(out, r, "ulysses", "fwd_bytes") == 4 * local);
-    CHECK(field(out, r, "ulysses", "bwd_a2a") == 4);
-    CHECK(field(out, r, "ulysses", "bwd_bytes") == 4 * local);
+    CHECK(rankField(out, r, "ulysses", "fwd_a2a") == 4);
+    CHECK(rankField(out, r, "ulysses", "fwd_bytes") == 4 * local);
+    CHECK(rankField(out, r, "ulysses", "bwd_a2a") == 4);
+    CHECK(rankField(out, r, "ulysses", "bwd_bytes") == 4 * local);
     CHECK(contains(restOfLine(out, rankPrefix(r) + "ulysses_error "),
                    "InvalidArgumentError: seqToHeads: the heads (" + std::to_string(2 * p + 1) +
                        ") must be divisible by the sequence-parallel size " + std::to_string(p)));
@@ -213,14 +200,14 @@ TEST_CASE("a tensor-parallel GPT in DDP on a mesh {dp: 2, tp: 2} trains as the w
   for (int r = 0; r < 4; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO(out);
-    CHECK(field(out, r, "dptp", "steps") == 6);
-    CHECK(field(out, r, "dptp", "loss_diff_fe") <= 100'000);  // 1e-10
-    CHECK(field(out, r, "dptp", "param_diff_fe") <= 100'000);
-    CHECK(field(out, r, "dptp", "moved_fe") >= 1'000'000'000'000LL);  // the steps changed the weights: > 1e-3
+    CHECK(rankField(out, r, "dptp", "steps") == 6);
+    CHECK(rankField(out, r, "dptp", "loss_diff_fe") <= 100'000);  // 1e-10
+    CHECK(rankField(out, r, "dptp", "param_diff_fe") <= 100'000);
+    CHECK(rankField(out, r, "dptp", "moved_fe") >= 1'000'000'000'000LL);  // the steps changed the weights: > 1e-3
     // The state gathered from the shards is the reference's, and loads into an nn::GPT.
-    CHECK(field(out, r, "state", "keys_equal") == 1);
-    CHECK(field(out, r, "state", "state_diff_fe") <= 100'000);
-    CHECK(field(out, r, "state", "restored_diff_fe") <= 100'000);
+    CHECK(rankField(out, r, "state", "keys_equal") == 1);
+    CHECK(rankField(out, r, "state", "state_diff_fe") <= 100'000);
+    CHECK(rankField(out, r, "state", "restored_diff_fe") <= 100'000);
   }
 }
 
@@ -235,14 +222,14 @@ void checkRing(int p) {
     for (const char* variant : {"ring_contiguous_causal", "ring_contiguous_full", "ring_zigzag_causal",
                                 "ring_zigzag_full", "ring_contiguous_dropout", "ring_zigzag_dropout"}) {
       INFO(variant);
-      CHECK(field(out, r, variant, "out_diff_fe") <= 1000);
-      CHECK(field(out, r, variant, "grad_diff_fe") <= 1000);
-      const long long local = field(out, r, variant, "local_bytes");
+      CHECK(rankField(out, r, variant, "out_diff_fe") <= 1000);
+      CHECK(rankField(out, r, variant, "grad_diff_fe") <= 1000);
+      const long long local = rankField(out, r, variant, "local_bytes");
       CHECK(local == 2 * 2 * (16 / p) * 4 * 8);
-      CHECK(field(out, r, variant, "fwd_sends") == p - 1);
-      CHECK(field(out, r, variant, "fwd_bytes") == (p - 1) * 2 * local);
-      CHECK(field(out, r, variant, "bwd_sends") == p);
-      CHECK(field(out, r, variant, "bwd_bytes") == (p - 1) * 4 * local + 2 * local);
+      CHECK(rankField(out, r, variant, "fwd_sends") == p - 1);
+      CHECK(rankField(out, r, variant, "fwd_bytes") == (p - 1) * 2 * local);
+      CHECK(rankField(out, r, variant, "bwd_sends") == p);
+      CHECK(rankField(out, r, variant, "bwd_bytes") == (p - 1) * 4 * local + 2 * local);
     }
   }
 }
@@ -261,9 +248,9 @@ TEST_CASE("2-D sequence parallelism (Ulysses inside, ring across) on a mesh {rin
     INFO(out);
     for (const char* variant : {"hybrid_contiguous", "hybrid_zigzag"}) {
       INFO(variant);
-      CHECK(field(out, r, variant, "tokens") == 4);
-      CHECK(field(out, r, variant, "out_diff_fe") <= 1000);
-      CHECK(field(out, r, variant, "grad_diff_fe") <= 1000);
+      CHECK(rankField(out, r, variant, "tokens") == 4);
+      CHECK(rankField(out, r, variant, "out_diff_fe") <= 1000);
+      CHECK(rankField(out, r, variant, "grad_diff_fe") <= 1000);
     }
   }
 }
@@ -283,10 +270,10 @@ void checkSpGpt(int p) {
       INFO(mode);
       const bool padded = mode.ends_with("_len13");
       const long long length = padded && mode == "spgpt_ulysses_len13" ? (13 + p - 1) / p * p : 16;
-      CHECK(field(out, r, mode, "tokens") == length / p);
-      CHECK(field(out, r, mode, "grads") == 28);
-      CHECK(field(out, r, mode, "loss_diff_fe") <= 1000);
-      CHECK(field(out, r, mode, "grad_diff_fe") <= 1000);
+      CHECK(rankField(out, r, mode, "tokens") == length / p);
+      CHECK(rankField(out, r, mode, "grads") == 28);
+      CHECK(rankField(out, r, mode, "loss_diff_fe") <= 1000);
+      CHECK(rankField(out, r, mode, "grad_diff_fe") <= 1000);
     }
   }
 }
@@ -307,9 +294,9 @@ TEST_CASE("a tensor-parallel GPT with sequence parallelism on a mesh {sp: 2, tp:
       INFO(mode);
       // 16 tokens over 2 ranks; 13 padded to 14 (Ulysses) or 16 (ring zig-zag, chunks of 4).
       const std::string m = mode;
-      CHECK(field(out, r, mode, "tokens") == (m == "tpsp_ulysses_len13" ? 7 : 8));
-      CHECK(field(out, r, mode, "loss_diff_fe") <= 1000);
-      CHECK(field(out, r, mode, "grad_diff_fe") <= 1000);
+      CHECK(rankField(out, r, mode, "tokens") == (m == "tpsp_ulysses_len13" ? 7 : 8));
+      CHECK(rankField(out, r, mode, "loss_diff_fe") <= 1000);
+      CHECK(rankField(out, r, mode, "grad_diff_fe") <= 1000);
     }
   }
 }

@@ -18,28 +18,14 @@
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
+using weft::testing::allClean;
 using weft::testing::MpJob;
+using weft::testing::rankField;
 using weft::testing::numberAfter;
 using weft::testing::rankPrefix;
 using weft::testing::restOfLine;
 
 namespace {
-
-bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
-  bool ok = true;
-  for (size_t r = 0; r < results.size(); ++r) {
-    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
-         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
-  }
-  if (!ok) weft::testing::dumpResults(results);
-  return ok;
-}
-
-// The number after `key` on rank `rank`'s line that starts with `first` ("rank R <first> ... key v").
-long long field(const std::string& out, int rank, const std::string& first, const std::string& key) {
-  const std::string line = " " + first + " " + restOfLine(out, rankPrefix(rank) + first + " ");
-  return numberAfter(line, " " + key + " ");
-}
 
 void checkWorld(int world) {
   MpJob job({ZERO_WORKER_PATH, "gpt"}, world, [](int) { return weft::testing::fastFailureSettings(4); });
@@ -53,33 +39,33 @@ void checkWorld(int world) {
     const double psi = static_cast<double>(numberAfter(out, rankPrefix(r) + "numel "));
     // tiny GPT: V·C + T·C + L·(12·C² + 13·C) + 2·C with V 64, T 16, L 2, C 32.
     REQUIRE(psi == 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
-    const double ddp = static_cast<double>(field(out, r, "mem", "held"));
-    const double zero1 = static_cast<double>(field(out, r, "mem zero1", "held"));
-    const double zero2 = static_cast<double>(field(out, r, "mem zero2", "held"));
+    const double ddp = static_cast<double>(rankField(out, r, "mem", "held"));
+    const double zero1 = static_cast<double>(rankField(out, r, "mem zero1", "held"));
+    const double zero2 = static_cast<double>(rankField(out, r, "mem zero2", "held"));
     MESSAGE("N=" << world << " rank " << r << " held beyond the parameters: ddp " << ddp << " (" << ddp / psi
                  << " B/param), zero1 " << zero1 << " (" << zero1 / psi << "), zero2 " << zero2 << " ("
                  << zero2 / psi << ")");
-    CHECK(field(out, r, "mem", "state") == static_cast<long long>(8 * psi));
+    CHECK(rankField(out, r, "mem", "state") == static_cast<long long>(8 * psi));
     CHECK(ddp == doctest::Approx(16 * psi).epsilon(0.10));
     CHECK(zero1 == doctest::Approx(8 * psi + 8 * psi / n).epsilon(0.10));
     CHECK(zero2 == doctest::Approx(12 * psi / n).epsilon(0.10));
-    CHECK(static_cast<double>(field(out, r, "mem zero1", "state")) == doctest::Approx(8 * psi / n).epsilon(0.10));
-    CHECK(static_cast<double>(field(out, r, "mem zero2", "state")) == doctest::Approx(8 * psi / n).epsilon(0.01));
-    CHECK(static_cast<double>(field(out, r, "mem zero2", "grads")) == doctest::Approx(4 * psi / n).epsilon(0.01));
+    CHECK(static_cast<double>(rankField(out, r, "mem zero1", "state")) == doctest::Approx(8 * psi / n).epsilon(0.10));
+    CHECK(static_cast<double>(rankField(out, r, "mem zero2", "state")) == doctest::Approx(8 * psi / n).epsilon(0.01));
+    CHECK(static_cast<double>(rankField(out, r, "mem zero2", "grads")) == doctest::Approx(4 * psi / n).epsilon(0.01));
     // ZeRO-1: the same per-parameter arithmetic on the same gradients as DDP + AdamW.
-    CHECK(field(out, r, "eq zero1", "bitwise") == 1);
+    CHECK(rankField(out, r, "eq zero1", "bitwise") == 1);
     // ZeRO-2: to the bit on 2 ranks. On more, its reduce-scatter adds the ranks' values in another
     // order than DDP's allreduce: the averaged gradients agree to a few float32 roundings of the
     // largest gradient. Adam then divides each element by its own gradient scale, so where the
     // ranks' gradients nearly cancel a rounding difference becomes a step difference of order lr:
     // the parameters after 5 steps agree to 1e-5 of the largest parameter.
-    const long long grad1 = field(out, r, "grad1 zero2", "maxdiff_ppb");
+    const long long grad1 = rankField(out, r, "grad1 zero2", "maxdiff_ppb");
     CHECK(grad1 >= 0);
     CHECK(grad1 <= 1000);
-    CHECK(field(out, r, "eq zero2", "maxdiff_ppb") <= 10000);
+    CHECK(rankField(out, r, "eq zero2", "maxdiff_ppb") <= 10000);
     if (world == 2) {
-      CHECK(field(out, r, "grad1 zero2", "bitwise") == 1);
-      CHECK(field(out, r, "eq zero2", "bitwise") == 1);
+      CHECK(rankField(out, r, "grad1 zero2", "bitwise") == 1);
+      CHECK(rankField(out, r, "eq zero2", "bitwise") == 1);
     }
   }
 }

@@ -20,22 +20,13 @@
 
 using namespace std::chrono_literals;
 using weft::testing::contains;
+using weft::testing::allClean;
 using weft::testing::MpJob;
 using weft::testing::numberAfter;
 using weft::testing::rankPrefix;
 using weft::testing::restOfLine;
 
 namespace {
-
-bool allClean(const std::vector<weft::testing::Subprocess::Result>& results) {
-  bool ok = true;
-  for (size_t r = 0; r < results.size(); ++r) {
-    ok = ok && !results[r].timedOut && results[r].exitCode == 0 &&
-         contains(results[r].out, rankPrefix(static_cast<int>(r)) + "done\n");
-  }
-  if (!ok) weft::testing::dumpResults(results);
-  return ok;
-}
 
 std::vector<weft::testing::Subprocess::Result> runJob(const std::vector<std::string>& argv, int world,
                                                       std::chrono::milliseconds timeout) {
