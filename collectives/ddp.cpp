@@ -125,14 +125,7 @@ void DistributedDataParallel::broadcastFromRank0(const std::vector<Tensor>& all,
     }
     detail::rethrowPrefixed(std::current_exception(), prefix);
   }
-  std::exception_ptr failure;
-  for (Group& g : groups) {
-    try {
-      g.work.wait();
-    } catch (const std::exception&) {
-      if (!failure) failure = std::current_exception();
-    }
-  }
+  const std::exception_ptr failure = detail::waitAll(groups, [](const Group& g) -> const Work& { return g.work; }).first;
   if (failure) detail::rethrowPrefixed(failure, prefix);
   if (group_.rank() == 0) return;
   for (Group& g : groups) {
@@ -402,18 +395,8 @@ void DistributedDataParallel::finishPass() {
       works.emplace_back(k, buckets_[k].work);
     }
   }
-  std::exception_ptr failure;
-  size_t failedBucket = 0;
-  for (auto& [k, w] : works) {
-    try {
-      w.wait();
-    } catch (const std::exception&) {
-      if (!failure) {
-        failure = std::current_exception();
-        failedBucket = k;
-      }
-    }
-  }
+  const auto [failure, failedAt] = detail::waitAll(works, [](const auto& kw) -> const Work& { return kw.second; });
+  const size_t failedBucket = failure ? works[failedAt].first : 0;
   std::lock_guard<std::mutex> lock(mutex_);
   for (Bucket& b : buckets_) b.work = Work();
   passActive_ = false;

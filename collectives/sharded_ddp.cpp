@@ -249,18 +249,8 @@ void ShardedDataParallel::finishPass() {
     WEFT_CHECK(nextBucket_ == buckets_.size()) << nextBucket_ << " of " << buckets_.size() << " buckets launched";
     for (size_t k = 0; k < buckets_.size(); ++k) works.emplace_back(k, buckets_[k].work);
   }
-  std::exception_ptr failure;
-  size_t failedBucket = 0;
-  for (auto& [k, w] : works) {
-    try {
-      w.wait();
-    } catch (const std::exception&) {
-      if (!failure) {
-        failure = std::current_exception();
-        failedBucket = k;
-      }
-    }
-  }
+  const auto [failure, failedAt] = detail::waitAll(works, [](const auto& kw) -> const Work& { return kw.second; });
+  const size_t failedBucket = failure ? works[failedAt].first : 0;
   std::lock_guard<std::mutex> lock(mutex_);
   passActive_ = false;
   if (failure) {
@@ -344,15 +334,9 @@ void ShardedDataParallel::step() {
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
-  for (size_t k = 0; k < works.size(); ++k) {
-    try {
-      works[k].wait();
-    } catch (const std::exception&) {
-      if (!failure) {
-        failure = std::current_exception();
-        failedBucket = k;
-      }
-    }
+  if (auto [waited, at] = detail::waitAll(works, [](const Work& w) -> const Work& { return w; }); waited && !failure) {
+    failure = waited;
+    failedBucket = at;
   }
   if (failure) {
     detail::rethrowPrefixed(failure, weft::detail::concat("ShardedDataParallel::step: gathering the parameters of "

@@ -143,16 +143,10 @@ void ZeroRedundancyOptimizer::broadcastParameters() {
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
-  for (Flat& f : flats) {
-    if (!f.work.valid()) continue;
-    try {
-      f.work.wait();
-    } catch (const std::exception&) {
-      if (!failure) {
-        failure = std::current_exception();
-        failedRoot = f.root;
-      }
-    }
+  if (auto [waited, at] = detail::waitAll(flats, [](const Flat& f) -> const Work& { return f.work; });
+      waited && !failure) {
+    failure = waited;
+    failedRoot = flats[at].root;
   }
   if (failure) {
     detail::rethrowPrefixed(failure, weft::detail::concat("ZeroRedundancyOptimizer::step: broadcasting the parameters "

@@ -90,12 +90,8 @@ void broadcastModuleState(ProcessGroup& group, nn::Module& module, const std::st
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
-  for (Work& w : works) {
-    try {
-      w.wait();
-    } catch (const std::exception&) {
-      if (!failure) failure = std::current_exception();
-    }
+  if (std::exception_ptr waited = waitAll(works, [](const Work& w) -> const Work& { return w; }).first; !failure) {
+    failure = waited;
   }
   if (failure) {
     rethrowPrefixed(failure, who + ": broadcasting the parameters and buffers from rank 0 failed (every rank must "

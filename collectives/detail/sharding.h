@@ -4,8 +4,10 @@
 // broadcast of rank 0's module state.
 #pragma once
 
+#include <cstddef>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/process_group.h"
@@ -16,6 +18,29 @@ namespace weft::collectives::detail {
 
 // Rethrows `e` as the same weft error type with `prefix` in front of its message.
 [[noreturn]] void rethrowPrefixed(const std::exception_ptr& e, const std::string& prefix);
+
+// Waits for the Work of every item (`workOf(item)`; invalid ones are
+// skipped), so that none is left running when the caller goes on, and
+// returns the first failure with the position of its item (nullptr and 0
+// when every one succeeded).
+template <class Items, class WorkOf>
+std::pair<std::exception_ptr, size_t> waitAll(const Items& items, WorkOf workOf) {
+  std::exception_ptr first;
+  size_t at = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Work& w = workOf(items[i]);
+    if (!w.valid()) continue;
+    try {
+      w.wait();
+    } catch (const std::exception&) {
+      if (!first) {
+        first = std::current_exception();
+        at = i;
+      }
+    }
+  }
+  return {first, at};
+}
 
 // Collective (nothing on a group of one): compares every rank's `groupSizes`
 // and each parameter's element count and dtype with rank 0's; on a
