@@ -6,11 +6,17 @@
 // baseline runs on rank 0 alone while the others wait.
 //
 //   weftrun -n 4 build/bench/parallel_layouts [--seq S] [--iters N] [--width C] [--layers L]
-//   weftrun -n 4 build/bench/parallel_layouts --memory 1024,2048,4096
+//   weftrun -n 4 build/bench/parallel_layouts --memory 1024,2048,4096,8192 --heads 4
 //
-// --memory: for each sequence length, the peak memory of one step of one sequence on one rank
-// unsplit, and per rank under Ulysses and ring (zig-zag) over every process, with the ratio
-// unsplit / per rank (goal: about the number of processes).
+// --memory: how the longest sequence one rank can hold grows with the sequence-parallel group.
+// For each sequence length, the peak memory of one training step (forward, backward, gradient
+// sum) of one sequence unsplit on one rank, and per rank under Ulysses and ring (zig-zag) over
+// groups of 2, 4, ... processes (every power of two dividing the job and the heads; groups
+// smaller than the job run side by side). One model serves every length (its position table is
+// the longest's), so that the model and its gradients are the same throughout. Then, for a
+// per-rank budget of the unsplit model's peak at --budget-seq tokens (default 2048), the longest
+// sequence within it per group size, interpolated between the measured lengths, and its ratio to
+// linear scaling (P times the unsplit model's; goal >= 0.9).
 //
 // Memory is Storage::memoryStats's peak during the step less what was live before it (CPU
 // tensors of this process: activations, gradients and temporaries). Communication is the payload
@@ -46,15 +52,16 @@ struct Config {
   int iters = 3;
   int64_t width = 64;
   int64_t layers = 2;
+  int64_t heads = 8;
   std::vector<int64_t> memory;
+  int64_t budgetSeq = 2048;
 };
 
 constexpr int64_t kSequences = 4;
 constexpr int64_t kVocab = 256;
-constexpr int64_t kHeads = 8;
 
 nn::GPTConfig gptConfig(const Config& c, int64_t block) {
-  return nn::GPTConfig{.vocabSize = kVocab, .blockSize = block, .layers = c.layers, .heads = kHeads,
+  return nn::GPTConfig{.vocabSize = kVocab, .blockSize = block, .layers = c.layers, .heads = c.heads,
                        .width = c.width};
 }
 
@@ -239,7 +246,7 @@ void runLayouts(ProcessGroup& world, const Config& c) {
     std::printf("parallel_layouts: %d processes, GPT width %lld, %lld layers, %lld heads, vocabulary %lld, "
                 "float32; a step is %lld sequences of %lld tokens (forward, backward, gradient sync)\n",
                 n, static_cast<long long>(c.width), static_cast<long long>(c.layers),
-                static_cast<long long>(kHeads), static_cast<long long>(kVocab), static_cast<long long>(kSequences),
+                static_cast<long long>(c.heads), static_cast<long long>(kVocab), static_cast<long long>(kSequences),
                 static_cast<long long>(s));
     std::printf("%-22s %9s %11s %12s %14s %14s\n", "layout", "step s", "tokens/s", "peak MiB/rk", "bytes/step/rk",
                 "formula");
@@ -247,53 +254,147 @@ void runLayouts(ProcessGroup& world, const Config& c) {
   }
 }
 
+// The per-rank peak of one training step of `model` on (x, y): the total bytes of this process's
+// tensors (the model, its gradients and the step's activations and temporaries) and what the step
+// adds to what was live before it, in MiB.
+struct Peak {
+  double total = 0;
+  double step = 0;
+};
+
+template <class Step>
+Peak peakOf(const Step& step) {
+  step();  // the gradients exist from here on, as in training
+  Storage::resetPeakBytes();
+  const size_t before = Storage::memoryStats().liveBytes;
+  step();
+  const size_t peak = Storage::memoryStats().peakBytes;
+  return {static_cast<double>(peak) / (1024.0 * 1024.0), static_cast<double>(peak - before) / (1024.0 * 1024.0)};
+}
+
+// The largest sequence whose peak fits `budget`, by linear interpolation between the measured
+// (seq, peak) points, extrapolated from the last two past the longest; `beyond` says so.
+double longestWithin(const std::vector<int64_t>& seqs, const std::vector<double>& peaks, double budget, bool& beyond) {
+  beyond = false;
+  if (peaks.empty() || budget < peaks[0]) return 0;
+  for (size_t i = 0; i + 1 < seqs.size(); ++i) {
+    if (budget <= peaks[i + 1]) {
+      const double f = (budget - peaks[i]) / std::max(peaks[i + 1] - peaks[i], 1e-12);
+      return static_cast<double>(seqs[i]) + f * static_cast<double>(seqs[i + 1] - seqs[i]);
+    }
+  }
+  if (seqs.size() < 2) return static_cast<double>(seqs[0]);
+  beyond = true;
+  const size_t k = seqs.size() - 1;
+  const double slope = (peaks[k] - peaks[k - 1]) / static_cast<double>(seqs[k] - seqs[k - 1]);
+  return static_cast<double>(seqs[k]) + (budget - peaks[k]) / std::max(slope, 1e-12);
+}
+
 void runMemory(ProcessGroup& world, const Config& c) {
   const int n = world.size();
-  if (world.rank() == 0) {
-    std::printf("parallel_layouts --memory: one sequence, GPT width %lld, %lld layers, %lld heads, float32; peak MiB "
-                "a step adds on one rank\n",
-                static_cast<long long>(c.width), static_cast<long long>(c.layers), static_cast<long long>(kHeads));
-    std::printf("%8s %12s %14s %14s %10s %10s\n", "seq", "unsplit", "ulysses/rank", "ring/rank", "ratio U", "ratio R");
-  }
-  for (int64_t s : c.memory) {
-    const nn::GPTConfig cfg = gptConfig(c, s);
+  std::vector<int64_t> seqs = c.memory;
+  std::sort(seqs.begin(), seqs.end());
+  // One model for every length: its position table is the longest sequence's, so that the model
+  // and its gradients are the same at every length and the peaks differ by activations only.
+  const int64_t block = seqs.back();
+  const nn::GPTConfig cfg = gptConfig(c, block);
+  std::vector<int> sizes;  // the sequence-parallel group sizes: 2, 4, ... dividing the job
+  for (int p = 2; p <= n; p *= 2)
+    if (n % p == 0 && c.heads % p == 0) sizes.push_back(p);
+  const SpMode modes[] = {SpMode::Ulysses, SpMode::Ring};
+  // peaks[0]: unsplit; peaks[1 + 2·i + m]: group size sizes[i], mode m; per sequence length.
+  std::vector<std::vector<Peak>> peaks(1 + 2 * sizes.size());
+  for (int64_t s : seqs) {
     Tensor idx = tokens(1, s, 3), targets = tokens(1, s, 4);
-    double unsplit = 0;
+    Peak unsplit;
     if (world.rank() == 0) {
       Generator g(7);
       nn::GPT model(cfg, &g);
-      unsplit = measure(0, [&] {
+      unsplit = peakOf([&] {
         model.zeroGrad();
         model.loss(idx, targets).backward();
-      }).second;
+      });
     }
-    std::vector<double> per;
-    for (SpMode mode : {SpMode::Ulysses, SpMode::Ring}) {
-      Mesh mesh(world, {{"sp", n}});
-      SpGroup sp(mesh.group("sp"));
-      SpOptions o{.mode = mode, .layout = RingLayout::ZigZag};
-      (mode == SpMode::Ulysses ? o.ulysses : o.ring) = &sp;
-      auto model = std::make_shared<SequenceParallelGPT>(cfg, o);
-      Tensor x = model->shard(idx), y = model->shard(targets, -100);
-      double peak = measure(0, [&] {
-        model->zeroGrad();
-        model->loss(x, y).backward();
-        model->allReduceGradients();
-      }).second;
-      Tensor t = fromVector(std::vector<double>{peak}, {1});
-      world.allReduce(t, ReduceOp::Max).wait();
-      per.push_back(t.item<double>());
-    }
-    if (world.rank() == 0) {
-      std::printf("%8lld %12.2f %14.2f %14.2f %10.2f %10.2f\n", static_cast<long long>(s), unsplit, per[0], per[1],
-                  unsplit / per[0], unsplit / per[1]);
+    peaks[0].push_back(unsplit);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int p = sizes[i];
+      std::vector<MeshDim> dims{{"sp", p}};
+      if (p < n) dims.insert(dims.begin(), MeshDim{"replica", n / p});
+      for (int m = 0; m < 2; ++m) {
+        Mesh mesh(world, dims);
+        SpGroup sp(mesh.group("sp"));
+        SpOptions o{.mode = modes[m], .layout = RingLayout::ZigZag};
+        (modes[m] == SpMode::Ulysses ? o.ulysses : o.ring) = &sp;
+        Peak peak;
+        {
+          auto model = std::make_shared<SequenceParallelGPT>(cfg, o);
+          Tensor x = model->shard(idx), y = model->shard(targets, -100);
+          peak = peakOf([&] {
+            model->zeroGrad();
+            model->loss(x, y).backward();
+            model->allReduceGradients();
+          });
+        }
+        // The largest rank's.
+        Tensor t = fromVector(std::vector<double>{peak.total, peak.step}, {2});
+        world.allReduce(t, ReduceOp::Max).wait();
+        const std::vector<double> v = t.toVector<double>();
+        peaks[1 + 2 * i + static_cast<size_t>(m)].push_back({v[0], v[1]});
+      }
     }
     world.barrier().wait();
+  }
+  if (world.rank() != 0) return;
+
+  std::printf("parallel_layouts --memory: one sequence, GPT width %lld, %lld layers, %lld heads, position table of "
+              "%lld, float32; per rank (the largest), MiB: the process's tensors at the step's peak (model, "
+              "gradients, activations) and, in brackets, what the step adds\n",
+              static_cast<long long>(c.width), static_cast<long long>(c.layers), static_cast<long long>(c.heads),
+              static_cast<long long>(block));
+  std::string header = "     seq            unsplit";
+  for (int p : sizes) {
+    char col[80];
+    std::snprintf(col, sizeof col, " %18s %18s", ("ulysses" + std::to_string(p)).c_str(),
+                  ("ring" + std::to_string(p) + " zigzag").c_str());
+    header += col;
+  }
+  std::printf("%s\n", header.c_str());
+  for (size_t j = 0; j < seqs.size(); ++j) {
+    std::printf("%8lld", static_cast<long long>(seqs[j]));
+    for (const auto& column : peaks) std::printf("  %8.2f (%6.2f)", column[j].total, column[j].step);
+    std::printf("\n");
+  }
+
+  // The budget: the unsplit model's peak at --budget-seq; the longest sequence within it per
+  // group size, against linear scaling (P times the unsplit model's).
+  auto totals = [](const std::vector<Peak>& column) {
+    std::vector<double> t;
+    for (const Peak& p : column) t.push_back(p.total);
+    return t;
+  };
+  bool beyond = false;
+  const std::vector<double> unsplitTotals = totals(peaks[0]);
+  const double budget =
+      unsplitTotals[static_cast<size_t>(std::find(seqs.begin(), seqs.end(), c.budgetSeq) - seqs.begin())];
+  const double single = longestWithin(seqs, unsplitTotals, budget, beyond);
+  std::printf("\nbudget per rank: %.2f MiB (the unsplit model's peak at %lld tokens); the longest sequence within "
+              "it (* extrapolated past %lld)\n",
+              budget, static_cast<long long>(c.budgetSeq), static_cast<long long>(seqs.back()));
+  std::printf("%-18s %6s %12s %12s %20s\n", "layout", "ranks", "longest seq", "linear", "ratio (goal >= 0.9)");
+  std::printf("%-18s %6d %12.0f %12.0f %20.3f\n", "unsplit", 1, single, single, 1.0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    for (int m = 0; m < 2; ++m) {
+      const double longest = longestWithin(seqs, totals(peaks[1 + 2 * i + static_cast<size_t>(m)]), budget, beyond);
+      const std::string name = (m == 0 ? "ulysses" : "ring zigzag");
+      std::printf("%-18s %6d %11.0f%s %12.0f %20.3f\n", name.c_str(), sizes[i], longest, beyond ? "*" : " ",
+                  single * sizes[i], longest / (single * sizes[i]));
+    }
   }
 }
 
 const char* kUsage =
-    "usage: parallel_layouts [--seq S] [--iters N] [--width C] [--layers L] [--memory S1,S2,...]\n"
+    "usage: parallel_layouts [--seq S] [--iters N] [--width C] [--layers L] [--heads H]\n"
+    "                        [--memory S1,S2,... [--budget-seq S]]\n"
     "  run under weftrun (weftrun -n 4 parallel_layouts); a lone process is a world of 1\n";
 
 }  // namespace
@@ -303,7 +404,9 @@ int main(int argc, char** argv) {
   bench::Flags flags;
   flags.onValue("--seq", [&](const std::string& v) { c.seq = bench::intFlag("--seq", v, 8, 1 << 16); });
   flags.onValue("--iters", [&](const std::string& v) { c.iters = bench::intFlag("--iters", v, 1, 1000); });
-  flags.onValue("--width", [&](const std::string& v) { c.width = bench::intFlag("--width", v, kHeads, 4096); });
+  flags.onValue("--width", [&](const std::string& v) { c.width = bench::intFlag("--width", v, 1, 4096); });
+  flags.onValue("--heads", [&](const std::string& v) { c.heads = bench::intFlag("--heads", v, 1, 256); });
+  flags.onValue("--budget-seq", [&](const std::string& v) { c.budgetSeq = bench::intFlag("--budget-seq", v, 8, 1 << 16); });
   flags.onValue("--layers", [&](const std::string& v) { c.layers = bench::intFlag("--layers", v, 1, 64); });
   flags.onValue("--memory", [&](const std::string& v) {
     std::stringstream in(v);
@@ -311,6 +414,16 @@ int main(int argc, char** argv) {
     while (std::getline(in, part, ',')) c.memory.push_back(bench::intFlag("--memory", part, 8, 1 << 16));
   });
   if (!bench::parseFlagsOrUsage(flags, argc, argv, "parallel_layouts", kUsage)) return 2;
+  if (!c.memory.empty() && std::find(c.memory.begin(), c.memory.end(), c.budgetSeq) == c.memory.end()) {
+    std::fprintf(stderr, "parallel_layouts: --budget-seq %lld must be one of the --memory lengths\n%s",
+                 static_cast<long long>(c.budgetSeq), kUsage);
+    return 2;
+  }
+  if (c.width % c.heads != 0) {
+    std::fprintf(stderr, "parallel_layouts: --heads %lld must divide --width %lld\n%s", static_cast<long long>(c.heads),
+                 static_cast<long long>(c.width), kUsage);
+    return 2;
+  }
   auto world = init();
   if (c.memory.empty()) {
     runLayouts(*world, c);

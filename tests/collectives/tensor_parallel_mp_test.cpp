@@ -329,4 +329,43 @@ TEST_CASE("bench/parallel_layouts runs on 4 processes and counts each layout's b
   }
   CHECK(rows == 7);
 }
+
+TEST_CASE("bench/parallel_layouts --memory: the longest sequence within a rank's budget grows linearly with the "
+          "sequence-parallel group") {
+  MpJob job({PARALLEL_LAYOUTS_PATH, "--memory", "128,256,512", "--budget-seq", "128", "--width", "16", "--heads", "4"},
+            4, [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(60s);
+  job.checkAllGone();
+  bool ok = true;
+  for (const auto& r : results) ok = ok && !r.timedOut && r.exitCode == 0;
+  if (!ok) weft::testing::dumpResults(results);
+  REQUIRE(ok);
+  const std::string& out = results[0].out;
+  INFO(out);
+  // "<layout> <ranks> <longest seq>[*] <linear> <ratio>" for groups of 2 and 4, each mode.
+  int rows = 0;
+  for (const char* layout : {"\nulysses ", "\nring zigzag "}) {
+    const std::string needle = layout;
+    size_t at = 0;
+    for (int ranks : {2, 4}) {
+      at = out.find(needle, at);
+      REQUIRE(at != std::string::npos);
+      at += needle.size();
+      std::istringstream row(out.substr(at, out.find('\n', at) - at));
+      int n = 0;
+      std::string longest;
+      double linear = 0, ratio = 0;
+      row >> n >> longest >> linear >> ratio;
+      CAPTURE(layout);
+      CAPTURE(ranks);
+      CHECK(n == ranks);
+      CHECK(linear == 128.0 * ranks);
+      CHECK(ratio >= 0.9);
+      CHECK(ratio <= 1.1);
+      CHECK(std::stod(longest) == doctest::Approx(ratio * linear).epsilon(0.01));
+      ++rows;
+    }
+  }
+  CHECK(rows == 4);
+}
 #endif
