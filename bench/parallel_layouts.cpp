@@ -18,6 +18,18 @@
 // sequence within it per group size, interpolated between the measured lengths, and its ratio to
 // linear scaling (P times the unsplit model's; goal >= 0.9).
 //
+//   weftrun -n 4 build/bench/parallel_layouts --overlap --seq 8192 --heads 4 --iters 7
+//
+// --overlap: ring attention against Ulysses at equal compute: the same causal attention over --seq
+// tokens split over every process (batch 1, --heads heads of --width / --heads), forward and
+// backward, timed as Ulysses, as the zig-zag ring with its transfers overlapped with the compute,
+// and as the same ring with each step's transfers after its compute (RingOptions::overlap =
+// false: compute plus communication); then the GPT's training step (--width, --layers) under
+// each. Rounds alternate the variants, each between barriers; a round is the slowest rank's time,
+// and the medians over --iters rounds are printed with the ratios (goal: ring <= 1.2 x Ulysses)
+// and the load average before and after. Compute dominates from a few thousand tokens per rank;
+// on a shared machine the figures move with the load, so take them on a quiet one.
+//
 // Memory is Storage::memoryStats's peak during the step less what was live before it (CPU
 // tensors of this process: activations, gradients and temporaries). Communication is the payload
 // of the collectives started (an allreduce ring sends 2·(n−1)/n of it per rank, an all-to-all
@@ -392,16 +404,122 @@ void runMemory(ProcessGroup& world, const Config& c) {
   }
 }
 
+// The load average of the machine, as /proc/loadavg gives it ("?" where it cannot be read).
+std::string loadAverage() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return "?";
+  char buf[64] = "";
+  const bool ok = std::fgets(buf, sizeof buf, f) != nullptr;
+  std::fclose(f);
+  std::string line = ok ? buf : "?";
+  // The 1-, 5- and 15-minute averages.
+  size_t cut = 0;
+  for (int fields = 0; fields < 3 && cut != std::string::npos; ++fields) cut = line.find(' ', cut + 1);
+  return line.substr(0, cut);
+}
+
+// Times `variants` in turn, `rounds` times, each run between barriers; a round's time is the
+// slowest rank's. Returns each variant's median.
+std::vector<double> medianRounds(ProcessGroup& world, int rounds, const std::vector<std::function<void()>>& variants) {
+  for (const auto& v : variants) v();  // warm-up
+  std::vector<std::vector<double>> times(variants.size());
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < variants.size(); ++i) {
+      world.barrier().wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      variants[i]();
+      Tensor t = fromVector(
+          std::vector<double>{std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}, {1});
+      world.allReduce(t, ReduceOp::Max).wait();
+      times[i].push_back(t.item<double>());
+    }
+  }
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
+}
+
+void runOverlap(ProcessGroup& world, const Config& c) {
+  const int n = world.size();
+  const int64_t s = c.seq, h = c.heads, d = c.width / c.heads, local = s / n;
+  const std::string loadBefore = loadAverage();
+  Mesh mesh(world, {{"sp", n}});
+  SpGroup sp(mesh.group("sp"));
+
+  // Attention alone: this rank's q, k, v [1, H, S/P, D] under each layout (Ulysses contiguous,
+  // the ring zig-zag), forward and backward through a fixed output gradient.
+  Generator g(11 + static_cast<uint64_t>(world.rank()));
+  auto input = [&] { return randn({1, h, local, d}, {}, &g).requiresGrad_(true); };
+  Tensor q = input(), k = input(), v = input();
+  Tensor gradOut = randn({1, h, local, d}, {}, &g);
+  auto backwardOf = [&](const Tensor& y) {
+    for (const Tensor* t : {&q, &k, &v}) t->setGrad(Tensor());
+    y.backward(gradOut);
+  };
+  auto ring = [&](bool overlap) {
+    return [&, overlap] {
+      backwardOf(ringAttention(sp, q, k, v, {.causal = true, .layout = RingLayout::ZigZag, .overlap = overlap}));
+    };
+  };
+  const std::vector<double> attention = medianRounds(
+      world, c.iters,
+      {[&] { backwardOf(ulyssesAttention(sp, q, k, v, {.causal = true})); }, ring(true), ring(false)});
+
+  // The model's training step (one sequence): the same attention inside the GPT of --width and
+  // --layers.
+  const nn::GPTConfig cfg = gptConfig(c, s);
+  Tensor idx = tokens(1, s, 5), targets = tokens(1, s, 6);
+  std::vector<std::function<void()>> steps;
+  std::vector<std::shared_ptr<SequenceParallelGPT>> models;
+  std::vector<std::pair<Tensor, Tensor>> shards;
+  for (SpMode mode : {SpMode::Ulysses, SpMode::Ring}) {
+    SpOptions o{.mode = mode, .layout = RingLayout::ZigZag};
+    (mode == SpMode::Ulysses ? o.ulysses : o.ring) = &sp;
+    models.push_back(std::make_shared<SequenceParallelGPT>(cfg, o));
+    shards.emplace_back(models.back()->shard(idx), models.back()->shard(targets, -100));
+  }
+  for (size_t i = 0; i < models.size(); ++i) {
+    steps.push_back([&, i] {
+      models[i]->zeroGrad();
+      models[i]->loss(shards[i].first, shards[i].second).backward();
+      models[i]->allReduceGradients();
+    });
+  }
+  const std::vector<double> model = medianRounds(world, c.iters, steps);
+  if (world.rank() != 0) return;
+
+  std::printf("parallel_layouts --overlap: %d processes, causal attention over %lld tokens (%lld per rank), batch 1, "
+              "%lld heads of %lld, float32; forward and backward; median of %d rounds, a round the slowest rank's "
+              "time; load average %s before, %s after\n",
+              n, static_cast<long long>(s), static_cast<long long>(local), static_cast<long long>(h),
+              static_cast<long long>(d), c.iters, loadBefore.c_str(), loadAverage().c_str());
+  std::printf("%-38s %10s %12s\n", "attention", "median s", "/ ulysses");
+  const char* names[] = {"ulysses", "ring zigzag (overlapped)", "ring zigzag, transfers not overlapped"};
+  for (size_t i = 0; i < attention.size(); ++i) {
+    std::printf("%-38s %10.4f %12.3f\n", names[i], attention[i], attention[i] / attention[0]);
+  }
+  std::printf("ring / ulysses (goal <= 1.2): %.3f; the overlap saves %.1f%% of the ring's unoverlapped time\n",
+              attention[1] / attention[0], 100.0 * (attention[2] - attention[1]) / attention[2]);
+  std::printf("%-38s %10s %12s\n", "GPT training step", "median s", "/ ulysses");
+  std::printf("%-38s %10.4f %12.3f\n", "ulysses", model[0], 1.0);
+  std::printf("%-38s %10.4f %12.3f\n", "ring zigzag", model[1], model[1] / model[0]);
+}
+
 const char* kUsage =
     "usage: parallel_layouts [--seq S] [--iters N] [--width C] [--layers L] [--heads H]\n"
-    "                        [--memory S1,S2,... [--budget-seq S]]\n"
+    "                        [--memory S1,S2,... [--budget-seq S]] [--overlap]\n"
     "  run under weftrun (weftrun -n 4 parallel_layouts); a lone process is a world of 1\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Config c;
+  bool overlap = false;
   bench::Flags flags;
+  flags.onSwitch("--overlap", [&] { overlap = true; });
   flags.onValue("--seq", [&](const std::string& v) { c.seq = bench::intFlag("--seq", v, 8, 1 << 16); });
   flags.onValue("--iters", [&](const std::string& v) { c.iters = bench::intFlag("--iters", v, 1, 1000); });
   flags.onValue("--width", [&](const std::string& v) { c.width = bench::intFlag("--width", v, 1, 4096); });
@@ -425,7 +543,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto world = init();
-  if (c.memory.empty()) {
+  if (overlap) {
+    runOverlap(*world, c);
+  } else if (c.memory.empty()) {
     runLayouts(*world, c);
   } else {
     runMemory(*world, c);
