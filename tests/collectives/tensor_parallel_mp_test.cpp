@@ -369,4 +369,33 @@ TEST_CASE("bench/parallel_layouts --memory: the longest sequence within a rank's
   }
   CHECK(rows == 4);
 }
+
+TEST_CASE("bench/parallel_layouts --overlap times Ulysses, the ring overlapped and not, and the GPT step under each") {
+  MpJob job({PARALLEL_LAYOUTS_PATH, "--overlap", "--seq", "64", "--width", "16", "--heads", "4", "--iters", "2"}, 4,
+            [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(60s);
+  job.checkAllGone();
+  bool ok = true;
+  for (const auto& r : results) ok = ok && !r.timedOut && r.exitCode == 0;
+  if (!ok) weft::testing::dumpResults(results);
+  REQUIRE(ok);
+  const std::string& out = results[0].out;
+  INFO(out);
+  CHECK(out.find("causal attention over 64 tokens (16 per rank)") != std::string::npos);
+  // "<variant> <median s> <ratio to Ulysses>": both positive, Ulysses' ratio 1.
+  for (const char* variant : {"\nulysses ", "\nring zigzag (overlapped) ", "\nring zigzag, transfers not overlapped ",
+                              "\nring zigzag  "}) {  // the last: the GPT step's row
+    INFO(variant);
+    const std::string needle = variant;
+    const size_t at = out.find(needle);
+    REQUIRE(at != std::string::npos);
+    std::istringstream row(out.substr(at + needle.size(), out.find('\n', at + needle.size()) - at - needle.size()));
+    double seconds = 0, ratio = 0;
+    row >> seconds >> ratio;
+    CHECK(seconds > 0);
+    CHECK(ratio > 0);
+    if (needle == "\nulysses ") CHECK(ratio == 1.0);
+  }
+  CHECK(out.find("ring / ulysses (goal <= 1.2): ") != std::string::npos);
+}
 #endif
