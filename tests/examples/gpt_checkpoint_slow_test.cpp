@@ -122,7 +122,9 @@ struct LayoutRun {
 
 const std::vector<LayoutRun> kLayouts = {
     {2, " --batch-size 4 --dp 2", "DistributedDataParallel"},
+    {2, " --batch-size 4 --dp 2 --zero 1", "ZeroRedundancyOptimizer (ZeRO-1)"},
     {2, " --batch-size 4 --dp 2 --zero 2", "ShardedDataParallel (ZeRO-2)"},
+    {4, " --batch-size 4 --dp 2 --tp 2", "mesh {dp: 2, tp: 2}"},
     {2, " --batch-size 8 --tp 2", "TensorParallelGPT"},
     {2, " --batch-size 8 --sp 2 --sp-mode ulysses", "SequenceParallelGPT, Ulysses"},
     {2, " --batch-size 8 --sp 2 --sp-mode ring", "SequenceParallelGPT, ring attention (zig-zag)"},
