@@ -18,7 +18,7 @@
 // sequence within it per group size, interpolated between the measured lengths, and its ratio to
 // linear scaling (P times the unsplit model's; goal >= 0.9).
 //
-//   weftrun -n 4 build/bench/parallel_layouts --overlap --seq 8192 --heads 4 --iters 7
+//   WEFT_NUM_THREADS=1 weftrun -n 4 parallel_layouts --overlap --seq 8192 --heads 8 --width 128 --iters 7
 //
 // --overlap: ring attention against Ulysses at equal compute: the same causal attention over --seq
 // tokens split over every process (batch 1, --heads heads of --width / --heads), forward and
@@ -28,7 +28,10 @@
 // each. Rounds alternate the variants, each between barriers; a round is the slowest rank's time,
 // and the medians over --iters rounds are printed with the ratios (goal: ring <= 1.2 x Ulysses)
 // and the load average before and after. Compute dominates from a few thousand tokens per rank;
-// on a shared machine the figures move with the load, so take them on a quiet one.
+// on a shared machine the figures move with the load, so take them on a quiet one. Equal compute
+// also needs the same attention kernel path: with fewer than 2 x threads heads per rank (Ulysses
+// holds H/P), the kernel's backward runs in two passes and recomputes the scores, which the bench
+// notes; the command above gives each Ulysses rank 2 heads and each process one kernel thread.
 //
 // Memory is Storage::memoryStats's peak during the step less what was live before it (CPU
 // tensors of this process: activations, gradients and temporaries). Communication is the payload
@@ -50,6 +53,7 @@
 #include "collectives/mesh.h"
 #include "collectives/sequence_parallel_gpt.h"
 #include "collectives/tensor_parallel_gpt.h"
+#include "kernels/cpu/parallel.h"
 #include "nn/transformer.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
@@ -491,11 +495,18 @@ void runOverlap(ProcessGroup& world, const Config& c) {
   const std::vector<double> model = medianRounds(world, c.iters, steps);
   if (world.rank() != 0) return;
 
-  std::printf("parallel_layouts --overlap: %d processes, causal attention over %lld tokens (%lld per rank), batch 1, "
-              "%lld heads of %lld, float32; forward and backward; median of %d rounds, a round the slowest rank's "
-              "time; load average %s before, %s after\n",
-              n, static_cast<long long>(s), static_cast<long long>(local), static_cast<long long>(h),
-              static_cast<long long>(d), c.iters, loadBefore.c_str(), loadAverage().c_str());
+  std::printf("parallel_layouts --overlap: %d processes of %d kernel threads, causal attention over %lld tokens (%lld "
+              "per rank), batch 1, %lld heads of %lld, float32; forward and backward; median of %d rounds, a round "
+              "the slowest rank's time; load average %s before, %s after\n",
+              n, kernels::cpu::numThreads(), static_cast<long long>(s), static_cast<long long>(local),
+              static_cast<long long>(h), static_cast<long long>(d), c.iters, loadBefore.c_str(),
+              loadAverage().c_str());
+  if (h / n < 2 * kernels::cpu::numThreads()) {
+    std::printf("note: Ulysses holds %lld heads per rank, fewer than twice the %d kernel threads, so its attention "
+                "backward takes the kernel's two-pass path (scores recomputed) where the ring's may not: for equal "
+                "kernel work give --heads >= %d (or fewer threads, WEFT_NUM_THREADS)\n",
+                static_cast<long long>(h / n), kernels::cpu::numThreads(), 2 * n * kernels::cpu::numThreads());
+  }
   std::printf("%-38s %10s %12s\n", "attention", "median s", "/ ulysses");
   const char* names[] = {"ulysses", "ring zigzag (overlapped)", "ring zigzag, transfers not overlapped"};
   for (size_t i = 0; i < attention.size(); ++i) {
