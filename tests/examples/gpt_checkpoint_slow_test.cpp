@@ -129,6 +129,9 @@ const std::vector<LayoutRun> kLayouts = {
     {2, " --batch-size 8 --sp 2 --sp-mode ulysses", "SequenceParallelGPT, Ulysses"},
     {2, " --batch-size 8 --sp 2 --sp-mode ring", "SequenceParallelGPT, ring attention (zig-zag)"},
     {2, " --batch-size 8 --pp 2 --microbatches 2", "pipeline of 2 stages"},
+    {4, " --batch-size 8 --sp 4 --sp-mode 2d", "mesh {ring: 2, ulysses: 2}"},
+    {4, " --batch-size 8 --tp 2 --sp 2 --sp-mode ring", "mesh {sp: 2, tp: 2}"},
+    {4, " --batch-size 4 --dp 2 --pp 2 --microbatches 2", "2 data-parallel replicas of a pipeline"},
 };
 
 }  // namespace
