@@ -8,7 +8,6 @@
 #include "collectives/init.h"
 #include "common/error.h"
 #include "data/text.h"
-#include "examples/common/seed.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/functional.h"
 #include "nn/optim.h"

@@ -13,7 +13,6 @@
 #include "collectives/mesh.h"
 #include "common/error.h"
 #include "data/text.h"
-#include "examples/common/seed.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
@@ -25,7 +24,7 @@
 namespace weft::examples::gpt {
 namespace {
 
-// Every process builds the whole model from the same seed and trains its stage; before an
+// Every process builds the whole model (initialModel) and trains its stage; before an
 // evaluation or a sample the stages' parameters are broadcast from their owners in the replica, so
 // that every process holds the trained model and evaluates or samples it alike (the replicas
 // hold the same parameters: they take the same averaged steps).
