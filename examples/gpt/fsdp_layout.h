@@ -1,5 +1,5 @@
 // The gpt example's fully sharded layout (--fsdp, run under weftrun -n N): every process builds the
-// whole model from the same seed and wraps it in collectives::FullyShardedDataParallel (ZeRO-3:
+// whole model from the same seed (or --load) and wraps it in collectives::FullyShardedDataParallel (ZeRO-3:
 // each TransformerBlock a unit, the embeddings and the final LayerNorm the root unit); each
 // process draws its own share of the batch windows, and AdamW steps its flat shards (one group:
 // --weight-decay applies to every parameter, the flat shards mixing matrices, biases and
