@@ -19,7 +19,7 @@ constexpr size_t kPageBytes = 4096;
 // From this size up, freed blocks are kept for reuse.
 constexpr size_t kCachedFromBytes = size_t{64} << 10;
 // Most bytes of freed blocks kept for reuse.
-constexpr size_t kBlockCacheBytes = size_t{256} << 20;
+constexpr size_t kBlockCacheBytes = size_t{2048} << 20;
 
 // Freed CPU blocks of 64 KiB and more, kept by size for the next allocation
 // of the same size. A training step allocates the same activations and
