@@ -243,6 +243,15 @@ nn::StateDict TensorParallelGPT::fullStateDict() {
   return dict;
 }
 
+bool TensorParallelGPT::isSplit(const std::string& name) const {
+  std::string param;
+  if (const TpSharded* s = shardingOf(name, &param)) return s->split(param);
+  for (const auto& [n, p] : namedParameters()) {
+    if (n == name) return false;
+  }
+  throw NotFoundError("TensorParallelGPT: no parameter named '" + name + "'");
+}
+
 double TensorParallelGPT::clipGradNorm(double maxNorm) {
   NoGradGuard noGrad;
   double sharded = 0, whole = 0;

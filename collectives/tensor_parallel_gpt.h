@@ -173,10 +173,18 @@ class TensorParallelGPT : public nn::Module {
   // min(1, maxNorm / (norm + 1e-6)). Collective over the tp group (one
   // allreduce); returns the norm, the same on every rank.
   double clipGradNorm(double maxNorm);
+  // Whether parameter `name` is split over the group (each rank holds a part
+  // of it, as the norm of clipGradNorm counts it) rather than whole on every
+  // rank; NotFoundError for an unknown name.
+  bool isSplit(const std::string& name) const;
 
   const nn::GPTConfig& config() const { return config_; }
   const std::shared_ptr<TpGroup>& tp() const { return tp_; }
+  // Whether the model was built with SpOptions.
+  bool sequenceParallel() const { return sp_.has_value(); }
   const std::shared_ptr<VocabParallelEmbedding>& wte() const { return wte_; }
+  const std::shared_ptr<nn::Embedding>& wpe() const { return wpe_; }
+  const std::shared_ptr<nn::LayerNorm>& lnF() const { return lnF_; }
   const std::vector<std::shared_ptr<ParallelTransformerBlock>>& blocks() const { return blocks_; }
 
  private:

@@ -151,13 +151,68 @@ std::shared_ptr<nn::Sequential> gptLayers(const std::shared_ptr<nn::GPT>& gpt) {
   return seq;
 }
 
-std::vector<TiedParameter> gptTiedParameters(const nn::GPT& gpt, int stage, int stages) {
+namespace {
+
+// wte's weight tied between the first and the last of `stages` stages.
+std::vector<TiedParameter> tiedEnds(const Tensor& wte, int stage, int stages) {
   WEFT_ENFORCE(stages >= 1 && stage >= 0 && stage < stages, InvalidArgumentError, "gptTiedParameters: stage ", stage,
                " outside [0, ", stages, ")");
   if (stages == 1) return {};
-  if (stage == 0) return {{gpt.wte()->weight(), stages - 1}};
-  if (stage == stages - 1) return {{gpt.wte()->weight(), 0}};
+  if (stage == 0) return {{wte, stages - 1}};
+  if (stage == stages - 1) return {{wte, 0}};
   return {};
+}
+
+}  // namespace
+
+std::vector<TiedParameter> gptTiedParameters(const nn::GPT& gpt, int stage, int stages) {
+  return tiedEnds(gpt.wte()->weight(), stage, stages);
+}
+
+// ---- tensor-parallel GPT --------------------------------------------------------
+
+TensorParallelGPTEmbedding::TensorParallelGPTEmbedding(const collectives::TensorParallelGPT& gpt)
+    : Module("TensorParallelGPTEmbedding"), dropout_(gpt.config().dropout) {
+  wte_ = registerModule("wte", gpt.wte());
+  wpe_ = registerModule("wpe", gpt.wpe());
+}
+
+Tensor TensorParallelGPTEmbedding::forward(const Tensor& idx) {
+  WEFT_ENFORCE(idx.defined() && idx.dtype() == DType::Int64 && idx.dim() == 2 && idx.size(1) >= 1 &&
+                   idx.size(1) <= wpe_->weight().size(0),
+               InvalidArgumentError, "TensorParallelGPTEmbedding: expected Int64 token ids [B, T] with 1 <= T <= ",
+               wpe_->weight().size(0), ", got ",
+               idx.defined() ? shapeString(idx.shape()) + " " + dtypeName(idx.dtype()) : std::string("undefined"));
+  // As TensorParallelGPT::features: the replicated dropout draws the whole model's mask alike on
+  // every rank of the group.
+  Tensor x = add(wte_->forward(idx), wpe_->weight().narrow(0, 0, idx.size(1)));
+  return dropout(x, dropout_, isTraining());
+}
+
+TensorParallelGPTHead::TensorParallelGPTHead(const collectives::TensorParallelGPT& gpt)
+    : Module("TensorParallelGPTHead"), tp_(gpt.tp()) {
+  lnF_ = registerModule("ln_f", gpt.lnF());
+  wte_ = registerModule("wte", gpt.wte());
+}
+
+Tensor TensorParallelGPTHead::forward(const Tensor& x) {
+  return linear(collectives::copyToTp(*tp_, lnF_->forward(x)), wte_->weight());
+}
+
+std::shared_ptr<nn::Sequential> gptLayers(const std::shared_ptr<collectives::TensorParallelGPT>& gpt) {
+  WEFT_ENFORCE(gpt != nullptr, InvalidArgumentError, "gptLayers: null TensorParallelGPT");
+  WEFT_ENFORCE(!gpt->sequenceParallel(), InvalidArgumentError,
+               "gptLayers: the TensorParallelGPT is sequence-parallel, which its pipeline layers do not split");
+  auto seq = std::make_shared<nn::Sequential>();
+  seq->push_back("embed", std::make_shared<TensorParallelGPTEmbedding>(*gpt));
+  for (size_t b = 0; b < gpt->blocks().size(); ++b) seq->push_back("h_" + std::to_string(b), gpt->blocks()[b]);
+  seq->push_back("head", std::make_shared<TensorParallelGPTHead>(*gpt));
+  seq->train(gpt->isTraining());
+  return seq;
+}
+
+std::vector<TiedParameter> gptTiedParameters(const collectives::TensorParallelGPT& gpt, int stage, int stages) {
+  return tiedEnds(gpt.wte()->weight(), stage, stages);
 }
 
 }  // namespace weft::pipeline

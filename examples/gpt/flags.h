@@ -52,9 +52,10 @@ struct Flags {
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
   bool fsdp = false;              // fully sharded data parallel over the job's processes (fsdp_layout.h)
 
-  // Data-parallel replicas: with --pp, of the pipeline (weftrun -n D·P); otherwise of a process
-  // mesh (mesh_layout.h) with tensor- and sequence-parallel sizes, whose product is the job's size
-  // (weftrun -n dp·tp·sp). --batch-size is each data-parallel replica's.
+  // Data-parallel replicas: with --pp, of the pipeline, its stages tensor-parallel with --tp
+  // (weftrun -n D·P·T, pipeline_layout.h); otherwise of a process mesh (mesh_layout.h) with tensor-
+  // and sequence-parallel sizes, whose product is the job's size (weftrun -n dp·tp·sp).
+  // --batch-size is each data-parallel replica's.
   int64_t dp = 1;
   int64_t zero = 0;                 // with --dp alone: 1 ZeroRedundancyOptimizer, 2 ShardedDataParallel
   int64_t tp = 1;
@@ -72,8 +73,8 @@ struct Flags {
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
                      "           [--data-dir DIR] [--seed N]\n"
-                     "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D]]\n"
-                     "             (P > 1: weftrun -n D·P)\n"
+                     "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--tp T] [--dp D]]\n"
+                     "             (P > 1: weftrun -n D·P·T)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
                      "             (D·T·S > 1: weftrun -n D·T·S)\n"
                      "           [--fsdp] (fully sharded data parallel: weftrun -n N)\n");
@@ -118,14 +119,14 @@ inline void checkMeshFlags(const Flags& f) {
   if (f.zero > 0 && (f.dp < 2 || f.tp > 1 || f.sp > 1 || f.pp > 1)) {
     usage("--zero needs --dp > 1 and no --tp, --sp or --pp");
   }
-  if (f.pp > 1 && (f.tp > 1 || f.sp > 1)) usage("--pp does not combine with --tp or --sp");
-  if (f.pp > 1) return;
-  if (f.precision != "float32") usage("--precision " + f.precision + " trains in one process; --dp, --tp and --sp in float32");
-  if (f.device != "cpu") usage("--device cuda trains in one process; --dp, --tp and --sp run on CPUs");
+  if (f.pp > 1 && f.sp > 1) usage("--pp does not combine with --sp");
   if (f.heads % f.tp != 0) {
     usage("--tp " + std::to_string(f.tp) + " must divide --heads " + std::to_string(f.heads) +
           " (each tensor-parallel rank holds whole heads)");
   }
+  if (f.pp > 1) return;
+  if (f.precision != "float32") usage("--precision " + f.precision + " trains in one process; --dp, --tp and --sp in float32");
+  if (f.device != "cpu") usage("--device cuda trains in one process; --dp, --tp and --sp run on CPUs");
   if (f.sp > 1 && f.spMode == "ulysses" && (f.heads / f.tp) % f.sp != 0) {
     usage("--sp " + std::to_string(f.sp) + " with --sp-mode ulysses must divide the heads of a tensor-parallel rank (" +
           std::to_string(f.heads / f.tp) + ")");
