@@ -4,6 +4,7 @@
 #include <chrono>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 #include "tensor/ops.h"
@@ -171,42 +172,28 @@ std::vector<TiedParameter> gptTiedParameters(const nn::GPT& gpt, int stage, int 
 
 // ---- tensor-parallel GPT --------------------------------------------------------
 
-TensorParallelGPTEmbedding::TensorParallelGPTEmbedding(const collectives::TensorParallelGPT& gpt)
-    : Module("TensorParallelGPTEmbedding"), dropout_(gpt.config().dropout) {
-  wte_ = registerModule("wte", gpt.wte());
-  wpe_ = registerModule("wpe", gpt.wpe());
+TensorParallelGPTEmbedding::TensorParallelGPTEmbedding(std::shared_ptr<collectives::TensorParallelGPT> gpt)
+    : Module("TensorParallelGPTEmbedding"), gpt_(std::move(gpt)) {
+  registerModule("wte", gpt_->wte());
+  registerModule("wpe", gpt_->wpe());
 }
 
-Tensor TensorParallelGPTEmbedding::forward(const Tensor& idx) {
-  WEFT_ENFORCE(idx.defined() && idx.dtype() == DType::Int64 && idx.dim() == 2 && idx.size(1) >= 1 &&
-                   idx.size(1) <= wpe_->weight().size(0),
-               InvalidArgumentError, "TensorParallelGPTEmbedding: expected Int64 token ids [B, T] with 1 <= T <= ",
-               wpe_->weight().size(0), ", got ",
-               idx.defined() ? shapeString(idx.shape()) + " " + dtypeName(idx.dtype()) : std::string("undefined"));
-  // As TensorParallelGPT::features: the replicated dropout draws the whole model's mask alike on
-  // every rank of the group.
-  Tensor x = add(wte_->forward(idx), wpe_->weight().narrow(0, 0, idx.size(1)));
-  return dropout(x, dropout_, isTraining());
+Tensor TensorParallelGPTEmbedding::forward(const Tensor& idx) { return gpt_->embed(idx, isTraining()); }
+
+TensorParallelGPTHead::TensorParallelGPTHead(std::shared_ptr<collectives::TensorParallelGPT> gpt)
+    : Module("TensorParallelGPTHead"), gpt_(std::move(gpt)) {
+  registerModule("ln_f", gpt_->lnF());
+  registerModule("wte", gpt_->wte());
 }
 
-TensorParallelGPTHead::TensorParallelGPTHead(const collectives::TensorParallelGPT& gpt)
-    : Module("TensorParallelGPTHead"), tp_(gpt.tp()) {
-  lnF_ = registerModule("ln_f", gpt.lnF());
-  wte_ = registerModule("wte", gpt.wte());
-}
-
-Tensor TensorParallelGPTHead::forward(const Tensor& x) {
-  return linear(collectives::copyToTp(*tp_, lnF_->forward(x)), wte_->weight());
-}
+Tensor TensorParallelGPTHead::forward(const Tensor& x) { return gpt_->head(x); }
 
 std::shared_ptr<nn::Sequential> gptLayers(const std::shared_ptr<collectives::TensorParallelGPT>& gpt) {
   WEFT_ENFORCE(gpt != nullptr, InvalidArgumentError, "gptLayers: null TensorParallelGPT");
-  WEFT_ENFORCE(!gpt->sequenceParallel(), InvalidArgumentError,
-               "gptLayers: the TensorParallelGPT is sequence-parallel, which its pipeline layers do not split");
   auto seq = std::make_shared<nn::Sequential>();
-  seq->push_back("embed", std::make_shared<TensorParallelGPTEmbedding>(*gpt));
+  seq->push_back("embed", std::make_shared<TensorParallelGPTEmbedding>(gpt));
   for (size_t b = 0; b < gpt->blocks().size(); ++b) seq->push_back("h_" + std::to_string(b), gpt->blocks()[b]);
-  seq->push_back("head", std::make_shared<TensorParallelGPTHead>(*gpt));
+  seq->push_back("head", std::make_shared<TensorParallelGPTHead>(gpt));
   seq->train(gpt->isTraining());
   return seq;
 }

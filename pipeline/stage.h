@@ -49,22 +49,26 @@
 // GPTConfig::checkpoint: the executor checkpoints whole stages instead
 // (ExecutorOptions::checkpoint, pipeline/executor.h).
 //
-// Tensor-parallel GPT (pp × tp). gptLayers(tpGpt) views a
+// Tensor-parallel GPT (pp × tp, and × sp). gptLayers(tpGpt) views a
 // collectives::TensorParallelGPT the same way: "embed"
-// (TensorParallelGPTEmbedding: the vocabulary-parallel token embedding plus
-// the position embedding, then dropout), the parallel blocks "h_k", and
-// "head" (TensorParallelGPTHead: ln_f, then the head tied to the
-// vocabulary-parallel wte: this rank's vocabulary slice of the logits, as
-// TensorParallelGPT::forward gives). Its forward equals tpGpt->forward on
-// every rank of the tp group, which run it together: each layer's
+// (TensorParallelGPTEmbedding: TensorParallelGPT::embed, the
+// vocabulary-parallel token embedding plus the position embedding, then
+// dropout), the parallel blocks "h_k", and "head" (TensorParallelGPTHead:
+// TensorParallelGPT::head, ln_f, then the head tied to the
+// vocabulary-parallel wte: this rank's vocabulary slice of the logits), whose
+// loss is TensorParallelGPT::lossOfLogits. Its forward equals tpGpt->forward
+// on every rank of the tp group, which run it together: each layer's
 // collectives are over that group. A pipeline of such layers runs one
 // executor per tp rank, over the pp group of the processes that hold that tp
 // rank of every stage, so activations pass between the same tp rank of
 // adjacent stages; every tp rank of a stage cuts the layers alike (the ranks'
 // parameter counts are equal) and runs the same schedule. gptTiedParameters
 // names this rank's shard of wte.weight on the first and the last stage, the
-// same rows on both. The model must be built without sequence parallelism
-// (InvalidArgumentError otherwise).
+// same rows on both. A model built with SpOptions takes its rank's tokens
+// (TensorParallelGPT::shardTokens), the micro-batches split the batch, and
+// the stage's gradients are this rank's tokens' share until summed over the
+// sequence-parallel groups (TensorParallelGPT::allReduceGradients sums the
+// whole model's; a stage sums its own).
 //
 // Threading: as nn/module.h.
 #pragma once
@@ -124,34 +128,30 @@ class GPTHead : public nn::Module {
 // "embed", "h_0" ... "h_{L-1}", "head" (see "GPT").
 std::shared_ptr<nn::Sequential> gptLayers(const std::shared_ptr<nn::GPT>& gpt);
 
-// The tensor-parallel GPT's vocabulary-parallel token embedding and position
-// embedding with dropout (shares gpt's wte, wpe).
+// The tensor-parallel GPT's embeddings with dropout (shares gpt's wte, wpe):
+// TensorParallelGPT::embed, in this module's train or eval mode.
 class TensorParallelGPTEmbedding : public nn::Module {
  public:
-  explicit TensorParallelGPTEmbedding(const collectives::TensorParallelGPT& gpt);
-  // idx Int64 [B, T], the same on every rank of the tp group, 1 <= T <=
-  // blockSize -> [B, T, width], replicated; InvalidArgumentError otherwise.
+  explicit TensorParallelGPTEmbedding(std::shared_ptr<collectives::TensorParallelGPT> gpt);
+  // idx Int64 [B, T] as TensorParallelGPT::forward takes it -> [B, T, width],
+  // replicated over the tp group; InvalidArgumentError otherwise.
   Tensor forward(const Tensor& idx) override;
 
  private:
-  std::shared_ptr<collectives::VocabParallelEmbedding> wte_;
-  std::shared_ptr<nn::Embedding> wpe_;
-  double dropout_;
+  std::shared_ptr<collectives::TensorParallelGPT> gpt_;
 };
 
 // The tensor-parallel GPT's final LayerNorm and its head tied to the
-// vocabulary-parallel wte (shares gpt's ln_f, wte).
+// vocabulary-parallel wte (shares gpt's ln_f, wte): TensorParallelGPT::head.
 class TensorParallelGPTHead : public nn::Module {
  public:
-  explicit TensorParallelGPTHead(const collectives::TensorParallelGPT& gpt);
+  explicit TensorParallelGPTHead(std::shared_ptr<collectives::TensorParallelGPT> gpt);
   // x [B, T, width], replicated -> this rank's vocabulary slice of the logits
-  // [B, T, L] (TensorParallelGPT::forward).
+  // [B, T, L]; TensorParallelGPT::lossOfLogits takes them.
   Tensor forward(const Tensor& x) override;
 
  private:
-  std::shared_ptr<collectives::TpGroup> tp_;
-  std::shared_ptr<nn::LayerNorm> lnF_;
-  std::shared_ptr<collectives::VocabParallelEmbedding> wte_;
+  std::shared_ptr<collectives::TensorParallelGPT> gpt_;
 };
 
 // "embed", "h_0" ... "h_{L-1}", "head" of a tensor-parallel GPT (see

@@ -52,10 +52,10 @@ struct Flags {
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
   bool fsdp = false;              // fully sharded data parallel over the job's processes (fsdp_layout.h)
 
-  // Data-parallel replicas: with --pp, of the pipeline, its stages tensor-parallel with --tp
-  // (weftrun -n D·P·T, pipeline_layout.h); otherwise of a process mesh (mesh_layout.h) with tensor-
-  // and sequence-parallel sizes, whose product is the job's size (weftrun -n dp·tp·sp).
-  // --batch-size is each data-parallel replica's.
+  // Data-parallel replicas: with --pp, of the pipeline, its stages tensor- and sequence-parallel
+  // with --tp and --sp (weftrun -n D·P·T·S, pipeline_layout.h); otherwise of a process mesh
+  // (mesh_layout.h) with tensor- and sequence-parallel sizes, whose product is the job's size
+  // (weftrun -n dp·tp·sp). --batch-size is each data-parallel replica's.
   int64_t dp = 1;
   int64_t zero = 0;                 // with --dp alone: 1 ZeroRedundancyOptimizer, 2 ShardedDataParallel
   int64_t tp = 1;
@@ -73,8 +73,8 @@ struct Flags {
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
                      "           [--data-dir DIR] [--seed N]\n"
-                     "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--tp T] [--dp D]]\n"
-                     "             (P > 1: weftrun -n D·P·T)\n"
+                     "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D] [--tp T] [--sp S]]\n"
+                     "             (P > 1: weftrun -n D·P·T·S)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
                      "             (D·T·S > 1: weftrun -n D·T·S)\n"
                      "           [--fsdp] (fully sharded data parallel: weftrun -n N)\n");
@@ -119,14 +119,10 @@ inline void checkMeshFlags(const Flags& f) {
   if (f.zero > 0 && (f.dp < 2 || f.tp > 1 || f.sp > 1 || f.pp > 1)) {
     usage("--zero needs --dp > 1 and no --tp, --sp or --pp");
   }
-  if (f.pp > 1 && f.sp > 1) usage("--pp does not combine with --sp");
   if (f.heads % f.tp != 0) {
     usage("--tp " + std::to_string(f.tp) + " must divide --heads " + std::to_string(f.heads) +
           " (each tensor-parallel rank holds whole heads)");
   }
-  if (f.pp > 1) return;
-  if (f.precision != "float32") usage("--precision " + f.precision + " trains in one process; --dp, --tp and --sp in float32");
-  if (f.device != "cpu") usage("--device cuda trains in one process; --dp, --tp and --sp run on CPUs");
   if (f.sp > 1 && f.spMode == "ulysses" && (f.heads / f.tp) % f.sp != 0) {
     usage("--sp " + std::to_string(f.sp) + " with --sp-mode ulysses must divide the heads of a tensor-parallel rank (" +
           std::to_string(f.heads / f.tp) + ")");
@@ -135,6 +131,9 @@ inline void checkMeshFlags(const Flags& f) {
     usage("--sp " + std::to_string(f.sp) + " with --sp-mode 2d must be U x R with U, R >= 2 and U dividing the heads of a"
           " tensor-parallel rank (" + std::to_string(f.heads / f.tp) + ")");
   }
+  if (f.pp > 1) return;  // the pipeline checks its precision and device itself
+  if (f.precision != "float32") usage("--precision " + f.precision + " trains in one process; --dp, --tp and --sp in float32");
+  if (f.device != "cpu") usage("--device cuda trains in one process; --dp, --tp and --sp run on CPUs");
 }
 
 inline nn::GPTConfig modelConfig(const Flags& f) {

@@ -26,14 +26,41 @@ collectives::ProcessGroup* MeshJob::group(const std::string& name) const {
   return mesh && mesh->has(name) ? &mesh->group(name) : nullptr;
 }
 
-collectives::SpOptions MeshJob::spOptions() const {
+collectives::SpOptions MeshJob::spOptions() const { return spOptionsOf(ulysses.get(), ring.get()); }
+
+std::vector<collectives::MeshDim> sequenceParallelDims(const Flags& f) {
+  if (f.sp <= 1) return {};
+  if (const int64_t u = f.spMode == "2d" ? ulyssesSize2d(f) : 0; u > 0) {
+    return {{"ring", static_cast<int>(f.sp / u)}, {"ulysses", static_cast<int>(u)}};
+  }
+  return {{"sp", static_cast<int>(f.sp)}};
+}
+
+void makeSpGroups(const Flags& f, collectives::Mesh& mesh, std::unique_ptr<collectives::SpGroup>& ulysses,
+                  std::unique_ptr<collectives::SpGroup>& ring) {
+  if (mesh.has("ring") && mesh.has("ulysses")) {
+    ring = std::make_unique<collectives::SpGroup>(mesh.group("ring"));
+    ulysses = std::make_unique<collectives::SpGroup>(mesh.group("ulysses"));
+  } else if (f.sp > 1) {
+    auto g = std::make_unique<collectives::SpGroup>(mesh.group("sp"));
+    (f.spMode == "ring" ? ring : ulysses) = std::move(g);
+  }
+}
+
+collectives::SpOptions spOptionsOf(collectives::SpGroup* ulysses, collectives::SpGroup* ring) {
   collectives::SpOptions o;
-  o.ulysses = ulysses.get();
-  o.ring = ring.get();
+  o.ulysses = ulysses;
+  o.ring = ring;
   o.mode = ulysses && ring ? collectives::SpMode::Hybrid
                            : (ring ? collectives::SpMode::Ring : collectives::SpMode::Ulysses);
   o.layout = collectives::RingLayout::ZigZag;
   return o;
+}
+
+std::string describeSequenceParallel(const collectives::SpOptions& o) {
+  return o.mode == collectives::SpMode::Hybrid ? "2-D sequence parallelism (Ulysses x zig-zag ring)"
+         : o.mode == collectives::SpMode::Ring ? "ring attention (zig-zag)"
+                                               : "Ulysses sequence parallelism";
 }
 
 MeshJob makeMeshJob(const Flags& f) {
@@ -48,22 +75,10 @@ MeshJob makeMeshJob(const Flags& f) {
     if (size > 1) dims.push_back({name, static_cast<int>(size)});
   };
   add("dp", f.dp);
-  const int64_t u = f.sp > 1 && f.spMode == "2d" ? ulyssesSize2d(f) : 0;
-  if (u > 0) {
-    add("ring", f.sp / u);
-    add("ulysses", u);
-  } else {
-    add("sp", f.sp);
-  }
+  for (const collectives::MeshDim& d : sequenceParallelDims(f)) dims.push_back(d);
   add("tp", f.tp);
   job.mesh = std::make_unique<collectives::Mesh>(*job.world, std::move(dims));
-  if (u > 0) {
-    job.ring = std::make_unique<collectives::SpGroup>(job.mesh->group("ring"));
-    job.ulysses = std::make_unique<collectives::SpGroup>(job.mesh->group("ulysses"));
-  } else if (f.sp > 1) {
-    auto g = std::make_unique<collectives::SpGroup>(job.mesh->group("sp"));
-    (f.spMode == "ring" ? job.ring : job.ulysses) = std::move(g);
-  }
+  makeSpGroups(f, *job.mesh, job.ulysses, job.ring);
   return job;
 }
 

@@ -5,18 +5,21 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "collectives/init.h"
 #include "collectives/mesh.h"
+#include "collectives/sequence_parallel.h"
 #include "collectives/tensor_parallel.h"
 #include "collectives/tensor_parallel_gpt.h"
 #include "common/error.h"
 #include "data/text.h"
 #include "examples/common/seed.h"
 #include "kernels/cpu/parallel.h"
+#include "mesh_layout.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
 #include "pipeline/executor.h"
@@ -32,10 +35,11 @@ constexpr uint64_t kInitStream = 1;
 // Every process builds the whole model from the same seed and trains its stage; before an
 // evaluation or a sample the stages' parameters are broadcast from their owners in the replica, so
 // that every process holds the trained model and evaluates or samples it alike (the replicas
-// hold the same parameters: they take the same averaged steps). With --tp every process holds its
-// tp rank's shards of the whole model (a TensorParallelGPT loaded from the one-process model),
-// trains those of its stage, and evaluates with the tp group of its stage; the sample is drawn
-// from the whole model gathered from the tp group.
+// hold the same parameters: they take the same averaged steps). With --tp or --sp every process
+// holds its tp rank's shards of the whole model (a TensorParallelGPT loaded from the one-process
+// model, on a tp group of one process without --tp) and, with --sp, takes its sp rank's tokens;
+// it trains the shards of its stage and evaluates with the tp and sp groups of its stage; the
+// sample is drawn from the whole model gathered from the tp group.
 class Pipelined final : public Layout {
  public:
   explicit Pipelined(const Flags& f)
@@ -45,29 +49,34 @@ class Pipelined final : public Layout {
         gradClip_(f.gradClip),
         scheduleName_(f.schedule),
         microbatches_(f.microbatches) {
-    const int64_t want = f.dp * f.pp * f.tp;
+    const int64_t want = f.dp * f.pp * f.tp * f.sp;
     WEFT_ENFORCE(world_->size() == want, InvalidArgumentError, "gpt: --pp ", f.pp,
                  f.tp > 1 ? " --tp " + std::to_string(f.tp) : std::string(),
+                 f.sp > 1 ? " --sp " + std::to_string(f.sp) : std::string(),
                  f.dp > 1 ? " --dp " + std::to_string(f.dp) : std::string(), " needs a job of ", want,
                  " processes (weftrun -n ", want, "), this one has ", world_->size());
     WEFT_ENFORCE(f.batchSize % f.microbatches == 0, InvalidArgumentError, "gpt: --batch-size ", f.batchSize,
                  " must be divisible by --microbatches ", f.microbatches);
     WEFT_ENFORCE(f.precision == "float32", InvalidArgumentError, "gpt: --precision ", f.precision,
                  " is not supported with --pp");
-    // Tensor parallelism innermost: world rank (d·P + s)·T + t is tp rank t of stage s of replica d.
+    // Tensor parallelism innermost, sequence parallelism outside it: world rank ((d·P + s)·S + q)·T
+    // + t is tp rank t of sp rank q of stage s of replica d.
     std::vector<collectives::MeshDim> dims{{"dp", static_cast<int>(f.dp)}, {"pp", static_cast<int>(f.pp)}};
-    if (f.tp > 1) dims.push_back({"tp", static_cast<int>(f.tp)});
+    for (const collectives::MeshDim& d : sequenceParallelDims(f)) dims.push_back(d);
+    if (f.tp > 1 || f.sp > 1) dims.push_back({"tp", static_cast<int>(f.tp)});
     mesh_ = std::make_unique<collectives::Mesh>(*world_, std::move(dims));
+    makeSpGroups(f, *mesh_, ulysses_, ring_);
     pg_ = &mesh_->group("pp");
     const int stages = pg_->size();
     stage_ = pg_->rank();
     const int chunks = f.schedule == "interleaved" ? 2 : 1;
-    if (f.tp > 1) {
+    if (f.tp > 1 || f.sp > 1) {
       // The parallel layers initialise from the default generator before they load the whole
       // model's weights: its state, the run's dropout stream, is kept.
       const GeneratorState dropoutState = defaultGenerator().state();
       tp_ = std::make_shared<collectives::TpGroup>(mesh_->group("tp"));
-      tpModel_ = std::make_shared<collectives::TensorParallelGPT>(tp_, modelConfigFor(f));
+      if (f.sp > 1) sp_ = spOptionsOf(ulysses_.get(), ring_.get());
+      tpModel_ = std::make_shared<collectives::TensorParallelGPT>(tp_, modelConfigFor(f), sp_);
       tpModel_->loadFrom(*model_);
       defaultGenerator().setState(dropoutState);
       layers_ = pipeline::gptLayers(tpModel_);
@@ -90,12 +99,8 @@ class Pipelined final : public Layout {
       return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
     };
     if (tpModel_) {
-      // The last stage's logits are this tp rank's vocabulary slice (TensorParallelGPT::loss).
-      loss = [tp = tp_, start = tpModel_->wte()->vocabStart(), vocab = tpModel_->config().vocabSize](
-                 const Tensor& logits, const Tensor& y) {
-        return collectives::vocabParallelCrossEntropy(*tp, logits.reshape({-1, logits.size(-1)}), y.reshape({-1}),
-                                                      start, Reduction::Mean, vocab);
-      };
+      // The last stage's logits are this tp rank's vocabulary slice, of its sp rank's tokens.
+      loss = [model = tpModel_](const Tensor& logits, const Tensor& y) { return model->lossOfLogits(logits, y); };
     }
     executor_ = std::make_unique<pipeline::PipelineExecutor>(
         *pg_, mine, std::move(schedule), std::move(loss),
@@ -116,12 +121,17 @@ class Pipelined final : public Layout {
   std::string describe() const override {
     const int replicas = mesh_->size("dp");
     const std::string threads = std::to_string(kernels::cpu::numThreads()) + " kernel threads each";
+    std::string stage = "one per process, " + threads;
+    if (tpModel_) {
+      const int processes = world_->size() / (replicas * pg_->size());
+      stage = "each over " + std::to_string(processes) + " processes: " +
+              (tp_->size() > 1 ? "TensorParallelGPT layers" : "GPT layers") +
+              (sp_ ? " with " + describeSequenceParallel(*sp_) : std::string()) + ", mesh " + mesh_->describe() +
+              ", " + threads;
+    }
     return (replicas > 1 ? std::to_string(replicas) + " data-parallel replicas of a " : std::string()) +
-           "pipeline of " + std::to_string(pg_->size()) + " stages (" +
-           (tp_ ? "each a TensorParallelGPT stage over " + std::to_string(tp_->size()) + " processes, mesh " +
-                      mesh_->describe() + ", " + threads
-                : "one per process, " + threads) +
-           "), " + scheduleName_ + " with " + std::to_string(microbatches_) + " micro-batches";
+           "pipeline of " + std::to_string(pg_->size()) + " stages (" + stage + "), " + scheduleName_ + " with " +
+           std::to_string(microbatches_) + " micro-batches";
   }
 
   int64_t numParameters() const override { return model_->numParameters(); }
@@ -132,7 +142,15 @@ class Pipelined final : public Layout {
   double step(const Tensor& x, const Tensor& y, double lr) override {
     opt_->setLr(lr);
     opt_->zeroGrad(true);
-    Tensor loss = executor_->step(x, y);
+    // With --sp, this process's tokens; the stage's gradients are their share until summed over the
+    // sp group.
+    Tensor loss = tpModel_ ? executor_->step(tpModel_->shardTokens(x, 0), tpModel_->shardTokens(y, -100))
+                           : executor_->step(x, y);
+    if (sp_) {
+      for (const auto& [name, p] : named_) {
+        if (p.grad().defined()) collectives::spSumInPlace(*sp_, p.grad());
+      }
+    }
     if (gradClip_ > 0) clipGlobalNorm();
     opt_->step();
     synced_ = false;
@@ -147,7 +165,7 @@ class Pipelined final : public Layout {
     NoGradGuard ng;
     if (tpModel_) {
       tpModel_->eval();
-      const double loss = tpModel_->loss(x, y).item<double>();
+      const double loss = tpModel_->loss(tpModel_->shardTokens(x, 0), tpModel_->shardTokens(y, -100)).item<double>();
       tpModel_->train();
       return loss;
     }
@@ -223,8 +241,10 @@ class Pipelined final : public Layout {
   collectives::ProcessGroup* pg_ = nullptr;  // this replica's stages
   Generator init_;
   std::shared_ptr<nn::GPT> model_;  // the whole model; with --tp, where the sample is gathered
-  std::shared_ptr<collectives::TpGroup> tp_;                   // with --tp
-  std::shared_ptr<collectives::TensorParallelGPT> tpModel_;  // with --tp: this tp rank's shards
+  std::unique_ptr<collectives::SpGroup> ulysses_, ring_;      // with --sp, as its mode says
+  std::optional<collectives::SpOptions> sp_;                  // with --sp
+  std::shared_ptr<collectives::TpGroup> tp_;                  // with --tp or --sp (of one process without --tp)
+  std::shared_ptr<collectives::TensorParallelGPT> tpModel_;  // with --tp or --sp: this tp rank's shards
   std::shared_ptr<nn::Sequential> layers_;
   std::vector<std::shared_ptr<nn::Sequential>> stages_;
   std::vector<pipeline::TiedParameter> tied_;
