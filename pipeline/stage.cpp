@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "collectives/tensor_parallel_gpt.h"
 #include "common/error.h"
 #include "tensor/ops.h"
 

@@ -77,9 +77,12 @@
 #include <memory>
 #include <vector>
 
-#include "collectives/tensor_parallel_gpt.h"
 #include "nn/sequential.h"
 #include "nn/transformer.h"
+
+namespace weft::collectives {
+class TensorParallelGPT;  // collectives/tensor_parallel_gpt.h
+}  // namespace weft::collectives
 
 namespace weft::pipeline {
 
