@@ -194,8 +194,6 @@ class TensorParallelGPT : public nn::Module {
 
   const nn::GPTConfig& config() const { return config_; }
   const std::shared_ptr<TpGroup>& tp() const { return tp_; }
-  // Whether the model was built with SpOptions.
-  bool sequenceParallel() const { return sp_.has_value(); }
   const std::shared_ptr<VocabParallelEmbedding>& wte() const { return wte_; }
   const std::shared_ptr<nn::Embedding>& wpe() const { return wpe_; }
   const std::shared_ptr<nn::LayerNorm>& lnF() const { return lnF_; }
