@@ -11,6 +11,7 @@
 #include "data/text.h"
 #include "examples/common/seed.h"
 #include "kernels/cpu/parallel.h"
+#include "rpc/options.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -63,13 +64,20 @@ std::string describeSequenceParallel(const collectives::SpOptions& o) {
                                                : "Ulysses sequence parallelism";
 }
 
+std::unique_ptr<collectives::ProcessGroup> joinJob(int64_t processes, const std::string& what) {
+  // Checked before joining: a rank that failed after the group connected would leave the others'
+  // connections to a peer already gone.
+  const rpc::Options place = rpc::Options::fromEnv();
+  WEFT_ENFORCE(place.worldSize == processes, InvalidArgumentError, what, " needs a job of ", processes,
+               " processes (weftrun -n ", processes, "), this one has ", place.worldSize);
+  return collectives::init(place);
+}
+
 MeshJob makeMeshJob(const Flags& f) {
   MeshJob job;
-  job.world = collectives::init();
   const int64_t want = f.dp * f.tp * f.sp;
-  WEFT_ENFORCE(job.world->size() == want, InvalidArgumentError, "--dp ", f.dp, " x --tp ", f.tp, " x --sp ",
-               f.sp, " needs a job of ", want, " processes (weftrun -n ", want, "), this one has ",
-               job.world->size());
+  job.world = joinJob(want, "--dp " + std::to_string(f.dp) + " x --tp " + std::to_string(f.tp) + " x --sp " +
+                                std::to_string(f.sp));
   std::vector<collectives::MeshDim> dims;
   auto add = [&](const char* name, int64_t size) {
     if (size > 1) dims.push_back({name, static_cast<int>(size)});

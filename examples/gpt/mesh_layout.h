@@ -52,6 +52,10 @@ struct MeshJob {
 
 // Joins the job (collectives::init) and builds the mesh; collective over the job.
 MeshJob makeMeshJob(const Flags& flags);
+// The job's process group (collectives::init) once the launcher's world size
+// (rpc::Options::fromEnv) is `processes`; InvalidArgumentError otherwise, before any connection:
+// "<what> needs a job of N processes (weftrun -n N), this one has M".
+std::unique_ptr<collectives::ProcessGroup> joinJob(int64_t processes, const std::string& what);
 // The mesh dimensions of --sp and --sp-mode, outermost first: {sp: S}, with --sp-mode 2d {ring:
 // S/U, ulysses: U} (ulyssesSize2d); none when S = 1.
 std::vector<collectives::MeshDim> sequenceParallelDims(const Flags& flags);

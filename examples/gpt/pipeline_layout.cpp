@@ -43,18 +43,16 @@ constexpr uint64_t kInitStream = 1;
 class Pipelined final : public Layout {
  public:
   explicit Pipelined(const Flags& f)
-      : world_(collectives::init()),
+      : world_(joinJob(f.dp * f.pp * f.tp * f.sp,
+                       "--pp " + std::to_string(f.pp) +
+                           (f.tp > 1 ? " --tp " + std::to_string(f.tp) : std::string()) +
+                           (f.sp > 1 ? " --sp " + std::to_string(f.sp) : std::string()) +
+                           (f.dp > 1 ? " --dp " + std::to_string(f.dp) : std::string()))),
         init_(app::splitmix64(f.seed ^ (kInitStream * app::kGolden))),
         model_(std::make_shared<nn::GPT>(modelConfigFor(f), &init_)),
         gradClip_(f.gradClip),
         scheduleName_(f.schedule),
         microbatches_(f.microbatches) {
-    const int64_t want = f.dp * f.pp * f.tp * f.sp;
-    WEFT_ENFORCE(world_->size() == want, InvalidArgumentError, "gpt: --pp ", f.pp,
-                 f.tp > 1 ? " --tp " + std::to_string(f.tp) : std::string(),
-                 f.sp > 1 ? " --sp " + std::to_string(f.sp) : std::string(),
-                 f.dp > 1 ? " --dp " + std::to_string(f.dp) : std::string(), " needs a job of ", want,
-                 " processes (weftrun -n ", want, "), this one has ", world_->size());
     WEFT_ENFORCE(f.batchSize % f.microbatches == 0, InvalidArgumentError, "gpt: --batch-size ", f.batchSize,
                  " must be divisible by --microbatches ", f.microbatches);
     WEFT_ENFORCE(f.precision == "float32", InvalidArgumentError, "gpt: --precision ", f.precision,

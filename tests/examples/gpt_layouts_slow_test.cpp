@@ -274,6 +274,17 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   CHECK(runShell(weftrun(4) + WEFT_GPT + kTiny + " --block 32 --pp 2 --tp 2 --sp 2 --dp 2 2>&1", out) != 0);
   CHECK(out.find("--pp 2 --tp 2 --sp 2 --dp 2 needs a job of 16 processes (weftrun -n 16), this one has 4") !=
         std::string::npos);
+  // The size is checked before joining: rank 0 of a job of 3 whose other ranks never start fails at
+  // once, without serving the store (its address, port 1, is never bound) or waiting for them.
+  for (const std::string args : {" --dp 2 --tp 2", " --pp 2 --tp 2"}) {
+    CAPTURE(args);
+    std::string alone;
+    CHECK(runShell("WEFT_RANK=0 WEFT_WORLD_SIZE=3 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=1 timeout 30 " +
+                       std::string(WEFT_GPT) + kTiny + " --block 32" + args + " 2>&1",
+                   alone) == 1);
+    INFO(alone);
+    CHECK(alone.find("needs a job of 4 processes (weftrun -n 4), this one has 3") != std::string::npos);
+  }
 }
 
 #endif  // WEFT_GPT
