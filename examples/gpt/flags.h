@@ -207,6 +207,7 @@ inline Flags parseFlags(int argc, char** argv) {
     usage("invalid value '" + f.device + "' for --device (cpu, cuda, cuda:N)");
   }
   if (f.device != "cpu" && f.pp > 1) usage("--device cuda trains in one process; --pp runs on CPUs");
+  if (f.precision != "float32" && f.pp > 1) usage("--precision " + f.precision + " trains in one process; --pp in float32");
   if (f.steps < 1 || f.batchSize < 1) usage("--steps and --batch-size must be positive");
   if (f.lr <= 0 || f.minLr < 0 || f.minLr > f.lr) usage("--lr must be positive and --min-lr in [0, lr]");
   if (f.warmup < 0 || f.warmup > f.steps) usage("--warmup must lie in [0, steps]");

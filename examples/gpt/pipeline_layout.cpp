@@ -55,8 +55,6 @@ class Pipelined final : public Layout {
         microbatches_(f.microbatches) {
     WEFT_ENFORCE(f.batchSize % f.microbatches == 0, InvalidArgumentError, "gpt: --batch-size ", f.batchSize,
                  " must be divisible by --microbatches ", f.microbatches);
-    WEFT_ENFORCE(f.precision == "float32", InvalidArgumentError, "gpt: --precision ", f.precision,
-                 " is not supported with --pp");
     // Tensor parallelism innermost, sequence parallelism outside it: world rank ((d·P + s)·S + q)·T
     // + t is tp rank t of sp rank q of stage s of replica d.
     std::vector<collectives::MeshDim> dims{{"dp", static_cast<int>(f.dp)}, {"pp", static_cast<int>(f.pp)}};

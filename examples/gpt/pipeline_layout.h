@@ -21,10 +21,10 @@
 // sample, so that every process holds the whole model (its tp rank's shards with --tp); with --tp
 // or --sp the evaluation runs the TensorParallelGPT on the stage's tp and sp groups and the sample
 // the whole model gathered from the tp group. World rank 0 reports. --checkpoint other than none
-// checkpoints each stage whole; --precision bf16 is refused.
+// checkpoints each stage whole; --precision bf16 is a usage error (flags.h).
 //
 // Errors: InvalidArgumentError when the job's size is not D·P·T·S (naming the flags and both
-// sizes), for --precision bf16, and for fewer layers than stages (times 2 interleaved); the
+// sizes, before joining the job) and for fewer layers than stages (times 2 interleaved); the
 // executor's and the groups' errors (pipeline/executor.h).
 #pragma once
 

@@ -260,6 +260,8 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --dp 2 --pp 2 --zero 1", "--zero needs --dp > 1 and no --tp, --sp or --pp");
   usageError(" --zero 3", "invalid value '3' for --zero");
   usageError(" --tp 3 --pp 2", "--tp 3 must divide --heads 4");
+  usageError(" --pp 2 --tp 2 --precision bf16", "--precision bf16 trains in one process; --pp in float32");
+  usageError(" --pp 2 --tp 2 --device cuda", "--device cuda trains in one process; --pp runs on CPUs");
   usageError(" --pp 2 --sp 8 --sp-mode ulysses",
              "--sp 8 with --sp-mode ulysses must divide the heads of a tensor-parallel rank (4)");
   usageError(" --pp 2 --tp 2 --sp 2 --sp-mode 2d", "--sp 2 with --sp-mode 2d must be U x R");
