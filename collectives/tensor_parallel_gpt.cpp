@@ -123,7 +123,7 @@ TensorParallelGPT::TensorParallelGPT(std::shared_ptr<TpGroup> tp, nn::GPTConfig 
   }
 }
 
-Tensor TensorParallelGPT::features(const Tensor& idx) {
+Tensor TensorParallelGPT::embed(const Tensor& idx, bool training) {
   WEFT_ENFORCE(idx.defined() && idx.dtype() == DType::Int64 && idx.dim() == 2, InvalidArgumentError,
                "TensorParallelGPT: idx must be Int64 [B, T], got ",
                idx.defined() ? shapeString(idx.shape()) + " " + dtypeName(idx.dtype()) : std::string("undefined"));
@@ -142,10 +142,14 @@ Tensor TensorParallelGPT::features(const Tensor& idx) {
                  config_.blockSize, "]");
     x = add(wte_->forward(idx), wpe_->weight().narrow(0, 0, t));
   }
-  x = sp_ ? spTokenDropout(*sp_, x, config_.dropout, isTraining()) : dropout(x, config_.dropout, isTraining());
-  x = detail::runBlocks(blocks_, config_.checkpoint, x);
-  return lnF_->forward(x);
+  return sp_ ? spTokenDropout(*sp_, x, config_.dropout, training) : dropout(x, config_.dropout, training);
 }
+
+Tensor TensorParallelGPT::features(const Tensor& idx) {
+  return lnF_->forward(detail::runBlocks(blocks_, config_.checkpoint, embed(idx, isTraining())));
+}
+
+Tensor TensorParallelGPT::head(const Tensor& x) { return linear(copyToTp(*tp_, lnF_->forward(x)), wte_->weight()); }
 
 Tensor TensorParallelGPT::forward(const Tensor& idx) {
   return linear(copyToTp(*tp_, features(idx)), wte_->weight());
@@ -157,13 +161,24 @@ Tensor TensorParallelGPT::loss(const Tensor& idx, const Tensor& targets) {
       InvalidArgumentError, "TensorParallelGPT::loss: targets must be Int64 of idx's shape ",
       idx.defined() ? idx.shape() : Shape{}, ", got ",
       targets.defined() ? shapeString(targets.shape()) + " " + dtypeName(targets.dtype()) : std::string("undefined"));
-  Tensor logits = forward(idx);
+  return lossOfLogits(forward(idx), targets);
+}
+
+Tensor TensorParallelGPT::lossOfLogits(const Tensor& logits, const Tensor& targets) {
+  WEFT_ENFORCE(logits.defined() && logits.dim() == 3 && logits.size(2) == wte_->weight().size(0) &&
+                   targets.defined() && targets.dtype() == DType::Int64 && targets.dim() == 2 &&
+                   targets.size(0) == logits.size(0) && targets.size(1) == logits.size(1),
+               InvalidArgumentError, "TensorParallelGPT::lossOfLogits: expected logits [B, T, ",
+               wte_->weight().size(0), "] and Int64 targets [B, T], got ",
+               logits.defined() ? shapeString(logits.shape()) : std::string("undefined"), " and ",
+               targets.defined() ? shapeString(targets.shape()) + " " + dtypeName(targets.dtype())
+                                 : std::string("undefined"));
   Tensor flat = targets.reshape({-1});
   if (!sp_) {
-    return vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart(),
+    return vocabParallelCrossEntropy(*tp_, logits.reshape({-1, logits.size(2)}), flat, wte_->vocabStart(),
                                      Reduction::Mean, config_.vocabSize);
   }
-  Tensor sum = vocabParallelCrossEntropy(*tp_, logits.view({-1, logits.size(2)}), flat, wte_->vocabStart(),
+  Tensor sum = vocabParallelCrossEntropy(*tp_, logits.reshape({-1, logits.size(2)}), flat, wte_->vocabStart(),
                                          Reduction::Sum, config_.vocabSize);
   double counted = 0;
   for (int64_t v : flat.toVector<int64_t>()) counted += v == -100 ? 0.0 : 1.0;
@@ -241,6 +256,15 @@ nn::StateDict TensorParallelGPT::fullStateDict() {
     dict[n] = s->unshard(param, shards);
   }
   return dict;
+}
+
+bool TensorParallelGPT::isSplit(const std::string& name) const {
+  std::string param;
+  if (const TpSharded* s = shardingOf(name, &param)) return s->split(param);
+  for (const auto& [n, p] : namedParameters()) {
+    if (n == name) return false;
+  }
+  throw NotFoundError("TensorParallelGPT: no parameter named '" + name + "'");
 }
 
 double TensorParallelGPT::clipGradNorm(double maxNorm) {

@@ -146,6 +146,20 @@ class TensorParallelGPT : public nn::Module {
   // nn::GPT::loss's value, through vocabParallelCrossEntropy (with sp: the
   // whole batch's mean over every rank's tokens).
   Tensor loss(const Tensor& idx, const Tensor& targets);
+  // The pieces of forward and loss, for a model cut into pipeline stages
+  // (pipeline/stage.h): forward(idx) = head(blocks(embed(idx))), loss(idx, y)
+  // = lossOfLogits(forward(idx), y).
+  //  - embed: the token embedding (vocabulary-parallel) plus the position
+  //    embedding (with sp, of this rank's tokens' positions), then dropout
+  //    when `training`: idx as forward's -> [B, S, C] replicated;
+  //  - head: ln_f, then the head tied to wte: [B, S, C] replicated -> this
+  //    rank's vocabulary slice of the logits [B, S, L];
+  //  - lossOfLogits: head's logits and targets [B, S] (with sp, this rank's
+  //    tokens, -100 ignored) -> loss's value; InvalidArgumentError for other
+  //    shapes. Collective over the tp group (and the sp groups).
+  Tensor embed(const Tensor& idx, bool training);
+  Tensor head(const Tensor& x);
+  Tensor lossOfLogits(const Tensor& logits, const Tensor& targets);
   // This rank's tokens of a whole [B, S] tensor: the tensor itself without
   // sp, spShardTokens with it (padded with `pad`).
   Tensor shardTokens(const Tensor& whole, int64_t pad = 0) const;
@@ -173,10 +187,16 @@ class TensorParallelGPT : public nn::Module {
   // min(1, maxNorm / (norm + 1e-6)). Collective over the tp group (one
   // allreduce); returns the norm, the same on every rank.
   double clipGradNorm(double maxNorm);
+  // Whether parameter `name` is split over the group (each rank holds a part
+  // of it, as the norm of clipGradNorm counts it) rather than whole on every
+  // rank; NotFoundError for an unknown name.
+  bool isSplit(const std::string& name) const;
 
   const nn::GPTConfig& config() const { return config_; }
   const std::shared_ptr<TpGroup>& tp() const { return tp_; }
   const std::shared_ptr<VocabParallelEmbedding>& wte() const { return wte_; }
+  const std::shared_ptr<nn::Embedding>& wpe() const { return wpe_; }
+  const std::shared_ptr<nn::LayerNorm>& lnF() const { return lnF_; }
   const std::vector<std::shared_ptr<ParallelTransformerBlock>>& blocks() const { return blocks_; }
 
  private:

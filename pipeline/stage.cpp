@@ -4,7 +4,9 @@
 #include <chrono>
 #include <limits>
 #include <string>
+#include <utility>
 
+#include "collectives/tensor_parallel_gpt.h"
 #include "common/error.h"
 #include "tensor/ops.h"
 
@@ -151,13 +153,54 @@ std::shared_ptr<nn::Sequential> gptLayers(const std::shared_ptr<nn::GPT>& gpt) {
   return seq;
 }
 
-std::vector<TiedParameter> gptTiedParameters(const nn::GPT& gpt, int stage, int stages) {
+namespace {
+
+// wte's weight tied between the first and the last of `stages` stages.
+std::vector<TiedParameter> tiedEnds(const Tensor& wte, int stage, int stages) {
   WEFT_ENFORCE(stages >= 1 && stage >= 0 && stage < stages, InvalidArgumentError, "gptTiedParameters: stage ", stage,
                " outside [0, ", stages, ")");
   if (stages == 1) return {};
-  if (stage == 0) return {{gpt.wte()->weight(), stages - 1}};
-  if (stage == stages - 1) return {{gpt.wte()->weight(), 0}};
+  if (stage == 0) return {{wte, stages - 1}};
+  if (stage == stages - 1) return {{wte, 0}};
   return {};
+}
+
+}  // namespace
+
+std::vector<TiedParameter> gptTiedParameters(const nn::GPT& gpt, int stage, int stages) {
+  return tiedEnds(gpt.wte()->weight(), stage, stages);
+}
+
+// ---- tensor-parallel GPT --------------------------------------------------------
+
+TensorParallelGPTEmbedding::TensorParallelGPTEmbedding(std::shared_ptr<collectives::TensorParallelGPT> gpt)
+    : Module("TensorParallelGPTEmbedding"), gpt_(std::move(gpt)) {
+  registerModule("wte", gpt_->wte());
+  registerModule("wpe", gpt_->wpe());
+}
+
+Tensor TensorParallelGPTEmbedding::forward(const Tensor& idx) { return gpt_->embed(idx, isTraining()); }
+
+TensorParallelGPTHead::TensorParallelGPTHead(std::shared_ptr<collectives::TensorParallelGPT> gpt)
+    : Module("TensorParallelGPTHead"), gpt_(std::move(gpt)) {
+  registerModule("ln_f", gpt_->lnF());
+  registerModule("wte", gpt_->wte());
+}
+
+Tensor TensorParallelGPTHead::forward(const Tensor& x) { return gpt_->head(x); }
+
+std::shared_ptr<nn::Sequential> gptLayers(const std::shared_ptr<collectives::TensorParallelGPT>& gpt) {
+  WEFT_ENFORCE(gpt != nullptr, InvalidArgumentError, "gptLayers: null TensorParallelGPT");
+  auto seq = std::make_shared<nn::Sequential>();
+  seq->push_back("embed", std::make_shared<TensorParallelGPTEmbedding>(gpt));
+  for (size_t b = 0; b < gpt->blocks().size(); ++b) seq->push_back("h_" + std::to_string(b), gpt->blocks()[b]);
+  seq->push_back("head", std::make_shared<TensorParallelGPTHead>(gpt));
+  seq->train(gpt->isTraining());
+  return seq;
+}
+
+std::vector<TiedParameter> gptTiedParameters(const collectives::TensorParallelGPT& gpt, int stage, int stages) {
+  return tiedEnds(gpt.wte()->weight(), stage, stages);
 }
 
 }  // namespace weft::pipeline

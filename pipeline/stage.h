@@ -49,6 +49,27 @@
 // GPTConfig::checkpoint: the executor checkpoints whole stages instead
 // (ExecutorOptions::checkpoint, pipeline/executor.h).
 //
+// Tensor-parallel GPT (pp × tp, and × sp). gptLayers(tpGpt) views a
+// collectives::TensorParallelGPT the same way: "embed"
+// (TensorParallelGPTEmbedding: TensorParallelGPT::embed, the
+// vocabulary-parallel token embedding plus the position embedding, then
+// dropout), the parallel blocks "h_k", and "head" (TensorParallelGPTHead:
+// TensorParallelGPT::head, ln_f, then the head tied to the
+// vocabulary-parallel wte: this rank's vocabulary slice of the logits), whose
+// loss is TensorParallelGPT::lossOfLogits. Its forward equals tpGpt->forward
+// on every rank of the tp group, which run it together: each layer's
+// collectives are over that group. A pipeline of such layers runs one
+// executor per tp rank, over the pp group of the processes that hold that tp
+// rank of every stage, so activations pass between the same tp rank of
+// adjacent stages; every tp rank of a stage cuts the layers alike (the ranks'
+// parameter counts are equal) and runs the same schedule. gptTiedParameters
+// names this rank's shard of wte.weight on the first and the last stage, the
+// same rows on both. A model built with SpOptions takes its rank's tokens
+// (TensorParallelGPT::shardTokens), the micro-batches split the batch, and
+// the stage's gradients are this rank's tokens' share until summed over the
+// sequence-parallel groups (TensorParallelGPT::allReduceGradients sums the
+// whole model's; a stage sums its own).
+//
 // Threading: as nn/module.h.
 #pragma once
 
@@ -58,6 +79,10 @@
 
 #include "nn/sequential.h"
 #include "nn/transformer.h"
+
+namespace weft::collectives {
+class TensorParallelGPT;  // collectives/tensor_parallel_gpt.h
+}  // namespace weft::collectives
 
 namespace weft::pipeline {
 
@@ -106,6 +131,36 @@ class GPTHead : public nn::Module {
 // "embed", "h_0" ... "h_{L-1}", "head" (see "GPT").
 std::shared_ptr<nn::Sequential> gptLayers(const std::shared_ptr<nn::GPT>& gpt);
 
+// The tensor-parallel GPT's embeddings with dropout (shares gpt's wte, wpe):
+// TensorParallelGPT::embed, in this module's train or eval mode.
+class TensorParallelGPTEmbedding : public nn::Module {
+ public:
+  explicit TensorParallelGPTEmbedding(std::shared_ptr<collectives::TensorParallelGPT> gpt);
+  // idx Int64 [B, T] as TensorParallelGPT::forward takes it -> [B, T, width],
+  // replicated over the tp group; InvalidArgumentError otherwise.
+  Tensor forward(const Tensor& idx) override;
+
+ private:
+  std::shared_ptr<collectives::TensorParallelGPT> gpt_;
+};
+
+// The tensor-parallel GPT's final LayerNorm and its head tied to the
+// vocabulary-parallel wte (shares gpt's ln_f, wte): TensorParallelGPT::head.
+class TensorParallelGPTHead : public nn::Module {
+ public:
+  explicit TensorParallelGPTHead(std::shared_ptr<collectives::TensorParallelGPT> gpt);
+  // x [B, T, width], replicated -> this rank's vocabulary slice of the logits
+  // [B, T, L]; TensorParallelGPT::lossOfLogits takes them.
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::shared_ptr<collectives::TensorParallelGPT> gpt_;
+};
+
+// "embed", "h_0" ... "h_{L-1}", "head" of a tensor-parallel GPT (see
+// "Tensor-parallel GPT").
+std::shared_ptr<nn::Sequential> gptLayers(const std::shared_ptr<collectives::TensorParallelGPT>& gpt);
+
 // A parameter that lives on this stage and, as a copy, on stage `peerStage`:
 // the executor adds the two gradients so that the copies receive the same
 // update. Both stages list their tied parameters in the same order.
@@ -116,5 +171,7 @@ struct TiedParameter {
 // wte.weight on the first and the last of `stages` stages when they differ;
 // empty otherwise.
 std::vector<TiedParameter> gptTiedParameters(const nn::GPT& gpt, int stage, int stages);
+// The same for a tensor-parallel GPT: this rank's shard of wte.weight.
+std::vector<TiedParameter> gptTiedParameters(const collectives::TensorParallelGPT& gpt, int stage, int stages);
 
 }  // namespace weft::pipeline

@@ -56,8 +56,9 @@ struct Flags {
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
   bool fsdp = false;              // fully sharded data parallel over the job's processes (fsdp_layout.h)
 
-  // Data-parallel replicas: with --pp, of the pipeline (weftrun -n D·P); otherwise of a process
-  // mesh (mesh_layout.h) with tensor- and sequence-parallel sizes, whose product is the job's size
+  // Data-parallel replicas: with --pp, of the pipeline, its stages tensor- and sequence-parallel
+  // with --tp and --sp (weftrun -n D·P·T·S, pipeline_layout.h); otherwise of a process mesh
+  // (mesh_layout.h) with tensor- and sequence-parallel sizes, whose product is the job's size
   // (weftrun -n dp·tp·sp). --batch-size is each data-parallel replica's.
   int64_t dp = 1;
   int64_t zero = 0;                 // with --dp alone: 1 ZeroRedundancyOptimizer, 2 ShardedDataParallel
@@ -76,8 +77,8 @@ struct Flags {
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
                      "           [--data-dir DIR] [--seed N] [--load PATH] [--save PATH]\n"
-                     "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D]]\n"
-                     "             (P > 1: weftrun -n D·P)\n"
+                     "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D] [--tp T] [--sp S]]\n"
+                     "             (P > 1: weftrun -n D·P·T·S)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
                      "             (D·T·S > 1: weftrun -n D·T·S)\n"
                      "           [--fsdp] (fully sharded data parallel: weftrun -n N)\n");
@@ -122,10 +123,6 @@ inline void checkMeshFlags(const Flags& f) {
   if (f.zero > 0 && (f.dp < 2 || f.tp > 1 || f.sp > 1 || f.pp > 1)) {
     usage("--zero needs --dp > 1 and no --tp, --sp or --pp");
   }
-  if (f.pp > 1 && (f.tp > 1 || f.sp > 1)) usage("--pp does not combine with --tp or --sp");
-  if (f.pp > 1) return;
-  if (f.precision != "float32") usage("--precision " + f.precision + " trains in one process; --dp, --tp and --sp in float32");
-  if (f.device != "cpu") usage("--device cuda trains in one process; --dp, --tp and --sp run on CPUs");
   if (f.heads % f.tp != 0) {
     usage("--tp " + std::to_string(f.tp) + " must divide --heads " + std::to_string(f.heads) +
           " (each tensor-parallel rank holds whole heads)");
@@ -138,6 +135,9 @@ inline void checkMeshFlags(const Flags& f) {
     usage("--sp " + std::to_string(f.sp) + " with --sp-mode 2d must be U x R with U, R >= 2 and U dividing the heads of a"
           " tensor-parallel rank (" + std::to_string(f.heads / f.tp) + ")");
   }
+  if (f.pp > 1) return;  // the pipeline checks its precision and device itself
+  if (f.precision != "float32") usage("--precision " + f.precision + " trains in one process; --dp, --tp and --sp in float32");
+  if (f.device != "cpu") usage("--device cuda trains in one process; --dp, --tp and --sp run on CPUs");
 }
 
 inline nn::GPTConfig modelConfig(const Flags& f) {
@@ -213,6 +213,7 @@ inline Flags parseFlags(int argc, char** argv) {
     usage("invalid value '" + f.device + "' for --device (cpu, cuda, cuda:N)");
   }
   if (f.device != "cpu" && f.pp > 1) usage("--device cuda trains in one process; --pp runs on CPUs");
+  if (f.precision != "float32" && f.pp > 1) usage("--precision " + f.precision + " trains in one process; --pp in float32");
   if (f.steps < 1 || f.batchSize < 1) usage("--steps and --batch-size must be positive");
   if (f.lr <= 0 || f.minLr < 0 || f.minLr > f.lr) usage("--lr must be positive and --min-lr in [0, lr]");
   if (f.warmup < 0 || f.warmup > f.steps) usage("--warmup must lie in [0, steps]");

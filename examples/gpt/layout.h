@@ -81,8 +81,8 @@ std::shared_ptr<nn::GPT> initialModel(const Flags& flags, const nn::GPTConfig& c
 inline std::shared_ptr<nn::GPT> initialModel(const Flags& flags) { return initialModel(flags, modelConfig(flags)); }
 
 // The layout the flags ask for: a single process holding the whole model, with --pp P > 1 a
-// pipeline of P processes (pipeline_layout.h), or with --dp, --tp or --sp above 1 a process mesh
-// (mesh_layout.h).
+// pipeline of P stages, each over one process or with --tp and --sp a tp·sp group
+// (pipeline_layout.h), or with --dp, --tp or --sp above 1 a process mesh (mesh_layout.h).
 std::unique_ptr<Layout> makeLayout(const Flags& flags);
 
 }  // namespace weft::examples::gpt

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "data/text.h"
 #include "kernels/cpu/parallel.h"
+#include "rpc/options.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -19,44 +20,66 @@ collectives::ProcessGroup* MeshJob::group(const std::string& name) const {
   return mesh && mesh->has(name) ? &mesh->group(name) : nullptr;
 }
 
-collectives::SpOptions MeshJob::spOptions() const {
+collectives::SpOptions MeshJob::spOptions() const { return spOptionsOf(ulysses.get(), ring.get()); }
+
+std::vector<collectives::MeshDim> sequenceParallelDims(const Flags& f) {
+  if (f.sp <= 1) return {};
+  if (const int64_t u = f.spMode == "2d" ? ulyssesSize2d(f) : 0; u > 0) {
+    return {{"ring", static_cast<int>(f.sp / u)}, {"ulysses", static_cast<int>(u)}};
+  }
+  return {{"sp", static_cast<int>(f.sp)}};
+}
+
+void makeSpGroups(const Flags& f, collectives::Mesh& mesh, std::unique_ptr<collectives::SpGroup>& ulysses,
+                  std::unique_ptr<collectives::SpGroup>& ring) {
+  if (mesh.has("ring") && mesh.has("ulysses")) {
+    ring = std::make_unique<collectives::SpGroup>(mesh.group("ring"));
+    ulysses = std::make_unique<collectives::SpGroup>(mesh.group("ulysses"));
+  } else if (f.sp > 1) {
+    auto g = std::make_unique<collectives::SpGroup>(mesh.group("sp"));
+    (f.spMode == "ring" ? ring : ulysses) = std::move(g);
+  }
+}
+
+collectives::SpOptions spOptionsOf(collectives::SpGroup* ulysses, collectives::SpGroup* ring) {
   collectives::SpOptions o;
-  o.ulysses = ulysses.get();
-  o.ring = ring.get();
+  o.ulysses = ulysses;
+  o.ring = ring;
   o.mode = ulysses && ring ? collectives::SpMode::Hybrid
                            : (ring ? collectives::SpMode::Ring : collectives::SpMode::Ulysses);
   o.layout = collectives::RingLayout::ZigZag;
   return o;
 }
 
+std::string describeSequenceParallel(const collectives::SpOptions& o) {
+  return o.mode == collectives::SpMode::Hybrid ? "2-D sequence parallelism (Ulysses x zig-zag ring)"
+         : o.mode == collectives::SpMode::Ring ? "ring attention (zig-zag)"
+                                               : "Ulysses sequence parallelism";
+}
+
+std::unique_ptr<collectives::ProcessGroup> joinJob(int64_t processes, const std::string& what) {
+  // Checked before joining: a rank that failed after the group connected would leave the others'
+  // connections to a peer already gone.
+  const rpc::Options place = rpc::Options::fromEnv();
+  WEFT_ENFORCE(place.worldSize == processes, InvalidArgumentError, what, " needs a job of ", processes,
+               " processes (weftrun -n ", processes, "), this one has ", place.worldSize);
+  return collectives::init(place);
+}
+
 MeshJob makeMeshJob(const Flags& f) {
   MeshJob job;
-  job.world = collectives::init();
   const int64_t want = f.dp * f.tp * f.sp;
-  WEFT_ENFORCE(job.world->size() == want, InvalidArgumentError, "--dp ", f.dp, " x --tp ", f.tp, " x --sp ",
-               f.sp, " needs a job of ", want, " processes (weftrun -n ", want, "), this one has ",
-               job.world->size());
+  job.world = joinJob(want, "--dp " + std::to_string(f.dp) + " x --tp " + std::to_string(f.tp) + " x --sp " +
+                                std::to_string(f.sp));
   std::vector<collectives::MeshDim> dims;
   auto add = [&](const char* name, int64_t size) {
     if (size > 1) dims.push_back({name, static_cast<int>(size)});
   };
   add("dp", f.dp);
-  const int64_t u = f.sp > 1 && f.spMode == "2d" ? ulyssesSize2d(f) : 0;
-  if (u > 0) {
-    add("ring", f.sp / u);
-    add("ulysses", u);
-  } else {
-    add("sp", f.sp);
-  }
+  for (const collectives::MeshDim& d : sequenceParallelDims(f)) dims.push_back(d);
   add("tp", f.tp);
   job.mesh = std::make_unique<collectives::Mesh>(*job.world, std::move(dims));
-  if (u > 0) {
-    job.ring = std::make_unique<collectives::SpGroup>(job.mesh->group("ring"));
-    job.ulysses = std::make_unique<collectives::SpGroup>(job.mesh->group("ulysses"));
-  } else if (f.sp > 1) {
-    auto g = std::make_unique<collectives::SpGroup>(job.mesh->group("sp"));
-    (f.spMode == "ring" ? job.ring : job.ulysses) = std::move(g);
-  }
+  makeSpGroups(f, *job.mesh, job.ulysses, job.ring);
   return job;
 }
 

@@ -52,6 +52,21 @@ struct MeshJob {
 
 // Joins the job (collectives::init) and builds the mesh; collective over the job.
 MeshJob makeMeshJob(const Flags& flags);
+// The job's process group (collectives::init) once the launcher's world size
+// (rpc::Options::fromEnv) is `processes`; InvalidArgumentError otherwise, before any connection:
+// "<what> needs a job of N processes (weftrun -n N), this one has M".
+std::unique_ptr<collectives::ProcessGroup> joinJob(int64_t processes, const std::string& what);
+// The mesh dimensions of --sp and --sp-mode, outermost first: {sp: S}, with --sp-mode 2d {ring:
+// S/U, ulysses: U} (ulyssesSize2d); none when S = 1.
+std::vector<collectives::MeshDim> sequenceParallelDims(const Flags& flags);
+// The sequence-parallel groups of those dimensions of `mesh`: ulysses for ulysses and 2d, ring for
+// ring and 2d (the others left null).
+void makeSpGroups(const Flags& flags, collectives::Mesh& mesh, std::unique_ptr<collectives::SpGroup>& ulysses,
+                  std::unique_ptr<collectives::SpGroup>& ring);
+// The SpOptions of those groups: the mode they make, zig-zag ring layout.
+collectives::SpOptions spOptionsOf(collectives::SpGroup* ulysses, collectives::SpGroup* ring);
+// "ring attention (zig-zag)", ...: the attention of `o`, for the banner.
+std::string describeSequenceParallel(const collectives::SpOptions& o);
 // The mean over the dp group of `loss` (itself without one).
 double meanOverReplicas(const MeshJob& job, double loss);
 // "mesh {dp: 2, tp: 2}, 2 kernel threads per process".

@@ -27,10 +27,7 @@ class TensorParallel final : public ParallelGptLayout<collectives::TensorParalle
   std::string describe() const override {
     std::string how = "TensorParallelGPT";
     if (job_.sequenceParallel()) {
-      const collectives::SpOptions o = job_.spOptions();
-      how += o.mode == collectives::SpMode::Hybrid ? " with 2-D sequence parallelism (Ulysses x zig-zag ring)"
-             : o.mode == collectives::SpMode::Ring ? " with ring attention (zig-zag)"
-                                                   : " with Ulysses sequence parallelism";
+      how += " with " + describeSequenceParallel(job_.spOptions());
     }
     if (ddp_) how += ", DistributedDataParallel";
     return describeMesh(job_) + ", " + how;

@@ -55,6 +55,17 @@ void checkTpJob(const std::string& scenario, int t, long long toleranceFe) {
     CHECK(rankField(out, r, "tp", "grad_diff_fe") <= toleranceFe);
     // wte, wpe, ln_f (2) and 12 per block with biases.
     CHECK(rankField(out, r, "tp", "grads") == 4 + 12 * kLayers);
+    // A pipeline stage's pieces (embed, the blocks, head, lossOfLogits) give forward and loss.
+    CHECK(rankField(out, r, "pieces", "logits_diff_fe") == 0);
+    CHECK(rankField(out, r, "pieces", "loss_diff_fe") <= toleranceFe);
+    // Split: wte, c_attn's weight and bias, c_proj's weight, c_fc's weight; whole: wpe, the
+    // row-parallel biases, the layer norms.
+    CHECK(word(out, r, "pieces", "split") == "1011101000");
+    const std::string pieces = restOfLine(out, rankPrefix(r) + "pieces ");
+    CHECK(contains(pieces, "shape InvalidArgumentError: TensorParallelGPT::lossOfLogits: expected logits [B, T, " +
+                               std::to_string(kVocab / t) + "] and Int64 targets [B, T], got [2, 8, " +
+                               std::to_string(kVocab / t) + "] and [2, 7] int64"));
+    CHECK(contains(pieces, "unknown NotFoundError: TensorParallelGPT: no parameter named 'h.0.attn.nothing'"));
     // Gradient clipping over the whole model.
     CHECK(rankField(out, r, "clip", "clipped") == 1);
     CHECK(rankField(out, r, "clip", "norm_diff_fe") <= toleranceFe);

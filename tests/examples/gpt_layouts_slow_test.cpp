@@ -1,7 +1,8 @@
-// The GPT example on a process mesh (--dp, --zero, --tp, --sp, --sp-mode) run through weftrun as a
-// user runs it, at tiny sizes: each layout trains the one-process model on the same windows, so its
-// loss at every one of 20 steps equals the one-process run's to float rounding; bad combinations
-// are usage errors naming the problem. A vocabulary the tp group does not divide is padded.
+// The GPT example on a process mesh (--dp, --zero, --tp, --sp, --sp-mode, and pipelines of tensor-
+// and sequence-parallel stages: --pp with --tp, --sp and --dp) run through weftrun as a user runs it,
+// at tiny sizes: each layout trains the one-process model on the same windows, so its loss at every one of
+// 20 steps equals the one-process run's to float rounding; bad combinations are usage errors naming
+// the problem. A vocabulary the tp group does not divide is padded.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -133,11 +134,58 @@ TEST_CASE("the GPT example's tensor- and sequence-parallel layouts train as one 
 }
 
 TEST_CASE("the GPT example on tp 3 pads the 256-byte vocabulary to 258 and trains as one process does") {
-  std::string out, run;
+  std::string out, run, piped;
   const std::string model = " --block 32 --batch-size 8 --heads 6 --width 48";
   const std::vector<double> single = train("", model, out);
   checkSameLosses(single, train(weftrun(3), model + " --tp 3", run));
   CHECK(run.find("mesh {tp: 3} over 3 processes") != std::string::npos);
+  // The padded rows of wte live on the first and the last stage: the tie keeps them alike.
+  checkSameLosses(single, train(weftrun(6), model + " --pp 2 --tp 3 --microbatches 2", piped));
+  CHECK(piped.find("TensorParallelGPT layers, mesh {dp: 1, pp: 2, tp: 3}") != std::string::npos);
+}
+
+TEST_CASE("the GPT example's pipelines of tensor- and sequence-parallel stages, with data-parallel replicas, "
+          "train as one process does") {
+  std::string out;
+  const std::vector<double> single = train("", " --block 32 --batch-size " + std::to_string(kBatch), out);
+  SUBCASE("pp 2 x tp 2, 1F1B") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(4), " --block 32 --batch-size 8 --pp 2 --tp 2 --schedule 1f1b", run));
+    CHECK(run.find("pipeline of 2 stages (each over 2 processes: TensorParallelGPT layers, mesh {dp: 1, pp: 2, "
+                   "tp: 2}") != std::string::npos);
+    // World rank 0 alone reports; the sample is the one-process model's.
+    CHECK(run.find("model: GPT") == run.rfind("model: GPT"));
+    const std::string key = "final validation loss ";
+    CHECK(run.substr(run.find(key), 30) == out.substr(out.find(key), 30));
+    const std::string sample = "sample (temperature";
+    CHECK(run.substr(run.find(sample)) == out.substr(out.find(sample)));
+  }
+  SUBCASE("pp 2 x tp 2, interleaved 1F1B (2 chunks per stage)") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(4), " --block 32 --batch-size 8 --pp 2 --tp 2 --schedule interleaved", run));
+    CHECK(run.find("interleaved with 4 micro-batches") != std::string::npos);
+  }
+  SUBCASE("dp 2 x pp 2 x tp 2, GPipe, on 8 processes") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(8),
+                                  " --block 32 --batch-size 4 --dp 2 --pp 2 --tp 2 --schedule gpipe --microbatches 2",
+                                  run));
+    CHECK(run.find("2 data-parallel replicas of a pipeline of 2 stages (each over 2 processes: TensorParallelGPT "
+                   "layers, mesh {dp: 2, pp: 2, tp: 2}") != std::string::npos);
+  }
+  SUBCASE("pp 2 x sp 2, zig-zag ring, 30 tokens padded to 32") {
+    std::string out30, run;
+    const std::vector<double> single30 = train("", " --block 30 --batch-size 8", out30);
+    checkSameLosses(single30, train(weftrun(4), " --block 30 --batch-size 8 --pp 2 --sp 2 --sp-mode ring", run));
+    CHECK(run.find("GPT layers with ring attention (zig-zag), mesh {dp: 1, pp: 2, sp: 2, tp: 1}") !=
+          std::string::npos);
+  }
+  SUBCASE("pp 2 x sp 2 x tp 2, Ulysses, on 8 processes") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(8), " --block 32 --batch-size 8 --pp 2 --tp 2 --sp 2", run));
+    CHECK(run.find("TensorParallelGPT layers with Ulysses sequence parallelism, mesh {dp: 1, pp: 2, sp: 2, tp: 2}") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("the GPT example's tensor- and sequence-parallel layouts with dropout draw the one-process run's masks "
@@ -211,7 +259,12 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --dp 2 --tp 2 --zero 2", "--zero needs --dp > 1 and no --tp, --sp or --pp");
   usageError(" --dp 2 --pp 2 --zero 1", "--zero needs --dp > 1 and no --tp, --sp or --pp");
   usageError(" --zero 3", "invalid value '3' for --zero");
-  usageError(" --tp 2 --pp 2", "--pp does not combine with --tp or --sp");
+  usageError(" --tp 3 --pp 2", "--tp 3 must divide --heads 4");
+  usageError(" --pp 2 --tp 2 --precision bf16", "--precision bf16 trains in one process; --pp in float32");
+  usageError(" --pp 2 --tp 2 --device cuda", "--device cuda trains in one process; --pp runs on CPUs");
+  usageError(" --pp 2 --sp 8 --sp-mode ulysses",
+             "--sp 8 with --sp-mode ulysses must divide the heads of a tensor-parallel rank (4)");
+  usageError(" --pp 2 --tp 2 --sp 2 --sp-mode 2d", "--sp 2 with --sp-mode 2d must be U x R");
   usageError(" --dp 0", "--dp, --tp and --sp must be positive");
   usageError(" --fsdp --tp 2", "--fsdp shards over the whole job and does not combine with --dp, --tp or --sp");
   // The product must be the job's size.
@@ -220,6 +273,20 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   INFO(out);
   CHECK(out.find("--dp 2 x --tp 2 x --sp 1 needs a job of 4 processes (weftrun -n 4), this one has 3") !=
         std::string::npos);
+  CHECK(runShell(weftrun(4) + WEFT_GPT + kTiny + " --block 32 --pp 2 --tp 2 --sp 2 --dp 2 2>&1", out) != 0);
+  CHECK(out.find("--pp 2 --tp 2 --sp 2 --dp 2 needs a job of 16 processes (weftrun -n 16), this one has 4") !=
+        std::string::npos);
+  // The size is checked before joining: rank 0 of a job of 3 whose other ranks never start fails at
+  // once, without serving the store (its address, port 1, is never bound) or waiting for them.
+  for (const std::string args : {" --dp 2 --tp 2", " --pp 2 --tp 2"}) {
+    CAPTURE(args);
+    std::string alone;
+    CHECK(runShell("WEFT_RANK=0 WEFT_WORLD_SIZE=3 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=1 timeout 30 " +
+                       std::string(WEFT_GPT) + kTiny + " --block 32" + args + " 2>&1",
+                   alone) == 1);
+    INFO(alone);
+    CHECK(alone.find("needs a job of 4 processes (weftrun -n 4), this one has 3") != std::string::npos);
+  }
 }
 
 #endif  // WEFT_GPT

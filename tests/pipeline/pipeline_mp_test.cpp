@@ -5,7 +5,9 @@
 // stage's gradients equal those of one single-process step on the whole batch, and after three
 // optimizer steps each stage's parameters equal the single-process model's; the peak of live
 // micro-batches is the schedule's and the step's trace holds every forward, backward and receive;
-// likewise 2 data-parallel replicas of a 2-stage pipeline (dp x pp) on half the batch each. A stage dying mid-step gives the others a DisconnectedError
+// likewise 2 data-parallel replicas of a 2-stage pipeline (dp x pp) on half the batch each, and a
+// 2-stage pipeline of tensor-parallel GPT stages (pp x tp on 4 processes) against its shards of the
+// single-process model. A stage dying mid-step gives the others a DisconnectedError
 // naming it, within the group timeout, and the executors refuse further steps. Every wait is bounded and every process is checked to be
 // gone at the end.
 #include <doctest/doctest.h>
@@ -160,6 +162,54 @@ TEST_CASE("dp x pp: 2 replicas of a 2-stage pipeline on 4 processes, each on hal
   checkTraining("mlp", 4, "1f1b", 3, 2);
   checkTraining("gpt", 4, "gpipe", 2, 2);
   checkTraining("gpt", 4, "interleaved", 2, 2);
+}
+
+// The tiny GPT as a 2-stage pipeline of tensor-parallel stages on the mesh {pp: 2, tp: 2} (rank 2s + t
+// is tp rank t of stage s) under `schedule` with `m` micro-batches: every rank's loss, gradients and,
+// after three steps, parameters equal its shards of the single-process model's.
+void checkTensorParallelStages(const std::string& schedule, int m) {
+  CAPTURE(schedule);
+  auto results = runJob({"gpttp", schedule, std::to_string(m)}, 4, 40s);
+  REQUIRE(allClean(results));
+  const int chunks = schedule == "interleaved" ? 2 : 1;
+  long long params = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    const int stage = rank / 2;
+    const std::string& out = results[static_cast<size_t>(rank)].out;
+    const std::string prefix = rankPrefix(rank);
+    INFO(out);
+    for (int step = 0; step < 3; ++step) {
+      const std::string line = restOfLine(out, prefix + "step " + std::to_string(step) + " ");
+      REQUIRE(!line.empty());
+      CHECK(field(line, "grad_maxdiff_ppb") >= 0);
+      CHECK(field(line, "grad_maxdiff_ppb") <= 20000);
+      if (stage == 1) {
+        CHECK(field(line, "loss_diff_ppb") >= 0);
+        CHECK(field(line, "loss_diff_ppb") <= 20000);
+      } else {
+        CHECK(field(line, "loss_diff_ppb") == -1);
+      }
+      CHECK(field(line, "forwards") == chunks * m);
+      CHECK(field(line, "backwards") == chunks * m);
+      CHECK(field(line, "ordered") == 1);
+      if (step == 0 && rank % 2 == 0) params += field(line, "params");
+    }
+    const long long final = numberAfter(out, prefix + "final param_maxdiff_ppb ");
+    CHECK(final >= 0);
+    CHECK(final <= 50000);
+  }
+  // Tp rank 0's shards over both stages: wte (V/2 rows) on the first and the last stage, wpe, ln_f,
+  // and per block 12·C²/2 matrix elements, the split biases (3C + 4C)/2 and 6C whole (the layer
+  // norms and the row-parallel biases).
+  const long long v = 32, c = 16, t = 8, l = chunks > 1 ? 6 : 3;
+  CHECK(params == 2 * (v / 2) * c + t * c + l * (12 * c * c / 2 + 7 * c / 2 + 6 * c) + 2 * c);
+}
+
+TEST_CASE("pp x tp: a 2-stage pipeline of tensor-parallel GPT stages on 4 processes, wte's shards tied across the "
+          "ends, equals the single-process step: 1F1B, GPipe with checkpointing and interleaved 1F1B") {
+  checkTensorParallelStages("1f1b", 4);
+  checkTensorParallelStages("gpipe-ckpt", 3);
+  checkTensorParallelStages("interleaved", 4);
 }
 
 TEST_CASE("a stage dying mid-step gives the other stages a DisconnectedError naming it within the group timeout") {

@@ -196,6 +196,37 @@ void runTp(ProcessGroup& world, DType dtype) {
   sayLine("tp loss_diff_fe " + std::to_string(diffFe(loss, fullLoss)) + " logits_diff_fe " +
           std::to_string(logitsDiff) + " grad_diff_fe " + std::to_string(gradDiff) + " grads " +
           std::to_string(grads));
+  {
+    // The pieces a pipeline stage runs: head(blocks(embed(idx))) and lossOfLogits give forward's
+    // logits and loss's value; which parameters are split.
+    weft::NoGradGuard noGrad;
+    Tensor h = model->embed(idx, false);
+    for (const auto& block : model->blocks()) h = block->forward(h);
+    Tensor pieced = model->head(h);
+    Tensor piecedLoss = model->lossOfLogits(pieced, targets);
+    std::string split;
+    for (const char* n : {"wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias",
+                          "h.0.attn.c_proj.weight", "h.0.attn.c_proj.bias", "h.1.mlp.c_fc.weight",
+                          "h.1.mlp.c_proj.bias", "h.1.ln_2.weight", "ln_f.bias"}) {
+      split += model->isSplit(n) ? '1' : '0';
+    }
+    std::string errors;
+    try {
+      model->lossOfLogits(pieced, targets.narrow(1, 0, s - 1));
+      errors += "none";
+    } catch (...) {
+      errors += weft::testing::describe(std::current_exception());
+    }
+    errors += " unknown ";
+    try {
+      (void)model->isSplit("h.0.attn.nothing");
+      errors += "none";
+    } catch (...) {
+      errors += weft::testing::describe(std::current_exception());
+    }
+    sayLine("pieces logits_diff_fe " + std::to_string(diffFe(pieced, logits)) + " loss_diff_fe " +
+            std::to_string(diffFe(piecedLoss, fullLoss)) + " split " + split + " shape " + errors);
+  }
 
   int64_t blockLocal = 0, blockFull = 0;
   for (auto& [n, p] : model->blocks()[0]->namedParameters()) {

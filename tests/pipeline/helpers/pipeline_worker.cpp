@@ -23,6 +23,12 @@
 //   mlpdp, gptdp  As mlp and gpt on 4 ranks as 2 replicas of a 2-stage pipeline (dp x pp): replica d
 //         (ranks 2d, 2d + 1) trains on rows [d·2M, (d+1)·2M) of the twin's batch of 4M rows, the
 //         gradients averaged over the stage's replicas; the same lines, against the twin.
+//   gpttp  The tiny GPT (3 blocks, 6 under the interleaved schedule) on 4 ranks as a 2-stage
+//         pipeline of tensor-parallel stages: the mesh {pp: 2, tp: 2} (rank 2s + t is tp rank t of
+//         stage s), a collectives::TensorParallelGPT loaded from the twin's weights cut by
+//         pipeline::gptLayers, its vocabulary-parallel loss (lossOfLogits), wte tied between the
+//         ends; the same lines, this rank's gradients and parameters against its shards of the
+//         twin's (TensorParallelGPT::shard).
 //   die   3 stages of the mlp, group timeout 4 s. Stage 1 exits (status 3) at its first forward of
 //         the second step; the others print "failed in_ms T <ErrorType>: <message>" (T from the
 //         start of that step), then "again StateError: <message>" from a third step.
@@ -38,6 +44,8 @@
 #include <vector>
 
 #include "collectives/init.h"
+#include "collectives/mesh.h"
+#include "collectives/tensor_parallel_gpt.h"
 #include "common/error.h"
 #include "mp_worker.h"
 #include "nn/layers.h"
@@ -141,6 +149,27 @@ pipeline::Schedule scheduleOf(const std::string& name, int stages, int m) {
   throw weft::InvalidArgumentError("pipeline_worker: unknown schedule '" + name + "'");
 }
 
+// The "step K ..." line of one pipelined step against the twin's (the trace: one event per
+// forward, backward and receive, in order, none overlapping the next).
+void reportStep(int step, const pipeline::PipelineExecutor& pipe, const Tensor& got, const Tensor& want,
+                double gradDiff, int64_t count) {
+  long long lossDiff = got.defined() ? ppb(std::fabs(got.item<double>() - want.item<double>())) : -1;
+  const auto& events = pipe.lastStats().events;
+  int forwards = 0, backwards = 0, receives = 0, ordered = 1;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto k = events[i].kind;
+    forwards += k == pipeline::ActionKind::Forward;
+    backwards += k == pipeline::ActionKind::Backward;
+    receives += k == pipeline::ActionKind::RecvActivation || k == pipeline::ActionKind::RecvGrad;
+    if (events[i].endUs < events[i].startUs || (i > 0 && events[i].startUs < events[i - 1].endUs)) ordered = 0;
+  }
+  sayLine("step " + std::to_string(step) + " grad_maxdiff_ppb " + std::to_string(ppb(gradDiff)) + " loss_diff_ppb " +
+          std::to_string(lossDiff) + " peak " + std::to_string(pipe.lastStats().peakActivations) + " params " +
+          std::to_string(count) + " forwards " + std::to_string(forwards) + " backwards " +
+          std::to_string(backwards) + " receives " + std::to_string(receives) + " ordered " +
+          std::to_string(ordered) + " act_bytes " + std::to_string(pipe.lastStats().activationBytes));
+}
+
 void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::string& scheduleName, int m,
                  int replicas) {
   // Replica d is ranks d*P .. d*P + P - 1; the stage s ranks of every replica form its data-parallel group.
@@ -215,27 +244,63 @@ void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::
     Tensor got = pipe.step(b.x.narrow(0, replica * rows, rows), b.y.narrow(0, replica * rows, rows));
     double worst = 0.0;
     for (auto& [name, p] : named) worst = std::max(worst, maxDiff(p.grad(), twin->namedTensor(name).grad()));
-    long long lossDiff = got.defined() ? ppb(std::fabs(got.item<double>() - want.item<double>())) : -1;
-    // The trace: one event per forward, backward and receive, in order, none overlapping the next.
-    const auto& events = pipe.lastStats().events;
-    int forwards = 0, backwards = 0, receives = 0, ordered = 1;
-    for (size_t i = 0; i < events.size(); ++i) {
-      const auto k = events[i].kind;
-      forwards += k == pipeline::ActionKind::Forward;
-      backwards += k == pipeline::ActionKind::Backward;
-      receives += k == pipeline::ActionKind::RecvActivation || k == pipeline::ActionKind::RecvGrad;
-      if (events[i].endUs < events[i].startUs || (i > 0 && events[i].startUs < events[i - 1].endUs)) ordered = 0;
-    }
-    sayLine("step " + std::to_string(step) + " grad_maxdiff_ppb " + std::to_string(ppb(worst)) + " loss_diff_ppb " +
-            std::to_string(lossDiff) + " peak " + std::to_string(pipe.lastStats().peakActivations) + " params " +
-            std::to_string(count) + " forwards " + std::to_string(forwards) + " backwards " +
-            std::to_string(backwards) + " receives " + std::to_string(receives) + " ordered " +
-            std::to_string(ordered) + " act_bytes " + std::to_string(pipe.lastStats().activationBytes));
+    reportStep(step, pipe, got, want, worst, count);
     opt.step();
     twinOpt.step();
   }
   double worst = 0.0;
   for (auto& [name, p] : named) worst = std::max(worst, maxDiff(p.detach(), twin->namedTensor(name).detach()));
+  sayLine("final param_maxdiff_ppb " + std::to_string(ppb(worst)));
+}
+
+void runTensorParallel(weft::collectives::ProcessGroup& world, const std::string& scheduleName, int m) {
+  namespace collectives = weft::collectives;
+  collectives::Mesh mesh(world, {{"pp", 2}, {"tp", 2}});
+  collectives::ProcessGroup& pg = mesh.group("pp");
+  const int stages = pg.size(), stage = pg.rank();
+  const int chunks = scheduleName == "interleaved" ? 2 : 1;
+  const int blocks = chunks > 1 ? 6 : 3;
+  auto twin = gpt(blocks);
+  auto model = std::make_shared<collectives::TensorParallelGPT>(
+      std::make_shared<collectives::TpGroup>(mesh.group("tp")), gptConfig(blocks));
+  model->loadFrom(*twin);
+  auto layers = pipeline::gptLayers(model);
+  auto pieces = pipeline::splitSequential(*layers, pipeline::cutsByParameterCount(*layers, stages * chunks));
+  std::vector<std::shared_ptr<nn::Module>> mineChunks;
+  auto mine = std::make_shared<nn::Sequential>();
+  for (int c = 0; c < chunks; ++c) {
+    const auto& piece = pieces[static_cast<size_t>(c * stages + stage)];
+    mineChunks.push_back(piece);
+    for (size_t i = 0; i < piece->size(); ++i) mine->push_back(piece->at(i));
+  }
+  pipeline::PipelineExecutor pipe(
+      pg, mineChunks, scheduleOf(scheduleName, stages, m),
+      [model](const Tensor& logits, const Tensor& y) { return model->lossOfLogits(logits, y); },
+      {.tied = pipeline::gptTiedParameters(*model, stage, stages), .checkpoint = scheduleName == "gpipe-ckpt"});
+  const auto named = stageParameters(*model, *mine);
+  int64_t count = 0;
+  for (auto& np : named) count += np.second.numel();
+  nn::optim::SGD opt(mine->parameters(), {.lr = 0.05, .momentum = 0.9});
+  nn::optim::SGD twinOpt(twin->parameters(), {.lr = 0.05, .momentum = 0.9});
+  for (int step = 0; step < 3; ++step) {
+    Batch b = gptBatch(step, 2 * m);
+    twinOpt.zeroGrad();
+    Tensor want = twin->loss(b.x, b.y);
+    want.backward();
+    opt.zeroGrad();
+    Tensor got = pipe.step(b.x, b.y);
+    double worst = 0.0;
+    for (auto& [name, p] : named) {
+      worst = std::max(worst, maxDiff(p.grad(), model->shard(name, twin->namedTensor(name).grad())));
+    }
+    reportStep(step, pipe, got, want, worst, count);
+    opt.step();
+    twinOpt.step();
+  }
+  double worst = 0.0;
+  for (auto& [name, p] : named) {
+    worst = std::max(worst, maxDiff(p.detach(), model->shard(name, twin->namedTensor(name).detach())));
+  }
   sayLine("final param_maxdiff_ppb " + std::to_string(ppb(worst)));
 }
 
@@ -273,7 +338,7 @@ void runDie(weft::collectives::ProcessGroup& pg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return weft::testing::workerMain("pipeline_worker", {"mlp", "gpt", "mlpdp", "gptdp", "die"}, argc, argv,
+  return weft::testing::workerMain("pipeline_worker", {"mlp", "gpt", "mlpdp", "gptdp", "gpttp", "die"}, argc, argv,
                                    [argc, argv](const std::string& scenario) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
@@ -283,6 +348,9 @@ int main(int argc, char** argv) {
                                                                            : std::chrono::milliseconds(20s)});
       if (scenario == "die") {
         runDie(*pg);
+      } else if (scenario == "gpttp") {
+        WEFT_ENFORCE(argc == 4, weft::InvalidArgumentError, "usage: pipeline_worker gpttp gpipe|1f1b MICROBATCHES");
+        runTensorParallel(*pg, argv[2], std::atoi(argv[3]));
       } else {
         WEFT_ENFORCE(argc == 4, weft::InvalidArgumentError, "usage: pipeline_worker ", scenario,
                      " gpipe|1f1b MICROBATCHES");
