@@ -96,8 +96,8 @@ class SingleProcess final : public Layout {
 }  // namespace
 
 std::unique_ptr<Layout> makeLayout(const Flags& flags) {
-  if (flags.pp > 1) return makePipelineLayout(flags);
   if (flags.fsdp) return makeFsdpLayout(flags);
+  if (flags.pp > 1) return makePipelineLayout(flags);
   if (meshLayout(flags)) return makeMeshLayout(flags);
   return std::make_unique<SingleProcess>(flags);
 }
