@@ -1,7 +1,8 @@
-// The GPT example on a process mesh (--dp, --zero, --tp, --sp, --sp-mode) run through weftrun as a
-// user runs it, at tiny sizes: each layout trains the one-process model on the same windows, so its
-// loss at every one of 20 steps equals the one-process run's to float rounding; bad combinations
-// are usage errors naming the problem. A vocabulary the tp group does not divide is padded.
+// The GPT example on a process mesh (--dp, --zero, --tp, --sp, --sp-mode) and fully sharded (--fsdp,
+// alone or over the dp replicas of --pp and --tp) run through weftrun as a user runs it, at tiny
+// sizes: each layout trains the one-process model on the same windows, so its loss at every one of
+// 20 steps equals the one-process run's to float rounding; bad combinations are usage errors naming
+// the problem. A vocabulary the tp group does not divide is padded.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -132,6 +133,43 @@ TEST_CASE("the GPT example's tensor- and sequence-parallel layouts train as one 
   }
 }
 
+TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replicas of a pipeline or of tensor "
+          "parallelism, train as one process does") {
+  // Each clips the whole model's gradient norm (--grad-clip 1 acts in these steps) and decays the
+  // matrices only, as the one-process run does.
+  std::string out;
+  const std::vector<double> single = train("", " --block 32 --batch-size " + std::to_string(kBatch), out);
+  const std::string half = " --block 32 --batch-size " + std::to_string(kBatch / 2);
+  SUBCASE("FSDP over 2 processes") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(2), half + " --fsdp", run));
+    CHECK(run.find("fully sharded data parallel (ZeRO-3) over 2 processes") != std::string::npos);
+  }
+  SUBCASE("FSDP over dp 2 x pp 2, 1F1B") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(4), half + " --fsdp --dp 2 --pp 2 --microbatches 2", run));
+    CHECK(run.find("fully sharded data parallel (ZeRO-3) over 2 replicas of a pipeline of 2 stages") !=
+          std::string::npos);
+    CHECK(run.find("model: GPT") == run.rfind("model: GPT"));
+    const std::string key = "final validation loss ";
+    CHECK(run.substr(run.find(key), 30) == out.substr(out.find(key), 30));
+  }
+  SUBCASE("FSDP over dp 2 x pp 2, interleaved: the tied wte in chunks 0 and 1") {
+    std::string run;
+    checkSameLosses(single,
+                    train(weftrun(4), half + " --fsdp --dp 2 --pp 2 --schedule interleaved --microbatches 2", run));
+    CHECK(run.find("interleaved with 2 micro-batches") != std::string::npos);
+  }
+  SUBCASE("FSDP over dp 2 x tp 2") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(4), half + " --fsdp --dp 2 --tp 2", run));
+    CHECK(run.find("mesh {dp: 2, tp: 2} over 4 processes") != std::string::npos);
+    CHECK(run.find("FullyShardedDataParallel (ZeRO-3) over dp around TensorParallelGPT") != std::string::npos);
+    const std::string key = "final validation loss ";
+    CHECK(run.substr(run.find(key), 30) == out.substr(out.find(key), 30));
+  }
+}
+
 TEST_CASE("the GPT example on tp 3 pads the 256-byte vocabulary to 258 and trains as one process does") {
   std::string out, run;
   const std::string model = " --block 32 --batch-size 8 --heads 6 --width 48";
@@ -213,13 +251,25 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --zero 3", "invalid value '3' for --zero");
   usageError(" --tp 2 --pp 2", "--pp does not combine with --tp or --sp");
   usageError(" --dp 0", "--dp, --tp and --sp must be positive");
-  usageError(" --fsdp --tp 2", "--fsdp shards over the whole job and does not combine with --dp, --tp or --sp");
+  usageError(" --fsdp --tp 2", "--fsdp with --pp or --tp shards over the data-parallel replicas: it needs --dp > 1");
+  usageError(" --fsdp --pp 2", "--fsdp with --pp or --tp shards over the data-parallel replicas: it needs --dp > 1");
+  usageError(" --fsdp --dp 2 --pp 2 --tp 2", "--fsdp combines with --pp or with --tp, not with both");
+  usageError(" --fsdp --dp 2 --sp 2", "--fsdp does not combine with --sp or --zero");
+  usageError(" --fsdp --dp 2 --zero 1", "--fsdp does not combine with --sp or --zero");
+  usageError(" --fsdp --device cuda", "--fsdp runs on CPUs");
   // The product must be the job's size.
   std::string out;
   CHECK(runShell(weftrun(3) + WEFT_GPT + kTiny + " --block 32 --dp 2 --tp 2 2>&1", out) != 0);
   INFO(out);
   CHECK(out.find("--dp 2 x --tp 2 x --sp 1 needs a job of 4 processes (weftrun -n 4), this one has 3") !=
         std::string::npos);
+  out.clear();
+  CHECK(runShell(weftrun(2) + WEFT_GPT + kTiny + " --block 32 --fsdp --dp 2 --pp 2 2>&1", out) != 0);
+  CHECK(out.find("--fsdp --dp 2 --pp 2 needs a job of 4 processes (weftrun -n 4), this one has 2") !=
+        std::string::npos);
+  out.clear();
+  CHECK(runShell(weftrun(2) + WEFT_GPT + kTiny + " --block 32 --fsdp --dp 3 2>&1", out) != 0);
+  CHECK(out.find("--fsdp --dp 3 needs a job of 3 processes (weftrun -n 3), this one has 2") != std::string::npos);
 }
 
 #endif  // WEFT_GPT
