@@ -168,6 +168,12 @@ TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replic
     const std::string key = "final validation loss ";
     CHECK(run.substr(run.find(key), 30) == out.substr(out.find(key), 30));
   }
+  SUBCASE("FSDP over dp 2 x tp 2, checkpointed, with dropout: the masks of DDP over dp 2 x tp 2") {
+    // Each replica draws its own masks, so the reference is the DDP layout's run.
+    std::string ddp, run;
+    const std::string model = half + " --dp 2 --tp 2 --dropout 0.2 --checkpoint every-block";
+    checkSameLosses(train(weftrun(4), model, ddp), train(weftrun(4), model + " --fsdp", run));
+  }
 }
 
 TEST_CASE("the GPT example on tp 3 pads the 256-byte vocabulary to 258 and trains as one process does") {
