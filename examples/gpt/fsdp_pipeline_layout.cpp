@@ -18,9 +18,14 @@
 //
 // Clipping: the squares of every process's shard gradients summed over the whole job (one
 // allreduce over the world), the last stage leaving out its copy of wte's gradient, as
-// nn::clipGradNorm_ over the one-process model. Evaluation and sampling: each stage's full
-// parameters gathered from its dp group (FSDP::fullStateDict to each dp rank in turn) into a plain
-// copy of the model, whose stages are then broadcast over pp, as pipeline_layout.h does.
+// nn::clipGradNorm_ over the one-process model.
+//
+// Memory: every process draws the whole model from the seed, as the one-process run does, then
+// keeps only its stages, sharded. Evaluation runs the job's batch through the pipeline of
+// wrappers, without grad, on every replica (the activations sent along pp, the loss broadcast from
+// the last stage), so no process holds the whole model while training; the sample, after it, is
+// drawn from the whole model: each stage gathered from its dp group (FSDP::fullStateDict to each
+// dp rank in turn) into a plain copy of the model, whose stages are then broadcast over pp.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -46,8 +51,10 @@ namespace weft::examples::gpt {
 namespace {
 
 constexpr uint64_t kInitStream = 1;
-// The pp group's tag of the tied gradient's exchange, apart from the executor's (pipeline/executor.cpp).
+// The pp group's tags of the tied gradient's exchange and of evaluation's activations (the latter
+// plus the model stage that receives), apart from the executor's (pipeline/executor.cpp).
 constexpr uint32_t kTiedTag = 0x6F000000u;
+constexpr uint32_t kEvalTag = 0x6F000001u;
 
 // A model stage for the executor: its forward is the wrapper's (FSDP::forward runs the stage
 // through its hooks). It registers no parameters of its own.
@@ -66,20 +73,11 @@ nn::GPTConfig stageConfig(const Flags& f) {
   return c;
 }
 
-// A GPT of the run's shape to load trained weights into, drawn from a generator of its own (the
-// default one draws dropout).
-std::shared_ptr<nn::GPT> plainModel(const Flags& f) {
-  Generator g(0);
-  return std::make_shared<nn::GPT>(stageConfig(f), &g);
-}
-
 class FullyShardedPipeline final : public Layout {
  public:
   explicit FullyShardedPipeline(const Flags& f)
       : world_(collectives::init()),
-        init_(app::streamSeed(f.seed, kInitStream)),
-        model_(std::make_shared<nn::GPT>(stageConfig(f), &init_)),
-        whole_(plainModel(f)),
+        config_(stageConfig(f)),
         gradClip_(f.gradClip),
         scheduleName_(f.schedule),
         microbatches_(f.microbatches) {
@@ -97,13 +95,16 @@ class FullyShardedPipeline final : public Layout {
     const int stages = pp_->size();
     stage_ = pp_->rank();
     const int chunks = f.schedule == "interleaved" ? 2 : 1;
-    auto layers = pipeline::gptLayers(model_);
+    // The whole model, as the one-process run draws it; this process keeps its stages.
+    Generator init(app::streamSeed(f.seed, kInitStream));
+    auto model = std::make_shared<nn::GPT>(config_, &init);
+    numParameters_ = model->numParameters();
+    auto layers = pipeline::gptLayers(model);
     WEFT_ENFORCE(static_cast<int>(layers->size()) >= stages * chunks, InvalidArgumentError, "gpt: --pp ", stages,
                  chunks > 1 ? " interleaved needs " : " needs ", stages * chunks, " pieces of ", layers->size(),
                  " layers (embedding, ", f.layers, " blocks, head)");
-    const std::vector<size_t> cuts = pipeline::cutsByParameterCount(*layers, stages * chunks);
-    const auto modelStages = pipeline::splitSequential(*layers, cuts);
-    wholeStages_ = pipeline::splitSequential(*pipeline::gptLayers(whole_), cuts);
+    cuts_ = pipeline::cutsByParameterCount(*layers, stages * chunks);
+    const auto modelStages = pipeline::splitSequential(*layers, cuts_);
     // Model stage c·P + s is stage s's chunk c.
     std::vector<std::shared_ptr<nn::Module>> mine;
     for (int c = 0; c < chunks; ++c) {
@@ -114,15 +115,16 @@ class FullyShardedPipeline final : public Layout {
       }
       fsdps_.push_back(std::make_unique<collectives::FullyShardedDataParallel>(modelStages[k], *dp_, o));
       ownStages_.push_back(k);
+      modules_.push_back(modelStages[k]);
       mine.push_back(std::make_shared<ShardedStage>(*fsdps_.back()));
     }
     // The tied wte: in chunk 0 of the first stage and the last chunk of the last.
     if (stage_ == 0 || stage_ == stages - 1) {
       tied_ = stage_ == 0 ? fsdps_.front().get() : fsdps_.back().get();
       tiedPeer_ = stage_ == 0 ? stages - 1 : 0;
-      tiedPlace_ = flatPlace(*tied_, model_->wte()->weight());
+      tiedPlace_ = flatPlace(*tied_, model->wte()->weight());
       WEFT_CHECK(tiedPlace_.offset >= 0) << "wte is not in stage " << stage_;
-      tiedNumel_ = model_->wte()->weight().numel();
+      tiedNumel_ = model->wte()->weight().numel();
     }
     pipeline::Schedule schedule = f.schedule == "gpipe" ? pipeline::gpipe(stages, f.microbatches)
                                   : chunks > 1          ? pipeline::interleavedOneFOneB(stages, chunks, f.microbatches)
@@ -145,7 +147,7 @@ class FullyShardedPipeline final : public Layout {
            std::to_string(microbatches_) + " micro-batches";
   }
 
-  int64_t numParameters() const override { return model_->numParameters(); }
+  int64_t numParameters() const override { return numParameters_; }
   int dataRank() const override { return mesh_->coordinate("dp"); }
   int dataWorld() const override { return mesh_->size("dp"); }
   bool reports() const override { return world_->rank() == 0; }
@@ -157,26 +159,44 @@ class FullyShardedPipeline final : public Layout {
     exchangeTied();
     if (gradClip_ > 0) clipGlobalNorm();
     opt_->step();
-    synced_ = false;
     // The last stage of each replica holds its replica's loss: the job's is their mean.
     Tensor l = full({1}, loss.defined() ? loss.item<double>() : 0.0, {.dtype = DType::Float64});
     world_->allReduce(l, collectives::ReduceOp::Sum).wait();
     return l.item<double>() / static_cast<double>(dp_->size());
   }
 
+  // The model stages in order, each on the process that trains it, the activations [B, T, C]
+  // sent to the next one's.
   double evaluate(const Tensor& x, const Tensor& y) override {
-    sync();
     NoGradGuard ng;
-    whole_->eval();
-    const double loss = whole_->loss(x, y).item<double>();
-    whole_->train();
-    return loss;
+    for (const auto& m : modules_) m->eval();
+    const int stages = pp_->size();
+    const int pieces = stages * static_cast<int>(fsdps_.size());
+    Tensor h = x;
+    double loss = 0;
+    for (int k = 0; k < pieces; ++k) {
+      if (k % stages != stage_) continue;
+      const uint32_t tag = kEvalTag + static_cast<uint32_t>(k);
+      if (k > 0) {
+        h = empty({x.size(0), x.size(1), config_.width});
+        pp_->irecv(h, (k - 1) % stages, tag).wait();
+      }
+      h = fsdps_[static_cast<size_t>(k / stages)]->forward(h);
+      if (k + 1 < pieces) {
+        pp_->isend(h, (k + 1) % stages, tag + 1).wait();
+      } else {
+        loss = crossEntropy(h.view({-1, config_.vocabSize}), y.reshape({-1})).item<double>();
+      }
+    }
+    for (const auto& m : modules_) m->train();
+    Tensor l = full({1}, loss, {.dtype = DType::Float64});
+    pp_->broadcast(l, (pieces - 1) % stages).wait();
+    return l.item<double>();
   }
 
   std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t topK,
                      Generator& gen) override {
-    sync();
-    return sampleText(*whole_, prompt, tokens, temperature, topK, gen);
+    return sampleText(*gatherWhole(), prompt, tokens, temperature, topK, gen);
   }
 
  private:
@@ -246,34 +266,36 @@ class FullyShardedPipeline final : public Layout {
     }
   }
 
-  // The trained model in whole_ on every process: each own stage gathered from its dp group, then
-  // every stage broadcast from the process of the replica that trains it.
-  void sync() {
-    if (synced_) return;
+  // The trained model, whole, on every process: each own stage gathered from its dp group into a
+  // plain GPT, then every stage broadcast from the process of the replica that trains it.
+  std::shared_ptr<nn::GPT> gatherWhole() {
+    Generator g(0);  // the weights are overwritten; the default generator draws dropout
+    auto whole = std::make_shared<nn::GPT>(config_, &g);
+    const auto wholeStages = pipeline::splitSequential(*pipeline::gptLayers(whole), cuts_);
     for (size_t c = 0; c < fsdps_.size(); ++c) {
       nn::StateDict mine;
       for (int r = 0; r < dp_->size(); ++r) {
         nn::StateDict d = fsdps_[c]->fullStateDict(r);
         if (r == dp_->rank()) mine = std::move(d);
       }
-      wholeStages_[ownStages_[c]]->loadStateDict(mine);
+      wholeStages[ownStages_[c]]->loadStateDict(mine);
     }
-    for (size_t k = 0; k < wholeStages_.size(); ++k) {
+    for (size_t k = 0; k < wholeStages.size(); ++k) {
       const int owner = static_cast<int>(k % static_cast<size_t>(pp_->size()));
-      for (const Tensor& p : wholeStages_[k]->parameters()) pp_->broadcast(p.detach(), owner).wait();
+      for (const Tensor& p : wholeStages[k]->parameters()) pp_->broadcast(p.detach(), owner).wait();
     }
-    synced_ = true;
+    return whole;
   }
 
   std::unique_ptr<collectives::ProcessGroup> world_;
   std::unique_ptr<collectives::Mesh> mesh_;
   collectives::ProcessGroup* pp_ = nullptr;  // this replica's stages
   collectives::ProcessGroup* dp_ = nullptr;  // this stage's replicas
-  Generator init_;
-  std::shared_ptr<nn::GPT> model_;  // its stages' parameters live in the wrappers' shards
-  std::shared_ptr<nn::GPT> whole_;  // the trained model, gathered for evaluation and sampling
-  std::vector<std::shared_ptr<nn::Sequential>> wholeStages_;
+  nn::GPTConfig config_;
+  int64_t numParameters_ = 0;
+  std::vector<size_t> cuts_;  // of the model's layers into its stages (pipeline::splitSequential)
   std::vector<std::unique_ptr<collectives::FullyShardedDataParallel>> fsdps_;  // per chunk
+  std::vector<std::shared_ptr<nn::Sequential>> modules_;                     // the stages they wrap
   std::vector<size_t> ownStages_;                                            // their model stages
   collectives::FullyShardedDataParallel* tied_ = nullptr;  // the wrapper holding wte, on the end stages
   int tiedPeer_ = 0;
@@ -285,7 +307,6 @@ class FullyShardedPipeline final : public Layout {
   std::string scheduleName_;
   int64_t microbatches_;
   int stage_ = 0;
-  bool synced_ = false;
 };
 
 }  // namespace
