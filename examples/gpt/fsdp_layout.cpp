@@ -127,7 +127,6 @@ std::vector<ShardSlice> shardSlices(const collectives::FullyShardedDataParallel&
         out.push_back({.unit = k,
                        .name = name,
                        .parameter = it->second,
-                       .paramBegin = begin - offset,
                        .shardBegin = begin - first,
                        .length = end - begin});
       }

@@ -34,16 +34,14 @@ std::unique_ptr<Layout> makeFsdpLayout(const Flags& flags);
 std::unique_ptr<Layout> makeFsdpPipelineLayout(const Flags& flags);
 std::unique_ptr<Layout> makeFsdpTensorParallelLayout(const Flags& flags);
 
-// Where a parameter of an FSDP-wrapped module lies in this rank's shards: its elements
-// [paramBegin, paramBegin + length) (flattened) are elements [shardBegin, shardBegin + length) of
-// FullyShardedDataParallel::parameters()[unit]. From the layout fsdp.h documents: a unit's
-// parameters follow one another in its flat storage, in the order units() lists them, and rank r's
-// shard is elements [r·shardNumel, (r+1)·shardNumel) of it.
+// Where a parameter of an FSDP-wrapped module lies in this rank's shards: `length` of its elements
+// are elements [shardBegin, shardBegin + length) of FullyShardedDataParallel::parameters()[unit].
+// From the layout fsdp.h documents: a unit's parameters follow one another in its flat storage, in
+// the order units() lists them, and rank r's shard is elements [r·shardNumel, (r+1)·shardNumel).
 struct ShardSlice {
   size_t unit = 0;
   std::string name;  // the parameter's name in the wrapped module
   Tensor parameter;  // the module's parameter (its shape; its data is not to be read)
-  int64_t paramBegin = 0;
   int64_t shardBegin = 0;
   int64_t length = 0;
 };
