@@ -50,8 +50,8 @@ struct Flags {
   int64_t pp = 1;                 // pipeline stages, one per process (weftrun -n P)
   std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved (2 chunks per stage), with --pp
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
-  // Fully sharded data parallel (fsdp_layout.h): over the job's processes, or with --pp or --tp
-  // over the --dp replicas.
+  // Fully sharded data parallel (fsdp_layout.h): over the job's processes, or with --pp, --tp or
+  // --sp over the --dp replicas.
   bool fsdp = false;
 
   // Data-parallel replicas: with --pp, of the pipeline (weftrun -n D·P); otherwise of a process
@@ -78,8 +78,8 @@ struct Flags {
                      "             (P > 1: weftrun -n D·P)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
                      "             (D·T·S > 1: weftrun -n D·T·S)\n"
-                     "           [--fsdp [--dp D [--pp P | --tp T]]] (fully sharded data parallel: weftrun -n N,\n"
-                     "             over the job, or over D replicas of a pipeline or a tensor-parallel model)\n");
+                     "           [--fsdp [--dp D [--pp P | --tp T --sp S]]] (fully sharded data parallel: weftrun -n N,\n"
+                     "             over the job, or over D replicas of a pipeline or a tp/sp mesh)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.
@@ -223,10 +223,10 @@ inline Flags parseFlags(int argc, char** argv) {
     usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b, interleaved)");
   }
   if (f.fsdp && f.device != "cpu") usage("--fsdp runs on CPUs");
-  if (f.fsdp && (f.sp > 1 || f.zero > 0)) usage("--fsdp does not combine with --sp or --zero");
-  if (f.fsdp && f.pp > 1 && f.tp > 1) usage("--fsdp combines with --pp or with --tp, not with both");
-  if (f.fsdp && (f.pp > 1 || f.tp > 1) && f.dp < 2) {
-    usage("--fsdp with --pp or --tp shards over the data-parallel replicas: it needs --dp > 1");
+  if (f.fsdp && f.zero > 0) usage("--fsdp does not combine with --zero");
+  if (f.fsdp && f.pp > 1 && (f.tp > 1 || f.sp > 1)) usage("--fsdp with --pp does not combine with --tp or --sp");
+  if (f.fsdp && (f.pp > 1 || f.tp > 1 || f.sp > 1) && f.dp < 2) {
+    usage("--fsdp with --pp, --tp or --sp shards over the data-parallel replicas: it needs --dp > 1");
   }
   if (f.pp > 1 && f.batchSize % f.microbatches != 0) usage("--microbatches must divide --batch-size");
   if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {

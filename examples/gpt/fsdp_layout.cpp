@@ -107,7 +107,7 @@ class FullySharded final : public Layout {
 
 std::unique_ptr<Layout> makeFsdpLayout(const Flags& flags) {
   if (flags.pp > 1) return makeFsdpPipelineLayout(flags);
-  if (flags.tp > 1) return makeFsdpTensorParallelLayout(flags);
+  if (flags.tp > 1 || flags.sp > 1) return makeFsdpMeshLayout(flags);
   return std::make_unique<FullySharded>(flags);
 }
 

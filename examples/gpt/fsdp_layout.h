@@ -1,6 +1,6 @@
 // The gpt example's fully sharded layouts (--fsdp): collectives::FullyShardedDataParallel (ZeRO-3)
-// over the job, or over the dp dimension of a mesh around a pipeline stage or a tensor-parallel
-// model. makeFsdpLayout picks one from the flags:
+// over the job, or over the dp dimension of a mesh around a pipeline stage or a tensor- or
+// sequence-parallel model. makeFsdpLayout picks one from the flags:
 //  - --fsdp [--dp N] (weftrun -n N; --dp, when given, is the job's size): every process builds the
 //    whole model from the same seed and wraps it in FSDP over the job (each TransformerBlock a
 //    unit, the embeddings and the final LayerNorm the root unit); each process draws its own share
@@ -10,8 +10,9 @@
 //  - --fsdp --dp D --pp P (weftrun -n D·P; fsdp_pipeline_layout.cpp): the mesh {dp: D, pp: P} of
 //    pipeline_layout.h, each stage's module (each chunk's, interleaved) wrapped in FSDP over the
 //    stage's dp group; the executor does not average over dp, FSDP's reduce-scatters do.
-//  - --fsdp --dp D --tp T (weftrun -n D·T; fsdp_tp_layout.cpp): the mesh {dp: D, tp: T} of
-//    mesh_layout.h, collectives::TensorParallelGPT on the tp group wrapped in FSDP over the dp
+//  - --fsdp --dp D with --tp T and/or --sp S (weftrun -n D·S·T; fsdp_mesh_layout.cpp): the mesh
+//    of mesh_layout.h, collectives::TensorParallelGPT on the tp group (its tokens split over sp
+//    with --sp) or with --sp alone collectives::SequenceParallelGPT, wrapped in FSDP over the dp
 //    group (each tp rank's part of a block's matrices is what its dp group flattens and shards).
 // In every one AdamW steps the flat shards with nanoGPT's decay groups (ShardedAdamW below:
 // --weight-decay on the matrices' elements only, as nn::optim::decayGroups), so a job takes the
@@ -32,7 +33,7 @@ namespace weft::examples::gpt {
 
 std::unique_ptr<Layout> makeFsdpLayout(const Flags& flags);
 std::unique_ptr<Layout> makeFsdpPipelineLayout(const Flags& flags);
-std::unique_ptr<Layout> makeFsdpTensorParallelLayout(const Flags& flags);
+std::unique_ptr<Layout> makeFsdpMeshLayout(const Flags& flags);
 
 // Where a parameter of an FSDP-wrapped module lies in this rank's shards: `length` of its elements
 // are elements [shardBegin, shardBegin + length) of FullyShardedDataParallel::parameters()[unit].

@@ -54,8 +54,8 @@ class Layout {
 };
 
 // The layout the flags ask for: a single process holding the whole model, with --fsdp a fully
-// sharded one (over the job, or over the --dp replicas of a pipeline or of tensor parallelism:
-// fsdp_layout.h), with --pp P > 1 a pipeline of P processes (pipeline_layout.h), or with --dp,
+// sharded one (over the job, or over the --dp replicas of a pipeline or of tensor and sequence
+// parallelism: fsdp_layout.h), with --pp P > 1 a pipeline of P processes (pipeline_layout.h), or with --dp,
 // --tp or --sp above 1 a process mesh (mesh_layout.h).
 std::unique_ptr<Layout> makeLayout(const Flags& flags);
 

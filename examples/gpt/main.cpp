@@ -1,6 +1,6 @@
 // gpt: a small GPT (nanoGPT's model, byte vocabulary) trained on the fortune cookie corpus in one
 // process, or under weftrun as a pipeline (--pp), on a process mesh (--dp, --tp, --sp) or fully
-// sharded (--fsdp, alone or with --dp and --pp or --tp). Prints the training loss and tokens/s
+// sharded (--fsdp, alone or with --dp and --pp, --tp or --sp). Prints the training loss and tokens/s
 // every --log-interval steps, the validation loss
 // in bits per byte every --eval-interval steps, writes per-step metrics to a CSV file, and ends
 // with a text sample continuing a fixed prompt.

@@ -1,5 +1,5 @@
 // The GPT example on a process mesh (--dp, --zero, --tp, --sp, --sp-mode) and fully sharded (--fsdp,
-// alone or over the dp replicas of --pp and --tp) run through weftrun as a user runs it, at tiny
+// alone or over the dp replicas of --pp, --tp and --sp) run through weftrun as a user runs it, at tiny
 // sizes: each layout trains the one-process model on the same windows, so its loss at every one of
 // 20 steps equals the one-process run's to float rounding; bad combinations are usage errors naming
 // the problem. A vocabulary the tp group does not divide is padded.
@@ -134,12 +134,15 @@ TEST_CASE("the GPT example's tensor- and sequence-parallel layouts train as one 
 }
 
 TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replicas of a pipeline or of tensor "
-          "parallelism, train as one process does") {
-  // Each clips the whole model's gradient norm (--grad-clip 1 acts in these steps) and decays the
-  // matrices only, as the one-process run does.
+          "and sequence parallelism, train as one process does") {
+  // Each clips the whole model's gradient norm and decays the matrices only, as the one-process
+  // run does. The norm exceeds --grad-clip 2 in some of these steps and not in others, so the
+  // losses depend on its value (a clip at every step scales Adam's inputs alike and nearly
+  // cancels). 30 tokens: the zig-zag ring of 2 pads the sequence.
   std::string out;
-  const std::vector<double> single = train("", " --block 32 --batch-size " + std::to_string(kBatch), out);
-  const std::string half = " --block 32 --batch-size " + std::to_string(kBatch / 2);
+  const std::string model = " --block 30 --grad-clip 2";
+  const std::vector<double> single = train("", model + " --batch-size " + std::to_string(kBatch), out);
+  const std::string half = model + " --batch-size " + std::to_string(kBatch / 2);
   SUBCASE("FSDP over 2 processes") {
     std::string run;
     checkSameLosses(single, train(weftrun(2), half + " --fsdp", run));
@@ -168,11 +171,21 @@ TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replic
     const std::string key = "final validation loss ";
     CHECK(run.substr(run.find(key), 30) == out.substr(out.find(key), 30));
   }
+  SUBCASE("FSDP over dp 2 x sp 2, zig-zag ring") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(4), half + " --fsdp --dp 2 --sp 2 --sp-mode ring", run));
+    CHECK(run.find("over dp around SequenceParallelGPT with ring attention (zig-zag)") != std::string::npos);
+  }
+  SUBCASE("FSDP over dp 2 x sp 2 x tp 2, Ulysses") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(8), half + " --fsdp --dp 2 --tp 2 --sp 2 --sp-mode ulysses", run));
+    CHECK(run.find("mesh {dp: 2, sp: 2, tp: 2} over 8 processes") != std::string::npos);
+  }
   SUBCASE("FSDP over dp 2 x tp 2, checkpointed, with dropout: the masks of DDP over dp 2 x tp 2") {
     // Each replica draws its own masks, so the reference is the DDP layout's run.
     std::string ddp, run;
-    const std::string model = half + " --dp 2 --tp 2 --dropout 0.2 --checkpoint every-block";
-    checkSameLosses(train(weftrun(4), model, ddp), train(weftrun(4), model + " --fsdp", run));
+    const std::string args = half + " --dp 2 --tp 2 --dropout 0.2 --checkpoint every-block";
+    checkSameLosses(train(weftrun(4), args, ddp), train(weftrun(4), args + " --fsdp", run));
   }
 }
 
@@ -257,11 +270,13 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --zero 3", "invalid value '3' for --zero");
   usageError(" --tp 2 --pp 2", "--pp does not combine with --tp or --sp");
   usageError(" --dp 0", "--dp, --tp and --sp must be positive");
-  usageError(" --fsdp --tp 2", "--fsdp with --pp or --tp shards over the data-parallel replicas: it needs --dp > 1");
-  usageError(" --fsdp --pp 2", "--fsdp with --pp or --tp shards over the data-parallel replicas: it needs --dp > 1");
-  usageError(" --fsdp --dp 2 --pp 2 --tp 2", "--fsdp combines with --pp or with --tp, not with both");
-  usageError(" --fsdp --dp 2 --sp 2", "--fsdp does not combine with --sp or --zero");
-  usageError(" --fsdp --dp 2 --zero 1", "--fsdp does not combine with --sp or --zero");
+  const std::string needsDp = "--fsdp with --pp, --tp or --sp shards over the data-parallel replicas: it needs --dp > 1";
+  usageError(" --fsdp --tp 2", needsDp);
+  usageError(" --fsdp --pp 2", needsDp);
+  usageError(" --fsdp --sp 2", needsDp);
+  usageError(" --fsdp --dp 2 --pp 2 --tp 2", "--fsdp with --pp does not combine with --tp or --sp");
+  usageError(" --fsdp --dp 2 --pp 2 --sp 2", "--fsdp with --pp does not combine with --tp or --sp");
+  usageError(" --fsdp --dp 2 --zero 1", "--fsdp does not combine with --zero");
   usageError(" --fsdp --device cuda", "--fsdp runs on CPUs");
   // The product must be the job's size.
   std::string out;
