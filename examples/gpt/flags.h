@@ -78,8 +78,9 @@ struct Flags {
                      "             (P > 1: weftrun -n D·P)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
                      "             (D·T·S > 1: weftrun -n D·T·S)\n"
-                     "           [--fsdp [--dp D [--pp P | --tp T --sp S]]] (fully sharded data parallel: weftrun -n N,\n"
-                     "             over the job, or over D replicas of a pipeline or a tp/sp mesh)\n");
+                     "           [--fsdp [--dp D [--pp P | --tp T --sp S]]]\n"
+                     "             (fully sharded data parallel: over the job, or over D replicas of a pipeline\n"
+                     "             or of a tp/sp mesh)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.

@@ -84,7 +84,9 @@ class FullyShardedMesh final : public Layout {
                                           dp->rank(), f);
     // Which shard elements this process counts in the norm, and whether each is split over tp.
     firstOfSp_ = true;
-    for (const char* d : {"sp", "ring", "ulysses"}) firstOfSp_ = firstOfSp_ && (!job_.mesh->has(d) || job_.mesh->coordinate(d) == 0);
+    for (const char* d : {"sp", "ring", "ulysses"}) {
+      firstOfSp_ = firstOfSp_ && (!job_.mesh->has(d) || job_.mesh->coordinate(d) == 0);
+    }
     for (const ShardSlice& s : shardSlices(*fsdp_, dp->rank())) {
       auto it = wholeShapes.find(s.name);
       WEFT_CHECK(it != wholeShapes.end()) << s.name;

@@ -20,6 +20,10 @@
 // allreduce over the world), the last stage leaving out its copy of wte's gradient, as
 // nn::clipGradNorm_ over the one-process model.
 //
+// --checkpoint other than none has the executor checkpoint each stage whole, but for the first
+// stage's first chunk, which it runs plainly: its input, the token ids, needs no gradient, and the
+// executor splits off a first layer to run plainly only from a Sequential, not from the wrapper.
+//
 // Memory: every process draws the whole model from the seed, as the one-process run does, then
 // keeps only its stages, sharded. Evaluation runs the job's batch through the pipeline of
 // wrappers, without grad, on every replica (the activations sent along pp, the loss broadcast from
@@ -111,7 +115,8 @@ class FullyShardedPipeline final : public Layout {
       const size_t k = static_cast<size_t>(c * stages + stage_);
       collectives::FullyShardedDataParallel::Options o;
       for (size_t i = 0; i < modelStages[k]->size(); ++i) {
-        if (std::dynamic_pointer_cast<nn::TransformerBlock>(modelStages[k]->at(i))) o.units.push_back(modelStages[k]->at(i));
+        const std::shared_ptr<nn::Module>& layer = modelStages[k]->at(i);
+        if (std::dynamic_pointer_cast<nn::TransformerBlock>(layer)) o.units.push_back(layer);
       }
       fsdps_.push_back(std::make_unique<collectives::FullyShardedDataParallel>(modelStages[k], *dp_, o));
       ownStages_.push_back(k);
@@ -233,7 +238,9 @@ class FullyShardedPipeline final : public Layout {
   // nn::clipGradNorm_ over the whole model (see the file's comment).
   void clipGlobalNorm() {
     NoGradGuard ng;
-    auto squares = [](const Tensor& g) { return g.numel() == 0 ? 0.0 : sum(square(g.to(DType::Float64))).item<double>(); };
+    auto squares = [](const Tensor& g) {
+      return g.numel() == 0 ? 0.0 : sum(square(g.to(DType::Float64))).item<double>();
+    };
     double local = 0;
     for (const auto& w : fsdps_) {
       for (const Tensor& s : w->parameters()) {
