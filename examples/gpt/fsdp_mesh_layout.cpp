@@ -138,28 +138,34 @@ class FullyShardedMesh final : public Layout {
 
   std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t topK,
                      Generator& gen) override {
+    const nn::StateDict state = wholeState();
+    const GeneratorState drawn = defaultGenerator().state();
+    nn::GPT whole(config_);
+    defaultGenerator().setState(drawn);
+    whole.loadStateDict(state);
+    return sampleText(whole, prompt, tokens, temperature, topK, gen);
+  }
+
+ private:
+  // The whole model's state dict, nn::GPT's names, on every process: gathered over dp
+  // (FSDP::fullStateDict to each dp rank in turn), then with tp over tp. Collective over the job.
+  nn::StateDict wholeState() {
     collectives::ProcessGroup& dp = *job_.group("dp");
     nn::StateDict mine;
     for (int r = 0; r < dp.size(); ++r) {
       nn::StateDict d = fsdp_->fullStateDict(r);
       if (r == dp.rank()) mine = std::move(d);
     }
-    // Plain models to assemble the whole one in (their initial draws from a generator state
-    // that is put back).
-    const GeneratorState state = defaultGenerator().state();
-    nn::GPT whole(config_);
-    if (tpModel_) {
-      collectives::TensorParallelGPT parts(tp_, config_);
-      parts.loadStateDict(mine);
-      whole.loadStateDict(parts.fullStateDict());
-    } else {
-      whole.loadStateDict(mine);
-    }
-    defaultGenerator().setState(state);
-    return sampleText(whole, prompt, tokens, temperature, topK, gen);
+    if (!tpModel_) return mine;
+    // A plain tensor-parallel model to assemble the whole one in (its initial draws from a
+    // generator state that is put back).
+    const GeneratorState drawn = defaultGenerator().state();
+    collectives::TensorParallelGPT parts(tp_, config_);
+    defaultGenerator().setState(drawn);
+    parts.loadStateDict(mine);
+    return parts.fullStateDict();
   }
 
- private:
   // The elements [begin, begin + length) of a shard.
   struct Elements {
     Tensor shard;
@@ -189,8 +195,8 @@ class FullyShardedMesh final : public Layout {
     return div(collectives::reduceFromSp(sp, sum), count.to(sum.dtype()));
   }
 
-  // nn::clipGradNorm_ over the whole model (see the file's comment).
-  void clipGlobalNorm() {
+  // nn::clipGradNorm_ over the whole model (see the file's comment); returns the norm.
+  double clipGlobalNorm() {
     NoGradGuard ng;
     auto squares = [](const std::vector<Elements>& parts) {
       double s = 0;
@@ -206,10 +212,11 @@ class FullyShardedMesh final : public Layout {
     job_.world->allReduce(total, collectives::ReduceOp::Sum).wait();
     const double norm = std::sqrt(total.item<double>());
     const double coef = gradClip_ / (norm + 1e-6);
-    if (coef >= 1.0) return;
+    if (coef >= 1.0) return norm;
     for (const Tensor& s : fsdp_->parameters()) {
       if (s.grad().defined()) s.grad().mul_(coef);
     }
+    return norm;
   }
 
   MeshJob job_;

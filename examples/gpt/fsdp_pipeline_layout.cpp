@@ -235,8 +235,8 @@ class FullyShardedPipeline final : public Layout {
     return {std::max(tiedPlace_.offset, first), std::min(tiedPlace_.offset + tiedNumel_, first + chunk)};
   }
 
-  // nn::clipGradNorm_ over the whole model (see the file's comment).
-  void clipGlobalNorm() {
+  // nn::clipGradNorm_ over the whole model (see the file's comment); returns the norm.
+  double clipGlobalNorm() {
     NoGradGuard ng;
     auto squares = [](const Tensor& g) {
       return g.numel() == 0 ? 0.0 : sum(square(g.to(DType::Float64))).item<double>();
@@ -265,12 +265,13 @@ class FullyShardedPipeline final : public Layout {
     world_->allReduce(total, collectives::ReduceOp::Sum).wait();
     const double norm = std::sqrt(total.item<double>());
     const double coef = gradClip_ / (norm + 1e-6);
-    if (coef >= 1.0) return;
+    if (coef >= 1.0) return norm;
     for (const auto& w : fsdps_) {
       for (const Tensor& s : w->parameters()) {
         if (s.grad().defined()) s.grad().mul_(coef);
       }
     }
+    return norm;
   }
 
   // The trained model, whole, on every process: each own stage gathered from its dp group into a

@@ -143,10 +143,20 @@ TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replic
   const std::string model = " --block 30 --grad-clip 2";
   const std::vector<double> single = train("", model + " --batch-size " + std::to_string(kBatch), out);
   const std::string half = model + " --batch-size " + std::to_string(kBatch / 2);
+  // The trained model, gathered for the validation and the sample, is the one-process run's: the
+  // same final validation loss and the same sampled text.
+  auto sameEnd = [&out](const std::string& run) {
+    const std::string validation = "final validation loss ", sample = "sample (";
+    REQUIRE(run.find(validation) != std::string::npos);
+    REQUIRE(run.find(sample) != std::string::npos);
+    CHECK(run.substr(run.find(validation), 30) == out.substr(out.find(validation), 30));
+    CHECK(run.substr(run.find(sample)) == out.substr(out.find(sample)));
+  };
   SUBCASE("FSDP over 2 processes") {
     std::string run;
     checkSameLosses(single, train(weftrun(2), half + " --fsdp", run));
     CHECK(run.find("fully sharded data parallel (ZeRO-3) over 2 processes") != std::string::npos);
+    sameEnd(run);
   }
   SUBCASE("FSDP over dp 2 x pp 2, 1F1B") {
     std::string run;
@@ -154,32 +164,33 @@ TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replic
     CHECK(run.find("fully sharded data parallel (ZeRO-3) over 2 replicas of a pipeline of 2 stages") !=
           std::string::npos);
     CHECK(run.find("model: GPT") == run.rfind("model: GPT"));
-    const std::string key = "final validation loss ";
-    CHECK(run.substr(run.find(key), 30) == out.substr(out.find(key), 30));
+    sameEnd(run);
   }
   SUBCASE("FSDP over dp 2 x pp 2, interleaved: the tied wte in chunks 0 and 1") {
     std::string run;
     checkSameLosses(single,
                     train(weftrun(4), half + " --fsdp --dp 2 --pp 2 --schedule interleaved --microbatches 2", run));
     CHECK(run.find("interleaved with 2 micro-batches") != std::string::npos);
+    sameEnd(run);
   }
   SUBCASE("FSDP over dp 2 x tp 2") {
     std::string run;
     checkSameLosses(single, train(weftrun(4), half + " --fsdp --dp 2 --tp 2", run));
     CHECK(run.find("mesh {dp: 2, tp: 2} over 4 processes") != std::string::npos);
     CHECK(run.find("FullyShardedDataParallel (ZeRO-3) over dp around TensorParallelGPT") != std::string::npos);
-    const std::string key = "final validation loss ";
-    CHECK(run.substr(run.find(key), 30) == out.substr(out.find(key), 30));
+    sameEnd(run);
   }
   SUBCASE("FSDP over dp 2 x sp 2, zig-zag ring") {
     std::string run;
     checkSameLosses(single, train(weftrun(4), half + " --fsdp --dp 2 --sp 2 --sp-mode ring", run));
     CHECK(run.find("over dp around SequenceParallelGPT with ring attention (zig-zag)") != std::string::npos);
+    sameEnd(run);
   }
   SUBCASE("FSDP over dp 2 x sp 2 x tp 2, Ulysses") {
     std::string run;
     checkSameLosses(single, train(weftrun(8), half + " --fsdp --dp 2 --tp 2 --sp 2 --sp-mode ulysses", run));
     CHECK(run.find("mesh {dp: 2, sp: 2, tp: 2} over 8 processes") != std::string::npos);
+    sameEnd(run);
   }
   SUBCASE("FSDP over dp 2 x tp 2, checkpointed, with dropout: the masks of DDP over dp 2 x tp 2") {
     // Each replica draws its own masks, so the reference is the DDP layout's run.
