@@ -18,6 +18,11 @@
 //    and the median step time (the policies take turns, best of the rounds), against no
 //    checkpointing.
 //
+// Both weft and PyTorch multiply through the same OpenBLAS (Debian's, DYNAMIC_ARCH), and
+// OPENBLAS_CORETYPE in the environment picks its kernels for both (the bench prints it): e.g. with
+// OPENBLAS_CORETYPE=Haswell on an AVX-512 machine both use the AVX2 kernels, about 1.5x slower
+// than the detected ones on the wide model. Compare ratios taken under the same setting.
+//
 // Usage: gpt_bench [--quick] [--threads N] [--steps N] [--rounds R] [--models default,wide] [--no-torch]
 #include <algorithm>
 #include <cstdio>
@@ -158,6 +163,11 @@ int main(int argc, char** argv) {
   }
   std::printf("threads: %d (weft kernels; torch.set_num_threads for PyTorch); best of %d alternating rounds\n",
               threads, rounds);
+  // Both sides multiply through the same OpenBLAS, whose kernels this variable picks (unset: the
+  // library's detection of the CPU): say which, since the ratio depends on it.
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("OpenBLAS kernels: %s\n",
+              core && *core ? (std::string("OPENBLAS_CORETYPE=") + core).c_str() : "detected (OPENBLAS_CORETYPE unset)");
 
   std::printf("\n== training step tokens/s (forward, cross-entropy, backward, clip, AdamW), median of steps\n");
   std::printf("%-8s %10s %8s %7s %12s %12s %12s  %s\n", "model", "params", "tokens", "steps", "weft", "pytorch",

@@ -6,11 +6,32 @@
 // baseline runs on rank 0 alone while the others wait.
 //
 //   weftrun -n 4 build/bench/parallel_layouts [--seq S] [--iters N] [--width C] [--layers L]
-//   weftrun -n 4 build/bench/parallel_layouts --memory 1024,2048,4096
+//   weftrun -n 4 build/bench/parallel_layouts --memory 1024,2048,4096,8192 --heads 4
 //
-// --memory: for each sequence length, the peak memory of one step of one sequence on one rank
-// unsplit, and per rank under Ulysses and ring (zig-zag) over every process, with the ratio
-// unsplit / per rank (goal: about the number of processes).
+// --memory: how the longest sequence one rank can hold grows with the sequence-parallel group.
+// For each sequence length, the peak memory of one training step (forward, backward, gradient
+// sum) of one sequence unsplit on one rank, and per rank under Ulysses and ring (zig-zag) over
+// groups of 2, 4, ... processes (every power of two dividing the job and the heads; groups
+// smaller than the job run side by side). One model serves every length (its position table is
+// the longest's), so that the model and its gradients are the same throughout. Then, for a
+// per-rank budget of the unsplit model's peak at --budget-seq tokens (default 2048), the longest
+// sequence within it per group size, interpolated between the measured lengths, and its ratio to
+// linear scaling (P times the unsplit model's; goal >= 0.9).
+//
+//   WEFT_NUM_THREADS=1 weftrun -n 4 parallel_layouts --overlap --seq 8192 --heads 8 --width 128 --iters 7
+//
+// --overlap: ring attention against Ulysses at equal compute: the same causal attention over --seq
+// tokens split over every process (batch 1, --heads heads of --width / --heads), forward and
+// backward, timed as Ulysses, as the zig-zag ring with its transfers overlapped with the compute,
+// and as the same ring with each step's transfers after its compute (RingOptions::overlap =
+// false: compute plus communication); then the GPT's training step (--width, --layers) under
+// each. Rounds alternate the variants, each between barriers; a round is the slowest rank's time,
+// and the medians over --iters rounds are printed with the ratios (goal: ring <= 1.2 x Ulysses)
+// and the load average before and after. Compute dominates from a few thousand tokens per rank;
+// on a shared machine the figures move with the load, so take them on a quiet one. Equal compute
+// also needs the same attention kernel path: with fewer than 2 x threads heads per rank (Ulysses
+// holds H/P), the kernel's backward runs in two passes and recomputes the scores, which the bench
+// notes; the command above gives each Ulysses rank 2 heads and each process one kernel thread.
 //
 // Memory is Storage::memoryStats's peak during the step less what was live before it (CPU
 // tensors of this process: activations, gradients and temporaries). Communication is the payload
@@ -32,6 +53,7 @@
 #include "collectives/mesh.h"
 #include "collectives/sequence_parallel_gpt.h"
 #include "collectives/tensor_parallel_gpt.h"
+#include "kernels/cpu/parallel.h"
 #include "nn/transformer.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
@@ -46,15 +68,16 @@ struct Config {
   int iters = 3;
   int64_t width = 64;
   int64_t layers = 2;
+  int64_t heads = 8;
   std::vector<int64_t> memory;
+  int64_t budgetSeq = 2048;
 };
 
 constexpr int64_t kSequences = 4;
 constexpr int64_t kVocab = 256;
-constexpr int64_t kHeads = 8;
 
 nn::GPTConfig gptConfig(const Config& c, int64_t block) {
-  return nn::GPTConfig{.vocabSize = kVocab, .blockSize = block, .layers = c.layers, .heads = kHeads,
+  return nn::GPTConfig{.vocabSize = kVocab, .blockSize = block, .layers = c.layers, .heads = c.heads,
                        .width = c.width};
 }
 
@@ -239,7 +262,7 @@ void runLayouts(ProcessGroup& world, const Config& c) {
     std::printf("parallel_layouts: %d processes, GPT width %lld, %lld layers, %lld heads, vocabulary %lld, "
                 "float32; a step is %lld sequences of %lld tokens (forward, backward, gradient sync)\n",
                 n, static_cast<long long>(c.width), static_cast<long long>(c.layers),
-                static_cast<long long>(kHeads), static_cast<long long>(kVocab), static_cast<long long>(kSequences),
+                static_cast<long long>(c.heads), static_cast<long long>(kVocab), static_cast<long long>(kSequences),
                 static_cast<long long>(s));
     std::printf("%-22s %9s %11s %12s %14s %14s\n", "layout", "step s", "tokens/s", "peak MiB/rk", "bytes/step/rk",
                 "formula");
@@ -247,63 +270,272 @@ void runLayouts(ProcessGroup& world, const Config& c) {
   }
 }
 
+// The per-rank peak of one training step of `model` on (x, y): the total bytes of this process's
+// tensors (the model, its gradients and the step's activations and temporaries) and what the step
+// adds to what was live before it, in MiB.
+struct Peak {
+  double total = 0;
+  double step = 0;
+};
+
+template <class Step>
+Peak peakOf(const Step& step) {
+  step();  // the gradients exist from here on, as in training
+  Storage::resetPeakBytes();
+  const size_t before = Storage::memoryStats().liveBytes;
+  step();
+  const size_t peak = Storage::memoryStats().peakBytes;
+  return {static_cast<double>(peak) / (1024.0 * 1024.0), static_cast<double>(peak - before) / (1024.0 * 1024.0)};
+}
+
+// The largest sequence whose peak fits `budget`, by linear interpolation between the measured
+// (seq, peak) points, extrapolated from the last two past the longest; `beyond` says so.
+double longestWithin(const std::vector<int64_t>& seqs, const std::vector<double>& peaks, double budget, bool& beyond) {
+  beyond = false;
+  if (peaks.empty() || budget < peaks[0]) return 0;
+  for (size_t i = 0; i + 1 < seqs.size(); ++i) {
+    if (budget <= peaks[i + 1]) {
+      const double f = (budget - peaks[i]) / std::max(peaks[i + 1] - peaks[i], 1e-12);
+      return static_cast<double>(seqs[i]) + f * static_cast<double>(seqs[i + 1] - seqs[i]);
+    }
+  }
+  if (seqs.size() < 2) return static_cast<double>(seqs[0]);
+  beyond = true;
+  const size_t k = seqs.size() - 1;
+  const double slope = (peaks[k] - peaks[k - 1]) / static_cast<double>(seqs[k] - seqs[k - 1]);
+  return static_cast<double>(seqs[k]) + (budget - peaks[k]) / std::max(slope, 1e-12);
+}
+
 void runMemory(ProcessGroup& world, const Config& c) {
   const int n = world.size();
-  if (world.rank() == 0) {
-    std::printf("parallel_layouts --memory: one sequence, GPT width %lld, %lld layers, %lld heads, float32; peak MiB "
-                "a step adds on one rank\n",
-                static_cast<long long>(c.width), static_cast<long long>(c.layers), static_cast<long long>(kHeads));
-    std::printf("%8s %12s %14s %14s %10s %10s\n", "seq", "unsplit", "ulysses/rank", "ring/rank", "ratio U", "ratio R");
-  }
-  for (int64_t s : c.memory) {
-    const nn::GPTConfig cfg = gptConfig(c, s);
+  std::vector<int64_t> seqs = c.memory;
+  std::sort(seqs.begin(), seqs.end());
+  // One model for every length: its position table is the longest sequence's, so that the model
+  // and its gradients are the same at every length and the peaks differ by activations only.
+  const int64_t block = seqs.back();
+  const nn::GPTConfig cfg = gptConfig(c, block);
+  std::vector<int> sizes;  // the sequence-parallel group sizes: 2, 4, ... dividing the job
+  for (int p = 2; p <= n; p *= 2)
+    if (n % p == 0 && c.heads % p == 0) sizes.push_back(p);
+  const SpMode modes[] = {SpMode::Ulysses, SpMode::Ring};
+  // peaks[0]: unsplit; peaks[1 + 2·i + m]: group size sizes[i], mode m; per sequence length.
+  std::vector<std::vector<Peak>> peaks(1 + 2 * sizes.size());
+  for (int64_t s : seqs) {
     Tensor idx = tokens(1, s, 3), targets = tokens(1, s, 4);
-    double unsplit = 0;
+    Peak unsplit;
     if (world.rank() == 0) {
       Generator g(7);
       nn::GPT model(cfg, &g);
-      unsplit = measure(0, [&] {
+      unsplit = peakOf([&] {
         model.zeroGrad();
         model.loss(idx, targets).backward();
-      }).second;
+      });
     }
-    std::vector<double> per;
-    for (SpMode mode : {SpMode::Ulysses, SpMode::Ring}) {
-      Mesh mesh(world, {{"sp", n}});
-      SpGroup sp(mesh.group("sp"));
-      SpOptions o{.mode = mode, .layout = RingLayout::ZigZag};
-      (mode == SpMode::Ulysses ? o.ulysses : o.ring) = &sp;
-      auto model = std::make_shared<SequenceParallelGPT>(cfg, o);
-      Tensor x = model->shard(idx), y = model->shard(targets, -100);
-      double peak = measure(0, [&] {
-        model->zeroGrad();
-        model->loss(x, y).backward();
-        model->allReduceGradients();
-      }).second;
-      Tensor t = fromVector(std::vector<double>{peak}, {1});
-      world.allReduce(t, ReduceOp::Max).wait();
-      per.push_back(t.item<double>());
-    }
-    if (world.rank() == 0) {
-      std::printf("%8lld %12.2f %14.2f %14.2f %10.2f %10.2f\n", static_cast<long long>(s), unsplit, per[0], per[1],
-                  unsplit / per[0], unsplit / per[1]);
+    peaks[0].push_back(unsplit);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int p = sizes[i];
+      std::vector<MeshDim> dims{{"sp", p}};
+      if (p < n) dims.insert(dims.begin(), MeshDim{"replica", n / p});
+      for (int m = 0; m < 2; ++m) {
+        Mesh mesh(world, dims);
+        SpGroup sp(mesh.group("sp"));
+        SpOptions o{.mode = modes[m], .layout = RingLayout::ZigZag};
+        (modes[m] == SpMode::Ulysses ? o.ulysses : o.ring) = &sp;
+        Peak peak;
+        {
+          auto model = std::make_shared<SequenceParallelGPT>(cfg, o);
+          Tensor x = model->shard(idx), y = model->shard(targets, -100);
+          peak = peakOf([&] {
+            model->zeroGrad();
+            model->loss(x, y).backward();
+            model->allReduceGradients();
+          });
+        }
+        // The largest rank's.
+        Tensor t = fromVector(std::vector<double>{peak.total, peak.step}, {2});
+        world.allReduce(t, ReduceOp::Max).wait();
+        const std::vector<double> v = t.toVector<double>();
+        peaks[1 + 2 * i + static_cast<size_t>(m)].push_back({v[0], v[1]});
+      }
     }
     world.barrier().wait();
   }
+  if (world.rank() != 0) return;
+
+  std::printf("parallel_layouts --memory: one sequence, GPT width %lld, %lld layers, %lld heads, position table of "
+              "%lld, float32; per rank (the largest), MiB: the process's tensors at the step's peak (model, "
+              "gradients, activations) and, in brackets, what the step adds\n",
+              static_cast<long long>(c.width), static_cast<long long>(c.layers), static_cast<long long>(c.heads),
+              static_cast<long long>(block));
+  std::string header = "     seq            unsplit";
+  for (int p : sizes) {
+    char col[80];
+    std::snprintf(col, sizeof col, " %18s %18s", ("ulysses" + std::to_string(p)).c_str(),
+                  ("ring" + std::to_string(p) + " zigzag").c_str());
+    header += col;
+  }
+  std::printf("%s\n", header.c_str());
+  for (size_t j = 0; j < seqs.size(); ++j) {
+    std::printf("%8lld", static_cast<long long>(seqs[j]));
+    for (const auto& column : peaks) std::printf("  %8.2f (%6.2f)", column[j].total, column[j].step);
+    std::printf("\n");
+  }
+
+  // The budget: the unsplit model's peak at --budget-seq; the longest sequence within it per
+  // group size, against linear scaling (P times the unsplit model's).
+  auto totals = [](const std::vector<Peak>& column) {
+    std::vector<double> t;
+    for (const Peak& p : column) t.push_back(p.total);
+    return t;
+  };
+  bool beyond = false;
+  const std::vector<double> unsplitTotals = totals(peaks[0]);
+  const double budget =
+      unsplitTotals[static_cast<size_t>(std::find(seqs.begin(), seqs.end(), c.budgetSeq) - seqs.begin())];
+  const double single = longestWithin(seqs, unsplitTotals, budget, beyond);
+  std::printf("\nbudget per rank: %.2f MiB (the unsplit model's peak at %lld tokens); the longest sequence within "
+              "it (* extrapolated past %lld)\n",
+              budget, static_cast<long long>(c.budgetSeq), static_cast<long long>(seqs.back()));
+  std::printf("%-18s %6s %12s %12s %20s\n", "layout", "ranks", "longest seq", "linear", "ratio (goal >= 0.9)");
+  std::printf("%-18s %6d %12.0f %12.0f %20.3f\n", "unsplit", 1, single, single, 1.0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    for (int m = 0; m < 2; ++m) {
+      const double longest = longestWithin(seqs, totals(peaks[1 + 2 * i + static_cast<size_t>(m)]), budget, beyond);
+      const std::string name = (m == 0 ? "ulysses" : "ring zigzag");
+      std::printf("%-18s %6d %11.0f%s %12.0f %20.3f\n", name.c_str(), sizes[i], longest, beyond ? "*" : " ",
+                  single * sizes[i], longest / (single * sizes[i]));
+    }
+  }
+}
+
+// The load average of the machine, as /proc/loadavg gives it ("?" where it cannot be read).
+std::string loadAverage() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return "?";
+  char buf[64] = "";
+  const bool ok = std::fgets(buf, sizeof buf, f) != nullptr;
+  std::fclose(f);
+  std::string line = ok ? buf : "?";
+  // The 1-, 5- and 15-minute averages.
+  size_t cut = 0;
+  for (int fields = 0; fields < 3 && cut != std::string::npos; ++fields) cut = line.find(' ', cut + 1);
+  return line.substr(0, cut);
+}
+
+// Times `variants` in turn, `rounds` times, each run between barriers; a round's time is the
+// slowest rank's. Returns each variant's median.
+std::vector<double> medianRounds(ProcessGroup& world, int rounds, const std::vector<std::function<void()>>& variants) {
+  for (const auto& v : variants) v();  // warm-up
+  std::vector<std::vector<double>> times(variants.size());
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < variants.size(); ++i) {
+      world.barrier().wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      variants[i]();
+      Tensor t = fromVector(
+          std::vector<double>{std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}, {1});
+      world.allReduce(t, ReduceOp::Max).wait();
+      times[i].push_back(t.item<double>());
+    }
+  }
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
+}
+
+void runOverlap(ProcessGroup& world, const Config& c) {
+  const int n = world.size();
+  const int64_t s = c.seq, h = c.heads, d = c.width / c.heads, local = s / n;
+  const std::string loadBefore = loadAverage();
+  Mesh mesh(world, {{"sp", n}});
+  SpGroup sp(mesh.group("sp"));
+
+  // Attention alone: this rank's q, k, v [1, H, S/P, D] under each layout (Ulysses contiguous,
+  // the ring zig-zag), forward and backward through a fixed output gradient.
+  Generator g(11 + static_cast<uint64_t>(world.rank()));
+  auto input = [&] { return randn({1, h, local, d}, {}, &g).requiresGrad_(true); };
+  Tensor q = input(), k = input(), v = input();
+  Tensor gradOut = randn({1, h, local, d}, {}, &g);
+  auto backwardOf = [&](const Tensor& y) {
+    for (const Tensor* t : {&q, &k, &v}) t->setGrad(Tensor());
+    y.backward(gradOut);
+  };
+  auto ring = [&](bool overlap) {
+    return [&, overlap] {
+      backwardOf(ringAttention(sp, q, k, v, {.causal = true, .layout = RingLayout::ZigZag, .overlap = overlap}));
+    };
+  };
+  const std::vector<double> attention = medianRounds(
+      world, c.iters,
+      {[&] { backwardOf(ulyssesAttention(sp, q, k, v, {.causal = true})); }, ring(true), ring(false)});
+
+  // The model's training step (one sequence): the same attention inside the GPT of --width and
+  // --layers.
+  const nn::GPTConfig cfg = gptConfig(c, s);
+  Tensor idx = tokens(1, s, 5), targets = tokens(1, s, 6);
+  std::vector<std::function<void()>> steps;
+  std::vector<std::shared_ptr<SequenceParallelGPT>> models;
+  std::vector<std::pair<Tensor, Tensor>> shards;
+  for (SpMode mode : {SpMode::Ulysses, SpMode::Ring}) {
+    SpOptions o{.mode = mode, .layout = RingLayout::ZigZag};
+    (mode == SpMode::Ulysses ? o.ulysses : o.ring) = &sp;
+    models.push_back(std::make_shared<SequenceParallelGPT>(cfg, o));
+    shards.emplace_back(models.back()->shard(idx), models.back()->shard(targets, -100));
+  }
+  for (size_t i = 0; i < models.size(); ++i) {
+    steps.push_back([&, i] {
+      models[i]->zeroGrad();
+      models[i]->loss(shards[i].first, shards[i].second).backward();
+      models[i]->allReduceGradients();
+    });
+  }
+  const std::vector<double> model = medianRounds(world, c.iters, steps);
+  if (world.rank() != 0) return;
+
+  std::printf("parallel_layouts --overlap: %d processes of %d kernel threads, causal attention over %lld tokens (%lld "
+              "per rank), batch 1, %lld heads of %lld, float32; forward and backward; median of %d rounds, a round "
+              "the slowest rank's time; load average %s before, %s after\n",
+              n, kernels::cpu::numThreads(), static_cast<long long>(s), static_cast<long long>(local),
+              static_cast<long long>(h), static_cast<long long>(d), c.iters, loadBefore.c_str(),
+              loadAverage().c_str());
+  if (h / n < 2 * kernels::cpu::numThreads()) {
+    std::printf("note: Ulysses holds %lld heads per rank, fewer than twice the %d kernel threads, so its attention "
+                "backward takes the kernel's two-pass path (scores recomputed) where the ring's may not: for equal "
+                "kernel work give --heads >= %d (or fewer threads, WEFT_NUM_THREADS)\n",
+                static_cast<long long>(h / n), kernels::cpu::numThreads(), 2 * n * kernels::cpu::numThreads());
+  }
+  std::printf("%-38s %10s %12s\n", "attention", "median s", "/ ulysses");
+  const char* names[] = {"ulysses", "ring zigzag (overlapped)", "ring zigzag, transfers not overlapped"};
+  for (size_t i = 0; i < attention.size(); ++i) {
+    std::printf("%-38s %10.4f %12.3f\n", names[i], attention[i], attention[i] / attention[0]);
+  }
+  std::printf("ring / ulysses (goal <= 1.2): %.3f; the overlap saves %.1f%% of the ring's unoverlapped time\n",
+              attention[1] / attention[0], 100.0 * (attention[2] - attention[1]) / attention[2]);
+  std::printf("%-38s %10s %12s\n", "GPT training step", "median s", "/ ulysses");
+  std::printf("%-38s %10.4f %12.3f\n", "ulysses", model[0], 1.0);
+  std::printf("%-38s %10.4f %12.3f\n", "ring zigzag", model[1], model[1] / model[0]);
 }
 
 const char* kUsage =
-    "usage: parallel_layouts [--seq S] [--iters N] [--width C] [--layers L] [--memory S1,S2,...]\n"
+    "usage: parallel_layouts [--seq S] [--iters N] [--width C] [--layers L] [--heads H]\n"
+    "                        [--memory S1,S2,... [--budget-seq S]] [--overlap]\n"
     "  run under weftrun (weftrun -n 4 parallel_layouts); a lone process is a world of 1\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Config c;
+  bool overlap = false;
   bench::Flags flags;
+  flags.onSwitch("--overlap", [&] { overlap = true; });
   flags.onValue("--seq", [&](const std::string& v) { c.seq = bench::intFlag("--seq", v, 8, 1 << 16); });
   flags.onValue("--iters", [&](const std::string& v) { c.iters = bench::intFlag("--iters", v, 1, 1000); });
-  flags.onValue("--width", [&](const std::string& v) { c.width = bench::intFlag("--width", v, kHeads, 4096); });
+  flags.onValue("--width", [&](const std::string& v) { c.width = bench::intFlag("--width", v, 1, 4096); });
+  flags.onValue("--heads", [&](const std::string& v) { c.heads = bench::intFlag("--heads", v, 1, 256); });
+  flags.onValue("--budget-seq", [&](const std::string& v) { c.budgetSeq = bench::intFlag("--budget-seq", v, 8, 1 << 16); });
   flags.onValue("--layers", [&](const std::string& v) { c.layers = bench::intFlag("--layers", v, 1, 64); });
   flags.onValue("--memory", [&](const std::string& v) {
     std::stringstream in(v);
@@ -311,8 +543,20 @@ int main(int argc, char** argv) {
     while (std::getline(in, part, ',')) c.memory.push_back(bench::intFlag("--memory", part, 8, 1 << 16));
   });
   if (!bench::parseFlagsOrUsage(flags, argc, argv, "parallel_layouts", kUsage)) return 2;
+  if (!c.memory.empty() && std::find(c.memory.begin(), c.memory.end(), c.budgetSeq) == c.memory.end()) {
+    std::fprintf(stderr, "parallel_layouts: --budget-seq %lld must be one of the --memory lengths\n%s",
+                 static_cast<long long>(c.budgetSeq), kUsage);
+    return 2;
+  }
+  if (c.width % c.heads != 0) {
+    std::fprintf(stderr, "parallel_layouts: --heads %lld must divide --width %lld\n%s", static_cast<long long>(c.heads),
+                 static_cast<long long>(c.width), kUsage);
+    return 2;
+  }
   auto world = init();
-  if (c.memory.empty()) {
+  if (overlap) {
+    runOverlap(*world, c);
+  } else if (c.memory.empty()) {
     runLayouts(*world, c);
   } else {
     runMemory(*world, c);

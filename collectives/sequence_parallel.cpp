@@ -131,11 +131,13 @@ Tensor ulyssesAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Ten
 
 namespace {
 
-// Tags of the ring's transfers: forward blocks travel to rank + 1, their
-// gradients back to rank - 1. Transfers with one tag between two ranks match
-// in issue order, which every rank keeps alike.
+// Tags of the ring's transfers: key/value blocks travel to rank + 1 in
+// forward and in backward, and the gradients accumulated for them follow.
+// Transfers with one tag between two ranks match in issue order, which every
+// rank keeps alike.
 constexpr uint32_t kRingForwardTag = 0x52494e47;
 constexpr uint32_t kRingBackwardTag = 0x52494e48;
+constexpr uint32_t kRingGradientTag = 0x52494e49;
 
 struct Chunk {
   int64_t position;  // of its first token in the whole sequence
@@ -156,6 +158,7 @@ std::vector<Chunk> chunksOf(int rank, int size, int64_t localLength, RingLayout 
 struct Shift {
   Work send;
   Work recv;
+  Tensor sent;  // kept alive until the send is waited for
   Tensor received;
 };
 
@@ -164,6 +167,7 @@ Shift startShift(SpGroup& sp, const Tensor& packed, uint32_t tag, bool backward,
   s.received = emptyLike(packed);
   s.recv = sp.group().irecv(s.received, from, tag);
   s.send = sp.isend(packed, to, tag, backward);
+  s.sent = packed;
   return s;
 }
 
@@ -238,7 +242,7 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
     for (int step = 0; step < p; ++step) {
       const int owner = (r - step + p) % p;
       std::optional<Shift> shift;
-      if (step + 1 < p) shift = startShift(sp, kv, kRingForwardTag, /*backward=*/false, next, prev);
+      if (o.overlap && step + 1 < p) shift = startShift(sp, kv, kRingForwardTag, /*backward=*/false, next, prev);
       const std::vector<Chunk> keys = chunksOf(owner, p, local, o.layout, "ringAttention");
       for (const Pair& pair : pairsOf(queries, keys, o.causal)) {
         AttentionOptions a;
@@ -258,6 +262,7 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
         auto& slot = acc[static_cast<size_t>(pair.query - queries.data())];
         slot = slot ? mergeAttention(*slot, part) : part;
       }
+      if (!o.overlap && step + 1 < p) shift = startShift(sp, kv, kRingForwardTag, /*backward=*/false, next, prev);
       if (!shift) break;
       shift->send.wait();
       shift->recv.wait();
@@ -273,28 +278,45 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
     lse = (lses.size() == 1 ? lses[0] : cat(lses, 2)).contiguous();
   }
 
-  // ---- backward: the blocks go around again, each with the gradient of its
-  // k and v accumulated by the ranks it visited, and a last hop takes that
-  // gradient home. Only q, k, v, out and lse are kept.
+  // ---- backward: the key/value blocks go around again, and behind each the
+  // gradient of its k and v accumulated by the ranks it visited: at step s a
+  // rank computes its part of the gradient of the block it holds, adds the
+  // part accumulated by the ranks before it (sent by rank - 1 at its step
+  // s - 1) and sends the sum on to rank + 1, whose step s + 1 holds that block;
+  // the last step's sum reaches the block's owner. Overlapped, the next block
+  // and the gradient sent travel while the next step computes. Only q, k, v,
+  // out and lse are kept.
   Tensor qs = q.detach().contiguous(), ks = k.detach().contiguous(), vs = v.detach().contiguous();
   const RingLayout layout = o.layout;
-  const bool causal = o.causal;
+  const bool causal = o.causal, overlap = o.overlap;
   recordOp("ringAttention", {q, k, v}, {out},
-           [&sp, qs, ks, vs, out, lse, queries, layout, causal, scale, p, r, next, prev, b, h, local, d, drop, seed,
-            frame](const std::vector<Tensor>& g) {
+           [&sp, qs, ks, vs, out, lse, queries, layout, causal, overlap, scale, p, r, next, prev, b, h, local, d, drop,
+            seed, frame](const std::vector<Tensor>& g) {
              NoGradGuard noGrad;
              const DType dt = qs.dtype();
              Tensor gOut = g[0].contiguous();
              Tensor gq = zeros(qs.shape(), {.dtype = dt});
-             // [k, v, dk, dv] of the block held.
-             Tensor block = stack({ks, vs, zeros(ks.shape(), {.dtype = dt}), zeros(ks.shape(), {.dtype = dt})}, 0)
-                                .contiguous();
+             Tensor kv = stack({ks, vs}, 0).contiguous();  // the block held: [k, v]
+             // The accumulated [dk, dv] in flight to rank + 1, and rank - 1's coming in.
+             std::optional<Shift> grads;
+             Tensor incoming;  // rank - 1's sum for the block held, once arrived
+             auto settle = [&grads]() {
+               grads->send.wait();
+               grads->recv.wait();
+               Tensor t = grads->received;
+               grads.reset();
+               return t;
+             };
              auto chunkOf = [&](const Tensor& t, const Chunk& c) { return t.narrow(2, c.local, c.length).contiguous(); };
+             Tensor sum;  // this rank's part of the held block's [dk, dv], then with rank - 1's added
              for (int step = 0; step < p; ++step) {
                const int owner = (r - step + p) % p;
                const std::vector<Chunk> keys = chunksOf(owner, p, local, layout, "ringAttention");
-               Tensor kb = block.select(0, 0), vb = block.select(0, 1);
-               Tensor dkb = block.select(0, 2), dvb = block.select(0, 3);
+               std::optional<Shift> shift;
+               if (overlap && step + 1 < p) shift = startShift(sp, kv, kRingBackwardTag, /*backward=*/true, next, prev);
+               Tensor kb = kv.select(0, 0), vb = kv.select(0, 1);
+               sum = zeros({2, b, h, local, d}, {.dtype = dt});
+               Tensor dkb = sum.select(0, 0), dvb = sum.select(0, 1);
                for (const Pair& pair : pairsOf(queries, keys, causal)) {
                  const Chunk& qc = *pair.query;
                  const Chunk& kc = *pair.key;
@@ -326,16 +348,23 @@ Tensor ringAttention(SpGroup& sp, const Tensor& q, const Tensor& k, const Tensor
                  dvb.narrow(2, kc.local, kc.length).add_(dv);
                }
                if (p == 1) break;
-               // Steps 0..P-2 pass the whole block on; after the last step
-               // only its gradients travel, to their owner (rank + 1).
-               Tensor payload = step + 1 < p ? block : block.narrow(0, 2, 2).contiguous();
-               Shift shift = startShift(sp, payload, kRingBackwardTag, /*backward=*/true, next, prev);
-               shift.send.wait();
-               shift.recv.wait();
-               block = shift.received;
+               if (!overlap && step + 1 < p) shift = startShift(sp, kv, kRingBackwardTag, /*backward=*/true, next, prev);
+               if (grads) incoming = settle();
+               if (incoming.defined()) sum.add_(incoming);
+               incoming = Tensor();
+               // Steps 0..P-2 send the sum to the next holder of the block, the
+               // last step to its owner (rank + 1); what arrives is the sum for
+               // the block of the next step, or after the last this rank's own.
+               grads = startShift(sp, sum, kRingGradientTag, /*backward=*/true, next, prev);
+               if (!overlap) incoming = settle();
+               if (shift) {
+                 shift->send.wait();
+                 shift->recv.wait();
+                 kv = shift->received;
+               }
              }
              // This rank's own dk, dv: [2, B, H, S/P, D].
-             Tensor own = p == 1 ? block.narrow(0, 2, 2) : block;
+             Tensor own = p == 1 ? sum : (grads ? settle() : incoming);
              return std::vector<Tensor>{gq, own.select(0, 0).contiguous(), own.select(0, 1).contiguous()};
            });
   return out;

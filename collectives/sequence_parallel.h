@@ -33,12 +33,15 @@
 // their log-sum-exp (mergeAttention). The next block is already travelling
 // (isend to rank r + 1, irecv from rank r − 1) while a step computes. Only q,
 // k, v, the output and its log-sum-exp are kept for backward, which passes
-// the key/value blocks around the ring again, each with the gradients of its
-// keys and values accumulated by every rank it visits (FlashAttention-2's
-// backward per pair of chunks, against the merged output and log-sum-exp),
-// and a last hop takes those gradients to their owner. Transfers: forward
-// P − 1 of 2·B·H·(S/P)·D elements; backward P − 1 of 4·B·H·(S/P)·D and one
-// of 2·B·H·(S/P)·D. Every rank of the group must backpropagate through its
+// the key/value blocks around the ring again, each followed by the gradients
+// of its keys and values accumulated by every rank it visits
+// (FlashAttention-2's backward per pair of chunks, against the merged output
+// and log-sum-exp), the last rank's sum going to the block's owner; the next
+// block and the gradients just summed travel while the next step computes.
+// Transfers: forward P − 1 of 2·B·H·(S/P)·D elements; backward P − 1 of
+// 2·B·H·(S/P)·D (the blocks) and P of 2·B·H·(S/P)·D (their gradients).
+// RingOptions::overlap = false runs the same transfers after each step's
+// compute instead. Every rank of the group must backpropagate through its
 // output, in the same order relative to its other ring backwards (an output
 // that reaches no loss leaves the ring's neighbours waiting until the group's
 // timeout). Dropout: RingOptions::dropout.
@@ -150,6 +153,11 @@ struct RingOptions {
   double dropout = 0.0;
   int64_t heads = 0;
   int64_t headOffset = 0;
+  // Whether a step's transfers travel while it computes (above). false:
+  // each step's transfers start once its compute is done and are waited for
+  // at once, the same bytes in the same order (what the overlap saves is the
+  // difference of the two).
+  bool overlap = true;
 };
 
 

@@ -95,15 +95,26 @@ AttentionOutput scaledDotProductAttentionWithLse(const Tensor& q, const Tensor& 
                                       .frameHeadOffset = o.dropoutFrame ? o.dropoutFrame->headOffset : 0,
                                       .frameQueries = o.dropoutFrame ? o.dropoutFrame->queries : 0,
                                       .frameKeys = o.dropoutFrame ? o.dropoutFrame->keys : 0};
-  Tensor qc = packed(q), kc = packed(k), vc = packed(v);
   const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
-  AttentionOutput r{empty({B, H, Sq, D}, like), empty({B, H, Sq}, like)};
-  if (q.device().isCuda()) {
-    WEFT_CUDA_CALL(q.device().index, attentionForward(q.dtype(), geo, qc.rawData(), kc.rawData(), vc.rawData(),
-                                                      r.out.rawData(), r.lse.rawData()));
-  } else {
+  if (!q.device().isCuda()) {
+    // The CPU kernels read q, k and v where they are (a fused QKV
+    // projection's [B, S, H, D] views need no transposing copy), and write
+    // out in q's order, so that out.transpose(1, 2) of [B, S, H, D]-ordered
+    // heads is contiguous.
+    Tensor qc = grad_rules::attentionOperand(q, &geo.qLayout), kc = grad_rules::attentionOperand(k, &geo.kLayout),
+           vc = grad_rules::attentionOperand(v, &geo.vLayout);
+    AttentionOutput r{grad_rules::attentionResult({B, H, Sq, D}, like, grad_rules::sequenceMajor(q), &geo.outLayout),
+                      empty({B, H, Sq}, like)};
     kernels::cpu::attentionForward(q.dtype(), geo, qc.rawData(), kc.rawData(), vc.rawData(), r.out.rawData(),
                                    r.lse.rawData());
+    grad_rules::attentionBackward(q, k, v, r.out, r.lse, qc, kc, vc, geo);
+    return r;
+  }
+  Tensor qc = packed(q), kc = packed(k), vc = packed(v);
+  AttentionOutput r{empty({B, H, Sq, D}, like), empty({B, H, Sq}, like)};
+  {
+    WEFT_CUDA_CALL(q.device().index, attentionForward(q.dtype(), geo, qc.rawData(), kc.rawData(), vc.rawData(),
+                                                      r.out.rawData(), r.lse.rawData()));
   }
   grad_rules::attentionBackward(q, k, v, r.out, r.lse, qc, kc, vc, geo);
   return r;

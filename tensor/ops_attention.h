@@ -19,6 +19,15 @@
 // rule, the dropout hash and the threading). Gradients flow to q, k and v,
 // and, from scaledDotProductAttentionWithLse, through lse too.
 //
+// Layout (CPU): q, k and v are read in place whenever each row of D is
+// contiguous (stride(3) == 1), so the heads of a fused QKV projection,
+// qkv.view({B, T, 3, H, D}).select(2, i).transpose(1, 2), and blocks narrowed
+// along the sequence cost no copy. When q's memory order is [B, S, H, D],
+// out is returned as a [B, H, S, D] view of a [B, S, H, D] buffer, so that
+// out.transpose(1, 2).reshape({B, S, H·D}) is free; gradients come out in
+// their inputs' orders likewise. Otherwise out is contiguous. On CUDA the
+// inputs are packed and out is contiguous.
+//
 // Causal masking: query i sees key j iff j + keyOffset <= i + queryOffset
 // (with zero offsets the lower-triangular mask of torch.tril on [Sq, Sk]). A
 // query that sees no key (a block of a causal sequence wholly in its future)

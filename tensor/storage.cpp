@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -18,16 +20,22 @@ constexpr size_t kHugePageBytes = size_t{2} << 20;
 constexpr size_t kPageBytes = 4096;
 // From this size up, freed blocks are kept for reuse.
 constexpr size_t kCachedFromBytes = size_t{64} << 10;
-// Most bytes of freed blocks kept for reuse.
-constexpr size_t kBlockCacheBytes = size_t{256} << 20;
+// Freed blocks are kept up to the larger of this and the most CPU bytes
+// ever live at once.
+constexpr size_t kBlockCacheFloorBytes = size_t{256} << 20;
+std::atomic<size_t> gCpuHighWater{0};
 
 // Freed CPU blocks of 64 KiB and more, kept by size for the next allocation
 // of the same size. A training step allocates the same activations and
 // gradients every iteration; the C heap hands blocks this large out as fresh
 // mappings (or trims them back to the system), so each costs a page fault and
 // a zeroed page per 4 KiB (per 2 MiB with huge pages), which on small models
-// is a large share of the step. Process-wide, like the C heap it sits
-// on; never destroyed, so storages freed during static destruction still find it.
+// is a large share of the step. The cache holds at most the larger of
+// 256 MiB and the process's high-water mark of live CPU bytes: a training
+// loop gets a whole step's activations back, and what is cached never
+// exceeds what the process once held live. Process-wide, like the C heap it
+// sits on; never destroyed, so storages freed during static destruction
+// still find it.
 class LargeBlockCache {
  public:
   static LargeBlockCache& instance() {
@@ -48,7 +56,7 @@ class LargeBlockCache {
   void give(void* p, size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (cached_ + bytes <= kBlockCacheBytes) {
+      if (cached_ + bytes <= std::max(kBlockCacheFloorBytes, gCpuHighWater.load(std::memory_order_relaxed))) {
         free_.emplace(bytes, p);
         cached_ += bytes;
         return;
@@ -101,6 +109,11 @@ void countAlloc(Device d, size_t n) {
   size_t now = c->live.fetch_add(n, std::memory_order_relaxed) + n;
   size_t peak = c->peak.load(std::memory_order_relaxed);
   while (now > peak && !c->peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+  if (d.isCpu()) {
+    size_t high = gCpuHighWater.load(std::memory_order_relaxed);
+    while (now > high && !gCpuHighWater.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
+    }
   }
 }
 

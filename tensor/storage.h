@@ -28,8 +28,9 @@ class Storage {
   // 64-byte aligned; from 2 MiB up, 2 MiB aligned and advised for transparent
   // huge pages (fewer page faults when a large buffer is first filled, e.g. a
   // tensor received over RPC); from 64 KiB up, page aligned. Freed CPU
-  // buffers of 64 KiB and more are kept (up to 256 MiB in all, process-wide)
-  // and handed to the next allocation of the same rounded size, so a training
+  // buffers of 64 KiB and more are kept (process-wide, up to the larger of
+  // 256 MiB and the most CPU bytes ever live at once) and handed to the next
+  // allocation of the same rounded size, so a training
   // loop's activations do not pay fresh page faults every step; contents are
   // then not zeroed.
   static std::shared_ptr<Storage> allocate(size_t nbytes, Device device);

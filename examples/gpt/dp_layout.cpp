@@ -62,10 +62,10 @@ class DataParallel final : public Layout {
     Tensor loss = model_->loss(x, y);
     loss.backward();  // the gradients averaged over the replicas (or their slices, ZeRO-2)
     if (sharded_) {
-      if (gradClip_ > 0) sharded_->clipGradNorm_(gradClip_);
+      if (gradClip_ > 0) gradNorm_ = sharded_->clipGradNorm_(gradClip_);
       sharded_->step();
     } else {
-      if (gradClip_ > 0) nn::clipGradNorm_(model_->parameters(), gradClip_);
+      if (gradClip_ > 0) gradNorm_ = nn::clipGradNorm_(model_->parameters(), gradClip_);
       if (zeroOpt_) zeroOpt_->step();
       else opt_->step();
     }
@@ -84,6 +84,10 @@ class DataParallel final : public Layout {
                      Generator& gen) override {
     return sampleText(*model_, prompt, tokens, temperature, topK, gen);
   }
+
+  // Every process holds the whole model: the replicas take the same averaged steps, and ZeRO
+  // broadcasts each shard's parameters after its step.
+  nn::StateDict fullStateDict() override { return model_->stateDict(); }
 
  private:
   MeshJob job_;

@@ -46,6 +46,10 @@ struct Flags {
   // The data and the run.
   std::string dataDir = data::kFortunesDir;
   uint64_t seed = 0;
+  // Checkpoints of the whole model (nn/serialize.h), whatever the layout: --load starts from the
+  // weights of a file instead of the seed's; --save writes the trained model after the last step.
+  std::string load;
+  std::string save;
 
   int64_t pp = 1;                 // pipeline stages, one per process (weftrun -n P)
   std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved (2 chunks per stage), with --pp
@@ -73,7 +77,7 @@ struct Flags {
                      "           [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
                      "           [--log-interval N] [--eval-interval N] [--eval-batches N] [--metrics PATH]\n"
                      "           [--prompt TEXT] [--sample-tokens N] [--temperature X] [--top-k N]\n"
-                     "           [--data-dir DIR] [--seed N]\n"
+                     "           [--data-dir DIR] [--seed N] [--load PATH] [--save PATH]\n"
                      "           [--pp P [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--dp D]]\n"
                      "             (P > 1: weftrun -n D·P)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
@@ -186,6 +190,8 @@ inline Flags parseFlags(int argc, char** argv) {
     else if (a == "--top-k") f.topK = args.integer();
     else if (a == "--data-dir") f.dataDir = v;
     else if (a == "--seed") f.seed = static_cast<uint64_t>(args.integer());
+    else if (a == "--load") f.load = v;
+    else if (a == "--save") f.save = v;
     else if (a == "--pp") f.pp = args.integer();
     else if (a == "--schedule") f.schedule = v;
     else if (a == "--microbatches") f.microbatches = args.integer();

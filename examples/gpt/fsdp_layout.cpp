@@ -11,7 +11,6 @@
 #include "collectives/init.h"
 #include "common/error.h"
 #include "data/text.h"
-#include "examples/common/seed.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/functional.h"
 #include "nn/optim.h"
@@ -22,14 +21,11 @@
 namespace weft::examples::gpt {
 namespace {
 
-constexpr uint64_t kInitStream = 1;  // as the single-process layout's: the same initial weights
-
 class FullySharded final : public Layout {
  public:
   explicit FullySharded(const Flags& f)
       : pg_(collectives::init()),
-        init_(app::streamSeed(f.seed, kInitStream)),
-        model_(std::make_shared<nn::GPT>(modelConfig(f), &init_)),
+        model_(initialModel(f)),
         fsdp_(model_, *pg_),
         opt_({&fsdp_}, pg_->rank(), f),
         gradClip_(f.gradClip) {
@@ -55,7 +51,7 @@ class FullySharded final : public Layout {
     opt_.zeroGrad();
     Tensor loss = lossOf(x, y);
     loss.backward();
-    if (gradClip_ > 0) fsdp_.clipGradNorm_(gradClip_);
+    if (gradClip_ > 0) gradNorm_ = fsdp_.clipGradNorm_(gradClip_);
     opt_.step();
     // The job's loss: the mean of the processes' (equal shares of the batch).
     Tensor l = full({1}, loss.item<double>(), {.dtype = DType::Float64});
@@ -89,6 +85,8 @@ class FullySharded final : public Layout {
     return data::ByteTokenizer::decode(out.toVector<int64_t>());
   }
 
+  nn::StateDict fullStateDict() override { return fsdp_.fullStateDict(0); }
+
  private:
   Tensor lossOf(const Tensor& x, const Tensor& y) {
     Tensor logits = fsdp_.forward(x);
@@ -96,7 +94,6 @@ class FullySharded final : public Layout {
   }
 
   std::unique_ptr<collectives::ProcessGroup> pg_;
-  Generator init_;
   std::shared_ptr<nn::GPT> model_;
   collectives::FullyShardedDataParallel fsdp_;
   ShardedAdamW opt_;

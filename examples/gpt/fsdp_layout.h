@@ -2,9 +2,10 @@
 // over the job, or over the dp dimension of a mesh around a pipeline stage or a tensor- or
 // sequence-parallel model. makeFsdpLayout picks one from the flags:
 //  - --fsdp [--dp N] (weftrun -n N; --dp, when given, is the job's size): every process builds the
-//    whole model from the same seed and wraps it in FSDP over the job (each TransformerBlock a
-//    unit, the embeddings and the final LayerNorm the root unit); each process draws its own share
-//    of the batch windows (dataRank, dataWorld: --batch-size is a process's). The gradient norm is
+//    whole model from the same seed (or --load) and wraps it in FSDP over the job (each
+//    TransformerBlock a unit, the embeddings and the final LayerNorm the root unit); each process
+//    draws its own share of the batch windows (dataRank, dataWorld: --batch-size is a process's).
+//    The gradient norm is
 //    clipped over the shards (FSDP::clipGradNorm_); evaluation runs the same batch through the
 //    wrapper on every process; sampling gathers the full model on each process in turn.
 //  - --fsdp --dp D --pp P (weftrun -n D·P; fsdp_pipeline_layout.cpp): the mesh {dp: D, pp: P} of

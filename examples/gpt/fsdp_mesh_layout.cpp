@@ -19,8 +19,9 @@
 // of the replicated ones (LayerNorms, wpe, the row-parallel biases, whose gradients are the same
 // on every tp rank) on tp rank 0 only, and only on the first process of each sp group (after the
 // sum the sp group's gradients are the same). Evaluation runs the wrapped model; the sample is
-// drawn from the whole model, gathered over dp (FSDP::fullStateDict to each dp rank in turn) and,
-// with tp, over tp (TensorParallelGPT::fullStateDict).
+// drawn from the whole model, as is --save's file, gathered over dp (FSDP::fullStateDict to each
+// dp rank in turn) and, with tp, over tp (TensorParallelGPT::fullStateDict). The initial weights
+// are initialModel's (layout.h: the seed's, or --load's).
 #include <cmath>
 #include <map>
 #include <memory>
@@ -123,7 +124,7 @@ class FullyShardedMesh final : public Layout {
         if (s.grad().defined()) collectives::spSumInPlace(sp, s.grad());
       }
     }
-    if (gradClip_ > 0) clipGlobalNorm();
+    if (gradClip_ > 0) gradNorm_ = clipGlobalNorm();
     opt_->step();
     return meanOverReplicas(job_, loss.item<double>());
   }
@@ -145,6 +146,8 @@ class FullyShardedMesh final : public Layout {
     whole.loadStateDict(state);
     return sampleText(whole, prompt, tokens, temperature, topK, gen);
   }
+
+  nn::StateDict fullStateDict() override { return wholeState(); }
 
  private:
   // The whole model's state dict, nn::GPT's names, on every process: gathered over dp

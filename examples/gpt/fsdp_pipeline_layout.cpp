@@ -24,12 +24,13 @@
 // stage's first chunk, which it runs plainly: its input, the token ids, needs no gradient, and the
 // executor splits off a first layer to run plainly only from a Sequential, not from the wrapper.
 //
-// Memory: every process draws the whole model from the seed, as the one-process run does, then
-// keeps only its stages, sharded. Evaluation runs the job's batch through the pipeline of
+// Memory: every process builds the one-process run's whole model (initialModel: the seed's, or
+// --load's), then keeps only its stages, sharded. Evaluation runs the job's batch through the pipeline of
 // wrappers, without grad, on every replica (the activations sent along pp, the loss broadcast from
 // the last stage), so no process holds the whole model while training; the sample, after it, is
-// drawn from the whole model: each stage gathered from its dp group (FSDP::fullStateDict to each
-// dp rank in turn) into a plain copy of the model, whose stages are then broadcast over pp.
+// drawn from the whole model, as is --save's file: each stage gathered from its dp group
+// (FSDP::fullStateDict to each dp rank in turn) into a plain copy of the model, whose stages are
+// then broadcast over pp.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -41,7 +42,6 @@
 #include "collectives/init.h"
 #include "collectives/mesh.h"
 #include "common/error.h"
-#include "examples/common/seed.h"
 #include "fsdp_layout.h"
 #include "kernels/cpu/parallel.h"
 #include "mesh_layout.h"
@@ -54,7 +54,6 @@
 namespace weft::examples::gpt {
 namespace {
 
-constexpr uint64_t kInitStream = 1;
 // The pp group's tags of the tied gradient's exchange and of evaluation's activations (the latter
 // plus the model stage that receives), apart from the executor's (pipeline/executor.cpp).
 constexpr uint32_t kTiedTag = 0x6F000000u;
@@ -99,9 +98,8 @@ class FullyShardedPipeline final : public Layout {
     const int stages = pp_->size();
     stage_ = pp_->rank();
     const int chunks = f.schedule == "interleaved" ? 2 : 1;
-    // The whole model, as the one-process run draws it; this process keeps its stages.
-    Generator init(app::streamSeed(f.seed, kInitStream));
-    auto model = std::make_shared<nn::GPT>(config_, &init);
+    // The whole model, the one-process run's (layout.h); this process keeps its stages.
+    std::shared_ptr<nn::GPT> model = initialModel(f, config_);
     numParameters_ = model->numParameters();
     auto layers = pipeline::gptLayers(model);
     WEFT_ENFORCE(static_cast<int>(layers->size()) >= stages * chunks, InvalidArgumentError, "gpt: --pp ", stages,
@@ -162,7 +160,7 @@ class FullyShardedPipeline final : public Layout {
     opt_->zeroGrad();
     Tensor loss = executor_->step(x, y);
     exchangeTied();
-    if (gradClip_ > 0) clipGlobalNorm();
+    if (gradClip_ > 0) gradNorm_ = clipGlobalNorm();
     opt_->step();
     // The last stage of each replica holds its replica's loss: the job's is their mean.
     Tensor l = full({1}, loss.defined() ? loss.item<double>() : 0.0, {.dtype = DType::Float64});
@@ -203,6 +201,8 @@ class FullyShardedPipeline final : public Layout {
                      Generator& gen) override {
     return sampleText(*gatherWhole(), prompt, tokens, temperature, topK, gen);
   }
+
+  nn::StateDict fullStateDict() override { return gatherWhole()->stateDict(); }
 
  private:
   // The tied wte's gradient summed over its two stages, in the elements of each one's shard.

@@ -12,6 +12,7 @@
 #include "kernels/cpu/parallel.h"
 #include "nn/nn.h"
 #include "nn/optim.h"
+#include "nn/serialize.h"
 #include "nn/transformer.h"
 #include "nn/utils.h"
 #include "tensor/autocast.h"
@@ -28,8 +29,7 @@ constexpr uint64_t kInitStream = 1;
 class SingleProcess final : public Layout {
  public:
   explicit SingleProcess(const Flags& f)
-      : init_(app::streamSeed(f.seed, kInitStream)),
-        model_(std::make_shared<nn::GPT>(modelConfig(f), &init_)),
+      : model_(initialModel(f)),
         opt_(nn::optim::decayGroups(model_->namedParameters(),
                                     nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = f.weightDecay})),
         gradClip_(f.gradClip),
@@ -54,7 +54,7 @@ class SingleProcess final : public Layout {
     opt_.zeroGrad(true);
     Tensor loss = forwardLoss(x.to(device_), y.to(device_));
     loss.backward();
-    if (gradClip_ > 0) nn::clipGradNorm_(model_->parameters(), gradClip_);
+    if (gradClip_ > 0) gradNorm_ = nn::clipGradNorm_(model_->parameters(), gradClip_);
     opt_.step();
     return loss.item<double>();
   }
@@ -77,6 +77,8 @@ class SingleProcess final : public Layout {
     return data::ByteTokenizer::decode(out.toVector<int64_t>());
   }
 
+  nn::StateDict fullStateDict() override { return model_->stateDict(); }
+
  private:
   // The loss; with bf16, under an autocast scope (backward runs outside it, in the dtypes
   // forward saw).
@@ -85,7 +87,6 @@ class SingleProcess final : public Layout {
     return model_->loss(x, y);
   }
 
-  Generator init_;
   std::shared_ptr<nn::GPT> model_;
   nn::optim::AdamW opt_;
   double gradClip_;
@@ -94,6 +95,13 @@ class SingleProcess final : public Layout {
 };
 
 }  // namespace
+
+std::shared_ptr<nn::GPT> initialModel(const Flags& flags, const nn::GPTConfig& config) {
+  Generator init(app::streamSeed(flags.seed, kInitStream));
+  auto model = std::make_shared<nn::GPT>(config, &init);
+  if (!flags.load.empty()) model->loadStateDict(nn::loadStateDictFile(flags.load));
+  return model;
+}
 
 std::unique_ptr<Layout> makeLayout(const Flags& flags) {
   if (flags.fsdp) return makeFsdpLayout(flags);

@@ -3,7 +3,8 @@
 // sharded (--fsdp, alone or with --dp and --pp, --tp or --sp). Prints the training loss and tokens/s
 // every --log-interval steps, the validation loss
 // in bits per byte every --eval-interval steps, writes per-step metrics to a CSV file, and ends
-// with a text sample continuing a fixed prompt.
+// with a text sample continuing a fixed prompt. --save PATH writes the trained model (the whole of
+// it, whatever the layout: nn::GPT's state dict) and --load PATH starts from such a file.
 //
 //   ./build/examples/gpt/gpt [--layers 4] [--heads 4] [--width 128] [--block 128] [--steps 600]
 //       [--batch-size 16] [--lr 1e-3] [--checkpoint none] [--precision float32] [--seed 0]
@@ -20,6 +21,7 @@
 #include "examples/common/metrics.h"
 #include "examples/common/seed.h"
 #include "nn/lr_schedule.h"
+#include "nn/serialize.h"
 #include "tensor/generator.h"
 #include "tensor/storage.h"
 
@@ -81,11 +83,17 @@ int main(int argc, char** argv) {
       const double seconds = app::secondsSince(t0);
       const bool evalNow = step % flags.evalInterval == 0 || step == flags.steps;
       const double val = evalNow ? validate() : -1;
-      report.step(step, lr, loss, seconds, val);
+      report.step(step, lr, loss, seconds, layout->gradNorm(), val);
       if (evalNow) report.validation(step, val);
     }
 
     const size_t peakBytes = Storage::memoryStats().peakBytes;
+    if (!flags.save.empty()) {
+      // The whole model, gathered by every process and written by the reporting one.
+      const nn::StateDict whole = layout->fullStateDict();
+      if (layout->reports()) nn::saveStateDict(whole, flags.save);
+      report.saved(flags.save);
+    }
     Generator sampleGen(app::streamSeed(flags.seed, kSampleStream));
     report.finish(peakBytes, layout->sample(flags.prompt, flags.sampleTokens, flags.temperature, flags.topK, sampleGen));
     return 0;

@@ -9,18 +9,11 @@
 #include "collectives/init.h"
 #include "common/error.h"
 #include "data/text.h"
-#include "examples/common/seed.h"
 #include "kernels/cpu/parallel.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace weft::examples::gpt {
-namespace {
-
-// The stream of the run's seed that draws the initial weights (layout.cpp's).
-constexpr uint64_t kInitStream = 1;
-
-}  // namespace
 
 collectives::ProcessGroup* MeshJob::group(const std::string& name) const {
   return mesh && mesh->has(name) ? &mesh->group(name) : nullptr;
@@ -65,11 +58,6 @@ MeshJob makeMeshJob(const Flags& f) {
     (f.spMode == "ring" ? job.ring : job.ulysses) = std::move(g);
   }
   return job;
-}
-
-std::shared_ptr<nn::GPT> initialModel(const Flags& f) {
-  Generator init(app::streamSeed(f.seed, kInitStream));
-  return std::make_shared<nn::GPT>(modelConfig(f), &init);
 }
 
 double meanOverReplicas(const MeshJob& job, double loss) {

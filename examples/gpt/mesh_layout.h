@@ -52,8 +52,6 @@ struct MeshJob {
 
 // Joins the job (collectives::init) and builds the mesh; collective over the job.
 MeshJob makeMeshJob(const Flags& flags);
-// The one-process model of the run: the same initial weights as layout.cpp's.
-std::shared_ptr<nn::GPT> initialModel(const Flags& flags);
 // The mean over the dp group of `loss` (itself without one).
 double meanOverReplicas(const MeshJob& job, double loss);
 // "mesh {dp: 2, tp: 2}, 2 kernel threads per process".
@@ -82,7 +80,7 @@ class ParallelGptLayout : public Layout {
     const Tensor loss = model_->loss(tokens(x, 0), tokens(y, -100));
     loss.backward();               // averaged over the dp group by DDP
     model_->allReduceGradients();  // summed over the sp group
-    if (gradClip_ > 0) clip(gradClip_);
+    if (gradClip_ > 0) gradNorm_ = clip(gradClip_);
     opt_->step();
     return meanOverReplicas(job_, loss.item<double>());
   }
@@ -101,6 +99,8 @@ class ParallelGptLayout : public Layout {
     whole.loadStateDict(wholeState());
     return sampleText(whole, prompt, tokensToAdd, temperature, topK, gen);
   }
+
+  nn::StateDict fullStateDict() override { return wholeState(); }
 
  protected:
   // The parallel layers initialise from the default generator before they load the whole
@@ -129,9 +129,9 @@ class ParallelGptLayout : public Layout {
 
   // This process's part of a batch of tokens (targets padded with `pad`).
   virtual Tensor tokens(const Tensor& t, int64_t pad) = 0;
-  // Clips the whole model's gradient norm to maxNorm.
-  virtual void clip(double maxNorm) = 0;
-  // The whole model's state dict (loadable into an nn::GPT).
+  // Clips the whole model's gradient norm to maxNorm; returns the norm before clipping.
+  virtual double clip(double maxNorm) = 0;
+  // The whole model's state dict (loadable into an nn::GPT), on every process; collective.
   virtual nn::StateDict wholeState() = 0;
 
   MeshJob job_;

@@ -13,7 +13,6 @@
 #include "collectives/mesh.h"
 #include "common/error.h"
 #include "data/text.h"
-#include "examples/common/seed.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
@@ -25,9 +24,7 @@
 namespace weft::examples::gpt {
 namespace {
 
-constexpr uint64_t kInitStream = 1;
-
-// Every process builds the whole model from the same seed and trains its stage; before an
+// Every process builds the whole model (initialModel) and trains its stage; before an
 // evaluation or a sample the stages' parameters are broadcast from their owners in the replica, so
 // that every process holds the trained model and evaluates or samples it alike (the replicas
 // hold the same parameters: they take the same averaged steps).
@@ -35,8 +32,7 @@ class Pipelined final : public Layout {
  public:
   explicit Pipelined(const Flags& f)
       : world_(collectives::init()),
-        init_(app::splitmix64(f.seed ^ (kInitStream * app::kGolden))),
-        model_(std::make_shared<nn::GPT>(modelConfigFor(f), &init_)),
+        model_(initialModel(f, modelConfigFor(f))),
         gradClip_(f.gradClip),
         scheduleName_(f.schedule),
         microbatches_(f.microbatches) {
@@ -103,7 +99,7 @@ class Pipelined final : public Layout {
     opt_->setLr(lr);
     opt_->zeroGrad(true);
     Tensor loss = executor_->step(x, y);
-    if (gradClip_ > 0) clipGlobalNorm();
+    if (gradClip_ > 0) gradNorm_ = clipGlobalNorm();
     opt_->step();
     synced_ = false;
     // The loss lives on the last stage.
@@ -132,6 +128,12 @@ class Pipelined final : public Layout {
     return data::ByteTokenizer::decode(out.toVector<int64_t>());
   }
 
+  // After sync() every process holds the whole trained model.
+  nn::StateDict fullStateDict() override {
+    sync();
+    return model_->stateDict();
+  }
+
  private:
   static nn::GPTConfig modelConfigFor(const Flags& f) {
     nn::GPTConfig c = modelConfig(f);
@@ -141,8 +143,8 @@ class Pipelined final : public Layout {
 
   // nn::clipGradNorm_ over the whole model: the squares of every stage's gradients summed over
   // the stages of the replica (the tied wte counted once, on the first stage; the replicas hold
-  // the same averaged gradients), then the same scale everywhere.
-  void clipGlobalNorm() {
+  // the same averaged gradients), then the same scale everywhere. Returns the norm before clipping.
+  double clipGlobalNorm() {
     double local = 0;
     const bool lastHoldsTied = stage_ == pg_->size() - 1 && !tied_.empty();
     for (const Tensor& p : params_) {
@@ -154,12 +156,13 @@ class Pipelined final : public Layout {
     pg_->allReduce(total, collectives::ReduceOp::Sum).wait();
     const double norm = std::sqrt(total.item<double>());
     const double coef = gradClip_ / (norm + 1e-6);
-    if (coef >= 1.0) return;
+    if (coef >= 1.0) return norm;
     NoGradGuard ng;
     for (const Tensor& p : params_) {
       Tensor g = p.grad();
       if (g.defined()) g.copy_(mul(g, coef));
     }
+    return norm;
   }
 
   // Every model stage's parameters broadcast from the process of the replica that trains them.
@@ -175,7 +178,6 @@ class Pipelined final : public Layout {
   std::unique_ptr<collectives::ProcessGroup> world_;
   std::unique_ptr<collectives::Mesh> mesh_;
   collectives::ProcessGroup* pg_ = nullptr;  // this replica's stages
-  Generator init_;
   std::shared_ptr<nn::GPT> model_;
   std::shared_ptr<nn::Sequential> layers_;
   std::vector<std::shared_ptr<nn::Sequential>> stages_;

@@ -5,7 +5,7 @@
 //   Report report(flags, layout->reports());
 //   report.banner(*layout, text);
 //   report.validation(0, val);                   // before training
-//   report.step(step, lr, loss, seconds);          // every step; prints every --log-interval
+//   report.step(step, lr, loss, seconds, norm);    // every step; prints every --log-interval
 //   report.finish(peakBytes, sample);
 #pragma once
 
@@ -43,7 +43,7 @@ inline std::string printable(const std::string& text, int64_t& escaped) {
 class Report {
  public:
   Report(const Flags& flags, bool reports) : flags_(flags), reports_(reports) {
-    if (reports_) csv_.open(flags.metrics, "step,lr,loss,seconds,tokens_per_second,val_loss,val_bpb");
+    if (reports_) csv_.open(flags.metrics, "step,lr,loss,seconds,tokens_per_second,val_loss,val_bpb,grad_norm");
   }
 
   void banner(const Layout& layout, const data::TextDataset& text) const {
@@ -54,6 +54,7 @@ class Report {
              static_cast<long long>(layout.numParameters()), static_cast<long long>(f.layers),
              static_cast<long long>(f.heads), static_cast<long long>(f.width), static_cast<long long>(f.block),
              f.dropout, f.checkpoint.c_str(), layout.describe().c_str());
+    if (!f.load.empty()) app::say("initial weights: %s\n", f.load.c_str());
     app::say("data: %lld training and %lld validation bytes from %s\n",
              static_cast<long long>(text.size(data::TextSplit::Train)),
              static_cast<long long>(text.size(data::TextSplit::Validation)), f.dataDir.c_str());
@@ -68,22 +69,26 @@ class Report {
     if (step == 0) firstVal_ = val;
     lastVal_ = val;
     if (!reports_) return;
-    if (step == 0) csv_.row(0, "", "", "", "", val, bits(val));
+    if (step == 0) csv_.row(0, "", "", "", "", val, bits(val), "");
     app::say("step %5lld  validation loss %.4f  %.3f bits per byte\n", static_cast<long long>(step), val, bits(val));
   }
 
-  // A training step's figures; `val` >= 0 when the step was followed by a validation.
-  void step(int64_t step, double lr, double loss, double seconds, double val = -1) {
+  // A training step's figures: `gradNorm` the gradient's norm before clipping (NaN: not
+  // clipped), `val` >= 0 when the step was followed by a validation.
+  void step(int64_t step, double lr, double loss, double seconds, double gradNorm, double val = -1) {
     trainSeconds_ += seconds;
     windowSeconds_ += seconds;
     windowLoss_ += loss;
     ++windowSteps_;
     if (!reports_) return;
     const double tokens = static_cast<double>(flags_.batchSize * flags_.block);
+    // Nine significant digits for the norm: comparable across layouts to float rounding.
+    char norm[32] = "";
+    if (!std::isnan(gradNorm)) std::snprintf(norm, sizeof norm, "%.9g", gradNorm);
     if (val >= 0) {
-      csv_.row(step, lr, loss, seconds, tokens / seconds, val, bits(val));
+      csv_.row(step, lr, loss, seconds, tokens / seconds, val, bits(val), norm);
     } else {
-      csv_.row(step, lr, loss, seconds, tokens / seconds, "", "");
+      csv_.row(step, lr, loss, seconds, tokens / seconds, "", "", norm);
     }
     if (step % flags_.logInterval == 0 || step == flags_.steps) {
       app::say("step %5lld  loss %.4f  lr %.2e  %.0f tokens/s\n", static_cast<long long>(step),
@@ -92,6 +97,11 @@ class Report {
       windowSeconds_ = windowLoss_ = 0;
       windowSteps_ = 0;
     }
+  }
+
+  // The line saying where the trained model went (--save).
+  void saved(const std::string& path) const {
+    if (reports_) app::say("saved the trained model to %s\n", path.c_str());
   }
 
   // The closing lines: `peakBytes` held by tensors during training, then the sample.

@@ -30,7 +30,7 @@ class SequenceParallel final : public ParallelGptLayout<collectives::SequencePar
 
  private:
   Tensor tokens(const Tensor& t, int64_t pad) override { return model_->shard(t, pad); }
-  void clip(double maxNorm) override { nn::clipGradNorm_(model_->parameters(), maxNorm); }
+  double clip(double maxNorm) override { return nn::clipGradNorm_(model_->parameters(), maxNorm); }
   nn::StateDict wholeState() override { return model_->stateDict(); }
 };
 

@@ -38,7 +38,7 @@ class TensorParallel final : public ParallelGptLayout<collectives::TensorParalle
 
  private:
   Tensor tokens(const Tensor& t, int64_t pad) override { return model_->shardTokens(t, pad); }
-  void clip(double maxNorm) override { model_->clipGradNorm(maxNorm); }
+  double clip(double maxNorm) override { return model_->clipGradNorm(maxNorm); }
   nn::StateDict wholeState() override { return model_->fullStateDict(); }
 
   std::shared_ptr<collectives::TpGroup> tp_;

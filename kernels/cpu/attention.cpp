@@ -19,6 +19,20 @@ constexpr int64_t kBk = kAttentionKeyBlock;
 
 int64_t blocks(int64_t n, int64_t len) { return (n + len - 1) / len; }
 
+// Where the rows of one operand lie: row i of batch-head bh starts at
+// at(bh, i) and each row is headDim contiguous elements.
+struct Operand {
+  int64_t batch, head, row, heads;
+  int64_t at(int64_t bh, int64_t i) const {
+    return (heads > 0 ? (bh / heads) * batch + (bh % heads) * head : bh * batch) + i * row;
+  }
+};
+
+Operand operand(const AttentionGeometry& g, const AttentionLayout& l, int64_t rows) {
+  if (l.row == 0) return {rows * g.headDim, 0, g.headDim, 0};
+  return {l.batch, l.head, l.row, g.heads};
+}
+
 // x[c] = exp(x[c] - shift) for c < n.
 template <class T>
 void expShifted(T* x, int64_t n, T shift) {
@@ -85,6 +99,8 @@ int64_t keyBlockEnd(const AttentionGeometry& g, int64_t i0, int64_t rows) {
 template <class T>
 void forward(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, T* lse) {
   const int64_t Sq = g.queries, Sk = g.keys, D = g.headDim;
+  const Operand oq = operand(g, g.qLayout, Sq), ok = operand(g, g.kLayout, Sk), ov = operand(g, g.vLayout, Sk),
+                oo = operand(g, g.outLayout, Sq);
   const int64_t qBlocks = blocks(Sq, kBq), tasks = g.batchHeads * qBlocks;
   const int threads = threadsFor(tasks, numThreads());
   std::vector<std::vector<T>> scratch(threads);
@@ -96,16 +112,16 @@ void forward(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* 
     double m[kBq], l[kBq];
     std::fill(m, m + rows, -std::numeric_limits<double>::infinity());
     std::fill(l, l + rows, 0.0);
-    const T* Q = q + (bh * Sq + i0) * D;
-    T* O = out + (bh * Sq + i0) * D;
-    std::fill(O, O + rows * D, T(0));
+    const T* Q = q + oq.at(bh, i0);
+    T* O = out + oo.at(bh, i0);
+    for (int64_t r = 0; r < rows; ++r) std::fill(O + r * oo.row, O + r * oo.row + D, T(0));
     const int64_t kEnd = keyBlockEnd(g, i0, rows);
     for (int64_t kb = 0; kb < kEnd; ++kb) {
       const int64_t j0 = kb * kBk, cols = std::min(kBk, Sk - j0);
       const Tile tile{&g, bh, i0, j0, rows, cols};
-      const T* K = k + (bh * Sk + j0) * D;
-      const T* V = v + (bh * Sk + j0) * D;
-      gemm(dt, {Q, false, D}, {K, true, D}, rows, cols, D, g.scale, 0.0, s.data(), cols);
+      const T* K = k + ok.at(bh, j0);
+      const T* V = v + ov.at(bh, j0);
+      gemm(dt, {Q, false, oq.row}, {K, true, ok.row}, rows, cols, D, g.scale, 0.0, s.data(), cols);
       for (int64_t r = 0; r < rows; ++r) {
         T* row = s.data() + r * cols;
         const int64_t vis = tile.visible(r);
@@ -126,17 +142,17 @@ void forward(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* 
           // one shrinks by exp(old - new) (0 when nothing was seen yet).
           const double alpha = std::exp(m[r] - mNew);
           l[r] *= alpha;
-          T* o = O + r * D;
+          T* o = O + r * oo.row;
           for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(o[d] * alpha);
           m[r] = mNew;
         }
         l[r] += sum;
       }
       tile.applyDropout(s.data(), cols);
-      gemm(dt, {s.data(), false, cols}, {V, false, D}, rows, D, cols, 1.0, 1.0, O, D);
+      gemm(dt, {s.data(), false, cols}, {V, false, ov.row}, rows, D, cols, 1.0, 1.0, O, oo.row);
     }
     for (int64_t r = 0; r < rows; ++r) {
-      T* o = O + r * D;
+      T* o = O + r * oo.row;
       if (l[r] == 0.0) {
         std::fill(o, o + D, T(0));
         lse[bh * Sq + i0 + r] = -std::numeric_limits<T>::infinity();
@@ -164,13 +180,14 @@ struct BackwardScratch {
 // sc.p, P ∘ Z into sc.pd when dropout is on, and dS = P ∘ (dP ∘ Z - delta)
 // into sc.dp, for one tile. Returns the tile's P ∘ Z (sc.p without dropout).
 template <class T>
-const T* tileGradient(const AttentionGeometry& g, const Tile& tile, const T* Q, const T* K, const T* V,
-                      const T* dO, const T* lseRows, const double* deltaRows, BackwardScratch<T>& sc) {
+const T* tileGradient(const AttentionGeometry& g, const Tile& tile, const T* Q, int64_t ldq, const T* K, int64_t ldk,
+                      const T* V, int64_t ldv, const T* dO, int64_t lddo, const T* lseRows, const double* deltaRows,
+                      BackwardScratch<T>& sc) {
   const DType dt = kDTypeOf<T>;
   const int64_t D = g.headDim, rows = tile.rows, cols = tile.cols;
   T* p = sc.p.data();
   T* dp = sc.dp.data();
-  gemm(dt, {Q, false, D}, {K, true, D}, rows, cols, D, g.scale, 0.0, p, cols);
+  gemm(dt, {Q, false, ldq}, {K, true, ldk}, rows, cols, D, g.scale, 0.0, p, cols);
   for (int64_t r = 0; r < rows; ++r) {
     T* row = p + r * cols;
     const int64_t vis = std::isinf(lseRows[r]) ? 0 : tile.visible(r);
@@ -178,7 +195,7 @@ const T* tileGradient(const AttentionGeometry& g, const Tile& tile, const T* Q, 
     std::fill(row + vis, row + cols, T(0));
   }
   // dP = dO V^T
-  gemm(dt, {dO, false, D}, {V, true, D}, rows, cols, D, 1.0, 0.0, dp, cols);
+  gemm(dt, {dO, false, lddo}, {V, true, ldv}, rows, cols, D, 1.0, 0.0, dp, cols);
   const T* pz = p;
   if (g.dropout > 0.0) {
     std::copy(p, p + rows * cols, sc.pd.data());
@@ -199,13 +216,19 @@ template <class T>
 void backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out, const T* lse,
               const T* gradOut, const T* gradLse, T* gradQ, T* gradK, T* gradV) {
   const int64_t Sq = g.queries, Sk = g.keys, D = g.headDim, BH = g.batchHeads;
+  const Operand oq = operand(g, g.qLayout, Sq), ok = operand(g, g.kLayout, Sk), ov = operand(g, g.vLayout, Sk),
+                oo = operand(g, g.outLayout, Sq), ogo = operand(g, g.gradOutLayout, Sq),
+                ogq = operand(g, g.gradQLayout, Sq), ogk = operand(g, g.gradKLayout, Sk),
+                ogv = operand(g, g.gradVLayout, Sk);
   const DType dt = kDTypeOf<T>;
   // delta_i = rowsum(dO ∘ O) - dLse_i
   std::vector<double> delta(static_cast<size_t>(BH * Sq));
   parallelFor(BH * Sq, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
+      const T* go = gradOut + ogo.at(r / Sq, r % Sq);
+      const T* o = out + oo.at(r / Sq, r % Sq);
       double s = 0;
-      for (int64_t d = 0; d < D; ++d) s += static_cast<double>(gradOut[r * D + d]) * out[r * D + d];
+      for (int64_t d = 0; d < D; ++d) s += static_cast<double>(go[d]) * o[d];
       delta[r] = s - (gradLse ? static_cast<double>(gradLse[r]) : 0.0);
     }
   });
@@ -215,25 +238,28 @@ void backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, co
   // that sees it; with gradQToo, each tile also adds dQ += scale dS K.
   auto keyBlock = [&](int64_t bh, int64_t kb, BackwardScratch<T>& sc, bool gradQToo) {
     const int64_t j0 = kb * kBk, cols = std::min(kBk, Sk - j0);
-    const T* K = k + (bh * Sk + j0) * D;
-    const T* V = v + (bh * Sk + j0) * D;
-    T* dK = gradK + (bh * Sk + j0) * D;
-    T* dV = gradV + (bh * Sk + j0) * D;
-    std::fill(dK, dK + cols * D, T(0));
-    std::fill(dV, dV + cols * D, T(0));
+    const T* K = k + ok.at(bh, j0);
+    const T* V = v + ov.at(bh, j0);
+    T* dK = gradK + ogk.at(bh, j0);
+    T* dV = gradV + ogv.at(bh, j0);
+    for (int64_t c = 0; c < cols; ++c) {
+      std::fill(dK + c * ogk.row, dK + c * ogk.row + D, T(0));
+      std::fill(dV + c * ogv.row, dV + c * ogv.row + D, T(0));
+    }
     for (int64_t qb = firstQueryBlock(g, j0); qb < qBlocks; ++qb) {
       const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
       const Tile tile{&g, bh, i0, j0, rows, cols};
       if (g.causal && tile.visible(rows - 1) == 0) continue;
-      const T* Q = q + (bh * Sq + i0) * D;
-      const T* dO = gradOut + (bh * Sq + i0) * D;
-      const T* pz = tileGradient(g, tile, Q, K, V, dO, lse + bh * Sq + i0, delta.data() + bh * Sq + i0, sc);
+      const T* Q = q + oq.at(bh, i0);
+      const T* dO = gradOut + ogo.at(bh, i0);
+      const T* pz = tileGradient(g, tile, Q, oq.row, K, ok.row, V, ov.row, dO, ogo.row, lse + bh * Sq + i0,
+                                 delta.data() + bh * Sq + i0, sc);
       // dV += (P ∘ Z)^T dO, dK += scale dS^T Q
-      gemm(dt, {pz, true, cols}, {dO, false, D}, cols, D, rows, 1.0, 1.0, dV, D);
-      gemm(dt, {sc.dp.data(), true, cols}, {Q, false, D}, cols, D, rows, g.scale, 1.0, dK, D);
+      gemm(dt, {pz, true, cols}, {dO, false, ogo.row}, cols, D, rows, 1.0, 1.0, dV, ogv.row);
+      gemm(dt, {sc.dp.data(), true, cols}, {Q, false, oq.row}, cols, D, rows, g.scale, 1.0, dK, ogk.row);
       if (gradQToo) {
-        gemm(dt, {sc.dp.data(), false, cols}, {K, false, D}, rows, D, cols, g.scale, 1.0, gradQ + (bh * Sq + i0) * D,
-             D);
+        gemm(dt, {sc.dp.data(), false, cols}, {K, false, ok.row}, rows, D, cols, g.scale, 1.0,
+             gradQ + ogq.at(bh, i0), ogq.row);
       }
     }
   };
@@ -249,7 +275,7 @@ void backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, co
     parallelRun(BH, threads, [&](int64_t bh, int thread) {
       BackwardScratch<T>& sc = scratch[thread];
       sc.size();
-      std::fill(gradQ + bh * Sq * D, gradQ + (bh + 1) * Sq * D, T(0));
+      for (int64_t i = 0; i < Sq; ++i) std::fill(gradQ + ogq.at(bh, i), gradQ + ogq.at(bh, i) + D, T(0));
       for (int64_t kb = 0; kb < kBlocks; ++kb) keyBlock(bh, kb, sc, true);
     });
     return;
@@ -274,19 +300,20 @@ void backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, co
       const int64_t bh = task / qBlocks, i0 = (task % qBlocks) * kBq, rows = std::min(kBq, Sq - i0);
       BackwardScratch<T>& sc = scratch[thread];
       sc.size();
-      const T* Q = q + (bh * Sq + i0) * D;
-      const T* dO = gradOut + (bh * Sq + i0) * D;
-      T* dQ = gradQ + (bh * Sq + i0) * D;
-      std::fill(dQ, dQ + rows * D, T(0));
+      const T* Q = q + oq.at(bh, i0);
+      const T* dO = gradOut + ogo.at(bh, i0);
+      T* dQ = gradQ + ogq.at(bh, i0);
+      for (int64_t r = 0; r < rows; ++r) std::fill(dQ + r * ogq.row, dQ + r * ogq.row + D, T(0));
       const int64_t kEnd = keyBlockEnd(g, i0, rows);
       for (int64_t kb = 0; kb < kEnd; ++kb) {
         const int64_t j0 = kb * kBk, cols = std::min(kBk, Sk - j0);
         const Tile tile{&g, bh, i0, j0, rows, cols};
-        const T* K = k + (bh * Sk + j0) * D;
-        const T* V = v + (bh * Sk + j0) * D;
-        tileGradient(g, tile, Q, K, V, dO, lse + bh * Sq + i0, delta.data() + bh * Sq + i0, sc);
+        const T* K = k + ok.at(bh, j0);
+        const T* V = v + ov.at(bh, j0);
+        tileGradient(g, tile, Q, oq.row, K, ok.row, V, ov.row, dO, ogo.row, lse + bh * Sq + i0,
+                     delta.data() + bh * Sq + i0, sc);
         // dQ += scale dS K
-        gemm(dt, {sc.dp.data(), false, cols}, {K, false, D}, rows, D, cols, g.scale, 1.0, dQ, D);
+        gemm(dt, {sc.dp.data(), false, cols}, {K, false, ok.row}, rows, D, cols, g.scale, 1.0, dQ, ogq.row);
       }
     });
   }

@@ -42,7 +42,15 @@
 // row's terms in pass 2's order, so the bits are those of the two passes.
 //
 // float32 uses the vectorised exp of kernels/cpu/vec_math.h; the running
-// sums are float64. float32 and float64 only. All buffers contiguous.
+// sums are float64. float32 and float64 only.
+//
+// Layouts: by default every buffer is contiguous [BH, S, D]. A buffer whose
+// AttentionLayout has row != 0 is strided instead: row i of batch-head
+// bh = b·heads + h starts at b·batch + h·head + i·row (heads from the
+// geometry), its D elements contiguous. So q, k and v can be read where a
+// fused QKV projection wrote them ([B, S, 3, H, D]) and out and the
+// gradients written as [B, S, H, D], with no transposing copies. lse is
+// always contiguous [BH, Sq]. The CUDA kernels take contiguous buffers only.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +61,13 @@ namespace weft::kernels::cpu {
 
 inline constexpr int64_t kAttentionQueryBlock = 128;
 inline constexpr int64_t kAttentionKeyBlock = 128;
+
+// A strided buffer (see "Layouts" above); all zero: contiguous [BH, S, D].
+struct AttentionLayout {
+  int64_t batch = 0;
+  int64_t head = 0;
+  int64_t row = 0;
+};
 
 struct AttentionGeometry {
   int64_t batchHeads = 0;  // B * H
@@ -69,11 +84,14 @@ struct AttentionGeometry {
   // element (bh, i, j) with bh = b·heads + h takes the keep bit of counter
   // ((b·frameHeads + frameHeadOffset + h)·frameQueries + queryOffset + i)
   // ·frameKeys + keyOffset + j.
-  int64_t heads = 0;  // H, to split bh into b and h (with a frame)
+  int64_t heads = 0;  // H, to split bh into b and h (with a frame or a strided layout)
   int64_t frameHeads = 0;
   int64_t frameHeadOffset = 0;
   int64_t frameQueries = 0;
   int64_t frameKeys = 0;
+  // Where each buffer's rows lie (contiguous by default).
+  AttentionLayout qLayout{}, kLayout{}, vLayout{}, outLayout{}, gradOutLayout{}, gradQLayout{}, gradKLayout{},
+      gradVLayout{};
 };
 
 // The dropout hash of element `counter` = (bh * Sq + i) * Sk + j.

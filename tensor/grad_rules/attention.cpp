@@ -14,6 +14,28 @@ namespace weft::grad_rules {
 
 using Grads = std::vector<Tensor>;
 
+Tensor attentionOperand(const Tensor& t, kernels::cpu::AttentionLayout* layout) {
+  if (t.stride(3) == 1 || t.size(3) == 1) {
+    *layout = {t.stride(0), t.stride(1), t.stride(2)};
+    return t.detach();
+  }
+  *layout = {};
+  return t.detach().contiguous();
+}
+
+bool sequenceMajor(const Tensor& t) { return t.size(1) > 1 && t.size(2) > 1 && t.stride(1) < t.stride(2); }
+
+Tensor attentionResult(const Shape& shape, const TensorOptions& like, bool seqMajor,
+                       kernels::cpu::AttentionLayout* layout) {
+  if (!seqMajor) {
+    *layout = {};
+    return empty(shape, like);
+  }
+  const int64_t H = shape[1], S = shape[2], D = shape[3];
+  *layout = {S * H * D, D, H * D};
+  return empty({shape[0], S, H, D}, like).transpose(1, 2);
+}
+
 // FlashAttention-2's backward (kernels/cpu/attention.h): the tiles of the
 // scores and probabilities are recomputed from q, k, v, out and lse, and the
 // dropout mask from the geometry's seed
@@ -27,29 +49,41 @@ void attentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   // caught by the saved version.
   SavedTensor sq(qc), sk(kc), sv(vc), so(out), sl(lse);
   const Shape qShape = q.shape(), kShape = k.shape();
+  const bool qSeq = sequenceMajor(q), kSeq = sequenceMajor(k), vSeq = sequenceMajor(v);
   const DType dt = q.dtype();
   const Device dev = q.device();
   recordOp("ScaledDotProductAttentionBackward", {q, k, v}, {out, lse},
-           [sq, sk, sv, so, sl, geo, needQ, needKV, needK, needV, qShape, kShape, dt, dev](const Grads& g) {
+           [sq, sk, sv, so, sl, geo, needQ, needKV, needK, needV, qShape, kShape, qSeq, kSeq, vSeq, dt,
+            dev](const Grads& g) {
              const char* name = "ScaledDotProductAttentionBackward";
              Tensor qs = sq.unpack(name), ks = sk.unpack(name), vs = sv.unpack(name);
              Tensor os = so.unpack(name), ls = sl.unpack(name);
-             Tensor gOut = g[0].contiguous(), gLse = g[1].contiguous();
+             Tensor gLse = g[1].contiguous();
              Grads grads(3);
              const TensorOptions like{.dtype = dt, .device = dev};
-             if (needQ) grads[0] = empty(qShape, like);
-             Tensor gk = needKV ? empty(kShape, like) : Tensor();
-             Tensor gv = needKV ? empty(kShape, like) : Tensor();
              auto raw = [](const Tensor& t) -> void* { return t.defined() ? t.rawData() : nullptr; };
              if (dev.isCuda()) {
+               Tensor gOut = g[0].contiguous();
+               if (needQ) grads[0] = empty(qShape, like);
+               Tensor gk = needKV ? empty(kShape, like) : Tensor();
+               Tensor gv = needKV ? empty(kShape, like) : Tensor();
                WEFT_CUDA_CALL(dev.index, attentionBackward(dt, geo, qs.rawData(), ks.rawData(), vs.rawData(),
                                                            os.rawData(), ls.rawData(), gOut.rawData(), gLse.rawData(),
                                                            raw(grads[0]), raw(gk), raw(gv)));
-             } else {
-               kernels::cpu::attentionBackward(dt, geo, qs.rawData(), ks.rawData(), vs.rawData(), os.rawData(),
-                                               ls.rawData(), gOut.rawData(), gLse.rawData(), raw(grads[0]), raw(gk),
-                                               raw(gv));
+               if (needK) grads[1] = gk;
+               if (needV) grads[2] = gv;
+               return grads;
              }
+             // The gradients come out in their inputs' orders, so that the
+             // transposes and views of the heads pass them on without copies.
+             kernels::cpu::AttentionGeometry bg = geo;
+             Tensor gOut = attentionOperand(g[0], &bg.gradOutLayout);
+             if (needQ) grads[0] = attentionResult(qShape, like, qSeq, &bg.gradQLayout);
+             Tensor gk = needKV ? attentionResult(kShape, like, kSeq, &bg.gradKLayout) : Tensor();
+             Tensor gv = needKV ? attentionResult(kShape, like, vSeq, &bg.gradVLayout) : Tensor();
+             kernels::cpu::attentionBackward(dt, bg, qs.rawData(), ks.rawData(), vs.rawData(), os.rawData(),
+                                             ls.rawData(), gOut.rawData(), gLse.rawData(), raw(grads[0]), raw(gk),
+                                             raw(gv));
              if (needK) grads[1] = gk;
              if (needV) grads[2] = gv;
              return grads;

@@ -158,7 +158,19 @@ void mseLossBackward(const Tensor& input, const Tensor& target, const Tensor& ou
                      Reduction r);
 
 // ---- attention ----------------------------------------------------------------------
-// qc, kc, vc: the packed q, k, v the forward read; geo: its geometry (with
+// What the CPU kernels read for a [B, H, S, D] operand: t itself (detached)
+// when its rows are contiguous (stride(3) == 1), with *layout set to its
+// strides, else a contiguous copy with the default layout.
+Tensor attentionOperand(const Tensor& t, kernels::cpu::AttentionLayout* layout);
+// True when t's memory order is [B, S, H, D] (heads inside positions, as
+// views of a [B, S, C] projection are).
+bool sequenceMajor(const Tensor& t);
+// A new [B, H, S, D] tensor (shape), laid out as [B, S, H, D] when
+// sequenceMajor, else contiguous; *layout describes it.
+Tensor attentionResult(const Shape& shape, const TensorOptions& like, bool sequenceMajor,
+                       kernels::cpu::AttentionLayout* layout);
+// qc, kc, vc: the q, k, v the forward read (packed, or the inputs' own
+// strided views on the CPU, as geo's layouts say); geo: its geometry (with
 // the dropout seed); out and lse: its outputs.
 void attentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                        const Tensor& qc, const Tensor& kc, const Tensor& vc,

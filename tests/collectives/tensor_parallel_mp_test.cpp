@@ -213,14 +213,15 @@ TEST_CASE("a tensor-parallel GPT in DDP on a mesh {dp: 2, tp: 2} trains as the w
 
 // Ring attention on `p` ranks, every layout and mask: this rank's output and gradients equal
 // whole-sequence attention's, with P - 1 transfers of a k and v block in forward, and in backward
-// P - 1 of a block with its gradients and one of the gradients alone.
+// P - 1 of a block and P of the gradients accumulated for one, overlapped with the compute or not.
 void checkRing(int p) {
   auto results = runTpJob("ring", p, 30s);
   for (int r = 0; r < p; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO(out);
     for (const char* variant : {"ring_contiguous_causal", "ring_contiguous_full", "ring_zigzag_causal",
-                                "ring_zigzag_full", "ring_contiguous_dropout", "ring_zigzag_dropout"}) {
+                                "ring_zigzag_full", "ring_contiguous_dropout", "ring_zigzag_dropout",
+                                "ring_contiguous_sequential", "ring_zigzag_sequential"}) {
       INFO(variant);
       CHECK(rankField(out, r, variant, "out_diff_fe") <= 1000);
       CHECK(rankField(out, r, variant, "grad_diff_fe") <= 1000);
@@ -228,7 +229,7 @@ void checkRing(int p) {
       CHECK(local == 2 * 2 * (16 / p) * 4 * 8);
       CHECK(rankField(out, r, variant, "fwd_sends") == p - 1);
       CHECK(rankField(out, r, variant, "fwd_bytes") == (p - 1) * 2 * local);
-      CHECK(rankField(out, r, variant, "bwd_sends") == p);
+      CHECK(rankField(out, r, variant, "bwd_sends") == 2 * p - 1);
       CHECK(rankField(out, r, variant, "bwd_bytes") == (p - 1) * 4 * local + 2 * local);
     }
   }
@@ -328,5 +329,73 @@ TEST_CASE("bench/parallel_layouts runs on 4 processes and counts each layout's b
     ++rows;
   }
   CHECK(rows == 7);
+}
+
+TEST_CASE("bench/parallel_layouts --memory: the longest sequence within a rank's budget grows linearly with the "
+          "sequence-parallel group") {
+  MpJob job({PARALLEL_LAYOUTS_PATH, "--memory", "128,256,512", "--budget-seq", "128", "--width", "16", "--heads", "4"},
+            4, [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(60s);
+  job.checkAllGone();
+  bool ok = true;
+  for (const auto& r : results) ok = ok && !r.timedOut && r.exitCode == 0;
+  if (!ok) weft::testing::dumpResults(results);
+  REQUIRE(ok);
+  const std::string& out = results[0].out;
+  INFO(out);
+  // "<layout> <ranks> <longest seq>[*] <linear> <ratio>" for groups of 2 and 4, each mode.
+  int rows = 0;
+  for (const char* layout : {"\nulysses ", "\nring zigzag "}) {
+    const std::string needle = layout;
+    size_t at = 0;
+    for (int ranks : {2, 4}) {
+      at = out.find(needle, at);
+      REQUIRE(at != std::string::npos);
+      at += needle.size();
+      std::istringstream row(out.substr(at, out.find('\n', at) - at));
+      int n = 0;
+      std::string longest;
+      double linear = 0, ratio = 0;
+      row >> n >> longest >> linear >> ratio;
+      CAPTURE(layout);
+      CAPTURE(ranks);
+      CHECK(n == ranks);
+      CHECK(linear == 128.0 * ranks);
+      CHECK(ratio >= 0.9);
+      CHECK(ratio <= 1.1);
+      CHECK(std::stod(longest) == doctest::Approx(ratio * linear).epsilon(0.01));
+      ++rows;
+    }
+  }
+  CHECK(rows == 4);
+}
+
+TEST_CASE("bench/parallel_layouts --overlap times Ulysses, the ring overlapped and not, and the GPT step under each") {
+  MpJob job({PARALLEL_LAYOUTS_PATH, "--overlap", "--seq", "64", "--width", "16", "--heads", "4", "--iters", "2"}, 4,
+            [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(60s);
+  job.checkAllGone();
+  bool ok = true;
+  for (const auto& r : results) ok = ok && !r.timedOut && r.exitCode == 0;
+  if (!ok) weft::testing::dumpResults(results);
+  REQUIRE(ok);
+  const std::string& out = results[0].out;
+  INFO(out);
+  CHECK(out.find("causal attention over 64 tokens (16 per rank)") != std::string::npos);
+  // "<variant> <median s> <ratio to Ulysses>": both positive, Ulysses' ratio 1.
+  for (const char* variant : {"\nulysses ", "\nring zigzag (overlapped) ", "\nring zigzag, transfers not overlapped ",
+                              "\nring zigzag  "}) {  // the last: the GPT step's row
+    INFO(variant);
+    const std::string needle = variant;
+    const size_t at = out.find(needle);
+    REQUIRE(at != std::string::npos);
+    std::istringstream row(out.substr(at + needle.size(), out.find('\n', at + needle.size()) - at - needle.size()));
+    double seconds = 0, ratio = 0;
+    row >> seconds >> ratio;
+    CHECK(seconds > 0);
+    CHECK(ratio > 0);
+    if (needle == "\nulysses ") CHECK(ratio == 1.0);
+  }
+  CHECK(out.find("ring / ulysses (goal <= 1.2): ") != std::string::npos);
 }
 #endif

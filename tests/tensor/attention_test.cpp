@@ -529,6 +529,53 @@ TEST_CASE("attention gives the same bits with one thread or several, in one back
   CHECK(one == three);
 }
 
+// ---- layouts ----------------------------------------------------------------------------------
+
+TEST_CASE("attention reads strided q, k and v in place and writes out and gradients in their order, with the "
+          "bits of contiguous copies") {
+  // q, k, v as the views a fused QKV projection gives: [B, S, 3, H, D] memory, [B, H, S, D] shape. The
+  // reference runs on contiguous copies of the same values. Causal with dropout, several query and key
+  // blocks and odd lengths; k and v also narrowed along the sequence with a key offset (ring attention's
+  // blocks), so that their head stride is not S·D.
+  const int64_t B = 2, H = 3, S = 150, D = 16, C = H * D;
+  for (bool narrowKeys : {false, true}) {
+    CAPTURE(narrowKeys);
+    Generator g(21);
+    Tensor qkvValues = randn({B, S, 3, H, D}, {}, &g);
+    Tensor wOut = randn({B, S, C}, {}, &g), wLse = randn({B, H, S}, {}, &g);
+    AttentionOptions o{.causal = true, .dropout = 0.25, .dropoutSeed = 77};
+    const int64_t k0 = narrowKeys ? 10 : 0, kLen = narrowKeys ? 131 : S;
+    if (narrowKeys) o.keyOffset = k0;
+    // Strided: views of one leaf.
+    Tensor qkv = qkvValues.clone().requiresGrad_();
+    auto head = [&](const Tensor& t, int64_t i) { return t.select(2, i).transpose(1, 2); };
+    Tensor q = head(qkv, 0), k = head(qkv, 1).narrow(2, k0, kLen), v = head(qkv, 2).narrow(2, k0, kLen);
+    REQUIRE(!q.isContiguous());
+    AttentionOutput a = scaledDotProductAttentionWithLse(q, k, v, o);
+    // out comes in q's [B, S, H, D] order: back to [B, S, C] without a copy.
+    CHECK(a.out.transpose(1, 2).isContiguous());
+    Tensor loss = sum(a.out.transpose(1, 2).reshape({B, S, C}) * wOut) + sum(a.lse * wLse);
+    Tensor gQkv = autograd::grad({loss}, {qkv})[0];
+    // Contiguous copies.
+    std::vector<Tensor> leaves{head(qkvValues, 0).contiguous().requiresGrad_(),
+                               head(qkvValues, 1).narrow(2, k0, kLen).contiguous().requiresGrad_(),
+                               head(qkvValues, 2).narrow(2, k0, kLen).contiguous().requiresGrad_()};
+    AttentionOutput r = scaledDotProductAttentionWithLse(leaves[0], leaves[1], leaves[2], o);
+    CHECK(r.out.isContiguous());
+    Tensor refLoss = sum(r.out.transpose(1, 2).reshape({B, S, C}) * wOut) + sum(r.lse * wLse);
+    std::vector<Tensor> refGrads = autograd::grad({refLoss}, leaves);
+    CHECK(a.out.contiguous().toVector<float>() == r.out.toVector<float>());
+    CHECK(a.lse.toVector<float>() == r.lse.toVector<float>());
+    CHECK(head(gQkv, 0).contiguous().toVector<float>() == refGrads[0].toVector<float>());
+    CHECK(head(gQkv, 1).narrow(2, k0, kLen).contiguous().toVector<float>() == refGrads[1].toVector<float>());
+    CHECK(head(gQkv, 2).narrow(2, k0, kLen).contiguous().toVector<float>() == refGrads[2].toVector<float>());
+    if (narrowKeys) {
+      // Keys outside the narrowed block get no gradient.
+      CHECK(sum(abs(head(gQkv, 1).narrow(2, 0, k0))).item<double>() == 0.0);
+    }
+  }
+}
+
 // ---- errors -----------------------------------------------------------------------------------
 
 TEST_CASE("attention names the op and the shapes on bad input") {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -114,6 +115,32 @@ TEST_CASE("live and peak bytes count what tensors hold, not the kept buffers") {
   CHECK(Storage::memoryStats().peakBytes == before.liveBytes);
   CHECK_THROWS_AS(Storage::memoryStats(Device::cuda(16)), InvalidArgumentError);
   Storage::releaseCachedMemory();
+}
+
+TEST_CASE("freed large CPU buffers are kept up to the most bytes ever live, then handed back for reuse") {
+  Storage::releaseCachedMemory();
+  // 96 buffers of 4 MiB live at once (384 MiB, above the 256 MiB floor): a step's activations.
+  constexpr int64_t kBuffers = 96;
+  constexpr size_t kBytes = size_t{4} << 20;
+  std::vector<void*> first;
+  {
+    std::vector<Tensor> step;
+    for (int64_t i = 0; i < kBuffers; ++i) step.push_back(empty({static_cast<int64_t>(kBytes / 4)}));
+    for (const Tensor& t : step) first.push_back(t.rawData());
+  }
+  // All of them are kept, not only the first 256 MiB...
+  CHECK(Storage::cachedBytes() == kBuffers * kBytes);
+  // ...and the next step gets the same buffers back.
+  {
+    std::vector<Tensor> step;
+    for (int64_t i = 0; i < kBuffers; ++i) step.push_back(empty({static_cast<int64_t>(kBytes / 4)}));
+    int64_t reused = 0;
+    for (const Tensor& t : step) reused += std::find(first.begin(), first.end(), t.rawData()) != first.end();
+    CHECK(reused == kBuffers);
+    CHECK(Storage::cachedBytes() == 0);
+  }
+  CHECK(Storage::releaseCachedMemory() == kBuffers * kBytes);
+  CHECK(Storage::cachedBytes() == 0);
 }
 
 TEST_CASE("a released storage gives its bytes back while its tensors live on, and reallocate refills it") {

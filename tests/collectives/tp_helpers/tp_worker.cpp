@@ -39,7 +39,8 @@
 //   ring      [P ranks, P dividing 8] Attention over q, k, v [2, 2, 16, 4] float64 whole on every
 //             rank, and ringAttention over this rank's tokens, for each layout (contiguous, zigzag)
 //             and mask (causal, full, causal with dropout 0.3 from the default generator seeded
-//             alike): "ring_<layout>_<causal|full|dropout> out_diff_fe N grad_diff_fe N
+//             alike, causal with RingOptions::overlap off):
+//             "ring_<layout>_<causal|full|dropout|sequential> out_diff_fe N grad_diff_fe N
 //             fwd_sends S fwd_bytes B bwd_sends S bwd_bytes B local_bytes L".
 //   hybrid    [4 ranks] Mesh {ring: 2, ulysses: 2}: causal attention over [2, 4, 16, 4] float64
 //             against hybridAttention over this rank's 4 tokens, for each ring layout:
@@ -364,9 +365,9 @@ void runRing(ProcessGroup& world) {
   const int64_t b = 2, h = 2, s = 16, d = 4;
   weft::TensorOptions f64{.dtype = DType::Float64};
   for (RingLayout layout : {RingLayout::Contiguous, RingLayout::ZigZag}) {
-    for (int variant = 0; variant < 3; ++variant) {
-      // Causal, full, and causal with dropout 0.3 (every rank's default generator seeded as the
-      // whole attention's).
+    for (int variant = 0; variant < 4; ++variant) {
+      // Causal, full, causal with dropout 0.3 (every rank's default generator seeded as the
+      // whole attention's), and causal with the transfers not overlapped.
       const bool causal = variant != 1;
       const double drop = variant == 2 ? 0.3 : 0.0;
       Generator gen(31);
@@ -387,6 +388,7 @@ void runRing(ProcessGroup& world) {
       ro.causal = causal;
       ro.layout = layout;
       ro.dropout = drop;
+      ro.overlap = variant != 3;
       weft::manualSeed(77);
       Tensor yl = ringAttention(sp, ql, kl, vl, ro);
       SpGroup::Transfers fwd = sp.transfers();
@@ -395,7 +397,7 @@ void runRing(ProcessGroup& world) {
       long long gradDiff = std::max({diffFe(ql.grad(), mine(q.grad())), diffFe(kl.grad(), mine(k.grad())),
                                      diffFe(vl.grad(), mine(v.grad()))});
       sayLine(std::string("ring_") + (layout == RingLayout::ZigZag ? "zigzag" : "contiguous") +
-              (variant == 2 ? "_dropout" : causal ? "_causal" : "_full") + " out_diff_fe " + std::to_string(diffFe(yl, mine(y))) +
+              (variant == 3 ? "_sequential" : variant == 2 ? "_dropout" : causal ? "_causal" : "_full") + " out_diff_fe " + std::to_string(diffFe(yl, mine(y))) +
               " grad_diff_fe " + std::to_string(gradDiff) + " fwd_sends " + std::to_string(fwd.forwardSends) +
               " fwd_bytes " + std::to_string(fwd.forwardBytes) + " bwd_sends " + std::to_string(all.backwardSends) +
               " bwd_bytes " + std::to_string(all.backwardBytes) + " local_bytes " + std::to_string(ql.nbytes()));
