@@ -37,8 +37,9 @@
 //
 // Forward. The parameters of the module must be float32 CPU tensors that
 // require grad. Each unit's module gets a forward pre-hook and a forward hook
-// (nn::Module's, run by operator(); GPT calls its blocks through it, and
-// forward() here calls the root through it). The pre-hook all-gathers the
+// (nn::Module's, run by operator(); GPT, TensorParallelGPT and
+// SequenceParallelGPT call their blocks through it, and forward() here calls
+// the root through it). The pre-hook all-gathers the
 // unit's shards into its flat storage (Storage::reallocate, then
 // allGatherInto straight into it, no copy). The hook, when the output needs
 // a gradient, registers a pre-hook on the output's grad_fn that gathers the

@@ -3,7 +3,8 @@
 // into segments at the blocks where CheckpointPolicy::at() is true, each
 // segment under weft::checkpoint (tensor/checkpoint.h). The recomputation in
 // backward runs a segment's forward collectives again, at the same point of
-// every rank's backward.
+// every rank's backward. Each block is called through nn::Module::operator(),
+// so that its forward hooks run (FullyShardedDataParallel's units).
 #pragma once
 
 #include <memory>
@@ -21,7 +22,7 @@ Tensor runBlocks(const std::vector<std::shared_ptr<Block>>& blocks, const nn::Ch
   const bool checkpointing = policy.enabled() && GradMode::enabled();
   for (int b = 0; b < n;) {
     if (!checkpointing) {
-      x = blocks[static_cast<size_t>(b++)]->forward(x);
+      x = (*blocks[static_cast<size_t>(b++)])(x);
       continue;
     }
     int e = b + 1;
@@ -30,7 +31,7 @@ Tensor runBlocks(const std::vector<std::shared_ptr<Block>>& blocks, const nn::Ch
     x = checkpoint(
         [segment](const Tensor& in) {
           Tensor y = in;
-          for (const auto& blk : segment) y = blk->forward(y);
+          for (const auto& blk : segment) y = (*blk)(y);
           return y;
         },
         x);

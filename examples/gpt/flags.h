@@ -54,7 +54,9 @@ struct Flags {
   int64_t pp = 1;                 // pipeline stages, one per process (weftrun -n P)
   std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved (2 chunks per stage), with --pp
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
-  bool fsdp = false;              // fully sharded data parallel over the job's processes (fsdp_layout.h)
+  // Fully sharded data parallel (fsdp_layout.h): over the job's processes, or with --pp, --tp or
+  // --sp over the --dp replicas.
+  bool fsdp = false;
 
   // Data-parallel replicas: with --pp, of the pipeline, its stages tensor- and sequence-parallel
   // with --tp and --sp (weftrun -n D·P·T·S, pipeline_layout.h); otherwise of a process mesh
@@ -81,7 +83,9 @@ struct Flags {
                      "             (P > 1: weftrun -n D·P·T·S)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
                      "             (D·T·S > 1: weftrun -n D·T·S)\n"
-                     "           [--fsdp] (fully sharded data parallel: weftrun -n N)\n");
+                     "           [--fsdp [--dp D [--pp P | --tp T --sp S]]]\n"
+                     "             (fully sharded data parallel: over the job, or over D replicas of a pipeline\n"
+                     "             or of a tp/sp mesh)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.
@@ -226,8 +230,12 @@ inline Flags parseFlags(int argc, char** argv) {
   if (f.schedule != "gpipe" && f.schedule != "1f1b" && f.schedule != "interleaved") {
     usage("invalid value '" + f.schedule + "' for --schedule (gpipe, 1f1b, interleaved)");
   }
-  if (f.fsdp && (f.pp > 1 || f.device != "cpu")) usage("--fsdp runs on CPUs and does not combine with --pp");
-  if (f.fsdp && meshLayout(f)) usage("--fsdp shards over the whole job and does not combine with --dp, --tp or --sp");
+  if (f.fsdp && f.device != "cpu") usage("--fsdp runs on CPUs");
+  if (f.fsdp && f.zero > 0) usage("--fsdp does not combine with --zero");
+  if (f.fsdp && f.pp > 1 && (f.tp > 1 || f.sp > 1)) usage("--fsdp with --pp does not combine with --tp or --sp");
+  if (f.fsdp && (f.pp > 1 || f.tp > 1 || f.sp > 1) && f.dp < 2) {
+    usage("--fsdp with --pp, --tp or --sp shards over the data-parallel replicas: it needs --dp > 1");
+  }
   if (f.pp > 1 && f.batchSize % f.microbatches != 0) usage("--microbatches must divide --batch-size");
   if (f.sampleTokens < 0 || f.temperature < 0 || f.topK < 0) {
     usage("--sample-tokens, --temperature and --top-k must be non-negative");

@@ -1,5 +1,8 @@
+// The fully sharded layout over the whole job, the choice between the fully sharded layouts, and
+// what they share: where parameters lie in the shards, and AdamW over them.
 #include "fsdp_layout.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,10 +27,12 @@ class FullySharded final : public Layout {
       : pg_(collectives::init()),
         model_(initialModel(f)),
         fsdp_(model_, *pg_),
-        opt_(fsdp_.parameters(), nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = f.weightDecay}),
+        opt_({&fsdp_}, pg_->rank(), f),
         gradClip_(f.gradClip) {
     WEFT_ENFORCE(f.precision == "float32", InvalidArgumentError, "gpt: --precision ", f.precision,
                  " is not supported with --fsdp");
+    WEFT_ENFORCE(f.dp == 1 || f.dp == pg_->size(), InvalidArgumentError, "gpt: --fsdp --dp ", f.dp,
+                 " needs a job of ", f.dp, " processes (weftrun -n ", f.dp, "), this one has ", pg_->size());
   }
 
   std::string describe() const override {
@@ -43,7 +48,7 @@ class FullySharded final : public Layout {
 
   double step(const Tensor& x, const Tensor& y, double lr) override {
     opt_.setLr(lr);
-    opt_.zeroGrad(true);
+    opt_.zeroGrad();
     Tensor loss = lossOf(x, y);
     loss.backward();
     if (gradClip_ > 0) gradNorm_ = fsdp_.clipGradNorm_(gradClip_);
@@ -91,12 +96,79 @@ class FullySharded final : public Layout {
   std::unique_ptr<collectives::ProcessGroup> pg_;
   std::shared_ptr<nn::GPT> model_;
   collectives::FullyShardedDataParallel fsdp_;
-  nn::optim::AdamW opt_;
+  ShardedAdamW opt_;
   double gradClip_;
 };
 
 }  // namespace
 
-std::unique_ptr<Layout> makeFsdpLayout(const Flags& flags) { return std::make_unique<FullySharded>(flags); }
+std::unique_ptr<Layout> makeFsdpLayout(const Flags& flags) {
+  if (flags.pp > 1) return makeFsdpPipelineLayout(flags);
+  if (flags.tp > 1 || flags.sp > 1) return makeFsdpMeshLayout(flags);
+  return std::make_unique<FullySharded>(flags);
+}
+
+std::vector<ShardSlice> shardSlices(const collectives::FullyShardedDataParallel& fsdp, int rank) {
+  const auto named = fsdp.module()->namedParameters();
+  std::vector<ShardSlice> out;
+  const auto units = fsdp.units();
+  for (size_t k = 0; k < units.size(); ++k) {
+    const int64_t first = rank * units[k].shardNumel, last = first + units[k].shardNumel;
+    int64_t offset = 0;
+    for (const std::string& name : units[k].params) {
+      auto it = std::find_if(named.begin(), named.end(), [&name](const auto& np) { return np.first == name; });
+      WEFT_CHECK(it != named.end()) << name;
+      const int64_t n = it->second.numel();
+      const int64_t begin = std::max(offset, first), end = std::min(offset + n, last);
+      if (begin < end) {
+        out.push_back({.unit = k,
+                       .name = name,
+                       .parameter = it->second,
+                       .shardBegin = begin - first,
+                       .length = end - begin});
+      }
+      offset += n;
+    }
+  }
+  return out;
+}
+
+FlatPlace flatPlace(const collectives::FullyShardedDataParallel& fsdp, const Tensor& p) {
+  const auto named = fsdp.module()->namedParameters();
+  const auto units = fsdp.units();
+  for (size_t k = 0; k < units.size(); ++k) {
+    int64_t offset = 0;
+    for (const std::string& name : units[k].params) {
+      auto it = std::find_if(named.begin(), named.end(), [&name](const auto& np) { return np.first == name; });
+      WEFT_CHECK(it != named.end()) << name;
+      if (it->second.sameAs(p)) return {k, offset};
+      offset += it->second.numel();
+    }
+  }
+  return {};
+}
+
+ShardedAdamW::ShardedAdamW(const std::vector<collectives::FullyShardedDataParallel*>& wrappers, int rank,
+                           const Flags& f)
+    : lr_(f.lr), weightDecay_(f.weightDecay) {
+  std::vector<Tensor> shards;
+  for (collectives::FullyShardedDataParallel* w : wrappers) {
+    for (const Tensor& s : w->parameters()) shards.push_back(s);
+    for (const ShardSlice& s : shardSlices(*w, rank)) {
+      if (s.parameter.dim() >= 2) decayed_.push_back({w->parameters()[s.unit], s.shardBegin, s.length});
+    }
+  }
+  opt_ = std::make_unique<nn::optim::AdamW>(
+      shards, nn::optim::AdamWOptions{.lr = f.lr, .betas = {0.9, 0.95}, .weightDecay = 0.0});
+}
+
+void ShardedAdamW::step() {
+  if (weightDecay_ > 0) {
+    NoGradGuard ng;
+    const double keep = 1.0 - lr_ * weightDecay_;
+    for (const Decayed& d : decayed_) d.shard.detach().narrow(0, d.begin, d.length).mul_(keep);
+  }
+  opt_->step();
+}
 
 }  // namespace weft::examples::gpt

@@ -104,8 +104,8 @@ std::shared_ptr<nn::GPT> initialModel(const Flags& flags, const nn::GPTConfig& c
 }
 
 std::unique_ptr<Layout> makeLayout(const Flags& flags) {
-  if (flags.pp > 1) return makePipelineLayout(flags);
   if (flags.fsdp) return makeFsdpLayout(flags);
+  if (flags.pp > 1) return makePipelineLayout(flags);
   if (meshLayout(flags)) return makeMeshLayout(flags);
   return std::make_unique<SingleProcess>(flags);
 }

@@ -80,9 +80,11 @@ class Layout {
 std::shared_ptr<nn::GPT> initialModel(const Flags& flags, const nn::GPTConfig& config);
 inline std::shared_ptr<nn::GPT> initialModel(const Flags& flags) { return initialModel(flags, modelConfig(flags)); }
 
-// The layout the flags ask for: a single process holding the whole model, with --pp P > 1 a
-// pipeline of P stages, each over one process or with --tp and --sp a tp·sp group
-// (pipeline_layout.h), or with --dp, --tp or --sp above 1 a process mesh (mesh_layout.h).
+// The layout the flags ask for: a single process holding the whole model, with --fsdp a fully
+// sharded one (over the job, or over the --dp replicas of a pipeline or of tensor and sequence
+// parallelism: fsdp_layout.h), with --pp P > 1 a pipeline of P stages, each over one process or
+// with --tp and --sp a tp·sp group (pipeline_layout.h), or with --dp, --tp or --sp above 1 a
+// process mesh (mesh_layout.h).
 std::unique_ptr<Layout> makeLayout(const Flags& flags);
 
 }  // namespace weft::examples::gpt

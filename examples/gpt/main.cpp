@@ -1,5 +1,7 @@
 // gpt: a small GPT (nanoGPT's model, byte vocabulary) trained on the fortune cookie corpus in one
-// process, or under weftrun as a pipeline (--pp) or on a process mesh (--dp, --tp, --sp). Prints the training loss and tokens/s every --log-interval steps, the validation loss
+// process, or under weftrun as a pipeline (--pp), on a process mesh (--dp, --tp, --sp) or fully
+// sharded (--fsdp, alone or with --dp and --pp, --tp or --sp). Prints the training loss and tokens/s
+// every --log-interval steps, the validation loss
 // in bits per byte every --eval-interval steps, writes per-step metrics to a CSV file, and ends
 // with a text sample continuing a fixed prompt. --save PATH writes the trained model (the whole of
 // it, whatever the layout: nn::GPT's state dict) and --load PATH starts from such a file.

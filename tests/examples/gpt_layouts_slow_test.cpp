@@ -1,6 +1,7 @@
 // The GPT example on a process mesh (--dp, --zero, --tp, --sp, --sp-mode, and pipelines of tensor-
-// and sequence-parallel stages: --pp with --tp, --sp and --dp) run through weftrun as a user runs it,
-// at tiny sizes: each layout trains the one-process model on the same windows, so its loss at every one of
+// and sequence-parallel stages: --pp with --tp, --sp and --dp) and fully sharded (--fsdp, alone or
+// over the dp replicas of --pp, --tp and --sp) run through weftrun as a user runs it, at tiny
+// sizes: each layout trains the one-process model on the same windows, so its loss at every one of
 // 20 steps equals the one-process run's to float rounding; bad combinations are usage errors naming
 // the problem. A vocabulary the tp group does not divide is padded.
 #include <doctest/doctest.h>
@@ -130,6 +131,73 @@ TEST_CASE("the GPT example's tensor- and sequence-parallel layouts train as one 
     std::string run;
     checkSameLosses(single, train(weftrun(4), " --block 30 --batch-size 4 --dp 2 --sp 2 --sp-mode ring", run));
     CHECK(run.find("mesh {dp: 2, sp: 2} over 4 processes") != std::string::npos);
+  }
+}
+
+TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replicas of a pipeline or of tensor "
+          "and sequence parallelism, train as one process does") {
+  // Each clips the whole model's gradient norm and decays the matrices only, as the one-process
+  // run does. The norm exceeds --grad-clip 2 in some of these steps and not in others, so the
+  // losses depend on its value (a clip at every step scales Adam's inputs alike and nearly
+  // cancels). 30 tokens: the zig-zag ring of 2 pads the sequence.
+  std::string out;
+  const std::string model = " --block 30 --grad-clip 2";
+  const std::vector<double> single = train("", model + " --batch-size " + std::to_string(kBatch), out);
+  const std::string half = model + " --batch-size " + std::to_string(kBatch / 2);
+  // The trained model, gathered for the validation and the sample, is the one-process run's: the
+  // same final validation loss and the same sampled text.
+  auto sameEnd = [&out](const std::string& run) {
+    const std::string validation = "final validation loss ", sample = "sample (";
+    REQUIRE(run.find(validation) != std::string::npos);
+    REQUIRE(run.find(sample) != std::string::npos);
+    CHECK(run.substr(run.find(validation), 30) == out.substr(out.find(validation), 30));
+    CHECK(run.substr(run.find(sample)) == out.substr(out.find(sample)));
+  };
+  SUBCASE("FSDP over 2 processes") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(2), half + " --fsdp", run));
+    CHECK(run.find("fully sharded data parallel (ZeRO-3) over 2 processes") != std::string::npos);
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x pp 2, 1F1B") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(4), half + " --fsdp --dp 2 --pp 2 --microbatches 2", run));
+    CHECK(run.find("fully sharded data parallel (ZeRO-3) over 2 replicas of a pipeline of 2 stages") !=
+          std::string::npos);
+    CHECK(run.find("model: GPT") == run.rfind("model: GPT"));
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x pp 2, interleaved: the tied wte in chunks 0 and 1") {
+    std::string run;
+    checkSameLosses(single,
+                    train(weftrun(4), half + " --fsdp --dp 2 --pp 2 --schedule interleaved --microbatches 2", run));
+    CHECK(run.find("interleaved with 2 micro-batches") != std::string::npos);
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x tp 2") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(4), half + " --fsdp --dp 2 --tp 2", run));
+    CHECK(run.find("mesh {dp: 2, tp: 2} over 4 processes") != std::string::npos);
+    CHECK(run.find("FullyShardedDataParallel (ZeRO-3) over dp around TensorParallelGPT") != std::string::npos);
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x sp 2, zig-zag ring") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(4), half + " --fsdp --dp 2 --sp 2 --sp-mode ring", run));
+    CHECK(run.find("over dp around SequenceParallelGPT with ring attention (zig-zag)") != std::string::npos);
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x sp 2 x tp 2, Ulysses") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(8), half + " --fsdp --dp 2 --tp 2 --sp 2 --sp-mode ulysses", run));
+    CHECK(run.find("mesh {dp: 2, sp: 2, tp: 2} over 8 processes") != std::string::npos);
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x tp 2, checkpointed, with dropout: the masks of DDP over dp 2 x tp 2") {
+    // Each replica draws its own masks, so the reference is the DDP layout's run.
+    std::string ddp, run;
+    const std::string args = half + " --dp 2 --tp 2 --dropout 0.2 --checkpoint every-block";
+    checkSameLosses(train(weftrun(4), args, ddp), train(weftrun(4), args + " --fsdp", run));
   }
 }
 
@@ -266,7 +334,14 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
              "--sp 8 with --sp-mode ulysses must divide the heads of a tensor-parallel rank (4)");
   usageError(" --pp 2 --tp 2 --sp 2 --sp-mode 2d", "--sp 2 with --sp-mode 2d must be U x R");
   usageError(" --dp 0", "--dp, --tp and --sp must be positive");
-  usageError(" --fsdp --tp 2", "--fsdp shards over the whole job and does not combine with --dp, --tp or --sp");
+  const std::string needsDp = "--fsdp with --pp, --tp or --sp shards over the data-parallel replicas: it needs --dp > 1";
+  usageError(" --fsdp --tp 2", needsDp);
+  usageError(" --fsdp --pp 2", needsDp);
+  usageError(" --fsdp --sp 2", needsDp);
+  usageError(" --fsdp --dp 2 --pp 2 --tp 2", "--fsdp with --pp does not combine with --tp or --sp");
+  usageError(" --fsdp --dp 2 --pp 2 --sp 2", "--fsdp with --pp does not combine with --tp or --sp");
+  usageError(" --fsdp --dp 2 --zero 1", "--fsdp does not combine with --zero");
+  usageError(" --fsdp --device cuda", "--fsdp runs on CPUs");
   // The product must be the job's size.
   std::string out;
   CHECK(runShell(weftrun(3) + WEFT_GPT + kTiny + " --block 32 --dp 2 --tp 2 2>&1", out) != 0);
@@ -287,6 +362,13 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
     INFO(alone);
     CHECK(alone.find("needs a job of 4 processes (weftrun -n 4), this one has 3") != std::string::npos);
   }
+  out.clear();
+  CHECK(runShell(weftrun(2) + WEFT_GPT + kTiny + " --block 32 --fsdp --dp 2 --pp 2 2>&1", out) != 0);
+  CHECK(out.find("--fsdp --dp 2 --pp 2 needs a job of 4 processes (weftrun -n 4), this one has 2") !=
+        std::string::npos);
+  out.clear();
+  CHECK(runShell(weftrun(2) + WEFT_GPT + kTiny + " --block 32 --fsdp --dp 3 2>&1", out) != 0);
+  CHECK(out.find("--fsdp --dp 3 needs a job of 3 processes (weftrun -n 3), this one has 2") != std::string::npos);
 }
 
 #endif  // WEFT_GPT
