@@ -6,7 +6,8 @@
 // with SIGKILL (the others name it), and back-to-back
 // small allReduces (Gloo's loop thread under SCHED_BATCH), point-to-point
 // transfers whose sizes differ (a typed error on both sides, the group usable after), a peer that breaks
-// the protocol (ProtocolError, no abort). Every wait is
+// the protocol (ProtocolError, no abort), a peer that dies while the root's data waits to leave
+// (DisconnectedError at once, not at the timeout). Every wait is
 // bounded and every process is checked to be gone at the end.
 #include <doctest/doctest.h>
 
@@ -177,6 +178,24 @@ TEST_CASE("a rank killed with SIGKILL makes the others' next collective fail pro
     CHECK(contains(line, "DisconnectedError: allReduce #1 on group 'default'"));
     CHECK(contains(line, "the connection to rank 2 was lost"));
   }
+}
+
+TEST_CASE("a peer that dies while the root's broadcast data waits in Gloo's send queue fails the broadcast "
+          "promptly with DisconnectedError naming it, well within the group timeout") {
+  MpJob job = workerJob("stalled", 2);
+  auto results = finish(job, 60s);
+  CHECK(results[1].signal == SIGKILL);
+  CHECK(contains(results[1].out, "rank 1 stopping"));
+  const auto& res = results[0];
+  checkClean(res, 0);
+  const std::string p = rankPrefix(0);
+  const long long ms = numberAfter(res.out, p + "failed in_ms ");
+  CHECK(ms >= 0);
+  CHECK(ms < 10000);  // the group timeout is 20 s
+  const std::string line = restOfLine(res.out, p + "failed in_ms ");
+  INFO(line);
+  CHECK(contains(line, "DisconnectedError: broadcast #0 on group 'default'"));
+  CHECK(contains(line, "the connection to rank 1 was lost"));
 }
 
 TEST_CASE("20 back-to-back small allReduces on 2 processes all complete with the right values, and Gloo's "
