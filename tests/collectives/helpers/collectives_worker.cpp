@@ -50,6 +50,14 @@
 //             that most of rank 0's data waits in Gloo's send queue; rank 0 then kills it (SIGKILL)
 //             and prints "rank 0 failed in_ms T <ErrorType>: <message>", T counted from the kill
 //             (group timeout 20 s).
+//   ring_stall [4 ranks] after a first allReduce, every rank issues a 64 MiB ring allReduce; the
+//             last rank stops itself (SIGSTOP) right after issuing it, stalling the ring on every
+//             rank, and rank 0 kills it (SIGKILL) and prints "rank 0 killed at_ns K"; every other
+//             rank prints "rank R failed at_ns T <ErrorType>: <message>" (steady clock; group
+//             timeout 20 s).
+//   p2p_after_death [3 ranks] after a first allReduce, the last rank kills itself (SIGKILL); a
+//             second later ranks 0 and 1 exchange 1 MiB each way, checked ("rank R p2p ok"),
+//             then call allReduce ("rank R later <ErrorType>: <message>").
 // Every rank first prints "rank R pid P started". A wrong result throws: one line on stderr,
 // exit status 1.
 #include <sched.h>
@@ -600,6 +608,58 @@ void runStalledPeer(weft::rpc::StoreClient& store) {
   fail("went on after SIGSTOP");
 }
 
+// "ring_stall": see the file comment.
+void runRingStall(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
+  pg.allReduce(weft::ones({1024})).wait(30s);
+  Tensor x = weft::ones({int64_t{16} << 20});
+  Work w = pg.allReduce(x, ReduceOp::Sum, weft::collectives::AllreduceAlgorithm::Ring);
+  if (pg.rank() == pg.size() - 1) {
+    store.set("collectives_worker/ring_stall/pid", std::to_string(::getpid()));
+    ::raise(SIGSTOP);
+    fail("went on after SIGSTOP");
+  }
+  if (pg.rank() == 0) {
+    const auto victim = static_cast<pid_t>(std::stoll(store.get("collectives_worker/ring_stall/pid", 30s)));
+    std::this_thread::sleep_for(500ms);  // every rank is inside the ring, waiting
+    ::kill(victim, SIGKILL);
+    say("killed at_ns " + std::to_string(weft::testing::steadyNs(Clock::now())));
+  }
+  try {
+    w.wait();
+    say("unexpected success");
+  } catch (const std::exception&) {
+    say("failed at_ns " + std::to_string(weft::testing::steadyNs(Clock::now())) + " " +
+        weft::testing::describe(std::current_exception()));
+  }
+  store.barrier("collectives_worker/ring_stall/failed", pg.size() - 1, 30s);
+}
+
+// "p2p_after_death": see the file comment.
+void runP2pAfterDeath(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
+  pg.allReduce(weft::ones({1024})).wait(30s);
+  if (pg.rank() == pg.size() - 1) ::raise(SIGKILL);
+  // Long enough for the group to see the connection lost (a dead process's sockets close at once);
+  // no operation of this rank names the dead rank, so none fails on its own.
+  std::this_thread::sleep_for(1s);
+  const int64_t n = 1 << 18;  // 1 MiB of float32
+  const int peer = 1 - pg.rank();
+  Tensor out = filled(DType::Float32, n, pg.rank());
+  Tensor in = weft::zeros({n});
+  Work sent = pg.isend(out, peer, 7);
+  Work got = pg.irecv(in, peer, 7);
+  sent.wait(30s);
+  got.wait(30s);
+  expectEq(in, [&](int64_t i) { return value(peer, i); }, "p2p after a death");
+  say("p2p ok");
+  try {
+    pg.allReduce(weft::ones({4})).wait(30s);
+    say("later unexpected success");
+  } catch (const std::exception&) {
+    say("later " + weft::testing::describe(std::current_exception()));
+  }
+  store.barrier("collectives_worker/p2p_after_death/done", pg.size() - 1, 30s);
+}
+
 void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   Tensor x = weft::ones({1024});
   pg.allReduce(x).wait(30s);
@@ -667,7 +727,8 @@ void runBackToBack(ProcessGroupGloo& pg) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b|p2p_size|hostile|stalled\n");
+    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b|p2p_size|hostile|stalled|ring_stall|"
+                 "p2p_after_death\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -685,7 +746,10 @@ int main(int argc, char** argv) {
     }
     if (scenario == "stalled" && opt.rank == 1) runStalledPeer(store);
     ProcessGroupGloo::Options po;
-    po.timeout = scenario == "timeout" ? 1500ms : scenario == "kill" ? 10s : scenario == "stalled" ? 20s : 60s;
+    po.timeout = scenario == "timeout"                                                  ? 1500ms
+                 : scenario == "kill"                                               ? 10s
+                 : scenario == "stalled" || scenario == "ring_stall" || scenario == "p2p_after_death" ? 20s
+                                                                                    : 60s;
     {
       ProcessGroupGloo pg(store, opt.rank, opt.worldSize, po);
       if (scenario == "all") runAll(pg);
@@ -697,14 +761,18 @@ int main(int argc, char** argv) {
       else if (scenario == "p2p_size") runP2pSize(pg);
       else if (scenario == "hostile") runHostile(pg, store);
       else if (scenario == "stalled") runStalledRoot(pg, store);
+      else if (scenario == "ring_stall") runRingStall(pg, store);
+      else if (scenario == "p2p_after_death") runP2pAfterDeath(pg, store);
       else fail("unknown scenario " + scenario);
     }
     // Ranks that took part to the end meet before leaving (the last rank of timeout and kill does not).
     // Rank 0 serves the store: it leaves only once every other such rank has said it is leaving (a
     // barrier alone lets rank 0 close the store while another rank's barrier answer is in flight).
     const int staying =
-        scenario == "timeout" || scenario == "kill" || scenario == "hostile" || scenario == "stalled" ? opt.worldSize - 1
-                                                                                                      : opt.worldSize;
+        scenario == "timeout" || scenario == "kill" || scenario == "hostile" || scenario == "stalled" ||
+                scenario == "ring_stall" || scenario == "p2p_after_death"
+            ? opt.worldSize - 1
+            : opt.worldSize;
     if (opt.rank < staying) {
       store.barrier("collectives_worker/exit", staying, 30s);
       if (opt.rank == 0) {
