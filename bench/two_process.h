@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -45,6 +46,7 @@
 
 #include "bench/flags.h"
 #include "rpc/options.h"
+#include "tools/weftrun/free_port.h"
 
 namespace weft::bench {
 
@@ -172,22 +174,14 @@ inline void pinTo(int cpu) {
 
 // ---- the two processes -----------------------------------------------------------------
 
-// A port on 127.0.0.1 that was free a moment ago (for the store, which the server binds).
+// A port for the store, which the server binds later: drawn below the ephemeral range and
+// reserved against other benchmarks, tests and weftrun (tools/weftrun/free_port.h); the
+// reservation is held until 16 later ports have been drawn.
 inline uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) fail(errnoText("socket"));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    std::string why = errnoText("bind");
-    ::close(fd);
-    fail(why);
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
+  static std::deque<weftrun::PortReservation> held;
+  held.push_back(weftrun::reserveFreePort());  // std::runtime_error, as fail() throws
+  if (held.size() > 16) held.pop_front();
+  return held.back().port();
 }
 
 // Rank `rank` of the two, the store on 127.0.0.1:storePort.

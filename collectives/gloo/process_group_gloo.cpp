@@ -417,22 +417,10 @@ class ProcessGroupGloo::Impl {
   void allreduceLegacy(void* data, size_t n, DType t, ReduceOp op, AllreduceAlgorithm algorithm, Deadline d);
   void reduceScatterRing(const std::vector<Tensor>& inputs, const Tensor& output, ReduceOp op, Deadline d);
   // Waits for one receive (isRecv) or send of `buffer` posted by the
-  // hand-written algorithms, in slices: between them, a lost connection to
-  // any peer fails the wait (a rank blocked on a live peer learns of a death
-  // elsewhere in the ring at once, not at the deadline).
+  // hand-written algorithms; a lost connection to any peer fails it at once
+  // (the context's ConnectionWatch), so a rank blocked on a live peer learns
+  // of a death elsewhere in the ring then, not at the deadline.
   void waitAlgorithm(gloo::transport::UnboundBuffer& buffer, bool isRecv, Deadline d);
-  // The thread behind waitAlgorithm: waits on a receive from every peer
-  // that nothing ever completes, which Gloo fails when a connection is lost;
-  // then aborts the watched wait (and every later one).
-  void watchConnections();
-  std::mutex watchMutex_;  // guards the watch fields
-  gloo::transport::UnboundBuffer* watched_ = nullptr;
-  bool watchedIsRecv_ = false;
-  bool watchAborted_ = false;
-  bool watchLost_ = false;
-  uint8_t watchByte_ = 0;
-  std::unique_ptr<gloo::transport::UnboundBuffer> watchProbe_;
-  std::thread watcher_;  // started by the first watched wait
   // The algorithm a call asking for `requested` runs for `bytes` (never Auto).
   AllreduceAlgorithm resolve(AllreduceAlgorithm requested, size_t bytes) const;
   void reduceRaw(void* data, size_t n, DType t, ReduceOp op, int root, Deadline d);
@@ -457,7 +445,7 @@ class ProcessGroupGloo::Impl {
   const std::string name_;
   const std::string prefix_;  // "weft/pg/<name>/"
   std::shared_ptr<gloo::transport::Device> device_;
-  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::shared_ptr<detail::MeshContext> context_;
   detail::TrafficCounter* traffic_ = nullptr;  // context_'s counter
   AllreduceAlgorithm algorithm_ = AllreduceAlgorithm::Auto;  // the group's (options, else environment)
   std::unique_ptr<ProgressPoster> progress_;
@@ -597,10 +585,6 @@ ProcessGroupGloo::Impl::~Impl() {
     if (t.outgoing) exchange_->abandon(std::move(t.outgoing));
   });
   if (collectiveThread_.joinable()) collectiveThread_.join();
-  if (watcher_.joinable()) {
-    watchProbe_->abortWaitRecv();
-    watcher_.join();
-  }
 
   std::deque<std::unique_ptr<Transfer>> dropped;
   {
@@ -622,7 +606,10 @@ ProcessGroupGloo::Impl::~Impl() {
   }
   for (std::thread& t : transferWaiters_) t.join();
   progress_.reset();
-  if (context_) context_->closeConnections();
+  if (context_) {
+    context_->stopWatching();
+    context_->closeConnections();
+  }
 }
 
 std::string ProcessGroupGloo::Impl::describe(const CallHeader& h) const {
@@ -903,68 +890,9 @@ uint64_t algorithmSlot(uint32_t tag, uint64_t step) { return kAlgorithmSlotBase 
 }  // namespace
 
 void ProcessGroupGloo::Impl::waitAlgorithm(gloo::transport::UnboundBuffer& buffer, bool isRecv, Deadline d) {
-  {
-    std::lock_guard<std::mutex> lock(watchMutex_);
-    if (!watcher_.joinable()) {
-      // One receive from every peer on a slot nothing sends to: Gloo fails
-      // it as soon as that peer's connection is lost.
-      watchProbe_ = context_->createUnboundBuffer(&watchByte_, 1);
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_) watchProbe_->recv(r, detail::kWatchSlot);
-      }
-      watcher_ = std::thread([this] { watchConnections(); });
-    }
-    watched_ = &buffer;
-    watchedIsRecv_ = isRecv;
-    watchAborted_ = watchLost_;
-  }
-  std::exception_ptr error;
-  bool done = false;
-  if (!watchAborted_) {
-    try {
-      done = isRecv ? buffer.waitRecv(nullptr, timeoutUntil(d)) : buffer.waitSend(nullptr, timeoutUntil(d));
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  bool aborted = false;
-  {
-    std::lock_guard<std::mutex> lock(watchMutex_);
-    watched_ = nullptr;
-    aborted = watchAborted_;
-  }
-  if (error) std::rethrow_exception(error);
-  // Aborted by the watcher (a connection is lost), possibly just after the
-  // wait completed: the group fails either way.
-  if (!done || aborted) {
-    const std::vector<int> lost = lostPeers();
-    throw gloo::IoException("connection lost to rank" + std::string(lost.size() == 1 ? " " : "s ") +
-                            rankList(lost));
-  }
-}
-
-void ProcessGroupGloo::Impl::watchConnections() {
-  blockSigpipeOnThisThread();
-  bool lost = false;
-  for (;;) {
-    try {
-      // Returns false when the destructor aborts it; nothing completes it.
-      if (!watchProbe_->waitRecv(nullptr, std::chrono::hours(24))) return;
-    } catch (const gloo::IoException& e) {
-      lost = std::string(e.what()).find("Timed out") == std::string::npos;
-    }
-    if (lost) break;
-  }
-  std::lock_guard<std::mutex> lock(watchMutex_);
-  watchLost_ = true;
-  if (watched_ != nullptr && !watchAborted_) {
-    watchAborted_ = true;
-    if (watchedIsRecv_) {
-      watched_->abortWaitRecv();
-    } else {
-      watched_->abortWaitSend();
-    }
-  }
+  // Nothing aborts these waits; a lost connection makes them throw.
+  const bool done = isRecv ? buffer.waitRecv(nullptr, timeoutUntil(d)) : buffer.waitSend(nullptr, timeoutUntil(d));
+  WEFT_CHECK(done) << (isRecv ? "a receive" : "a send") << " of a hand-written algorithm was aborted";
 }
 
 void ProcessGroupGloo::Impl::allreduceNaive(void* data, size_t n, DType t, ReduceOp op, Deadline d) {
@@ -1187,8 +1115,8 @@ Work ProcessGroupGloo::Impl::startTransfer(const Tensor& tensor, bool isRecv, co
   const bool inlined = !isRecv && tensor.nbytes() <= kP2pInlineBytes;
   const size_t messageBytes = kP2pBytes + (isRecv ? kP2pInlineBytes : inlined ? tensor.nbytes() : 0);
   t->message.reset(new uint8_t[messageBytes]);
-  t->headerBuffer = context_->createUnboundBuffer(t->message.get(), messageBytes);
-  t->verdictBuffer = context_->createUnboundBuffer(t->verdict.data(), kP2pBytes);
+  t->headerBuffer = context_->createPeerBuffer(t->message.get(), messageBytes);
+  t->verdictBuffer = context_->createPeerBuffer(t->verdict.data(), kP2pBytes);
   try {
     SigpipeBlock block;
     if (!isRecv) {
@@ -1206,7 +1134,7 @@ Work ProcessGroupGloo::Impl::startTransfer(const Tensor& tensor, bool isRecv, co
       t->verdictBuffer->recv(dst, p2pSlot(detail::kP2pVerdictBase, t->seq, tag));
       t->headerBuffer->send(dst, detail::kP2pHeaderBase | tag);
       if (!inlined) {
-        t->dataBuffer = context_->createUnboundBuffer(tensor.rawData(), tensor.nbytes());
+        t->dataBuffer = context_->createPeerBuffer(tensor.rawData(), tensor.nbytes());
         t->dataBuffer->send(dst, p2pSlot(detail::kP2pDataBase, t->seq, tag));
       }
     } else if (peers.size() == 1) {
@@ -1312,7 +1240,7 @@ bool ProcessGroupGloo::Impl::finishRecv(Transfer& t) {
         }
         into = t.scratch.data();
       }
-      t.dataBuffer = context_->createUnboundBuffer(into, theirs);
+      t.dataBuffer = context_->createPeerBuffer(into, theirs);
       t.dataBuffer->recv(peer, p2pSlot(detail::kP2pDataBase, seq, t.tag));
     }
   }

@@ -32,8 +32,9 @@
 // Sub-groups live under "weft/pg/<name>/sub<k>[r0,r1,...]/" and reuse the
 // parent's Gloo device.
 //
-// Threads. Each group runs its collectives on a thread of its own (and posts
-// its progress from another, see Timeouts), one at a
+// Threads. Each group runs its collectives on a thread of its own (posts
+// its progress from another, see Timeouts, and watches its connections from
+// a third, see Lost connections), one at a
 // time in issue order (Gloo ops on one context must never interleave).
 // Point-to-point transfers start on the calling thread, so they overlap each
 // other and the collectives; their completions are awaited by a pool of
@@ -79,6 +80,18 @@
 // started it, the rank heard from longest ago is named with the age of its
 // last post (a rank stalled inside the collective stops posting). Ages across
 // hosts assume their clocks agree.
+//
+// Lost connections. A peer that dies, or whose connection is cut, fails
+// what waits on it at once, whatever the op was doing (a send the socket had
+// only partly taken included, which Gloo alone would leave to the timeout):
+// a collective in progress fails on every rank, once any connection of the
+// group is lost (a collective needs every rank), with DisconnectedError
+// naming the ranks whose connections are gone; a point-to-point transfer
+// fails once the connection to its peer is (a receive from any of several
+// ranks, once all of theirs are), so transfers between live ranks go on.
+// An op that had completed before the loss still completes. A wait fails
+// about ConnectionWatch::kTries x kRetryAfter after Gloo's loop thread
+// reads the loss (gloo/detail/connection_watch.h), far within the timeout.
 //
 // Call checking (GlooOptions::checkCalls, on by default). Each collective starts
 // with one call exchange: every rank sends every other rank a message with its

@@ -45,12 +45,13 @@ struct Flags {
   TargetMode target = TargetMode::Learnable;
   int64_t logInterval = 10;  // epochs between progress lines
   std::string metrics = "ddp_rpc_metrics.csv";
+  double timeoutSeconds = 60;  // the trainers' Gloo group: rendezvous and each collective
 };
 
 [[noreturn]] inline void usage(const std::string& err) {
   app::exitWithUsage(kProgram, err, "weftrun -n 4",
                      "[--epochs N] [--batches N] [--seed N] [--target learnable|random]\n"
-                     "          [--log-interval N] [--metrics PATH]\n"
+                     "          [--log-interval N] [--metrics PATH] [--timeout S]\n"
                      "  (ranks 0, 1: trainer0, trainer1; rank 2: master; rank 3: ps)\n");
 }
 
@@ -71,11 +72,13 @@ inline Flags parseFlags(int argc, char** argv) {
       }
     } else if (a == "--log-interval") f.logInterval = args.integer();
     else if (a == "--metrics") f.metrics = v;
+    else if (a == "--timeout") f.timeoutSeconds = args.real(true);
     else args.unknown();
   }
   if (f.epochs < 1) usage("--epochs must be at least 1");
   if (f.batches < 1) usage("--batches must be at least 1");
   if (f.logInterval < 1) usage("--log-interval must be at least 1");
+  if (!(f.timeoutSeconds > 0)) usage("--timeout must be positive");
   return f;
 }
 

@@ -3,7 +3,7 @@
 //
 //   ./build/tools/weftrun/weftrun -n 4 ./build/examples/ddp_rpc/ddp_rpc
 //       [--epochs 100] [--batches 10] [--seed 0] [--target learnable|random] [--log-interval 10]
-//       [--metrics ddp_rpc_metrics.csv]
+//       [--metrics ddp_rpc_metrics.csv] [--timeout 60]
 //
 // Roles, and what lives where:
 //   ranks 0, 1  "trainer0", "trainer1": a replica of a Linear(16, 8) each, under
@@ -94,8 +94,9 @@ TrainerReport train(rpc::Agent& agent, collectives::ProcessGroup& group, const F
 
 void runTrainerRank(rpc::Agent& agent, const Flags& flags, TrainerCall& call) {
   // The two trainers' own group, made from the job's store under its own name.
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeoutSeconds * 1000));
   auto group = collectives::createGlooGroup(agent.store(), agent.rank(), kMaster,
-                                            {.timeout = 60s, .name = "ddp_rpc_trainers"});
+                                            {.timeout = timeout, .name = "ddp_rpc_trainers"});
   Start start = app::awaitPeers(agent, call.start.getFuture(), othersThan(agent.rank()), "waiting for the master");
   call.answer([&] { return train(agent, *group, flags, start); });
   group->barrier().wait();

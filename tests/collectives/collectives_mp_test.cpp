@@ -6,7 +6,9 @@
 // with SIGKILL (the others name it), and back-to-back
 // small allReduces (Gloo's loop thread under SCHED_BATCH), point-to-point
 // transfers whose sizes differ (a typed error on both sides, the group usable after), a peer that breaks
-// the protocol (ProtocolError, no abort). Every wait is
+// the protocol (ProtocolError, no abort), a peer that dies while the root's data waits to leave
+// and a rank that stalls a ring then dies (DisconnectedError at once on every rank, not at the
+// timeout), point-to-point between live ranks after a death. Every wait is
 // bounded and every process is checked to be gone at the end.
 #include <doctest/doctest.h>
 
@@ -176,6 +178,62 @@ TEST_CASE("a rank killed with SIGKILL makes the others' next collective fail pro
     INFO(line);
     CHECK(contains(line, "DisconnectedError: allReduce #1 on group 'default'"));
     CHECK(contains(line, "the connection to rank 2 was lost"));
+  }
+}
+
+TEST_CASE("a peer that dies while the root's broadcast data waits in Gloo's send queue fails the broadcast "
+          "promptly with DisconnectedError naming it, well within the group timeout") {
+  MpJob job = workerJob("stalled", 2);
+  auto results = finish(job, 60s);
+  CHECK(results[1].signal == SIGKILL);
+  CHECK(contains(results[1].out, "rank 1 stopping"));
+  const auto& res = results[0];
+  checkClean(res, 0);
+  const std::string p = rankPrefix(0);
+  const long long ms = numberAfter(res.out, p + "failed in_ms ");
+  CHECK(ms >= 0);
+  CHECK(ms < 10000);  // the group timeout is 20 s
+  const std::string line = restOfLine(res.out, p + "failed in_ms ");
+  INFO(line);
+  CHECK(contains(line, "DisconnectedError: broadcast #0 on group 'default'"));
+  CHECK(contains(line, "the connection to rank 1 was lost"));
+}
+
+TEST_CASE("a rank stalled inside a ring allReduce, then killed, fails the collective promptly on every other rank, "
+          "its neighbours in the ring and the rank next to neither alike") {
+  MpJob job = workerJob("ring_stall", 4);
+  auto results = finish(job, 60s);
+  CHECK(results[3].signal == SIGKILL);
+  const long long killedAt = numberAfter(results[0].out, rankPrefix(0) + "killed at_ns ");
+  REQUIRE(killedAt > 0);
+  for (int r = 0; r < 3; ++r) {
+    const auto& res = results[static_cast<size_t>(r)];
+    checkClean(res, r);
+    const std::string p = rankPrefix(r);
+    const long long failedAt = numberAfter(res.out, p + "failed at_ns ");
+    const std::string line = restOfLine(res.out, p + "failed at_ns ");
+    INFO(line);
+    CHECK(failedAt > 0);
+    CHECK((failedAt - killedAt) / 1000000 < 10000);  // the group timeout is 20 s
+    CHECK(contains(line, "DisconnectedError: allReduce #1 on group 'default'"));
+    CHECK(contains(line, "the connection to rank 3 was lost"));
+  }
+}
+
+TEST_CASE("point-to-point transfers between live ranks go on after another rank of the group died; its next "
+          "collective fails naming the dead rank") {
+  MpJob job = workerJob("p2p_after_death", 3);
+  auto results = finish(job, 60s);
+  CHECK(results[2].signal == SIGKILL);
+  for (int r = 0; r < 2; ++r) {
+    const auto& res = results[static_cast<size_t>(r)];
+    checkClean(res, r);
+    const std::string p = rankPrefix(r);
+    CHECK(contains(res.out, p + "p2p ok\n"));
+    const std::string line = restOfLine(res.out, p + "later ");
+    INFO(line);
+    CHECK(contains(line, "DisconnectedError: allReduce #1 on group 'default'"));
+    CHECK(contains(line, "rank 2"));
   }
 }
 

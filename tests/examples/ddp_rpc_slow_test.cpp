@@ -179,6 +179,9 @@ TEST_CASE("ddp_rpc rejects an unknown target mode and bad numbers with its usage
   out.clear();
   CHECK(runShell(kProgram + " --epochs 0 2>&1", out) == 2);
   CHECK(out.find("--epochs must be at least 1") != std::string::npos);
+  out.clear();
+  CHECK(runShell(kProgram + " --timeout 0 2>&1", out) == 2);
+  CHECK(out.find("--timeout must be positive") != std::string::npos);
 }
 
 #endif  // WEFT_DDP_RPC

@@ -10,46 +10,36 @@
 //   // the destructor shuts every agent down (gracefully when possible)
 #pragma once
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <random>
-#include <stdexcept>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "rpc/agent.h"
 #include "rpc/options.h"
+#include "tools/weftrun/free_port.h"
 
 namespace weft::testing {
 
-// A TCP port on 127.0.0.1 that was free a moment ago, for a store that rank 0
-// binds later. It is drawn at random below Linux's ephemeral range (32768 and
-// up), so the client side of the many connections other tests open at the same
-// time can never take it in between; only another listener choosing the same
-// random port could.
+// A TCP port for a store that rank 0 binds later, drawn below Linux's
+// ephemeral range (the local ends of the connections other tests open cannot
+// take it) and reserved against every other test and weftrun on this machine
+// (tools/weftrun/free_port.h). The reservation is held by this process until
+// 64 later ports have been drawn, well past the moment any job binds it.
 inline uint16_t freePort() {
-  static std::mt19937 rng(std::random_device{}());
-  std::uniform_int_distribution<int> pick(20000, 32000);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) throw std::runtime_error("freePort: socket failed");
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    auto port = static_cast<uint16_t>(pick(rng));
-    addr.sin_port = htons(port);
-    bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    ::close(fd);
-    if (free) return port;
-  }
-  throw std::runtime_error("freePort: no free port found in 20000-32000");
+  static std::mutex mutex;
+  static std::deque<weftrun::PortReservation> held;
+  weftrun::PortReservation r = weftrun::reserveFreePort();
+  const uint16_t port = r.port();
+  std::lock_guard<std::mutex> lock(mutex);
+  held.push_back(std::move(r));
+  if (held.size() > 64) held.pop_front();
+  return port;
 }
 
 // Options for rank `rank` of `world` with the store on 127.0.0.1:port and

@@ -9,12 +9,14 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "subprocess.h"
+#include "tools/weftrun/free_port.h"
 
 using weft::testing::processGone;
 using weft::testing::Subprocess;
@@ -127,10 +129,48 @@ TEST_CASE("a free master port is chosen and shared by every rank when none is gi
   auto env = envByRank(r.out);
   REQUIRE(env.size() == 2);
   int port = std::stoi(env[0]["WEFT_MASTER_PORT"]);
-  CHECK(port > 0);
-  CHECK(port < 65536);
+  // Below Linux's ephemeral range: the local end of another connection cannot take it before
+  // rank 0 binds it.
+  CHECK(port >= weft::weftrun::kLowestPort);
+  CHECK(port < weft::weftrun::detail::ephemeralLow());
   CHECK(env[1]["WEFT_MASTER_PORT"] == env[0]["WEFT_MASTER_PORT"]);
   CHECK(env[1]["MASTER_PORT"] == env[0]["WEFT_MASTER_PORT"]);
+}
+
+TEST_CASE("the master port weftrun chose stays reserved against other launchers and tests while its job runs") {
+  auto p = std::make_unique<Subprocess>(
+      weftrun({"-n", "1", "/bin/sh", "-c", "echo port=$WEFT_MASTER_PORT pid=$$; exec sleep 25"}));
+  REQUIRE(p->readUntil([](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
+                       10000ms));
+  const std::string line = p->out();
+  REQUIRE(line.rfind("port=", 0) == 0);
+  const auto port = static_cast<uint16_t>(std::stoi(line.substr(5)));
+  const auto rankPid = static_cast<pid_t>(std::stoi(line.substr(line.find("pid=") + 4)));
+  // Another process's reservation of that port fails while weftrun holds it...
+  const int fd = weft::weftrun::detail::reserve(port);
+  CHECK(fd < 0);
+  if (fd >= 0) ::close(fd);
+  // ...and is free again once weftrun is gone.
+  const pid_t pid = p->pid();
+  p.reset();
+  REQUIRE(processGone(pid, 5000ms));
+  CHECK(processGone(rankPid, 5000ms));
+  const int again = weft::weftrun::detail::reserve(port);
+  CHECK(again >= 0);
+  if (again >= 0) ::close(again);
+}
+
+TEST_CASE("a reserved port is bindable, below the ephemeral range, and reserved once at a time") {
+  weft::weftrun::PortReservation r = weft::weftrun::reserveFreePort();
+  CHECK(r.port() >= weft::weftrun::kLowestPort);
+  CHECK(r.port() < weft::weftrun::detail::ephemeralLow());
+  CHECK(weft::weftrun::detail::bindable(r.port()));
+  CHECK(weft::weftrun::detail::reserve(r.port()) < 0);
+  const uint16_t port = r.port();
+  r = weft::weftrun::PortReservation();
+  const int fd = weft::weftrun::detail::reserve(port);
+  CHECK(fd >= 0);
+  if (fd >= 0) ::close(fd);
 }
 
 TEST_CASE("ranks on a later node are numbered after the earlier nodes' ranks") {

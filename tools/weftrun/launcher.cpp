@@ -15,11 +15,13 @@
 #include <csignal>
 #include <cstring>
 #include <iterator>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <vector>
 
+#include "tools/weftrun/free_port.h"
 #include "tools/weftrun/line_tagger.h"
 
 extern char** environ;
@@ -135,28 +137,6 @@ bool writeAll(int fd, std::string_view data) {
 // weftrun's own messages: one line, one write, on stderr.
 void say(const std::string& message) { writeAll(STDERR_FILENO, "weftrun: " + message + "\n"); }
 
-// A port no socket on this machine is bound to right now (bind port 0, read it
-// back, close). Another process could take it before rank 0 binds it; the
-// window is short and a restart picks a new one.
-int pickFreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throwErrno("weftrun: socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int err = errno;
-    ::close(fd);
-    errno = err;
-    throwErrno("weftrun: choosing a free master port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // weftrun's environment with every variable it manages replaced.
 std::vector<std::string> rankEnvironment(const Options& o, int localRank, int port, int restartCount) {
   std::vector<std::pair<const char*, std::string>> managed = {
@@ -246,7 +226,16 @@ class Attempt {
   }
 
   AttemptResult run() {
-    int port = options_.masterPort ? options_.masterPort : pickFreePort();
+    // Held until the attempt ends: no other weftrun or test takes the port
+    // before rank 0 binds it (free_port.h).
+    if (options_.masterPort == 0) {
+      try {
+        masterPort_ = reserveFreePort();
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(std::string("weftrun: choosing a free master port: ") + e.what());
+      }
+    }
+    int port = options_.masterPort ? options_.masterPort : masterPort_.port();
     ranks_.resize(static_cast<size_t>(options_.procsPerNode));
     for (int local = 0; local < options_.procsPerNode; ++local) {
       Rank& r = ranks_[static_cast<size_t>(local)];
@@ -510,6 +499,7 @@ class Attempt {
   const Options& options_;
   SignalPipe& signals_;
   const int restartCount_;
+  PortReservation masterPort_;  // the port chosen when none was given
   std::vector<Rank> ranks_;  // sized once, so Rank pointers stay valid
   int running_ = 0;
   bool stopping_ = false;  // ranks were told to stop (failure, signal or exec error)

@@ -34,7 +34,8 @@ struct Options {
   int nnodes = 1;        // machines in the group, each running one weftrun
   int nodeRank = 0;      // this machine's index in [0, nnodes)
   std::string masterAddr = kDefaultMasterAddr;
-  // 0 = weftrun picks a free port (by binding port 0) before each attempt.
+  // 0 = weftrun picks a free port below the ephemeral range before each
+  // attempt and holds it reserved while the attempt runs (free_port.h).
   int masterPort = 0;
   // --socket-ifname: the interface or address of this machine the processes
   // bind and give their peers, passed on as WEFT_SOCKET_IFNAME; empty leaves

@@ -83,11 +83,13 @@ constexpr size_t kHeaderBytes = kHeaderWords * sizeof(int64_t);
 // the top byte, user point-to-point tags are below 2^32.
 constexpr uint64_t kExchangeSlotBase = uint64_t{0x77} << 56;
 // The slot of the receives that find which peers' connections failed
-// (ProcessGroupGloo's lostPeers); nothing is ever sent to it.
+// (ProcessGroupGloo's lostPeers, the ConnectionWatch); nothing is ever sent
+// to it.
 constexpr uint64_t kProbeSlot = uint64_t{0x78} << 56;
-// The receives by which a group learns of a lost connection while its
-// hand-written algorithms wait (one per peer, posted once; nothing is ever
-// sent to it). The hand-written algorithms' own messages use top byte 0x7C.
+// The receives by which a group's ConnectionWatch (connection_watch.h) learns
+// of a lost connection (one per live peer, posted again after each loss;
+// nothing is ever sent to it). The hand-written algorithms' own messages use
+// top byte 0x7C.
 constexpr uint64_t kWatchSlot = uint64_t{0x7D} << 56;
 // Point-to-point transfers (ProcessGroupGloo::isend/irecv with user tag t,
 // below 2^32): the sender's size header travels on kP2pHeaderBase | t, so

@@ -348,7 +348,17 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     throw TimeoutError("ProcessGroupGloo: " + label + ": " + msg);
   }
   device_ = device;
-  transportContext_ = std::make_shared<CountingContext>(std::move(transport), traffic_);
+  counting_ = std::make_shared<CountingContext>(std::move(transport), traffic_);
+  transportContext_ = counting_;
+}
+
+std::unique_ptr<gloo::transport::UnboundBuffer> MeshContext::createPeerBuffer(void* ptr, size_t size) {
+  WEFT_CHECK(counting_) << "createPeerBuffer before connectMesh";
+  return counting_->createUnboundBuffer(ptr, size, ConnectionWatch::Scope::Peers);
+}
+
+void MeshContext::stopWatching() {
+  if (counting_) counting_->stopWatching();
 }
 
 }  // namespace weft::collectives::detail

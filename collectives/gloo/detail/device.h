@@ -107,8 +107,17 @@ class MeshContext final : public gloo::rendezvous::Context {
   // pair and buffer of the context is a counting one (traffic.h).
   TrafficCounter& traffic() { return *traffic_; }
 
+  // After connectMesh, the connections are watched (connection_watch.h):
+  // createUnboundBuffer gives a collective's buffer, failed once any
+  // connection is lost; createPeerBuffer one of a point-to-point transfer,
+  // failed once the connection to a peer its operations name is lost.
+  std::unique_ptr<gloo::transport::UnboundBuffer> createPeerBuffer(void* ptr, size_t size);
+  // Ends the watch: before closeConnections().
+  void stopWatching();
+
  private:
   std::shared_ptr<TrafficCounter> traffic_;
+  std::shared_ptr<CountingContext> counting_;  // the transport context, from connectMesh on
 };
 
 }  // namespace weft::collectives::detail

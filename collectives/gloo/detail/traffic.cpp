@@ -134,8 +134,8 @@ class CountingBuffer final : public gloo::transport::Buffer {
 
 class CountingPair final : public gloo::transport::Pair {
  public:
-  CountingPair(gloo::transport::Pair* inner, std::shared_ptr<TrafficCounter> counter)
-      : inner_(inner), counter_(std::move(counter)) {}
+  CountingPair(int peer, gloo::transport::Pair* inner, std::shared_ptr<TrafficCounter> counter)
+      : peer_(peer), inner_(inner), counter_(std::move(counter)) {}
 
   const gloo::transport::Address& address() const override { return inner_->address(); }
   void connect(const std::vector<char>& bytes) override { inner_->connect(bytes); }
@@ -148,18 +148,28 @@ class CountingPair final : public gloo::transport::Pair {
     return std::make_unique<CountingBuffer>(slot, ptr, size, inner_->createRecvBuffer(slot, ptr, size), counter_);
   }
   // Gloo's unbound buffers post through their own context's pairs; these
-  // forward a counting buffer's inner one.
+  // forward the TCP buffer under a counting (and watched) one.
   void send(gloo::transport::UnboundBuffer* buf, uint64_t tag, size_t offset, size_t nbytes) override {
-    auto* counting = dynamic_cast<CountingUnboundBuffer*>(buf);
-    inner_->send(counting != nullptr ? counting->inner() : buf, tag, offset, nbytes);
+    gloo::transport::UnboundBuffer* target = innerOf(buf);
+    inner_->send(target, tag, offset, nbytes);
     counter_->sent(bytesOf(offset, nbytes, buf->size));
   }
   void recv(gloo::transport::UnboundBuffer* buf, uint64_t tag, size_t offset, size_t nbytes) override {
-    auto* counting = dynamic_cast<CountingUnboundBuffer*>(buf);
-    inner_->recv(counting != nullptr ? counting->inner() : buf, tag, offset, nbytes);
+    inner_->recv(innerOf(buf), tag, offset, nbytes);
   }
 
  private:
+  // The TCP buffer the inner pair takes, its watch told of the post first.
+  gloo::transport::UnboundBuffer* innerOf(gloo::transport::UnboundBuffer* buf) {
+    auto* counting = dynamic_cast<CountingUnboundBuffer*>(buf);
+    gloo::transport::UnboundBuffer* inner = counting != nullptr ? counting->inner() : buf;
+    auto* watched = dynamic_cast<WatchedBuffer*>(inner);
+    if (watched == nullptr) return inner;
+    watched->posting({peer_});
+    return watched->inner();
+  }
+
+  const int peer_;
   gloo::transport::Pair* inner_;  // owned by the inner context
   std::shared_ptr<TrafficCounter> counter_;
 };
@@ -168,17 +178,24 @@ class CountingPair final : public gloo::transport::Pair {
 
 CountingContext::CountingContext(std::shared_ptr<gloo::transport::Context> inner,
                                  std::shared_ptr<TrafficCounter> counter)
-    : Context(inner->rank, inner->size), inner_(std::move(inner)), counter_(std::move(counter)) {
+    : Context(inner->rank, inner->size),
+      inner_(inner),
+      counter_(std::move(counter)),
+      watch_(std::make_shared<ConnectionWatch>(std::move(inner))) {
   setTimeout(inner_->getTimeout());
   pairs_.resize(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
     std::unique_ptr<gloo::transport::Pair>& pair = inner_->getPair(r);
-    if (pair) pairs_[static_cast<size_t>(r)] = std::make_unique<CountingPair>(pair.get(), counter_);
+    if (pair) pairs_[static_cast<size_t>(r)] = std::make_unique<CountingPair>(r, pair.get(), counter_);
   }
+  watch_->start();
 }
 
 // The wrappers in pairs_ only point at the inner pairs: drop them first.
-CountingContext::~CountingContext() { pairs_.clear(); }
+CountingContext::~CountingContext() {
+  watch_->stop();
+  pairs_.clear();
+}
 
 std::unique_ptr<gloo::transport::Pair>& CountingContext::getPair(int rank) {
   return pairs_.at(static_cast<size_t>(rank));
@@ -190,8 +207,15 @@ std::unique_ptr<gloo::transport::Pair>& CountingContext::createPair(int rank) {
 }
 
 std::unique_ptr<gloo::transport::UnboundBuffer> CountingContext::createUnboundBuffer(void* ptr, size_t size) {
-  return std::make_unique<CountingUnboundBuffer>(inner_->createUnboundBuffer(ptr, size), counter_);
+  return createUnboundBuffer(ptr, size, ConnectionWatch::Scope::Group);
 }
+
+std::unique_ptr<gloo::transport::UnboundBuffer> CountingContext::createUnboundBuffer(void* ptr, size_t size,
+                                                                                     ConnectionWatch::Scope scope) {
+  return std::make_unique<CountingUnboundBuffer>(watch_->createBuffer(ptr, size, scope), counter_);
+}
+
+void CountingContext::stopWatching() { watch_->stop(); }
 
 void countReceivedAs(gloo::transport::UnboundBuffer& buffer, size_t bytes) {
   if (auto* counting = dynamic_cast<CountingUnboundBuffer*>(&buffer)) counting->restate(bytes);

@@ -7,6 +7,12 @@
 //   ... Gloo and weft post their sends and receives through `counted` ...
 //   TrafficStats s = counter->read();
 //
+// The context's unbound buffers are also watched (connection_watch.h): a
+// lost connection fails the waits that depend on it. A buffer from
+// createUnboundBuffer(ptr, size) is a collective's (ConnectionWatch::Scope::
+// Group), which is how Gloo's collectives make theirs; point-to-point
+// transfers ask for Scope::Peers.
+//
 // What counts. Every send posted through the context adds its byte count
 // (the payload Gloo's TCP transport writes after its own fixed-size message
 // preamble) and one message, whichever layer posts it: Gloo's collectives
@@ -37,6 +43,7 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "collectives/gloo/detail/connection_watch.h"
 #include "collectives/process_group.h"
 
 namespace weft::collectives::detail {
@@ -68,8 +75,10 @@ class TrafficCounter {
 };
 
 // A transport context that forwards everything to `inner` (a connected TCP
-// context) and counts through `counter`. Its pairs and buffers wrap the
-// inner ones; the inner context must not be used directly afterwards.
+// context), counts through `counter` and watches the connections (its
+// ConnectionWatch runs from construction until stopWatching() or the
+// destructor). Its pairs and buffers wrap the inner ones; the inner context
+// must not be used directly afterwards.
 class CountingContext final : public gloo::transport::Context {
  public:
   CountingContext(std::shared_ptr<gloo::transport::Context> inner, std::shared_ptr<TrafficCounter> counter);
@@ -77,13 +86,20 @@ class CountingContext final : public gloo::transport::Context {
 
   std::unique_ptr<gloo::transport::Pair>& getPair(int rank) override;
   std::unique_ptr<gloo::transport::Pair>& createPair(int rank) override;
+  // A collective's buffer (ConnectionWatch::Scope::Group).
   std::unique_ptr<gloo::transport::UnboundBuffer> createUnboundBuffer(void* ptr, size_t size) override;
+  std::unique_ptr<gloo::transport::UnboundBuffer> createUnboundBuffer(void* ptr, size_t size,
+                                                                      ConnectionWatch::Scope scope);
 
   const std::shared_ptr<TrafficCounter>& counter() const { return counter_; }
+
+  // Ends the watch: before the connections are closed on purpose.
+  void stopWatching();
 
  private:
   std::shared_ptr<gloo::transport::Context> inner_;
   std::shared_ptr<TrafficCounter> counter_;
+  std::shared_ptr<ConnectionWatch> watch_;  // shared with the buffers it watches
 };
 
 // For a receive posted on a buffer of a CountingContext with room for more

@@ -45,6 +45,19 @@
 //             bytes of garbage where rank 0 awaits a size header (recv, tag 5). Rank 0 prints "rank 0
 //             short_data <ErrorType>: <message>" and "rank 0 garbage_header <ErrorType>: <message>";
 //             rank 1 prints "rank 1 sent".
+//   stalled   [2 ranks] rank 1 is a bare Gloo peer in rank 0's group: it matches rank 0's broadcast
+//             #0 of 64 MiB (root 0), posts its receive of the data and stops itself (SIGSTOP), so
+//             that most of rank 0's data waits in Gloo's send queue; rank 0 then kills it (SIGKILL)
+//             and prints "rank 0 failed in_ms T <ErrorType>: <message>", T counted from the kill
+//             (group timeout 20 s).
+//   ring_stall [4 ranks] after a first allReduce, every rank issues a 64 MiB ring allReduce; the
+//             last rank stops itself (SIGSTOP) right after issuing it, stalling the ring on every
+//             rank, and rank 0 kills it (SIGKILL) and prints "rank 0 killed at_ns K"; every other
+//             rank prints "rank R failed at_ns T <ErrorType>: <message>" (steady clock; group
+//             timeout 20 s).
+//   p2p_after_death [3 ranks] after a first allReduce, the last rank kills itself (SIGKILL); a
+//             second later ranks 0 and 1 exchange 1 MiB each way, checked ("rank R p2p ok"),
+//             then call allReduce ("rank R later <ErrorType>: <message>").
 // Every rank first prints "rank R pid P started". A wrong result throws: one line on stderr,
 // exit status 1.
 #include <sched.h>
@@ -67,6 +80,7 @@
 
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include "collectives/gloo/detail/call_check.h"
 #include "collectives/gloo/detail/device.h"
@@ -544,6 +558,108 @@ void runHostilePeer(weft::rpc::StoreClient& store) {
   store.barrier("collectives_worker/hostile", 2, 30s);
 }
 
+constexpr int64_t kStalledElements = int64_t{16} << 20;  // 64 MiB of float32
+
+// Rank 0 of "stalled": the root of a broadcast whose only peer stops reading, then dies.
+void runStalledRoot(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
+  Tensor x = weft::ones({kStalledElements});
+  Work w = pg.broadcast(x, 0);
+  const pid_t peer = static_cast<pid_t>(std::stoll(store.get("collectives_worker/stalled/pid", 30s)));
+  // The peer has stopped with its receive posted: what the socket does not hold waits in Gloo's
+  // send queue, and stays there.
+  std::this_thread::sleep_for(500ms);
+  ::kill(peer, SIGKILL);
+  auto t0 = Clock::now();
+  try {
+    w.wait();
+    say("unexpected success");
+  } catch (const std::exception&) {
+    long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    say("failed in_ms " + std::to_string(ms) + " " + weft::testing::describe(std::current_exception()));
+  }
+}
+
+// Rank 1 of "stalled": joins rank 0's group as a bare Gloo peer, answers broadcast #0's call
+// header with a matching one, posts the receive of the data on the slot Gloo's broadcast uses
+// (tag 0: the group's first Gloo collective) and stops before reading it.
+void runStalledPeer(weft::rpc::StoreClient& store) {
+  namespace gd = weft::collectives::detail;
+  store.set("weft/pg/default/joined/1", "1");
+  auto context = std::make_shared<gd::MeshContext>(1, 2);
+  context->setTimeout(30s);
+  std::shared_ptr<gloo::transport::Device> device = gd::createTcpDevice("127.0.0.1");
+  context->connectMesh(store, "weft/pg/default/", device, 30s, "the stalled peer");
+  std::vector<uint8_t> incoming(gd::kHeaderBytes + ProcessGroupGloo::kFusedSendBytes);
+  auto in = context->createUnboundBuffer(incoming.data(), incoming.size());
+  in->recv(0, gd::kExchangeSlotBase);
+  const int64_t words[gd::kHeaderWords] = {0x7765667470670003, static_cast<int64_t>(gd::OpCode::Broadcast), 0,
+                                           static_cast<int64_t>(DType::Float32), kStalledElements, 0, -1, 0, -1, -1};
+  std::vector<uint8_t> header(gd::kHeaderBytes);
+  std::memcpy(header.data(), words, gd::kHeaderBytes);
+  auto out = context->createUnboundBuffer(header.data(), header.size());
+  out->send(0, gd::kExchangeSlotBase);
+  if (!in->waitRecv(nullptr, 30s) || !out->waitSend(nullptr, 30s)) fail("the call headers did not get through");
+  std::vector<float> data(static_cast<size_t>(kStalledElements));
+  auto sink = context->createUnboundBuffer(data.data(), data.size() * sizeof(float));
+  sink->recv(0, gloo::Slot::build(gloo::kBroadcastSlotPrefix, 0));
+  store.set("collectives_worker/stalled/pid", std::to_string(::getpid()));
+  say("stopping");
+  ::raise(SIGSTOP);
+  fail("went on after SIGSTOP");
+}
+
+// "ring_stall": see the file comment.
+void runRingStall(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
+  pg.allReduce(weft::ones({1024})).wait(30s);
+  Tensor x = weft::ones({int64_t{16} << 20});
+  Work w = pg.allReduce(x, ReduceOp::Sum, weft::collectives::AllreduceAlgorithm::Ring);
+  if (pg.rank() == pg.size() - 1) {
+    store.set("collectives_worker/ring_stall/pid", std::to_string(::getpid()));
+    ::raise(SIGSTOP);
+    fail("went on after SIGSTOP");
+  }
+  if (pg.rank() == 0) {
+    const auto victim = static_cast<pid_t>(std::stoll(store.get("collectives_worker/ring_stall/pid", 30s)));
+    std::this_thread::sleep_for(500ms);  // every rank is inside the ring, waiting
+    ::kill(victim, SIGKILL);
+    say("killed at_ns " + std::to_string(weft::testing::steadyNs(Clock::now())));
+  }
+  try {
+    w.wait();
+    say("unexpected success");
+  } catch (const std::exception&) {
+    say("failed at_ns " + std::to_string(weft::testing::steadyNs(Clock::now())) + " " +
+        weft::testing::describe(std::current_exception()));
+  }
+  store.barrier("collectives_worker/ring_stall/failed", pg.size() - 1, 30s);
+}
+
+// "p2p_after_death": see the file comment.
+void runP2pAfterDeath(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
+  pg.allReduce(weft::ones({1024})).wait(30s);
+  if (pg.rank() == pg.size() - 1) ::raise(SIGKILL);
+  // Long enough for the group to see the connection lost (a dead process's sockets close at once);
+  // no operation of this rank names the dead rank, so none fails on its own.
+  std::this_thread::sleep_for(1s);
+  const int64_t n = 1 << 18;  // 1 MiB of float32
+  const int peer = 1 - pg.rank();
+  Tensor out = filled(DType::Float32, n, pg.rank());
+  Tensor in = weft::zeros({n});
+  Work sent = pg.isend(out, peer, 7);
+  Work got = pg.irecv(in, peer, 7);
+  sent.wait(30s);
+  got.wait(30s);
+  expectEq(in, [&](int64_t i) { return value(peer, i); }, "p2p after a death");
+  say("p2p ok");
+  try {
+    pg.allReduce(weft::ones({4})).wait(30s);
+    say("later unexpected success");
+  } catch (const std::exception&) {
+    say("later " + weft::testing::describe(std::current_exception()));
+  }
+  store.barrier("collectives_worker/p2p_after_death/done", pg.size() - 1, 30s);
+}
+
 void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   Tensor x = weft::ones({1024});
   pg.allReduce(x).wait(30s);
@@ -611,7 +727,8 @@ void runBackToBack(ProcessGroupGloo& pg) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b|p2p_size|hostile\n");
+    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b|p2p_size|hostile|stalled|ring_stall|"
+                 "p2p_after_death\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -627,8 +744,12 @@ int main(int argc, char** argv) {
       say("done");
       return 0;
     }
+    if (scenario == "stalled" && opt.rank == 1) runStalledPeer(store);
     ProcessGroupGloo::Options po;
-    po.timeout = scenario == "timeout" ? 1500ms : scenario == "kill" ? 10s : 60s;
+    po.timeout = scenario == "timeout"                                                  ? 1500ms
+                 : scenario == "kill"                                               ? 10s
+                 : scenario == "stalled" || scenario == "ring_stall" || scenario == "p2p_after_death" ? 20s
+                                                                                    : 60s;
     {
       ProcessGroupGloo pg(store, opt.rank, opt.worldSize, po);
       if (scenario == "all") runAll(pg);
@@ -639,13 +760,19 @@ int main(int argc, char** argv) {
       else if (scenario == "b2b") runBackToBack(pg);
       else if (scenario == "p2p_size") runP2pSize(pg);
       else if (scenario == "hostile") runHostile(pg, store);
+      else if (scenario == "stalled") runStalledRoot(pg, store);
+      else if (scenario == "ring_stall") runRingStall(pg, store);
+      else if (scenario == "p2p_after_death") runP2pAfterDeath(pg, store);
       else fail("unknown scenario " + scenario);
     }
     // Ranks that took part to the end meet before leaving (the last rank of timeout and kill does not).
     // Rank 0 serves the store: it leaves only once every other such rank has said it is leaving (a
     // barrier alone lets rank 0 close the store while another rank's barrier answer is in flight).
-    const int staying = scenario == "timeout" || scenario == "kill" || scenario == "hostile" ? opt.worldSize - 1
-                                                                                            : opt.worldSize;
+    const int staying =
+        scenario == "timeout" || scenario == "kill" || scenario == "hostile" || scenario == "stalled" ||
+                scenario == "ring_stall" || scenario == "p2p_after_death"
+            ? opt.worldSize - 1
+            : opt.worldSize;
     if (opt.rank < staying) {
       store.barrier("collectives_worker/exit", staying, 30s);
       if (opt.rank == 0) {
