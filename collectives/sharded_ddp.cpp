@@ -11,6 +11,7 @@
 #include "collectives/detail/sharding.h"
 #include "collectives/object_collectives.h"
 #include "common/error.h"
+#include "nn/master_weights.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -39,6 +40,11 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, std
   WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, "ShardedDataParallel: the module is null");
   WEFT_ENFORCE(options_.bucketCapBytes > 0, InvalidArgumentError,
                "ShardedDataParallel: Options::bucketCapBytes must be > 0, got ", options_.bucketCapBytes);
+  if (options_.reduceDtype) {
+    const DType rd = *options_.reduceDtype;
+    WEFT_ENFORCE(rd == DType::Float32 || rd == DType::Float16 || rd == DType::Float64, InvalidArgumentError,
+                 "ShardedDataParallel: Options::reduceDtype must be float32, float16 or float64, got ", dtypeName(rd));
+  }
   { nn::optim::Optimizer check(groups_); }  // the plain optimizer's checks
   auto named = module_->namedParameters();
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -130,6 +136,7 @@ void ShardedDataParallel::layOut() {
       piece.length = to - from;
       piece.shardOffset = from - lo;
       piece.values = p.tensor.detach().view({-1}).narrow(0, piece.start, piece.length);
+      if (options_.masterWeights && nn::optim::needsMaster(p.tensor.dtype())) piece.master = piece.values.to(DType::Float32);
       b.pieces.push_back(pieces_.size());
       pieces_.push_back(std::move(piece));
     }
@@ -171,8 +178,10 @@ void ShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& grads) {
   Param& p = meta_[index];
   Bucket& b = buckets_[p.bucket];
   NoGradGuard noGrad;
+  const DType reduceDtype = options_.reduceDtype.value_or(p.tensor.dtype());
+  if (g.defined() && g.dtype() != reduceDtype) g = g.to(reduceDtype);
   if (!b.flat.defined()) {
-    b.flat = empty({b.chunk * group_.size()}, {.dtype = p.tensor.dtype()});
+    b.flat = empty({b.chunk * group_.size()}, {.dtype = reduceDtype});
     b.flat.narrow(0, b.numel, b.flat.numel() - b.numel).zero_();  // padding
   }
   Tensor slot = b.flat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.shape());
@@ -188,7 +197,7 @@ void ShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& grads) {
     slot.zero_();
   }
   if (p.pending.defined()) {
-    slot.add_(p.pending);
+    slot.add_(p.pending.dtype() == reduceDtype ? p.pending : p.pending.to(reduceDtype));
     p.pending = Tensor();
   }
   p.ready = true;
@@ -269,6 +278,8 @@ void ShardedDataParallel::finishPass() {
   const double scale = 1.0 / static_cast<double>(group_.size());
   for (Bucket& b : buckets_) {
     if (group_.size() > 1) b.reduced.mul_(scale);
+    const DType gradDtype = meta_[b.params.front()].tensor.dtype();  // the gradient shard's: the parameters'
+    if (b.reduced.dtype() != gradDtype) b.reduced = b.reduced.to(gradDtype);
     if (b.gradShard.defined()) {
       b.gradShard.add_(b.reduced);
     } else {
@@ -297,8 +308,11 @@ void ShardedDataParallel::step() {
       for (size_t i : mine) {
         const Piece& piece = pieces_[i];
         const Bucket& b = buckets_[meta_[piece.param].bucket];
-        values.push_back(piece.values);
-        grads.push_back(b.gradShard.defined() ? b.gradShard.narrow(0, piece.shardOffset, piece.length) : Tensor());
+        const Tensor stepped = piece.stepped();
+        values.push_back(stepped);
+        Tensor grad = b.gradShard.defined() ? b.gradShard.narrow(0, piece.shardOffset, piece.length) : Tensor();
+        if (grad.defined() && grad.dtype() != stepped.dtype()) grad = grad.to(stepped.dtype());
+        grads.push_back(grad);
         state.push_back(std::move(pieces_[i].state));
       }
       struct MoveBack {
@@ -310,6 +324,11 @@ void ShardedDataParallel::step() {
         }
       } moveBack{state, pieces_, mine};
       nn::optim::step(groups_[g].options, values, grads, state);
+      NoGradGuard noGrad;
+      for (size_t j = 0; j < mine.size(); ++j) {
+        Piece& piece = pieces_[mine[j]];
+        if (piece.master.defined() && grads[j].defined()) piece.values.copy_(piece.master);
+      }
     }
   }
   // Every bucket's parameters from their owners.
@@ -491,7 +510,7 @@ void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
     piece.state = nn::optim::ParamState{};
     piece.state.step = st.step;
     for (const auto& [name, buffer] : st.buffers) {
-      piece.state.buffers.emplace(name, buffer.view({-1}).narrow(0, piece.start, piece.length).clone());
+      piece.state.buffers.emplace(name, buffer.view({-1}).narrow(0, piece.start, piece.length).to(piece.stepped().dtype()).clone());
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = whole.groups()[g].options;
@@ -625,7 +644,7 @@ void ShardedDataParallel::loadShardedStateDict(const nn::StateDict& shard) {
                  " with these options");
     WEFT_ENFORCE(value.numel() == p.length, InvalidArgumentError, where, ": '", key, "' holds ", value.numel(),
                  " elements, the slice has ", p.length);
-    st.buffers[name] = value.to(Device::cpu()).to(p.values.dtype()).contiguous().view({p.length}).clone();
+    st.buffers[name] = value.to(Device::cpu()).to(p.stepped().dtype()).contiguous().view({p.length}).clone();
   }
   for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i].state = std::move(loaded[i]);
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -658,6 +677,15 @@ int64_t ShardedDataParallel::gradientShardBytes() const {
   int64_t bytes = 0;
   for (const Bucket& b : buckets_) {
     if (b.gradShard.defined()) bytes += static_cast<int64_t>(b.gradShard.nbytes());
+  }
+  return bytes;
+}
+
+int64_t ShardedDataParallel::masterBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t bytes = 0;
+  for (const Piece& piece : pieces_) {
+    if (piece.master.defined()) bytes += static_cast<int64_t>(piece.master.nbytes());
   }
   return bytes;
 }

@@ -12,6 +12,7 @@
 #include "collectives/detail/sharding.h"
 #include "collectives/object_collectives.h"
 #include "common/error.h"
+#include "nn/master_weights.h"
 #include "nn/utils.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -81,13 +82,34 @@ void ZeroRedundancyOptimizer::partition() {
     if (owner_[i] != group_.rank()) continue;
     localIndex_[i] = mine_.size();
     mine_.push_back(i);
-    local[groupOf_[i]].params.push_back(params_[i]);
+    Tensor stepped = params_[i];
+    if (options_.masterWeights && nn::optim::needsMaster(stepped.dtype())) {
+      NoGradGuard noGrad;
+      stepped = stepped.detach().to(DType::Float32);
+    }
+    local[groupOf_[i]].params.push_back(stepped);
   }
   if (!mine_.empty()) local_ = std::make_unique<nn::optim::Optimizer>(std::move(local));
 }
 
 void ZeroRedundancyOptimizer::step() {
-  if (local_) local_->step();
+  if (local_ && !options_.masterWeights) local_->step();
+  if (local_ && options_.masterWeights) {
+    // The local optimizer steps the masters (local order is mine_'s) with the gradients cast to their dtype.
+    const std::vector<Tensor>& stepped = local_->params();
+    std::vector<Tensor> grads(mine_.size());
+    NoGradGuard noGrad;
+    for (size_t j = 0; j < mine_.size(); ++j) {
+      Tensor g = params_[mine_[j]].grad();
+      if (g.defined()) grads[j] = g.dtype() == stepped[j].dtype() ? g : g.to(stepped[j].dtype());
+    }
+    local_->step(grads);
+    for (size_t j = 0; j < mine_.size(); ++j) {
+      if (!grads[j].defined() || stepped[j].sameAs(params_[mine_[j]])) continue;
+      Tensor target = params_[mine_[j]];  // a handle: copy_ writes the caller's parameter
+      target.copy_(stepped[j]);
+    }
+  }
   broadcastParameters();
 }
 
@@ -187,6 +209,15 @@ int64_t ZeroRedundancyOptimizer::stateBytes() const {
   int64_t bytes = 0;
   for (const nn::optim::ParamState& s : local_->state()) {
     for (const auto& [name, buffer] : s.buffers) bytes += static_cast<int64_t>(buffer.nbytes());
+  }
+  return bytes;
+}
+
+int64_t ZeroRedundancyOptimizer::masterBytes() const {
+  if (!local_) return 0;
+  int64_t bytes = 0;
+  for (size_t j = 0; j < mine_.size(); ++j) {
+    if (!local_->params()[j].sameAs(params_[mine_[j]])) bytes += static_cast<int64_t>(local_->params()[j].nbytes());
   }
   return bytes;
 }
