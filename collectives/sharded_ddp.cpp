@@ -411,7 +411,9 @@ double ShardedDataParallel::clipGradNorm_(double maxNorm, double normType, bool 
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Bucket& b : buckets_) {
       if (!b.gradShard.defined() || b.gradShard.numel() == 0) continue;
-      Tensor a = abs(b.gradShard);
+      // A 16-bit shard (mixed precision) is summed in float32.
+      const bool wide = b.gradShard.dtype() == DType::Float32 || b.gradShard.dtype() == DType::Float64;
+      Tensor a = abs(wide ? b.gradShard : b.gradShard.to(DType::Float32));
       if (inf) {
         part = std::max(part, max(a).item<double>());
       } else if (normType == 2.0) {
@@ -496,8 +498,17 @@ nn::StateDict ShardedDataParallel::consolidatedStateDict(int to) {
 }
 
 void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
-  // The plain optimizer checks and converts the whole dict; this rank keeps its slices.
-  nn::optim::Optimizer whole(groups_);
+  // The plain optimizer checks and converts the whole dict; this rank keeps its slices. With
+  // masters, it converts to float32 (stand-ins of the 16-bit parameters' shapes), not to 16 bits.
+  std::vector<nn::optim::ParamGroup> groups = groups_;
+  if (options_.masterWeights) {
+    for (nn::optim::ParamGroup& g : groups) {
+      for (Tensor& p : g.params) {
+        if (nn::optim::needsMaster(p.dtype())) p = empty(p.shape(), {.dtype = DType::Float32});
+      }
+    }
+  }
+  nn::optim::Optimizer whole(std::move(groups));
   try {
     whole.loadStateDict(full);
   } catch (const InvalidArgumentError& e) {
@@ -510,7 +521,7 @@ void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
     piece.state = nn::optim::ParamState{};
     piece.state.step = st.step;
     for (const auto& [name, buffer] : st.buffers) {
-      piece.state.buffers.emplace(name, buffer.view({-1}).narrow(0, piece.start, piece.length).to(piece.stepped().dtype()).clone());
+      piece.state.buffers.emplace(name, buffer.view({-1}).narrow(0, piece.start, piece.length).clone());
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = whole.groups()[g].options;

@@ -100,7 +100,10 @@
 // gradient shard 2Ψ/N, the masters 4Ψ/N and their state 8Ψ/N (the ZeRO
 // paper's 2Ψ + 14Ψ/N), plus the padding; masterBytes() says what the
 // masters take. The flat buffers in reduceDtype (4 bytes per element for
-// Float32) live while the pass runs, as above.
+// Float32) live while the pass runs, as above. The optimizer state (and so
+// the state dicts) is the masters', in float32; the masters themselves are
+// not in the state dicts (the parameters' 16-bit values are what a module
+// state dict holds). clipGradNorm_ sums a 16-bit shard in float32.
 //
 // clipGradNorm_() clips the sharded gradients by their global norm, which
 // needs one allreduce of a scalar.
