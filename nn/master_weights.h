@@ -46,6 +46,10 @@
 // state (masterBytes() + stateBytes()). Transient during step(): the
 // float32 gradients, 4 bytes per element of the 16-bit parameters.
 //
+// Float16 modules usually need loss scaling; nn::GradScaler drives
+// nn::optim::Optimizer objects and not this one, so 16-bit training with it
+// is meant for bfloat16 (float32's range), as in the example above.
+//
 // Threading: one thread at a time; a step must not run concurrently with
 // anything that reads or writes the parameters.
 #pragma once
