@@ -47,6 +47,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   WEFT_ENFORCE(!params_.empty(), InvalidArgumentError, "DistributedDataParallel: module ", module_->typeName(),
                " has no parameter that requires grad: there is nothing to synchronise");
+  for (const Param& p : params_) {
+    detail::checkReducible(group_, p.tensor.dtype(), options_.reduceDtype, "DistributedDataParallel", p.name);
+  }
   broadcastState();
   std::vector<size_t> reverse(params_.size());
   for (size_t i = 0; i < reverse.size(); ++i) reverse[i] = reverse.size() - 1 - i;

@@ -80,7 +80,9 @@
 //
 // Mixed precision (Options::reduceDtype). The module's parameters may be
 // 16-bit (Module::to(DType::BFloat16)); the group may not reduce their dtype
-// (Gloo reduces no bfloat16: process_group.h). With reduceDtype set, the
+// (Gloo reduces no bfloat16: process_group.h; a bfloat16 parameter on a gloo
+// group without reduceDtype is an InvalidArgumentError at construction,
+// naming it). With reduceDtype set, the
 // buckets hold the gradients in that dtype (Float32 or Float16): each
 // incoming gradient is converted into its slot, the bucket is allreduced and
 // divided by the group size in reduceDtype, and each parameter is handed its

@@ -56,6 +56,7 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, std
                    "' does not require grad");
       WEFT_ENFORCE(p.isContiguous(), InvalidArgumentError, "ShardedDataParallel: parameter '", it->first,
                    "' is not contiguous");
+      detail::checkReducible(group_, p.dtype(), options_.reduceDtype, "ShardedDataParallel", it->first);
       Param m;
       m.tensor = p;
       m.name = it->first;

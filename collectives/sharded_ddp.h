@@ -84,7 +84,9 @@
 // Mixed precision (Options::reduceDtype, Options::masterWeights). With
 // 16-bit parameters (BFloat16, Float16: a module converted with Module::to;
 // the forward's autocast is the caller's), reduceDtype (Float32 or Float16:
-// Gloo reduces no bfloat16) is the dtype of the flat buffers: each gradient
+// Gloo reduces no bfloat16, and a bfloat16 parameter on a gloo group without
+// reduceDtype is an InvalidArgumentError at construction, naming it) is the
+// dtype of the flat buffers: each gradient
 // is converted into its slot and the bucket reduce-scattered and divided by
 // N in it; this rank's slice is then rounded to the parameters' dtype and
 // added to the gradient shard, which holds the parameters' dtype (2 bytes

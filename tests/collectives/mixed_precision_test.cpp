@@ -150,6 +150,20 @@ TEST_CASE("DDP and ShardedDataParallel refuse a reduceDtype other than float32, 
   }
 }
 
+TEST_CASE("DDP and ShardedDataParallel refuse bfloat16 parameters on gloo without a reduceDtype, naming the "
+          "parameter, at construction") {
+  Ranks ranks(1);
+  auto net = std::make_shared<Net>();
+  CHECK_THROWS_WITH_AS(DistributedDataParallel(net, ranks[0]),
+                       doctest::Contains("DistributedDataParallel: parameter 'a.weight' is bfloat16 and the gloo backend "
+                                         "sums no bfloat16: set Options::reduceDtype"),
+                       InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(ShardedDataParallel(net, {nn::optim::ParamGroup{net->parameters(), adamw()}}, ranks[0]),
+                       doctest::Contains("ShardedDataParallel: parameter 'a.weight' is bfloat16 and the gloo backend "
+                                         "sums no bfloat16"),
+                       InvalidArgumentError);
+}
+
 TEST_CASE("ZeroRedundancyOptimizer with masterWeights steps bfloat16 parameters as MasterWeightOptimizer does, to the "
           "bit, holding float32 masters of its own parameters only") {
   for (int world : {2, 3}) {
