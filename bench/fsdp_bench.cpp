@@ -9,7 +9,9 @@
 // mixed precision (bfloat16 parameters and gradients, float32 reduction, float32 masters and
 // AdamW state; forward under autocast::Scope(BFloat16)): DDP + nn::optim::MasterWeightOptimizer,
 // DDP + ZeroRedundancyOptimizer with masterWeights, ShardedDataParallel with masterWeights, FSDP
-// with its bfloat16 policy, against the ZeRO paper's 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N and 16Ψ/N.
+// with its bfloat16 policy, against the ZeRO paper's 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N and 16Ψ/N; DDP
+// and ZeRO-2 also with a float16 reduction (rows -bf16h): the same bytes held, the reduction
+// buffers in flight during backward half as large.
 // Last, rank 0 runs bench/torch_fsdp_step.py (PyTorch's FullyShardedDataParallel on CPU over gloo,
 // the same GPT, as many processes) while the other ranks wait, and prints its step time and
 // peak memory beside weft's ZeRO-3, or why it does not run. --no-torch skips it.
@@ -252,17 +254,22 @@ int main(int argc, char** argv) {
 
   // Mixed precision: the module in bfloat16, float32 reduction, float32 masters.
   const DistributedDataParallel::Options reduceF32{.reduceDtype = weft::DType::Float32};
-  Result mpDdp = run(*pg, cfg, [&](const std::shared_ptr<weft::nn::GPT>& net) {
-    net->to(weft::DType::BFloat16);
-    auto d = std::make_shared<DistributedDataParallel>(net, *pg, reduceF32);
-    auto opt = std::make_shared<weft::nn::optim::MasterWeightOptimizer>(
-        weft::nn::optim::decayGroups(net->namedParameters(), adamw()));
-    return [d, opt, vocab](const Tensor& idx, const Tensor& targets) {
-      opt->zeroGrad();
-      mixedLossOf([&d](const Tensor& x) { return d->forward(x); }, idx, targets, vocab).backward();
-      opt->step();
-    };
-  });
+  auto mpDdpWith = [&](weft::DType reduce) {
+    return run(*pg, cfg, [&, reduce](const std::shared_ptr<weft::nn::GPT>& net) {
+      net->to(weft::DType::BFloat16);
+      auto d =
+          std::make_shared<DistributedDataParallel>(net, *pg, DistributedDataParallel::Options{.reduceDtype = reduce});
+      auto opt = std::make_shared<weft::nn::optim::MasterWeightOptimizer>(
+          weft::nn::optim::decayGroups(net->namedParameters(), adamw()));
+      return [d, opt, vocab](const Tensor& idx, const Tensor& targets) {
+        opt->zeroGrad();
+        mixedLossOf([&d](const Tensor& x) { return d->forward(x); }, idx, targets, vocab).backward();
+        opt->step();
+      };
+    });
+  };
+  Result mpDdp = mpDdpWith(weft::DType::Float32);
+  Result mpDdp16 = mpDdpWith(weft::DType::Float16);
   Result mpZero1 = run(*pg, cfg, [&](const std::shared_ptr<weft::nn::GPT>& net) {
     net->to(weft::DType::BFloat16);
     auto d = std::make_shared<DistributedDataParallel>(net, *pg, reduceF32);
@@ -274,17 +281,21 @@ int main(int argc, char** argv) {
       opt->step();
     };
   });
-  Result mpZero2 = run(*pg, cfg, [&](const std::shared_ptr<weft::nn::GPT>& net) {
-    net->to(weft::DType::BFloat16);
-    auto s = std::make_shared<ShardedDataParallel>(
-        net, weft::nn::optim::decayGroups(net->namedParameters(), adamw()), *pg,
-        ShardedDataParallel::Options{.reduceDtype = weft::DType::Float32, .masterWeights = true});
-    return [s, vocab](const Tensor& idx, const Tensor& targets) {
-      s->zeroGrad();
-      mixedLossOf([&s](const Tensor& x) { return s->forward(x); }, idx, targets, vocab).backward();
-      s->step();
-    };
-  });
+  auto mpZero2With = [&](weft::DType reduce) {
+    return run(*pg, cfg, [&, reduce](const std::shared_ptr<weft::nn::GPT>& net) {
+      net->to(weft::DType::BFloat16);
+      auto s = std::make_shared<ShardedDataParallel>(
+          net, weft::nn::optim::decayGroups(net->namedParameters(), adamw()), *pg,
+          ShardedDataParallel::Options{.reduceDtype = reduce, .masterWeights = true});
+      return [s, vocab](const Tensor& idx, const Tensor& targets) {
+        s->zeroGrad();
+        mixedLossOf([&s](const Tensor& x) { return s->forward(x); }, idx, targets, vocab).backward();
+        s->step();
+      };
+    });
+  };
+  Result mpZero2 = mpZero2With(weft::DType::Float32);
+  Result mpZero2r16 = mpZero2With(weft::DType::Float16);
   Result mpZero3 = run(*pg, cfg, [&](const std::shared_ptr<weft::nn::GPT>& net) {
     auto f = std::make_shared<FullyShardedDataParallel>(
         net, *pg,
@@ -311,10 +322,10 @@ int main(int argc, char** argv) {
                 psi, static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width),
                 static_cast<long long>(cfg.vocab), static_cast<long long>(cfg.block), static_cast<long long>(cfg.batch),
                 world, cfg.iters);
-    std::printf("%-10s %10s %8s %14s %10s %14s %14s\n", "method", "step ms", "vs DDP", "held B/param", "formula",
+    std::printf("%-11s %10s %8s %14s %10s %14s %14s\n", "method", "step ms", "vs DDP", "held B/param", "formula",
                 "peak B/param", "peak vs DDP");
     auto row = [&](const char* name, const Result& r, double formula) {
-      std::printf("%-10s %10.2f %8.2f %14.2f %10.2f %14.2f %14.2f\n", name, r.stepMs, r.stepMs / ddp.stepMs,
+      std::printf("%-11s %10.2f %8.2f %14.2f %10.2f %14.2f %14.2f\n", name, r.stepMs, r.stepMs / ddp.stepMs,
                   r.heldBytes / psi, formula, r.peakBytes / psi, r.peakBytes / ddp.peakBytes);
     };
     row("ddp", ddp, 20);
@@ -324,16 +335,18 @@ int main(int argc, char** argv) {
     row("zero3-kf", zero3Keep, 16 / n);
     std::printf("(bytes per parameter, parameters included; peak includes activations and gathered units; "
                 "zero3-kf: FSDP with reshardAfterForward off)\n");
-    std::printf("mixed precision: bfloat16 parameters and gradients, float32 reduction, float32 masters + AdamW "
-                "state (the ZeRO paper's 2 + 2 + 12 bytes per parameter)\n");
+    std::printf("mixed precision: bfloat16 parameters and gradients, float32 reduction (-bf16h: float16), float32 "
+                "masters + AdamW state (the ZeRO paper's 2 + 2 + 12 bytes per parameter)\n");
     row("ddp-bf16", mpDdp, 16);
+    row("ddp-bf16h", mpDdp16, 16);
     row("zero1-bf16", mpZero1, 4 + 12 / n);
     row("zero2-bf16", mpZero2, 2 + 14 / n);
+    row("zero2-bf16h", mpZero2r16, 2 + 14 / n);
     row("zero3-bf16", mpZero3, 16 / n);
     if (cfg.torch) {
       std::printf("PyTorch FSDP (%s, gloo, %d processes, float32):\n", torch.versions.c_str(), world);
       if (torch.ok) {
-        std::printf("%-10s %10.2f %8.2f %14s %10s %14s %14s   weft zero3 / PyTorch step time %.2f; peak RSS growth "
+        std::printf("%-11s %10.2f %8.2f %14s %10s %14s %14s   weft zero3 / PyTorch step time %.2f; peak RSS growth "
                     "%.1f MiB per rank (weft zero3 peak tensors %.1f MiB)\n",
                     "torch-fsdp", torch.stepMs, torch.stepMs / ddp.stepMs, "-", "-", "-", "-",
                     zero3Reshard.stepMs / torch.stepMs, torch.peakRssMb, zero3Reshard.peakBytes / (1 << 20));
