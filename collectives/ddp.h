@@ -82,12 +82,12 @@
 // 16-bit (Module::to(DType::BFloat16)); the group may not reduce their dtype
 // (Gloo reduces no bfloat16: process_group.h; a bfloat16 parameter on a gloo
 // group without reduceDtype is an InvalidArgumentError at construction,
-// naming it). With reduceDtype set, the
-// buckets hold the gradients in that dtype (Float32 or Float16): each
-// incoming gradient is converted into its slot, the bucket is allreduced and
-// divided by the group size in reduceDtype, and each parameter is handed its
-// averaged gradient converted back to its own dtype (rounded to nearest-even),
-// so .grad has the parameter's dtype. A bucket's buffer then exists only
+// naming it). With reduceDtype set, the buckets hold the gradients in that
+// dtype (Float32 or Float16): each incoming gradient is converted into its
+// slot, the bucket is allreduced and divided by the group size in
+// reduceDtype, and each parameter is handed its averaged gradient converted
+// back to its own dtype (rounded to nearest-even), so .grad has the
+// parameter's dtype. A bucket's buffer then exists only
 // during a synced pass (allocated at its first gradient, freed once the
 // gradients are handed over): between passes DDP holds no gradient bytes of
 // its own, and a float32 reduction costs, while backward runs, 4 bytes per
@@ -180,8 +180,9 @@ class DistributedDataParallel {
   // See "Construction". `module` and `group` must outlive the DDP.
   // InvalidArgumentError when the module has no parameter that requires grad,
   // for a bad option (a reduceDtype that is not Float32, Float16 or Float64),
-  // or a parameter that is not a CPU tensor the group can reduce; the group's error (prefixed) when the broadcast fails, e.g.
-  // because the ranks' modules differ.
+  // or a parameter that is not a CPU tensor the group can reduce (in
+  // reduceDtype when set); the group's error (prefixed) when the broadcast
+  // fails, e.g. because the ranks' modules differ.
   DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroup& group, Options options);
   DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroup& group)
       : DistributedDataParallel(std::move(module), group, Options{}) {}

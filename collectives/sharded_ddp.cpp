@@ -137,7 +137,9 @@ void ShardedDataParallel::layOut() {
       piece.length = to - from;
       piece.shardOffset = from - lo;
       piece.values = p.tensor.detach().view({-1}).narrow(0, piece.start, piece.length);
-      if (options_.masterWeights && nn::optim::needsMaster(p.tensor.dtype())) piece.master = piece.values.to(DType::Float32);
+      if (options_.masterWeights && nn::optim::needsMaster(p.tensor.dtype())) {
+        piece.master = piece.values.to(DType::Float32);
+      }
       b.pieces.push_back(pieces_.size());
       pieces_.push_back(std::move(piece));
     }

@@ -155,8 +155,8 @@ TEST_CASE("DDP and ShardedDataParallel refuse bfloat16 parameters on gloo withou
   Ranks ranks(1);
   auto net = std::make_shared<Net>();
   CHECK_THROWS_WITH_AS(DistributedDataParallel(net, ranks[0]),
-                       doctest::Contains("DistributedDataParallel: parameter 'a.weight' is bfloat16 and the gloo backend "
-                                         "sums no bfloat16: set Options::reduceDtype"),
+                       doctest::Contains("DistributedDataParallel: parameter 'a.weight' is bfloat16 and the gloo "
+                                         "backend sums no bfloat16: set Options::reduceDtype"),
                        InvalidArgumentError);
   CHECK_THROWS_WITH_AS(ShardedDataParallel(net, {nn::optim::ParamGroup{net->parameters(), adamw()}}, ranks[0]),
                        doctest::Contains("ShardedDataParallel: parameter 'a.weight' is bfloat16 and the gloo backend "
@@ -193,8 +193,8 @@ TEST_CASE("ZeroRedundancyOptimizer with masterWeights steps bfloat16 parameters 
 }
 
 TEST_CASE("ShardedDataParallel with masterWeights and reduceDtype float32 steps as DDP + MasterWeightOptimizer, to "
-          "the bit on 2 ranks; bfloat16 gradient slices with DDP's norm, float32 masters and state, which a reload keeps "
-          "exact") {
+          "the bit on 2 ranks; bfloat16 gradient slices with DDP's norm, float32 masters and state, which a reload "
+          "keeps exact") {
   Ranks ranks(2);
   const auto want = ddpWithMasters(ranks);
   ranks.onEachRank([&](int r) {

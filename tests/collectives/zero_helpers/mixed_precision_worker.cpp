@@ -184,7 +184,8 @@ void runGpt(ProcessGroupGloo& pg) {
     DistributedDataParallel ddp(net, pg);
     weft::nn::optim::AdamW opt(net->parameters(), adamw());
     f32 = train(
-        me, false, [&ddp](const Tensor& x) { return ddp.forward(x); }, [&opt] { opt.zeroGrad(); }, [&opt] { opt.step(); });
+        me, false, [&ddp](const Tensor& x) { return ddp.forward(x); }, [&opt] { opt.zeroGrad(); },
+        [&opt] { opt.step(); });
     f32.params = float32Copies(net->parameters());
   }
 
@@ -196,7 +197,8 @@ void runGpt(ProcessGroupGloo& pg) {
     DistributedDataParallel ddp(net, pg, reduceF32);
     weft::nn::optim::MasterWeightOptimizer opt(net->parameters(), adamw());
     Trained t = train(
-        me, true, [&ddp](const Tensor& x) { return ddp.forward(x); }, [&opt] { opt.zeroGrad(); }, [&opt] { opt.step(); });
+        me, true, [&ddp](const Tensor& x) { return ddp.forward(x); }, [&opt] { opt.zeroGrad(); },
+        [&opt] { opt.step(); });
     reportMemory(pg, "ddp", before, bytesOf(net->parameters()), bytesOf(gradsOf(net->parameters())),
                  opt.masterBytes(), opt.stateBytes(), bytesOf(net->buffers()), 0);
     t.params = float32Copies(opt.masters());
@@ -223,7 +225,8 @@ void runGpt(ProcessGroupGloo& pg) {
     ZeroRedundancyOptimizer opt({weft::nn::optim::ParamGroup{net->parameters(), adamw()}}, pg,
                                 ZeroRedundancyOptimizer::Options{.masterWeights = true});
     Trained t = train(
-        me, true, [&ddp](const Tensor& x) { return ddp.forward(x); }, [&opt] { opt.zeroGrad(); }, [&opt] { opt.step(); });
+        me, true, [&ddp](const Tensor& x) { return ddp.forward(x); }, [&opt] { opt.zeroGrad(); },
+        [&opt] { opt.step(); });
     reportMemory(pg, "zero1", before, bytesOf(net->parameters()), bytesOf(gradsOf(net->parameters())),
                  opt.masterBytes(), opt.stateBytes(), bytesOf(net->buffers()), 0);
     t.params = float32Copies(net->parameters());
@@ -237,7 +240,8 @@ void runGpt(ProcessGroupGloo& pg) {
     ShardedDataParallel sdp(net, {weft::nn::optim::ParamGroup{net->parameters(), adamw()}}, pg,
                             ShardedDataParallel::Options{.reduceDtype = DType::Float32, .masterWeights = true});
     Trained t = train(
-        me, true, [&sdp](const Tensor& x) { return sdp.forward(x); }, [&sdp] { sdp.zeroGrad(); }, [&sdp] { sdp.step(); });
+        me, true, [&sdp](const Tensor& x) { return sdp.forward(x); }, [&sdp] { sdp.zeroGrad(); },
+        [&sdp] { sdp.step(); });
     int64_t padding = 0;  // each bucket is padded to a multiple of N elements
     for (const auto& bucket : sdp.buckets()) {
       int64_t numel = 0;
@@ -254,10 +258,12 @@ void runGpt(ProcessGroupGloo& pg) {
     const size_t before = settledLiveBytes(pg);
     auto net = tinyGpt();
     FullyShardedDataParallel fsdp(
-        net, pg, FullyShardedDataParallel::Options{.mixedPrecision = {.param = DType::BFloat16, .reduce = DType::Float32}});
+        net, pg,
+        FullyShardedDataParallel::Options{.mixedPrecision = {.param = DType::BFloat16, .reduce = DType::Float32}});
     weft::nn::optim::AdamW opt(fsdp.parameters(), adamw());
     Trained t = train(
-        me, true, [&fsdp](const Tensor& x) { return fsdp.forward(x); }, [&opt] { opt.zeroGrad(); }, [&opt] { opt.step(); });
+        me, true, [&fsdp](const Tensor& x) { return fsdp.forward(x); }, [&opt] { opt.zeroGrad(); },
+        [&opt] { opt.step(); });
     int64_t state = 0;
     for (const auto& st : opt.state()) {
       for (const auto& [name, b] : st.buffers) state += static_cast<int64_t>(b.nbytes());
