@@ -35,10 +35,11 @@
 //    16-bit parameter is then set to its master rounded to nearest-even. The
 //    cast gradients exist during step() only.
 //  - zeroGrad() acts on the parameters' .grad (the masters have none).
-//  - optimizer() is the optimizer over masters(): its state, state dict and
-//    learning rates are those of the masters. A checkpoint that must resume
-//    exactly saves the masters too (the 16-bit parameters lose their low
-//    bits).
+//  - optimizer() is the optimizer over masters(): its state and learning
+//    rates are those of the masters. stateDict() is its state dict plus the
+//    masters ("master.<i>" for every parameter index i with a master of its
+//    own), so that a checkpoint resumes exactly: the 16-bit parameters alone
+//    have lost the masters' low bits.
 //
 // Memory per element of a 16-bit parameter with Adam or AdamW: the parameter
 // 2, its .grad 2, the master 4 and the state of the master 8 (exp_avg,
@@ -58,6 +59,7 @@
 #include <memory>
 #include <vector>
 
+#include "nn/module.h"
 #include "nn/optim.h"
 #include "tensor/tensor.h"
 
@@ -84,6 +86,17 @@ class MasterWeightOptimizer {
   const std::vector<Tensor>& masters() const { return optimizer_->params(); }
   Optimizer& optimizer() { return *optimizer_; }
   const Optimizer& optimizer() const { return *optimizer_; }
+
+  // optimizer().stateDict() and "master.<i>" (float32, shared, not copied)
+  // per 16-bit parameter i.
+  StateDict stateDict() const;
+  // Loads optimizer()'s entries (optimizer().loadStateDict, with its checks)
+  // and each "master.<i>" into master i and, rounded, into parameter i. A
+  // master the dict lacks keeps its value (a plain optimizer's dict loads).
+  // InvalidArgumentError naming the key for a malformed or out-of-range
+  // index, a parameter without a master of its own, or a shape that
+  // differs; every check comes before anything changes.
+  void loadStateDict(const StateDict& dict);
 
   // Bytes of the float32 copies this object holds (the masters of 16-bit
   // parameters), and of the optimizer's state buffers.

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "nn/master_weights.h"
@@ -81,4 +82,57 @@ TEST_CASE("MasterWeightOptimizer keeps float32 parameters as their own masters a
   CHECK(q.to(DType::Float32).toVector<float>() == std::vector<float>{1.0f, 1.0f, 1.0f});
   CHECK(opt.masters()[1].toVector<float>() == std::vector<float>{1.0f, 1.0f, 1.0f});
   CHECK_THROWS_AS(optim::MasterWeightOptimizer({p, p}, optim::SGDOptions{.lr = 0.5}), InvalidArgumentError);
+}
+
+TEST_CASE("MasterWeightOptimizer's state dict holds the masters: reloaded over the rounded parameters, training "
+          "resumes to the bit, which the optimizer state alone does not give") {
+  Generator gen(8);
+  const Tensor init = randn({6, 4}, {}, &gen);
+  const optim::AdamWOptions options{.lr = 3e-3, .weightDecay = 0.1};
+  std::vector<Tensor> grads;
+  for (int s = 0; s < 6; ++s) grads.push_back(randn({6, 4}, {}, &gen).to(DType::BFloat16));
+  auto stepWith = [](optim::MasterWeightOptimizer& opt, Tensor& p, const Tensor& g) {
+    p.setGrad(g.clone());
+    opt.step();
+  };
+  Tensor a = leaf(init, DType::BFloat16);
+  optim::MasterWeightOptimizer first({a}, options);
+  for (int s = 0; s < 3; ++s) stepWith(first, a, grads[static_cast<size_t>(s)]);
+  const nn::StateDict saved = first.stateDict();
+  REQUIRE(saved.count("master.0") == 1);
+  CHECK(saved.at("master.0").dtype() == DType::Float32);
+
+  Tensor b = leaf(a.to(DType::Float32), DType::BFloat16);  // what a module state dict restores
+  optim::MasterWeightOptimizer resumed({b}, options);
+  resumed.loadStateDict(saved);
+  Tensor c = leaf(a.to(DType::Float32), DType::BFloat16);
+  optim::MasterWeightOptimizer withoutMasters({c}, options);
+  nn::StateDict stateOnly = saved;
+  stateOnly.erase("master.0");
+  withoutMasters.loadStateDict(stateOnly);
+  for (int s = 3; s < 6; ++s) {
+    stepWith(first, a, grads[static_cast<size_t>(s)]);
+    stepWith(resumed, b, grads[static_cast<size_t>(s)]);
+    stepWith(withoutMasters, c, grads[static_cast<size_t>(s)]);
+  }
+  CHECK(resumed.masters()[0].toVector<float>() == first.masters()[0].toVector<float>());
+  CHECK(b.to(DType::Float32).toVector<float>() == a.to(DType::Float32).toVector<float>());
+  CHECK(withoutMasters.masters()[0].toVector<float>() != first.masters()[0].toVector<float>());
+}
+
+TEST_CASE("MasterWeightOptimizer.loadStateDict names a bad master key and changes nothing") {
+  Tensor p = leaf(ones({2, 3}), DType::BFloat16);
+  Tensor q = leaf(ones({3}), DType::Float32);
+  optim::MasterWeightOptimizer opt({p, q}, optim::SGDOptions{.lr = 0.1});
+  const std::vector<float> before = opt.masters()[0].toVector<float>();
+  auto fails = [&](const std::string& key, const Tensor& value, const std::string& message) {
+    nn::StateDict dict = opt.stateDict();
+    dict[key] = value;
+    CHECK_THROWS_WITH_AS(opt.loadStateDict(dict), doctest::Contains(message.c_str()), InvalidArgumentError);
+  };
+  fails("master.x", zeros({2, 3}), "malformed key 'master.x'");
+  fails("master.5", zeros({2, 3}), "key 'master.5' refers to parameter 5 but the optimizer has 2");
+  fails("master.1", zeros({3}), "parameter 1 is float32 and is its own master");
+  fails("master.0", zeros({3, 2}), "'master.0' has shape [3, 2]");
+  CHECK(opt.masters()[0].toVector<float>() == before);
 }
