@@ -34,6 +34,16 @@ std::optional<std::pair<size_t, std::string>> parseStateKey(const std::string& k
   return std::make_pair(index, key.substr(dot + 1));
 }
 
+// "master.<index>": the index; nothing when the key has another form.
+std::optional<size_t> parseMasterKey(const std::string& key) {
+  static const std::string kPrefix = "master.";
+  if (key.rfind(kPrefix, 0) != 0 || key.size() == kPrefix.size()) return std::nullopt;
+  size_t index = 0;
+  auto [end, ec] = std::from_chars(key.data() + kPrefix.size(), key.data() + key.size(), index);
+  if (ec != std::errc() || end != key.data() + key.size()) return std::nullopt;
+  return index;
+}
+
 std::string groupKey(size_t g, const char* field) { return weft::detail::concat("param_groups.", g, ".", field); }
 
 }  // namespace
@@ -254,6 +264,10 @@ nn::StateDict ZeroRedundancyOptimizer::consolidatedStateDict(int to) {
       if (!parsed) continue;  // the local groups' entries
       mine.emplace(weft::detail::concat("state.", mine_[parsed->first], ".", parsed->second), value.contiguous());
     }
+    for (size_t j = 0; j < mine_.size(); ++j) {
+      const Tensor& stepped = local_->params()[j];
+      if (!stepped.sameAs(params_[mine_[j]])) mine.emplace(weft::detail::concat("master.", mine_[j]), stepped);
+    }
   }
   nn::StateDict out;
   if (group_.size() == 1) {
@@ -285,6 +299,10 @@ nn::StateDict ZeroRedundancyOptimizer::shardedStateDict() const {
       auto parsed = parseStateKey(key);
       if (!parsed) continue;  // the local groups' entries
       out.emplace(weft::detail::concat("state.", mine_[parsed->first], ".", parsed->second), value);
+    }
+    for (size_t j = 0; j < mine_.size(); ++j) {
+      const Tensor& stepped = local_->params()[j];
+      if (!stepped.sameAs(params_[mine_[j]])) out.emplace(weft::detail::concat("master.", mine_[j]), stepped);
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -331,7 +349,20 @@ void ZeroRedundancyOptimizer::loadStateDict(const nn::StateDict& full) {
   const char* where = "ZeroRedundancyOptimizer::loadStateDict";
   nn::StateDict local;
   std::vector<std::optional<double>> lrs(groups_.size());
+  std::vector<std::pair<size_t, Tensor>> masters;  // (local index, value) of the masters this rank keeps
   for (const auto& [key, value] : full) {
+    if (auto index = parseMasterKey(key)) {
+      WEFT_ENFORCE(*index < params_.size(), InvalidArgumentError, where, ": key '", key, "' refers to parameter ",
+                   *index, " but the optimizer has ", params_.size());
+      if (owner_[*index] != group_.rank()) continue;
+      const Tensor& stepped = local_->params()[localIndex_[*index]];
+      WEFT_ENFORCE(!stepped.sameAs(params_[*index]), InvalidArgumentError, where, ": key '", key, "': parameter ",
+                   *index, " has no master of its own (Options::masterWeights with a 16-bit parameter)");
+      WEFT_ENFORCE(value.defined() && value.shape() == stepped.shape(), InvalidArgumentError, where, ": '", key,
+                   "' has shape ", value.defined() ? value.shape() : Shape{}, ", the parameter ", stepped.shape());
+      masters.emplace_back(localIndex_[*index], value);
+      continue;
+    }
     if (key.rfind("param_groups.", 0) == 0) {
       bool known = false;
       for (size_t g = 0; g < groups_.size() && !known; ++g) {
@@ -355,7 +386,7 @@ void ZeroRedundancyOptimizer::loadStateDict(const nn::StateDict& full) {
     }
     auto parsed = parseStateKey(key);
     WEFT_ENFORCE(parsed.has_value(), InvalidArgumentError, where, ": malformed key '", key,
-                 "' (expected state.<index>.<name> or param_groups.<index>.<name>)");
+                 "' (expected state.<index>.<name>, master.<index> or param_groups.<index>.<name>)");
     WEFT_ENFORCE(parsed->first < params_.size(), InvalidArgumentError, where, ": key '", key,
                  "' refers to parameter ", parsed->first, " but the optimizer has ", params_.size());
     if (owner_[parsed->first] != group_.rank()) continue;
@@ -379,6 +410,13 @@ void ZeroRedundancyOptimizer::loadStateDict(const nn::StateDict& full) {
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (lrs[g]) groups_[g].options = nn::optim::withLearningRate(groups_[g].options, *lrs[g]);
+  }
+  NoGradGuard noGrad;
+  for (const auto& [j, value] : masters) {
+    Tensor master = local_->params()[j];  // handles: copy_ writes the master and the parameter
+    master.copy_(value.to(master.device()));
+    Tensor param = params_[mine_[j]];
+    param.copy_(master);
   }
 }
 

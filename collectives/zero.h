@@ -58,7 +58,9 @@
 // bit. Memory per rank with Adam: the parameters 2Ψ and their .grad 2Ψ
 // (every rank's), the masters and their state 12Ψ/N (the ZeRO paper's
 // 2Ψ + 2Ψ + 12Ψ/N); masterBytes() says what the masters take. The state
-// dicts hold the masters' optimizer state, not the masters.
+// dicts hold the masters' optimizer state and the masters ("master.<i>",
+// float32, global index i), in nn::optim::MasterWeightOptimizer::stateDict()'s
+// format, so a checkpoint resumes to the bit.
 //
 // Collective: construction, step(), consolidatedStateDict() and
 // loadStateDict() are called by every rank of the group, in the same order

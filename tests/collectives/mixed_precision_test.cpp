@@ -192,6 +192,69 @@ TEST_CASE("ZeroRedundancyOptimizer with masterWeights steps bfloat16 parameters 
   }
 }
 
+TEST_CASE("ZeroRedundancyOptimizer's state dicts with masterWeights hold the masters: reloaded over the rounded "
+          "parameters, training resumes to the bit") {
+  Ranks ranks(2);
+  ranks.onEachRank([&](int r) {
+    auto make = [&](std::shared_ptr<Net>& net, std::unique_ptr<DistributedDataParallel>& ddp,
+                    std::unique_ptr<ZeroRedundancyOptimizer>& opt) {
+      net = std::make_shared<Net>();
+      ddp = std::make_unique<DistributedDataParallel>(net, ranks[r],
+                                                      DistributedDataParallel::Options{.reduceDtype = DType::Float32});
+      opt = std::make_unique<ZeroRedundancyOptimizer>(std::vector{nn::optim::ParamGroup{net->parameters(), adamw()}},
+                                                      ranks[r], ZeroRedundancyOptimizer::Options{.masterWeights = true});
+    };
+    auto train = [&](DistributedDataParallel& ddp, ZeroRedundancyOptimizer& opt, int from, int to) {
+      for (int s = from; s < to; ++s) {
+        opt.zeroGrad();
+        lossOf([&ddp](const Tensor& x) { return ddp.forward(x); }, batchFor(r, s)).backward();
+        opt.step();
+      }
+    };
+    std::shared_ptr<Net> net, net2, net3;
+    std::unique_ptr<DistributedDataParallel> ddp, ddp2, ddp3;
+    std::unique_ptr<ZeroRedundancyOptimizer> opt, opt2, opt3;
+    make(net, ddp, opt);
+    train(*ddp, *opt, 0, 3);
+    nn::StateDict full;  // every rank its own copy of the whole dict, in turn
+    for (int to = 0; to < 2; ++to) {
+      nn::StateDict one = opt->consolidatedStateDict(to);
+      if (to == r) full = std::move(one);
+    }
+    for (size_t i = 0; i < opt->params().size(); ++i) {
+      REQUIRE(full.count("master." + std::to_string(i)) == 1);
+      CHECK(full.at("master." + std::to_string(i)).dtype() == DType::Float32);
+    }
+    const nn::StateDict sharded = opt->shardedStateDict();
+    // Reloaded into fresh wrappers whose module holds the trained bfloat16 values (a module state dict's).
+    make(net2, ddp2, opt2);
+    make(net3, ddp3, opt3);
+    for (auto* other : {&net2, &net3}) {
+      const std::vector<Tensor> trained = net->parameters();
+      std::vector<Tensor> params = (*other)->parameters();
+      for (size_t i = 0; i < params.size(); ++i) params[i].detach().copy_(trained[i]);
+    }
+    opt2->loadStateDict(full);
+    opt3->loadShardedStateDict(sharded);
+    train(*ddp, *opt, 3, 5);
+    train(*ddp2, *opt2, 3, 5);
+    train(*ddp3, *opt3, 3, 5);
+    CHECK(valuesOf(net2->parameters()) == valuesOf(net->parameters()));
+    CHECK(valuesOf(net3->parameters()) == valuesOf(net->parameters()));
+
+    nn::StateDict bad = full;
+    bad["master.0"] = zeros({3});
+    if (opt->ownerOf(0) == r) {
+      CHECK_THROWS_WITH_AS(opt2->loadStateDict(bad), doctest::Contains("'master.0' has shape [3]"),
+                           InvalidArgumentError);
+    }
+    bad = full;
+    bad["master.99"] = zeros({3});
+    CHECK_THROWS_WITH_AS(opt2->loadStateDict(bad), doctest::Contains("key 'master.99' refers to parameter 99"),
+                         InvalidArgumentError);
+  });
+}
+
 TEST_CASE("ShardedDataParallel with masterWeights and reduceDtype float32 steps as DDP + MasterWeightOptimizer, to "
           "the bit on 2 ranks; bfloat16 gradient slices with DDP's norm, float32 masters and state, which a reload "
           "keeps exact") {
