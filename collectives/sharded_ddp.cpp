@@ -1,6 +1,7 @@
 #include "collectives/sharded_ddp.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -18,6 +19,9 @@
 namespace weft::collectives {
 
 namespace {
+
+// The state dicts' name for the float32 masters (Options::masterWeights).
+constexpr const char* kMasterName = "master";
 
 std::vector<nn::optim::ParamGroup> oneGroup(const nn::Module* module, nn::optim::OptimizerOptions options) {
   WEFT_ENFORCE(module != nullptr, InvalidArgumentError, "ShardedDataParallel: the module is null");
@@ -452,13 +456,14 @@ nn::StateDict ShardedDataParallel::consolidatedStateDict(int to) {
   WEFT_ENFORCE(to >= 0 && to < group_.size(), InvalidArgumentError,
                "ShardedDataParallel::consolidatedStateDict: rank ", to, " out of range for a group of ",
                group_.size());
-  // This rank's slices: "<param>.<start>.step" and "<param>.<start>.<buffer>".
+  // This rank's slices: "<param>.<start>.step", "<param>.<start>.<buffer>" and "<param>.<start>.master".
   std::map<std::string, Tensor> mine;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Piece& piece : pieces_) {
-      if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
       const std::string key = weft::detail::concat(piece.param, ".", piece.start, ".");
+      if (piece.master.defined()) mine.emplace(key + kMasterName, piece.master.contiguous());
+      if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
       mine.emplace(key + "step", scalarTensor(static_cast<double>(piece.state.step), DType::Int64));
       for (const auto& [name, buffer] : piece.state.buffers) mine.emplace(key + name, buffer.contiguous());
     }
@@ -480,7 +485,8 @@ nn::StateDict ShardedDataParallel::consolidatedStateDict(int to) {
       const size_t param = std::stoul(key.substr(0, dot1));
       const int64_t start = std::stoll(key.substr(dot1 + 1, dot2 - dot1 - 1));
       const std::string name = key.substr(dot2 + 1);
-      const std::string target = weft::detail::concat("state.", param, ".", name);
+      const std::string target = name == kMasterName ? weft::detail::concat(kMasterName, ".", param)
+                                                     : weft::detail::concat("state.", param, ".", name);
       if (name == "step") {
         out.emplace(target, value);
         continue;
@@ -512,8 +518,32 @@ void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
     }
   }
   nn::optim::Optimizer whole(std::move(groups));
+  // The masters ("master.<param>") are this wrapper's; the rest is the optimizer's.
+  nn::StateDict rest;
+  std::map<size_t, Tensor> masters;
+  const std::string prefix = std::string(kMasterName) + ".";
+  for (const auto& [key, value] : full) {
+    if (key.rfind(prefix, 0) != 0) {
+      rest.emplace(key, value);
+      continue;
+    }
+    size_t index = 0;
+    auto [end, ec] = std::from_chars(key.data() + prefix.size(), key.data() + key.size(), index);
+    WEFT_ENFORCE(key.size() > prefix.size() && ec == std::errc() && end == key.data() + key.size(),
+                 InvalidArgumentError, "ShardedDataParallel::loadStateDict: malformed key '", key, "'");
+    WEFT_ENFORCE(index < meta_.size(), InvalidArgumentError, "ShardedDataParallel::loadStateDict: key '", key,
+                 "' refers to parameter ", index, " but there are ", meta_.size());
+    const Tensor& p = meta_[index].tensor;
+    WEFT_ENFORCE(options_.masterWeights && nn::optim::needsMaster(p.dtype()), InvalidArgumentError,
+                 "ShardedDataParallel::loadStateDict: key '", key, "': parameter '", meta_[index].name,
+                 "' has no master (Options::masterWeights with a 16-bit parameter)");
+    WEFT_ENFORCE(value.defined() && value.shape() == p.shape(), InvalidArgumentError,
+                 "ShardedDataParallel::loadStateDict: '", key, "' has shape ", value.defined() ? value.shape() : Shape{},
+                 ", the parameter ", p.shape());
+    masters.emplace(index, value);
+  }
   try {
-    whole.loadStateDict(full);
+    whole.loadStateDict(rest);
   } catch (const InvalidArgumentError& e) {
     throw InvalidArgumentError(std::string("ShardedDataParallel::loadStateDict: ") + e.what());
   }
@@ -525,6 +555,11 @@ void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
     piece.state.step = st.step;
     for (const auto& [name, buffer] : st.buffers) {
       piece.state.buffers.emplace(name, buffer.view({-1}).narrow(0, piece.start, piece.length).clone());
+    }
+    auto m = masters.find(piece.param);
+    if (m != masters.end()) {
+      piece.master.copy_(m->second.to(Device::cpu()).reshape({-1}).narrow(0, piece.start, piece.length));
+      piece.values.copy_(piece.master);
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = whole.groups()[g].options;
@@ -566,8 +601,9 @@ nn::StateDict ShardedDataParallel::shardedStateDict() const {
     row[0] = static_cast<int64_t>(piece.param);
     row[1] = piece.start;
     row[2] = piece.length;
-    if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
     const std::string key = weft::detail::concat("slice.", piece.param, ".", piece.start, ".");
+    if (piece.master.defined()) out.emplace(key + kMasterName, piece.master.detach());
+    if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
     out.emplace(key + "step", scalarTensor(static_cast<double>(piece.state.step), DType::Int64));
     for (const auto& [name, buffer] : piece.state.buffers) out.emplace(key + name, buffer.detach());
   }
@@ -612,6 +648,7 @@ void ShardedDataParallel::loadShardedStateDict(const nn::StateDict& shard) {
                " slices other than the ", pieces_.size(),
                " this rank owns (the parameters, their sizes or the bucket size differ)");
   std::vector<nn::optim::ParamState> loaded(pieces_.size());
+  std::vector<Tensor> masters(pieces_.size());
   std::vector<std::optional<double>> lrs(groups_.size());
   NoGradGuard noGrad;
   for (const auto& [key, value] : shard) {
@@ -645,6 +682,14 @@ void ShardedDataParallel::loadShardedStateDict(const nn::StateDict& shard) {
     const Piece& p = pieces_[piece->second];
     nn::optim::ParamState& st = loaded[piece->second];
     WEFT_ENFORCE(value.defined(), InvalidArgumentError, where, ": '", key, "' is undefined");
+    if (name == kMasterName) {
+      WEFT_ENFORCE(p.master.defined(), InvalidArgumentError, where, ": '", key,
+                   "': the slice has no master (Options::masterWeights with a 16-bit parameter)");
+      WEFT_ENFORCE(value.numel() == p.length, InvalidArgumentError, where, ": '", key, "' holds ", value.numel(),
+                   " elements, the slice has ", p.length);
+      masters[piece->second] = value;
+      continue;
+    }
     if (name == "step") {
       const double s = scalar(key);
       WEFT_ENFORCE(s >= 0 && s == std::floor(s) && s < 9.0e15, InvalidArgumentError, where, ": '", key,
@@ -660,7 +705,12 @@ void ShardedDataParallel::loadShardedStateDict(const nn::StateDict& shard) {
                  " elements, the slice has ", p.length);
     st.buffers[name] = value.to(Device::cpu()).to(p.stepped().dtype()).contiguous().view({p.length}).clone();
   }
-  for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i].state = std::move(loaded[i]);
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    pieces_[i].state = std::move(loaded[i]);
+    if (!masters[i].defined()) continue;
+    pieces_[i].master.copy_(masters[i].to(Device::cpu()).reshape({-1}));
+    pieces_[i].values.copy_(pieces_[i].master);
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (lrs[g]) groups_[g].options = nn::optim::withLearningRate(groups_[g].options, *lrs[g]);
   }

@@ -102,10 +102,14 @@
 // gradient shard 2Ψ/N, the masters 4Ψ/N and their state 8Ψ/N (the ZeRO
 // paper's 2Ψ + 14Ψ/N), plus the padding; masterBytes() says what the
 // masters take. The flat buffers in reduceDtype (4 bytes per element for
-// Float32) live while the pass runs, as above. The optimizer state (and so
-// the state dicts) is the masters', in float32; the masters themselves are
-// not in the state dicts (the parameters' 16-bit values are what a module
-// state dict holds). clipGradNorm_ sums a 16-bit shard in float32.
+// Float32) live while the pass runs, as above. The optimizer state is the
+// masters', in float32, and the state dicts hold the masters too:
+// consolidatedStateDict() as "master.<param>" (float32, whole, in
+// nn::optim::MasterWeightOptimizer::stateDict()'s format),
+// shardedStateDict() as "slice.<param>.<start>.master"; loading either sets
+// the masters and, rounded, the parameters' elements they cover, so a
+// checkpoint resumes to the bit. clipGradNorm_ sums a 16-bit shard in
+// float32.
 //
 // clipGradNorm_() clips the sharded gradients by their global norm, which
 // needs one allreduce of a scalar.

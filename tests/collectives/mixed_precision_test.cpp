@@ -256,8 +256,8 @@ TEST_CASE("ZeroRedundancyOptimizer's state dicts with masterWeights hold the mas
 }
 
 TEST_CASE("ShardedDataParallel with masterWeights and reduceDtype float32 steps as DDP + MasterWeightOptimizer, to "
-          "the bit on 2 ranks; bfloat16 gradient slices with DDP's norm, float32 masters and state, which a reload "
-          "keeps exact") {
+          "the bit on 2 ranks; bfloat16 gradient slices with DDP's norm, float32 masters and state, from which a "
+          "reload resumes to the bit") {
   Ranks ranks(2);
   const auto want = ddpWithMasters(ranks);
   ranks.onEachRank([&](int r) {
@@ -295,9 +295,22 @@ TEST_CASE("ShardedDataParallel with masterWeights and reduceDtype float32 steps 
     nn::StateDict full1 = sdp.consolidatedStateDict(1);
     const nn::StateDict& mine = r == 0 ? full : full1;
     CHECK(mine.at("state.0.exp_avg_sq").dtype() == DType::Float32);
-    auto other = std::make_shared<Net>();
+    CHECK(mine.at("master.0").dtype() == DType::Float32);
+    // Reloaded into wrappers whose module holds the trained bfloat16 values (a module state dict's),
+    // one from the consolidated dict, one from this rank's sharded dict.
+    auto trainedCopy = [&net]() {
+      auto other = std::make_shared<Net>();
+      const std::vector<Tensor> trained = net->parameters();
+      std::vector<Tensor> params = other->parameters();
+      for (size_t i = 0; i < params.size(); ++i) params[i].detach().copy_(trained[i]);
+      return other;
+    };
+    auto other = trainedCopy();
     ShardedDataParallel reloaded(other, {nn::optim::ParamGroup{other->parameters(), adamw()}}, ranks[r], options);
     reloaded.loadStateDict(mine);
+    auto third = trainedCopy();
+    ShardedDataParallel resharded(third, {nn::optim::ParamGroup{third->parameters(), adamw()}}, ranks[r], options);
+    resharded.loadShardedStateDict(sdp.shardedStateDict());
     nn::StateDict a = sdp.shardedStateDict();
     nn::StateDict b = reloaded.shardedStateDict();
     REQUIRE(a.size() == b.size());
@@ -306,6 +319,16 @@ TEST_CASE("ShardedDataParallel with masterWeights and reduceDtype float32 steps 
       CHECK(b.at(key).dtype() == value.dtype());
       CHECK(valuesOf({b.at(key)}) == valuesOf({value}));
     }
+    // Training resumes to the bit from either.
+    for (int s = 5; s < 7; ++s) {
+      for (ShardedDataParallel* w : {&sdp, &reloaded, &resharded}) {
+        w->zeroGrad();
+        lossOf([w](const Tensor& x) { return w->forward(x); }, batchFor(r, s)).backward();
+        w->step();
+      }
+    }
+    CHECK(valuesOf(other->parameters()) == valuesOf(net->parameters()));
+    CHECK(valuesOf(third->parameters()) == valuesOf(net->parameters()));
   });
 }
 
