@@ -538,8 +538,8 @@ void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
                  "ShardedDataParallel::loadStateDict: key '", key, "': parameter '", meta_[index].name,
                  "' has no master (Options::masterWeights with a 16-bit parameter)");
     WEFT_ENFORCE(value.defined() && value.shape() == p.shape(), InvalidArgumentError,
-                 "ShardedDataParallel::loadStateDict: '", key, "' has shape ", value.defined() ? value.shape() : Shape{},
-                 ", the parameter ", p.shape());
+                 "ShardedDataParallel::loadStateDict: '", key, "' has shape ",
+                 value.defined() ? value.shape() : Shape{}, ", the parameter ", p.shape());
     masters.emplace(index, value);
   }
   try {

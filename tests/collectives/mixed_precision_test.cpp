@@ -201,8 +201,9 @@ TEST_CASE("ZeroRedundancyOptimizer's state dicts with masterWeights hold the mas
       net = std::make_shared<Net>();
       ddp = std::make_unique<DistributedDataParallel>(net, ranks[r],
                                                       DistributedDataParallel::Options{.reduceDtype = DType::Float32});
-      opt = std::make_unique<ZeroRedundancyOptimizer>(std::vector{nn::optim::ParamGroup{net->parameters(), adamw()}},
-                                                      ranks[r], ZeroRedundancyOptimizer::Options{.masterWeights = true});
+      opt = std::make_unique<ZeroRedundancyOptimizer>(
+          std::vector{nn::optim::ParamGroup{net->parameters(), adamw()}}, ranks[r],
+          ZeroRedundancyOptimizer::Options{.masterWeights = true});
     };
     auto train = [&](DistributedDataParallel& ddp, ZeroRedundancyOptimizer& opt, int from, int to) {
       for (int s = from; s < to; ++s) {
