@@ -1,7 +1,8 @@
 // Mixed precision in the data-parallel wrappers within one process (each rank a thread with its
 // own ProcessGroupGloo): DDP's reduceDtype against the averaged gradients computed by hand in the
 // same dtypes, ZeRO-1's and ZeRO-2's float32 masters against DDP + nn::optim::MasterWeightOptimizer,
-// the bytes the masters take, the state dicts' dtype, and bad options.
+// the bytes the masters take, the state dicts (masters included: a reload resumes to the bit), and
+// bad options.
 // mixed_precision_mp_test.cpp trains the GPT across processes and measures the memory.
 #include <doctest/doctest.h>
 
