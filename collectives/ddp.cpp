@@ -32,6 +32,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, "DistributedDataParallel: the module is null");
   WEFT_ENFORCE(options_.bucketCapBytes > 0, InvalidArgumentError,
                "DistributedDataParallel: Options::bucketCapBytes must be > 0, got ", options_.bucketCapBytes);
+  if (options_.reduceDtype) {
+    const DType rd = *options_.reduceDtype;
+    WEFT_ENFORCE(rd == DType::Float32 || rd == DType::Float16 || rd == DType::Float64, InvalidArgumentError,
+                 "DistributedDataParallel: Options::reduceDtype must be float32, float16 or float64, got ",
+                 dtypeName(rd));
+  }
   for (auto& [name, t] : module_->namedParameters()) {
     if (!t.requiresGrad()) continue;
     Param p;
@@ -41,6 +47,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   WEFT_ENFORCE(!params_.empty(), InvalidArgumentError, "DistributedDataParallel: module ", module_->typeName(),
                " has no parameter that requires grad: there is nothing to synchronise");
+  for (const Param& p : params_) {
+    detail::checkReducible(group_, p.tensor.dtype(), options_.reduceDtype, "DistributedDataParallel", p.name);
+  }
   broadcastState();
   std::vector<size_t> reverse(params_.size());
   for (size_t i = 0; i < reverse.size(); ++i) reverse[i] = reverse.size() - 1 - i;
@@ -161,10 +170,16 @@ void DistributedDataParallel::layOutBuckets(const std::vector<size_t>& order) {
   }
   for (Bucket& b : buckets_) {
     const Tensor& first = params_[b.params.front()].tensor;
-    int64_t numel = 0;
-    for (size_t k : b.params) numel += params_[k].tensor.numel();
-    b.flat = zeros({numel}, {.dtype = first.dtype(), .device = first.device()});
+    b.numel = 0;
+    for (size_t k : b.params) b.numel += params_[k].tensor.numel();
+    b.dtype = options_.reduceDtype.value_or(first.dtype());
+    if (!options_.reduceDtype) b.flat = zeros({b.numel}, {.dtype = b.dtype, .device = first.device()});
   }
+}
+
+void DistributedDataParallel::releaseBucketsLocked() {
+  if (!options_.reduceDtype) return;
+  for (Bucket& b : buckets_) b.flat = Tensor();
 }
 
 void DistributedDataParallel::rebuildBuckets(const std::vector<size_t>& arrived, int64_t passNumber) {
@@ -246,8 +261,10 @@ void DistributedDataParallel::prepareForBackward(const std::vector<Tensor>& outp
   unusedNext_ = std::move(unused);
 }
 
-Tensor DistributedDataParallel::slotOf(const Param& p) const {
-  return sliceLike(buckets_[p.bucket].flat, p.offset, p.tensor);
+Tensor DistributedDataParallel::slotOf(const Param& p) {
+  Bucket& b = buckets_[p.bucket];
+  if (!b.flat.defined()) b.flat = empty({b.numel}, {.dtype = b.dtype, .device = p.tensor.device()});
+  return sliceLike(b.flat, p.offset, p.tensor);
 }
 
 void DistributedDataParallel::onGradient(size_t index, std::vector<Tensor>& grads) {
@@ -319,7 +336,7 @@ void DistributedDataParallel::markReadyLocked(size_t index, const Tensor& grad) 
                  "' received a gradient after its bucket ", p.bucket, " was launched",
                  p.markedUnused ? " (forward marked it unused: findUnusedParameters walks the local graph only)"
                                 : " (a second gradient in one pass after its bucket was complete)");
-    if (grad.defined()) slotOf(p).add_(grad);
+    if (grad.defined()) slotOf(p).add_(grad.dtype() == b.dtype ? grad : grad.to(b.dtype));
     return;
   }
   Tensor slot = slotOf(p);
@@ -329,7 +346,7 @@ void DistributedDataParallel::markReadyLocked(size_t index, const Tensor& grad) 
     slot.zero_();
   }
   if (p.pending.defined()) {
-    slot.add_(p.pending);
+    slot.add_(p.pending.dtype() == b.dtype ? p.pending : p.pending.to(b.dtype));
     p.pending = Tensor();
   }
   p.ready = true;
@@ -356,6 +373,7 @@ void DistributedDataParallel::abandonPassLocked() {
     }
     b.work = Work();
   }
+  releaseBucketsLocked();
   passActive_ = false;
 }
 
@@ -401,6 +419,7 @@ void DistributedDataParallel::finishPass() {
   for (Bucket& b : buckets_) b.work = Work();
   passActive_ = false;
   if (failure) {
+    releaseBucketsLocked();
     detail::rethrowPrefixed(failure, weft::detail::concat("DistributedDataParallel: synced backward pass #", passNumber,
                                             ": the allreduce of bucket ", failedBucket, " (of ", buckets_.size(),
                                             ") failed (every rank must run the same number of synced backward "
@@ -411,7 +430,11 @@ void DistributedDataParallel::finishPass() {
   for (Bucket& b : buckets_) {
     if (group_.size() > 1) b.flat.mul_(scale);
   }
-  for (Param& p : params_) autograd::accumulateLeafGradient(p.tensor, slotOf(p));
+  for (Param& p : params_) {
+    Tensor slot = slotOf(p);
+    autograd::accumulateLeafGradient(p.tensor, slot.dtype() == p.tensor.dtype() ? slot : slot.to(p.tensor.dtype()));
+  }
+  releaseBucketsLocked();
   ++stats_.syncedPasses;
   if (stats_.syncedPasses == 1 && options_.rebuildBuckets) {
     rebuildBuckets(stats_.hookOrder, stats_.syncedPasses);

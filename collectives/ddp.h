@@ -78,6 +78,25 @@
 // pendingGradient() shows what is held. The noSync passes are each rank's
 // own business, but every rank must run the same number of synced passes.
 //
+// Mixed precision (Options::reduceDtype). The module's parameters may be
+// 16-bit (Module::to(DType::BFloat16)); the group may not reduce their dtype
+// (Gloo reduces no bfloat16: process_group.h; a bfloat16 parameter on a gloo
+// group without reduceDtype is an InvalidArgumentError at construction,
+// naming it). With reduceDtype set, the buckets hold the gradients in that
+// dtype (Float32 or Float16): each incoming gradient is converted into its
+// slot, the bucket is allreduced and divided by the group size in
+// reduceDtype, and each parameter is handed its averaged gradient converted
+// back to its own dtype (rounded to nearest-even), so .grad has the
+// parameter's dtype. A bucket's buffer then exists only
+// during a synced pass (allocated at its first gradient, freed once the
+// gradients are handed over): between passes DDP holds no gradient bytes of
+// its own, and a float32 reduction costs, while backward runs, 4 bytes per
+// element of the buckets (2 for Float16), not 4 more held per parameter.
+// Without reduceDtype the buckets are allocated once and kept (the
+// parameters' bytes again, held). The forward's autocast (tensor/autocast.h)
+// is the caller's; the float32 master weights are the optimizer's
+// (nn/master_weights.h, or ZeroRedundancyOptimizer's Options::masterWeights).
+//
 // Parameters that get no gradient. Every rank must launch the same allreduces,
 // so every bucket must fill. By default a parameter that got no gradient by
 // the end of a synced pass is an error (StateError naming the parameters,
@@ -113,6 +132,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -136,6 +156,9 @@ class DistributedDataParallel {
     bool rebuildBuckets = true;
     // Broadcast rank 0's buffers at each synced forward (see "Buffers").
     bool broadcastBuffers = true;
+    // The dtype the buckets hold and reduce the gradients in; unset: each
+    // bucket's parameters' own (see "Mixed precision").
+    std::optional<DType> reduceDtype = std::nullopt;
   };
 
   // What the last synced pass did, for tests and tuning.
@@ -156,9 +179,10 @@ class DistributedDataParallel {
 
   // See "Construction". `module` and `group` must outlive the DDP.
   // InvalidArgumentError when the module has no parameter that requires grad,
-  // for a bad option, or a parameter that is not a CPU tensor the group can
-  // reduce; the group's error (prefixed) when the broadcast fails, e.g.
-  // because the ranks' modules differ.
+  // for a bad option (a reduceDtype that is not Float32, Float16 or Float64),
+  // or a parameter that is not a CPU tensor the group can reduce (in
+  // reduceDtype when set); the group's error (prefixed) when the broadcast
+  // fails, e.g. because the ranks' modules differ.
   DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroup& group, Options options);
   DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroup& group)
       : DistributedDataParallel(std::move(module), group, Options{}) {}
@@ -268,7 +292,9 @@ class DistributedDataParallel {
   };
   struct Bucket {
     std::vector<size_t> params;
-    Tensor flat;
+    int64_t numel = 0;
+    DType dtype = DType::Float32;
+    Tensor flat;         // with reduceDtype: during a pass only
     size_t waiting = 0;  // parameters of this pass not yet ready
     bool launched = false;
     Work work;
@@ -285,7 +311,10 @@ class DistributedDataParallel {
   void rebuildBuckets(const std::vector<size_t>& arrived, int64_t passNumber);
   void onGradient(size_t index, std::vector<Tensor>& grads);
   void startPassLocked();
-  Tensor slotOf(const Param& p) const;
+  // Parameter p's slot in its bucket's buffer (allocated first when absent).
+  Tensor slotOf(const Param& p);
+  // Frees the buckets' buffers when they live during a pass only (reduceDtype).
+  void releaseBucketsLocked();
   void markReadyLocked(size_t index, const Tensor& grad);
   void launchReadyLocked();
   void finishPass();

@@ -111,7 +111,11 @@
 // Transient: the gathered units (with reshardAfterForward, the current one,
 // the one being prefetched and the root) and the gradient buffers of at most
 // two units. Construction briefly holds the whole model twice (rank 0's
-// values are broadcast into copies).
+// values are broadcast into copies). With a 16-bit param policy the held
+// bytes are the same 16Ψ/N: the float32 shard is the master and its
+// gradient stays float32 (the ZeRO paper's 2 + 2 + 12 per parameter, split
+// 4 + 4 + 8); only the transient gathered units and gradient buffers shrink
+// to 2 bytes per element (the reduce buffers are in the reduce dtype).
 //
 // State dicts: fullStateDict() gathers the whole module's state dict on one
 // rank, under the module's names, loadable into the plain module;

@@ -1,6 +1,7 @@
 #include "collectives/sharded_ddp.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -11,12 +12,16 @@
 #include "collectives/detail/sharding.h"
 #include "collectives/object_collectives.h"
 #include "common/error.h"
+#include "nn/master_weights.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace weft::collectives {
 
 namespace {
+
+// The state dicts' name for the float32 masters (Options::masterWeights).
+constexpr const char* kMasterName = "master";
 
 std::vector<nn::optim::ParamGroup> oneGroup(const nn::Module* module, nn::optim::OptimizerOptions options) {
   WEFT_ENFORCE(module != nullptr, InvalidArgumentError, "ShardedDataParallel: the module is null");
@@ -39,6 +44,11 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, std
   WEFT_ENFORCE(module_ != nullptr, InvalidArgumentError, "ShardedDataParallel: the module is null");
   WEFT_ENFORCE(options_.bucketCapBytes > 0, InvalidArgumentError,
                "ShardedDataParallel: Options::bucketCapBytes must be > 0, got ", options_.bucketCapBytes);
+  if (options_.reduceDtype) {
+    const DType rd = *options_.reduceDtype;
+    WEFT_ENFORCE(rd == DType::Float32 || rd == DType::Float16 || rd == DType::Float64, InvalidArgumentError,
+                 "ShardedDataParallel: Options::reduceDtype must be float32, float16 or float64, got ", dtypeName(rd));
+  }
   { nn::optim::Optimizer check(groups_); }  // the plain optimizer's checks
   auto named = module_->namedParameters();
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -50,6 +60,7 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, std
                    "' does not require grad");
       WEFT_ENFORCE(p.isContiguous(), InvalidArgumentError, "ShardedDataParallel: parameter '", it->first,
                    "' is not contiguous");
+      detail::checkReducible(group_, p.dtype(), options_.reduceDtype, "ShardedDataParallel", it->first);
       Param m;
       m.tensor = p;
       m.name = it->first;
@@ -130,6 +141,9 @@ void ShardedDataParallel::layOut() {
       piece.length = to - from;
       piece.shardOffset = from - lo;
       piece.values = p.tensor.detach().view({-1}).narrow(0, piece.start, piece.length);
+      if (options_.masterWeights && nn::optim::needsMaster(p.tensor.dtype())) {
+        piece.master = piece.values.to(DType::Float32);
+      }
       b.pieces.push_back(pieces_.size());
       pieces_.push_back(std::move(piece));
     }
@@ -171,8 +185,10 @@ void ShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& grads) {
   Param& p = meta_[index];
   Bucket& b = buckets_[p.bucket];
   NoGradGuard noGrad;
+  const DType reduceDtype = options_.reduceDtype.value_or(p.tensor.dtype());
+  if (g.defined() && g.dtype() != reduceDtype) g = g.to(reduceDtype);
   if (!b.flat.defined()) {
-    b.flat = empty({b.chunk * group_.size()}, {.dtype = p.tensor.dtype()});
+    b.flat = empty({b.chunk * group_.size()}, {.dtype = reduceDtype});
     b.flat.narrow(0, b.numel, b.flat.numel() - b.numel).zero_();  // padding
   }
   Tensor slot = b.flat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.shape());
@@ -188,7 +204,7 @@ void ShardedDataParallel::onGradient(size_t index, std::vector<Tensor>& grads) {
     slot.zero_();
   }
   if (p.pending.defined()) {
-    slot.add_(p.pending);
+    slot.add_(p.pending.dtype() == reduceDtype ? p.pending : p.pending.to(reduceDtype));
     p.pending = Tensor();
   }
   p.ready = true;
@@ -269,6 +285,8 @@ void ShardedDataParallel::finishPass() {
   const double scale = 1.0 / static_cast<double>(group_.size());
   for (Bucket& b : buckets_) {
     if (group_.size() > 1) b.reduced.mul_(scale);
+    const DType gradDtype = meta_[b.params.front()].tensor.dtype();  // the gradient shard's: the parameters'
+    if (b.reduced.dtype() != gradDtype) b.reduced = b.reduced.to(gradDtype);
     if (b.gradShard.defined()) {
       b.gradShard.add_(b.reduced);
     } else {
@@ -297,8 +315,11 @@ void ShardedDataParallel::step() {
       for (size_t i : mine) {
         const Piece& piece = pieces_[i];
         const Bucket& b = buckets_[meta_[piece.param].bucket];
-        values.push_back(piece.values);
-        grads.push_back(b.gradShard.defined() ? b.gradShard.narrow(0, piece.shardOffset, piece.length) : Tensor());
+        const Tensor stepped = piece.stepped();
+        values.push_back(stepped);
+        Tensor grad = b.gradShard.defined() ? b.gradShard.narrow(0, piece.shardOffset, piece.length) : Tensor();
+        if (grad.defined() && grad.dtype() != stepped.dtype()) grad = grad.to(stepped.dtype());
+        grads.push_back(grad);
         state.push_back(std::move(pieces_[i].state));
       }
       struct MoveBack {
@@ -310,6 +331,11 @@ void ShardedDataParallel::step() {
         }
       } moveBack{state, pieces_, mine};
       nn::optim::step(groups_[g].options, values, grads, state);
+      NoGradGuard noGrad;
+      for (size_t j = 0; j < mine.size(); ++j) {
+        Piece& piece = pieces_[mine[j]];
+        if (piece.master.defined() && grads[j].defined()) piece.values.copy_(piece.master);
+      }
     }
   }
   // Every bucket's parameters from their owners.
@@ -392,7 +418,9 @@ double ShardedDataParallel::clipGradNorm_(double maxNorm, double normType, bool 
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Bucket& b : buckets_) {
       if (!b.gradShard.defined() || b.gradShard.numel() == 0) continue;
-      Tensor a = abs(b.gradShard);
+      // A 16-bit shard (mixed precision) is summed in float32.
+      const bool wide = b.gradShard.dtype() == DType::Float32 || b.gradShard.dtype() == DType::Float64;
+      Tensor a = abs(wide ? b.gradShard : b.gradShard.to(DType::Float32));
       if (inf) {
         part = std::max(part, max(a).item<double>());
       } else if (normType == 2.0) {
@@ -428,13 +456,14 @@ nn::StateDict ShardedDataParallel::consolidatedStateDict(int to) {
   WEFT_ENFORCE(to >= 0 && to < group_.size(), InvalidArgumentError,
                "ShardedDataParallel::consolidatedStateDict: rank ", to, " out of range for a group of ",
                group_.size());
-  // This rank's slices: "<param>.<start>.step" and "<param>.<start>.<buffer>".
+  // This rank's slices: "<param>.<start>.step", "<param>.<start>.<buffer>" and "<param>.<start>.master".
   std::map<std::string, Tensor> mine;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Piece& piece : pieces_) {
-      if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
       const std::string key = weft::detail::concat(piece.param, ".", piece.start, ".");
+      if (piece.master.defined()) mine.emplace(key + kMasterName, piece.master.contiguous());
+      if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
       mine.emplace(key + "step", scalarTensor(static_cast<double>(piece.state.step), DType::Int64));
       for (const auto& [name, buffer] : piece.state.buffers) mine.emplace(key + name, buffer.contiguous());
     }
@@ -456,7 +485,8 @@ nn::StateDict ShardedDataParallel::consolidatedStateDict(int to) {
       const size_t param = std::stoul(key.substr(0, dot1));
       const int64_t start = std::stoll(key.substr(dot1 + 1, dot2 - dot1 - 1));
       const std::string name = key.substr(dot2 + 1);
-      const std::string target = weft::detail::concat("state.", param, ".", name);
+      const std::string target = name == kMasterName ? weft::detail::concat(kMasterName, ".", param)
+                                                     : weft::detail::concat("state.", param, ".", name);
       if (name == "step") {
         out.emplace(target, value);
         continue;
@@ -477,10 +507,43 @@ nn::StateDict ShardedDataParallel::consolidatedStateDict(int to) {
 }
 
 void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
-  // The plain optimizer checks and converts the whole dict; this rank keeps its slices.
-  nn::optim::Optimizer whole(groups_);
+  // The plain optimizer checks and converts the whole dict; this rank keeps its slices. With
+  // masters, it converts to float32 (stand-ins of the 16-bit parameters' shapes), not to 16 bits.
+  std::vector<nn::optim::ParamGroup> groups = groups_;
+  if (options_.masterWeights) {
+    for (nn::optim::ParamGroup& g : groups) {
+      for (Tensor& p : g.params) {
+        if (nn::optim::needsMaster(p.dtype())) p = empty(p.shape(), {.dtype = DType::Float32});
+      }
+    }
+  }
+  nn::optim::Optimizer whole(std::move(groups));
+  // The masters ("master.<param>") are this wrapper's; the rest is the optimizer's.
+  nn::StateDict rest;
+  std::map<size_t, Tensor> masters;
+  const std::string prefix = std::string(kMasterName) + ".";
+  for (const auto& [key, value] : full) {
+    if (key.rfind(prefix, 0) != 0) {
+      rest.emplace(key, value);
+      continue;
+    }
+    size_t index = 0;
+    auto [end, ec] = std::from_chars(key.data() + prefix.size(), key.data() + key.size(), index);
+    WEFT_ENFORCE(key.size() > prefix.size() && ec == std::errc() && end == key.data() + key.size(),
+                 InvalidArgumentError, "ShardedDataParallel::loadStateDict: malformed key '", key, "'");
+    WEFT_ENFORCE(index < meta_.size(), InvalidArgumentError, "ShardedDataParallel::loadStateDict: key '", key,
+                 "' refers to parameter ", index, " but there are ", meta_.size());
+    const Tensor& p = meta_[index].tensor;
+    WEFT_ENFORCE(options_.masterWeights && nn::optim::needsMaster(p.dtype()), InvalidArgumentError,
+                 "ShardedDataParallel::loadStateDict: key '", key, "': parameter '", meta_[index].name,
+                 "' has no master (Options::masterWeights with a 16-bit parameter)");
+    WEFT_ENFORCE(value.defined() && value.shape() == p.shape(), InvalidArgumentError,
+                 "ShardedDataParallel::loadStateDict: '", key, "' has shape ",
+                 value.defined() ? value.shape() : Shape{}, ", the parameter ", p.shape());
+    masters.emplace(index, value);
+  }
   try {
-    whole.loadStateDict(full);
+    whole.loadStateDict(rest);
   } catch (const InvalidArgumentError& e) {
     throw InvalidArgumentError(std::string("ShardedDataParallel::loadStateDict: ") + e.what());
   }
@@ -492,6 +555,11 @@ void ShardedDataParallel::loadStateDict(const nn::StateDict& full) {
     piece.state.step = st.step;
     for (const auto& [name, buffer] : st.buffers) {
       piece.state.buffers.emplace(name, buffer.view({-1}).narrow(0, piece.start, piece.length).clone());
+    }
+    auto m = masters.find(piece.param);
+    if (m != masters.end()) {
+      piece.master.copy_(m->second.to(Device::cpu()).reshape({-1}).narrow(0, piece.start, piece.length));
+      piece.values.copy_(piece.master);
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = whole.groups()[g].options;
@@ -533,8 +601,9 @@ nn::StateDict ShardedDataParallel::shardedStateDict() const {
     row[0] = static_cast<int64_t>(piece.param);
     row[1] = piece.start;
     row[2] = piece.length;
-    if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
     const std::string key = weft::detail::concat("slice.", piece.param, ".", piece.start, ".");
+    if (piece.master.defined()) out.emplace(key + kMasterName, piece.master.detach());
+    if (piece.state.step == 0 && piece.state.buffers.empty()) continue;
     out.emplace(key + "step", scalarTensor(static_cast<double>(piece.state.step), DType::Int64));
     for (const auto& [name, buffer] : piece.state.buffers) out.emplace(key + name, buffer.detach());
   }
@@ -579,6 +648,7 @@ void ShardedDataParallel::loadShardedStateDict(const nn::StateDict& shard) {
                " slices other than the ", pieces_.size(),
                " this rank owns (the parameters, their sizes or the bucket size differ)");
   std::vector<nn::optim::ParamState> loaded(pieces_.size());
+  std::vector<Tensor> masters(pieces_.size());
   std::vector<std::optional<double>> lrs(groups_.size());
   NoGradGuard noGrad;
   for (const auto& [key, value] : shard) {
@@ -612,6 +682,14 @@ void ShardedDataParallel::loadShardedStateDict(const nn::StateDict& shard) {
     const Piece& p = pieces_[piece->second];
     nn::optim::ParamState& st = loaded[piece->second];
     WEFT_ENFORCE(value.defined(), InvalidArgumentError, where, ": '", key, "' is undefined");
+    if (name == kMasterName) {
+      WEFT_ENFORCE(p.master.defined(), InvalidArgumentError, where, ": '", key,
+                   "': the slice has no master (Options::masterWeights with a 16-bit parameter)");
+      WEFT_ENFORCE(value.numel() == p.length, InvalidArgumentError, where, ": '", key, "' holds ", value.numel(),
+                   " elements, the slice has ", p.length);
+      masters[piece->second] = value;
+      continue;
+    }
     if (name == "step") {
       const double s = scalar(key);
       WEFT_ENFORCE(s >= 0 && s == std::floor(s) && s < 9.0e15, InvalidArgumentError, where, ": '", key,
@@ -625,9 +703,14 @@ void ShardedDataParallel::loadShardedStateDict(const nn::StateDict& shard) {
                  " with these options");
     WEFT_ENFORCE(value.numel() == p.length, InvalidArgumentError, where, ": '", key, "' holds ", value.numel(),
                  " elements, the slice has ", p.length);
-    st.buffers[name] = value.to(Device::cpu()).to(p.values.dtype()).contiguous().view({p.length}).clone();
+    st.buffers[name] = value.to(Device::cpu()).to(p.stepped().dtype()).contiguous().view({p.length}).clone();
   }
-  for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i].state = std::move(loaded[i]);
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    pieces_[i].state = std::move(loaded[i]);
+    if (!masters[i].defined()) continue;
+    pieces_[i].master.copy_(masters[i].to(Device::cpu()).reshape({-1}));
+    pieces_[i].values.copy_(pieces_[i].master);
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (lrs[g]) groups_[g].options = nn::optim::withLearningRate(groups_[g].options, *lrs[g]);
   }
@@ -658,6 +741,15 @@ int64_t ShardedDataParallel::gradientShardBytes() const {
   int64_t bytes = 0;
   for (const Bucket& b : buckets_) {
     if (b.gradShard.defined()) bytes += static_cast<int64_t>(b.gradShard.nbytes());
+  }
+  return bytes;
+}
+
+int64_t ShardedDataParallel::masterBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t bytes = 0;
+  for (const Piece& piece : pieces_) {
+    if (piece.master.defined()) bytes += static_cast<int64_t>(piece.master.nbytes());
   }
   return bytes;
 }

@@ -81,6 +81,36 @@
 // own slices, reloaded by the same rank of a job of the same size and bucket
 // layout with loadShardedStateDict().
 //
+// Mixed precision (Options::reduceDtype, Options::masterWeights). With
+// 16-bit parameters (BFloat16, Float16: a module converted with Module::to;
+// the forward's autocast is the caller's), reduceDtype (Float32 or Float16:
+// Gloo reduces no bfloat16, and a bfloat16 parameter on a gloo group without
+// reduceDtype is an InvalidArgumentError at construction, naming it) is the
+// dtype of the flat buffers: each gradient
+// is converted into its slot and the bucket reduce-scattered and divided by
+// N in it; this rank's slice is then rounded to the parameters' dtype and
+// added to the gradient shard, which holds the parameters' dtype (2 bytes
+// per element: the ZeRO paper's 16-bit gradients). With masterWeights, each
+// slice of a 16-bit parameter has a float32 master (cloned from the
+// parameter at construction, after rank 0's broadcast); step() runs the
+// optimizer over the masters with the shard's gradients cast to float32,
+// writes each master rounded to nearest-even into the parameter's elements,
+// and all-gathers the 16-bit values. So the parameters after each step equal,
+// to the bit, those of DistributedDataParallel with the same reduceDtype and
+// nn::optim::MasterWeightOptimizer, where the backend adds as its allreduce
+// does (two ranks always). Memory per rank with Adam: the parameters 2Ψ, the
+// gradient shard 2Ψ/N, the masters 4Ψ/N and their state 8Ψ/N (the ZeRO
+// paper's 2Ψ + 14Ψ/N), plus the padding; masterBytes() says what the
+// masters take. The flat buffers in reduceDtype (4 bytes per element for
+// Float32) live while the pass runs, as above. The optimizer state is the
+// masters', in float32, and the state dicts hold the masters too:
+// consolidatedStateDict() as "master.<param>" (float32, whole, in
+// nn::optim::MasterWeightOptimizer::stateDict()'s format),
+// shardedStateDict() as "slice.<param>.<start>.master"; loading either sets
+// the masters and, rounded, the parameters' elements they cover, so a
+// checkpoint resumes to the bit. clipGradNorm_ sums a 16-bit shard in
+// float32.
+//
 // clipGradNorm_() clips the sharded gradients by their global norm, which
 // needs one allreduce of a scalar.
 //
@@ -94,6 +124,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,6 +140,11 @@ class ShardedDataParallel {
   struct Options {
     // Most bytes of gradient per bucket; > 0 (InvalidArgumentError).
     int64_t bucketCapBytes = int64_t{25} << 20;
+    // The dtype the buckets are reduce-scattered in; unset: the parameters'
+    // own (see "Mixed precision").
+    std::optional<DType> reduceDtype = std::nullopt;
+    // Step 16-bit parameters through float32 master slices.
+    bool masterWeights = false;
   };
 
   // What the last synced pass did, for tests and tuning.
@@ -212,6 +248,8 @@ class ShardedDataParallel {
   std::vector<Slice> gradientSlices(size_t index) const;
   int64_t gradientShardBytes() const;
   int64_t stateBytes() const;
+  // Bytes of the float32 master slices (Options::masterWeights).
+  int64_t masterBytes() const;
   Stats stats() const;
 
  private:
@@ -233,7 +271,10 @@ class ShardedDataParallel {
     int64_t length = 0;
     int64_t shardOffset = 0; // in the bucket's shard
     Tensor values;           // a view of the parameter's elements
+    Tensor master;           // float32 copy of values (Options::masterWeights, 16-bit); else undefined
     nn::optim::ParamState state;
+    // What the optimizer steps: the master when there is one.
+    const Tensor& stepped() const { return master.defined() ? master : values; }
   };
   struct Bucket {
     std::vector<size_t> params;

@@ -12,6 +12,7 @@
 #include "collectives/detail/sharding.h"
 #include "collectives/object_collectives.h"
 #include "common/error.h"
+#include "nn/master_weights.h"
 #include "nn/utils.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -31,6 +32,16 @@ std::optional<std::pair<size_t, std::string>> parseStateKey(const std::string& k
   auto [end, ec] = std::from_chars(key.data() + from, key.data() + dot, index);
   if (ec != std::errc() || end != key.data() + dot) return std::nullopt;
   return std::make_pair(index, key.substr(dot + 1));
+}
+
+// "master.<index>": the index; nothing when the key has another form.
+std::optional<size_t> parseMasterKey(const std::string& key) {
+  static const std::string kPrefix = "master.";
+  if (key.rfind(kPrefix, 0) != 0 || key.size() == kPrefix.size()) return std::nullopt;
+  size_t index = 0;
+  auto [end, ec] = std::from_chars(key.data() + kPrefix.size(), key.data() + key.size(), index);
+  if (ec != std::errc() || end != key.data() + key.size()) return std::nullopt;
+  return index;
 }
 
 std::string groupKey(size_t g, const char* field) { return weft::detail::concat("param_groups.", g, ".", field); }
@@ -81,13 +92,34 @@ void ZeroRedundancyOptimizer::partition() {
     if (owner_[i] != group_.rank()) continue;
     localIndex_[i] = mine_.size();
     mine_.push_back(i);
-    local[groupOf_[i]].params.push_back(params_[i]);
+    Tensor stepped = params_[i];
+    if (options_.masterWeights && nn::optim::needsMaster(stepped.dtype())) {
+      NoGradGuard noGrad;
+      stepped = stepped.detach().to(DType::Float32);
+    }
+    local[groupOf_[i]].params.push_back(stepped);
   }
   if (!mine_.empty()) local_ = std::make_unique<nn::optim::Optimizer>(std::move(local));
 }
 
 void ZeroRedundancyOptimizer::step() {
-  if (local_) local_->step();
+  if (local_ && !options_.masterWeights) local_->step();
+  if (local_ && options_.masterWeights) {
+    // The local optimizer steps the masters (local order is mine_'s) with the gradients cast to their dtype.
+    const std::vector<Tensor>& stepped = local_->params();
+    std::vector<Tensor> grads(mine_.size());
+    NoGradGuard noGrad;
+    for (size_t j = 0; j < mine_.size(); ++j) {
+      Tensor g = params_[mine_[j]].grad();
+      if (g.defined()) grads[j] = g.dtype() == stepped[j].dtype() ? g : g.to(stepped[j].dtype());
+    }
+    local_->step(grads);
+    for (size_t j = 0; j < mine_.size(); ++j) {
+      if (!grads[j].defined() || stepped[j].sameAs(params_[mine_[j]])) continue;
+      Tensor target = params_[mine_[j]];  // a handle: copy_ writes the caller's parameter
+      target.copy_(stepped[j]);
+    }
+  }
   broadcastParameters();
 }
 
@@ -191,6 +223,15 @@ int64_t ZeroRedundancyOptimizer::stateBytes() const {
   return bytes;
 }
 
+int64_t ZeroRedundancyOptimizer::masterBytes() const {
+  if (!local_) return 0;
+  int64_t bytes = 0;
+  for (size_t j = 0; j < mine_.size(); ++j) {
+    if (!local_->params()[j].sameAs(params_[mine_[j]])) bytes += static_cast<int64_t>(local_->params()[j].nbytes());
+  }
+  return bytes;
+}
+
 size_t ZeroRedundancyOptimizer::checkGroup(const char* what, size_t group) const {
   WEFT_ENFORCE(group < groups_.size(), InvalidArgumentError, "ZeroRedundancyOptimizer::", what, ": group ", group,
                " out of range (the optimizer has ", groups_.size(), ")");
@@ -223,6 +264,10 @@ nn::StateDict ZeroRedundancyOptimizer::consolidatedStateDict(int to) {
       if (!parsed) continue;  // the local groups' entries
       mine.emplace(weft::detail::concat("state.", mine_[parsed->first], ".", parsed->second), value.contiguous());
     }
+    for (size_t j = 0; j < mine_.size(); ++j) {
+      const Tensor& stepped = local_->params()[j];
+      if (!stepped.sameAs(params_[mine_[j]])) mine.emplace(weft::detail::concat("master.", mine_[j]), stepped);
+    }
   }
   nn::StateDict out;
   if (group_.size() == 1) {
@@ -254,6 +299,10 @@ nn::StateDict ZeroRedundancyOptimizer::shardedStateDict() const {
       auto parsed = parseStateKey(key);
       if (!parsed) continue;  // the local groups' entries
       out.emplace(weft::detail::concat("state.", mine_[parsed->first], ".", parsed->second), value);
+    }
+    for (size_t j = 0; j < mine_.size(); ++j) {
+      const Tensor& stepped = local_->params()[j];
+      if (!stepped.sameAs(params_[mine_[j]])) out.emplace(weft::detail::concat("master.", mine_[j]), stepped);
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -300,7 +349,20 @@ void ZeroRedundancyOptimizer::loadStateDict(const nn::StateDict& full) {
   const char* where = "ZeroRedundancyOptimizer::loadStateDict";
   nn::StateDict local;
   std::vector<std::optional<double>> lrs(groups_.size());
+  std::vector<std::pair<size_t, Tensor>> masters;  // (local index, value) of the masters this rank keeps
   for (const auto& [key, value] : full) {
+    if (auto index = parseMasterKey(key)) {
+      WEFT_ENFORCE(*index < params_.size(), InvalidArgumentError, where, ": key '", key, "' refers to parameter ",
+                   *index, " but the optimizer has ", params_.size());
+      if (owner_[*index] != group_.rank()) continue;
+      const Tensor& stepped = local_->params()[localIndex_[*index]];
+      WEFT_ENFORCE(!stepped.sameAs(params_[*index]), InvalidArgumentError, where, ": key '", key, "': parameter ",
+                   *index, " has no master of its own (Options::masterWeights with a 16-bit parameter)");
+      WEFT_ENFORCE(value.defined() && value.shape() == stepped.shape(), InvalidArgumentError, where, ": '", key,
+                   "' has shape ", value.defined() ? value.shape() : Shape{}, ", the parameter ", stepped.shape());
+      masters.emplace_back(localIndex_[*index], value);
+      continue;
+    }
     if (key.rfind("param_groups.", 0) == 0) {
       bool known = false;
       for (size_t g = 0; g < groups_.size() && !known; ++g) {
@@ -324,7 +386,7 @@ void ZeroRedundancyOptimizer::loadStateDict(const nn::StateDict& full) {
     }
     auto parsed = parseStateKey(key);
     WEFT_ENFORCE(parsed.has_value(), InvalidArgumentError, where, ": malformed key '", key,
-                 "' (expected state.<index>.<name> or param_groups.<index>.<name>)");
+                 "' (expected state.<index>.<name>, master.<index> or param_groups.<index>.<name>)");
     WEFT_ENFORCE(parsed->first < params_.size(), InvalidArgumentError, where, ": key '", key,
                  "' refers to parameter ", parsed->first, " but the optimizer has ", params_.size());
     if (owner_[parsed->first] != group_.rank()) continue;
@@ -348,6 +410,13 @@ void ZeroRedundancyOptimizer::loadStateDict(const nn::StateDict& full) {
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (lrs[g]) groups_[g].options = nn::optim::withLearningRate(groups_[g].options, *lrs[g]);
+  }
+  NoGradGuard noGrad;
+  for (const auto& [j, value] : masters) {
+    Tensor master = local_->params()[j];  // handles: copy_ writes the master and the parameter
+    master.copy_(value.to(master.device()));
+    Tensor param = params_[mine_[j]];
+    param.copy_(master);
   }
 }
 

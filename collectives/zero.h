@@ -46,6 +46,22 @@
 // have); stateBytes() sums what this rank holds. The broadcast buffers live
 // during step() only.
 //
+// Mixed precision (Options::masterWeights). With 16-bit parameters
+// (BFloat16, Float16: a module converted with Module::to, its gradients
+// averaged by DDP with Options::reduceDtype), each rank keeps a float32 copy
+// of the 16-bit parameters it owns (the master, cloned from the parameter's
+// value at construction), its local optimizer steps the masters with the
+// .grad cast to float32, each owned parameter is set to its master rounded
+// to nearest-even, and the broadcast carries the 16-bit values (half the
+// bytes). This is nn::optim::MasterWeightOptimizer (nn/master_weights.h)
+// restricted to the shard: the parameters after each step equal its, to the
+// bit. Memory per rank with Adam: the parameters 2Ψ and their .grad 2Ψ
+// (every rank's), the masters and their state 12Ψ/N (the ZeRO paper's
+// 2Ψ + 2Ψ + 12Ψ/N); masterBytes() says what the masters take. The state
+// dicts hold the masters' optimizer state and the masters ("master.<i>",
+// float32, global index i), in nn::optim::MasterWeightOptimizer::stateDict()'s
+// format, so a checkpoint resumes to the bit.
+//
 // Collective: construction, step(), consolidatedStateDict() and
 // loadStateDict() are called by every rank of the group, in the same order
 // relative to the group's other collectives. The constructor compares the
@@ -85,6 +101,8 @@ class ZeroRedundancyOptimizer {
   struct Options {
     // Most bytes per coalesced broadcast in step(); > 0 (InvalidArgumentError).
     int64_t broadcastBucketBytes = int64_t{25} << 20;
+    // Step 16-bit parameters through float32 masters (see "Mixed precision").
+    bool masterWeights = false;
   };
 
   // `group` must outlive the optimizer. See "Partition" and "Collective".
@@ -111,8 +129,10 @@ class ZeroRedundancyOptimizer {
   std::vector<size_t> shard(int rank) const;
   // This rank's optimizer over its shard (null when it owns nothing).
   const nn::optim::Optimizer* localOptimizer() const { return local_.get(); }
-  // Bytes of the optimizer state buffers this rank holds.
+  // Bytes of the optimizer state buffers this rank holds, and of its
+  // float32 masters (Options::masterWeights).
   int64_t stateBytes() const;
+  int64_t masterBytes() const;
 
   // Learning rates of every group or of group `group` (InvalidArgumentError
   // when out of range), on this rank's optimizer and in groups().

@@ -8,6 +8,14 @@
 
 namespace weft::collectives::detail {
 
+void checkReducible(const ProcessGroup& group, DType dtype, const std::optional<DType>& reduceDtype, const char* who,
+                    const std::string& param) {
+  const DType summed = reduceDtype.value_or(dtype);
+  WEFT_ENFORCE(!(summed == DType::BFloat16 && group.backendName() == "gloo"), InvalidArgumentError, who,
+               ": parameter '", param, "' is bfloat16 and the gloo backend sums no bfloat16: set Options::reduceDtype "
+               "to float32 or float16 (its gradients are then reduced in that dtype and handed back in bfloat16)");
+}
+
 void rethrowPrefixed(const std::exception_ptr& e, const std::string& prefix) {
   try {
     std::rethrow_exception(e);

@@ -1,11 +1,13 @@
 // What the data-parallel wrappers share: error prefixing (ddp.h, zero.h,
-// sharded_ddp.h, fsdp.h) and, for the sharded ones (zero.h, sharded_ddp.h,
+// sharded_ddp.h, fsdp.h), the check that the backend sums the gradients'
+// dtype (ddp.h, sharded_ddp.h) and, for the sharded ones (zero.h, sharded_ddp.h,
 // fsdp.h), the check that every rank wraps the same parameters and the
 // broadcast of rank 0's module state.
 #pragma once
 
 #include <cstddef>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +17,13 @@
 #include "tensor/tensor.h"
 
 namespace weft::collectives::detail {
+
+// InvalidArgumentError, naming `who` and `param`, when the gradients of a
+// parameter of `dtype` would be summed in a dtype `group`'s backend does not
+// sum (gloo: bfloat16): `reduceDtype` is the wrapper's option (unset: the
+// parameter's own dtype is summed).
+void checkReducible(const ProcessGroup& group, DType dtype, const std::optional<DType>& reduceDtype, const char* who,
+                    const std::string& param);
 
 // Rethrows `e` as the same weft error type with `prefix` in front of its message.
 [[noreturn]] void rethrowPrefixed(const std::exception_ptr& e, const std::string& prefix);

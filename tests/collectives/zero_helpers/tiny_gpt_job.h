@@ -1,7 +1,7 @@
-// What the ZeRO and FSDP worker programs (zero_worker.cpp, fsdp_worker.cpp) share: the tiny GPT
-// they train (vocab 64, block 16, 2 layers, 2 heads, width 32, no dropout, the same initial
-// weights on every rank), each rank's batch of a step, the AdamW settings, the loss, and the
-// bytes held by tensors once the group has settled.
+// What the ZeRO, FSDP and mixed-precision worker programs (zero_worker.cpp, fsdp_worker.cpp,
+// mixed_precision_worker.cpp) share: the tiny GPT they train (vocab 64, block 16, 2 layers, 2
+// heads, width 32, no dropout, the same initial weights on every rank), each rank's batch of a
+// step, the AdamW settings, the loss, and the bytes held by tensors once the group has settled.
 #pragma once
 
 #include <chrono>
