@@ -17,7 +17,11 @@
 // peak memory beside weft's ZeRO-3, or why it does not run. --no-torch skips it.
 // Run under the launcher, one process per rank:
 //
-//   weftrun -n 4 build/bench/fsdp_bench [--iters N] [--layers L] [--width C] [--batch B] [--no-torch]
+//   weftrun -n 4 build/bench/fsdp_bench [--iters N] [--layers L] [--width C] [--batch B] [--checkpoint]
+//                                      [--no-torch]
+//
+// --checkpoint: every method's GPT recomputes each block in backward (GPTConfig::checkpoint), so
+// that activations, which no ZeRO stage shards, take less of the peak.
 //
 // The methods take turns, each for all its iterations (their memory must not overlap); each
 // starts from the same initial model. On fewer cores than ranks the times include the ranks'
@@ -56,7 +60,8 @@ using weft::collectives::ReduceOp;
 using weft::collectives::ShardedDataParallel;
 using weft::collectives::ZeroRedundancyOptimizer;
 
-constexpr const char* kUsage = "usage: fsdp_bench [--iters N] [--layers L] [--width C] [--batch B] [--no-torch]";
+constexpr const char* kUsage =
+    "usage: fsdp_bench [--iters N] [--layers L] [--width C] [--batch B] [--checkpoint] [--no-torch]";
 
 struct Config {
   int iters = 20;
@@ -65,6 +70,7 @@ struct Config {
   int64_t batch = 8;
   int64_t vocab = 256;
   int64_t block = 64;
+  bool checkpoint = false;  // every block, for every method
   bool torch = true;
 };
 
@@ -75,6 +81,7 @@ std::shared_ptr<weft::nn::GPT> makeGpt(const Config& cfg) {
   c.layers = cfg.layers;
   c.heads = 4;
   c.width = cfg.width;
+  if (cfg.checkpoint) c.checkpoint = weft::nn::CheckpointPolicy::everyBlock();
   weft::Generator init(7);
   return std::make_shared<weft::nn::GPT>(c, &init);
 }
@@ -196,6 +203,7 @@ int main(int argc, char** argv) {
   flags.onValue("--layers", [&](const std::string& v) { cfg.layers = weft::bench::intFlag("--layers", v, 1, 64); });
   flags.onValue("--width", [&](const std::string& v) { cfg.width = weft::bench::intFlag("--width", v, 4, 4096); });
   flags.onValue("--batch", [&](const std::string& v) { cfg.batch = weft::bench::intFlag("--batch", v, 1, 4096); });
+  flags.onSwitch("--checkpoint", [&] { cfg.checkpoint = true; });
   flags.onSwitch("--no-torch", [&] { cfg.torch = false; });
   if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "fsdp_bench", kUsage)) return 2;
   if (cfg.width % 4 != 0) {
@@ -318,10 +326,10 @@ int main(int argc, char** argv) {
   if (pg->rank() == 0) {
     const double n = world;
     std::printf("fsdp_bench: GPT of %.0f parameters (layers %lld, width %lld, vocab %lld, block %lld), batch %lld per "
-                "rank, %d ranks, %d steps each, AdamW float32\n",
+                "rank, %d ranks, %d steps each, AdamW float32%s\n",
                 psi, static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width),
                 static_cast<long long>(cfg.vocab), static_cast<long long>(cfg.block), static_cast<long long>(cfg.batch),
-                world, cfg.iters);
+                world, cfg.iters, cfg.checkpoint ? ", every block checkpointed" : "");
     std::printf("%-11s %10s %8s %14s %10s %14s %14s\n", "method", "step ms", "vs DDP", "held B/param", "formula",
                 "peak B/param", "peak vs DDP");
     auto row = [&](const char* name, const Result& r, double formula) {
