@@ -1,9 +1,16 @@
-// The gpt example's pipeline of fully sharded stages (--fsdp --dp D --pp P, weftrun -n D·P): the
-// mesh {dp: D, pp: P} of pipeline_layout.h (world rank d·P + s is stage s of replica d), each of
-// this process's model stages (two chunks with --schedule interleaved) wrapped in
+// The gpt example's pipeline of fully sharded stages (--fsdp --dp D --pp P [--tp T] [--sp S],
+// weftrun -n D·P·T·S): the mesh of pipeline_layout.h ({dp: D, pp: P}, with --tp or --sp {dp, pp,
+// sp, tp}: world rank ((d·P + s)·S + q)·T + t is tp rank t of sp rank q of stage s of replica d),
+// each of this process's model stages (two chunks with --schedule interleaved) wrapped in
 // FullyShardedDataParallel over the stage's dp group, its TransformerBlocks the units and the rest
 // (embeddings; final LayerNorm and tied head) the root unit, run by pipeline::PipelineExecutor over
-// the pp group without its own data-parallel averaging.
+// the pp group without its own data-parallel averaging. With --tp or --sp (torchtitan's 3-D FSDP ×
+// PP × TP) the stages are ranges of collectives::TensorParallelGPT layers over the stage's tp group
+// (of one process without --tp), given the sp groups' SpOptions with --sp, as in
+// pipeline_layout.h; the units are their ParallelTransformerBlocks, each process shards its tp
+// rank's part over dp, takes its sp rank's tokens, and its shards' gradients are summed over the sp
+// group after FSDP's reduce-scatter (both sums: the order does not matter); the last stage's loss
+// is TensorParallelGPT::lossOfLogits.
 //
 // Micro-batches. Each micro-batch's backward is one autograd pass, at whose end FSDP
 // reduce-scatters the stage's gradients over dp into the shards' gradients, where the M passes
@@ -11,26 +18,31 @@
 // micro-batch's backward to the last, the memory FSDP shards. The cost is M reduce-scatters of
 // each unit per step instead of one.
 //
-// The tied wte. The first and the last stage each hold wte in their root unit, among other
-// parameters (wpe; ln_f), so the two roots' shards hold different parts of it: after the step's
-// backward each of the two gathers its root's gradient over dp, the two exchange wte's part over
-// pp (the same dp coordinate on both sides) and each adds the other's to the elements of its shard.
+// The tied wte (with --tp or --sp, the tp rank's rows of it). The first and the last stage each
+// hold it in their root unit, among other parameters (wpe; ln_f), so the two roots' shards hold
+// different parts of it: after the step's backward each of the two gathers its root's gradient
+// over dp, the two exchange wte's part over pp (the same dp, sp and tp coordinates on both sides)
+// and each adds the other's to the elements of its shard.
 //
-// Clipping: the squares of every process's shard gradients summed over the whole job (one
-// allreduce over the world), the last stage leaving out its copy of wte's gradient, as
-// nn::clipGradNorm_ over the one-process model.
+// Clipping: the squares of the shard gradients summed over the whole job (one allreduce over the
+// world), as nn::clipGradNorm_ over the one-process model, each element counted once: those of
+// parameters split over tp on every tp rank, those of the replicated ones (LayerNorms, wpe, the
+// row-parallel biases) on tp rank 0 only, all only at sp coordinate 0 (after the sum the sp group's
+// gradients are the same), and the last stage's copy of wte's gradient not at all.
 //
 // --checkpoint other than none has the executor checkpoint each stage whole, but for the first
 // stage's first chunk, which it runs plainly: its input, the token ids, needs no gradient, and the
 // executor splits off a first layer to run plainly only from a Sequential, not from the wrapper.
 //
 // Memory: every process builds the one-process run's whole model (initialModel: the seed's, or
-// --load's), then keeps only its stages, sharded. Evaluation runs the job's batch through the pipeline of
-// wrappers, without grad, on every replica (the activations sent along pp, the loss broadcast from
-// the last stage), so no process holds the whole model while training; the sample, after it, is
-// drawn from the whole model, as is --save's file: each stage gathered from its dp group
-// (FSDP::fullStateDict to each dp rank in turn) into a plain copy of the model, whose stages are
-// then broadcast over pp.
+// --load's), then keeps only its stages, sharded (with --tp or --sp, the other stages' parts of its
+// TensorParallelGPT, which the embedding and the head run through, are freed). Evaluation runs the
+// job's batch through the pipeline of wrappers, without grad, on every replica (the activations
+// sent along pp, the loss broadcast from the last stage), so no process holds the whole model while
+// training; the sample, after it, is drawn from the whole model, as is --save's file: each stage
+// gathered from its dp group (FSDP::fullStateDict to each dp rank in turn) into a plain copy of the
+// model (of its tp rank's parts with --tp or --sp), whose stages are then broadcast over pp (and
+// with --tp or --sp assembled over tp: TensorParallelGPT::fullStateDict).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -146,6 +158,22 @@ class FullyShardedPipeline final : public Layout {
       ownStages_.push_back(k);
       modules_.push_back(modelStages[k]);
       mine.push_back(std::make_shared<ShardedStage>(*fsdps_.back()));
+    }
+    if (tpModel_) {
+      // The TensorParallelGPT stays (the first and last stages' embedding and head run through it),
+      // but the other stages' parts are not this process's to hold: their memory is freed.
+      std::vector<Tensor> own;
+      for (const auto& w : fsdps_) {
+        for (const Tensor& p : w->module()->parameters()) own.push_back(p);
+      }
+      for (size_t k = 0; k < modelStages.size(); ++k) {
+        if (std::find(ownStages_.begin(), ownStages_.end(), k) != ownStages_.end()) continue;
+        for (const Tensor& p : modelStages[k]->parameters()) {
+          if (std::none_of(own.begin(), own.end(), [&p](const Tensor& q) { return q.sameAs(p); })) {
+            p.impl()->storage->release();
+          }
+        }
+      }
     }
     // The tied wte (this tp rank's rows of it with --tp or --sp): in chunk 0 of the first stage and
     // the last chunk of the last.
