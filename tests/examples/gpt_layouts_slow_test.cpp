@@ -210,6 +210,12 @@ TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replic
     CHECK(run.find("interleaved with 2 micro-batches") != std::string::npos);
     sameEnd(run);
   }
+  SUBCASE("FSDP over dp 2 x pp 2 x tp 2 with dropout: the masks of dp 2 x pp 2 x tp 2 without FSDP") {
+    // Each replica draws its own masks, so the reference is the pipelined layout's run.
+    std::string piped, run;
+    const std::string args = half + " --dp 2 --pp 2 --tp 2 --microbatches 2 --dropout 0.2";
+    checkSameLosses(train(weftrun(8), args, piped), train(weftrun(8), args + " --fsdp", run));
+  }
   SUBCASE("FSDP over dp 2 x pp 2 x sp 2, zig-zag ring, on 8 processes") {
     std::string run;
     checkSameLosses(single,
