@@ -55,7 +55,7 @@ struct Flags {
   std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved (2 chunks per stage), with --pp
   int64_t microbatches = 4;       // per step, with --pp; must divide --batch-size
   // Fully sharded data parallel (fsdp_layout.h): over the job's processes, or with --pp, --tp or
-  // --sp over the --dp replicas.
+  // --sp (any of them together) over the --dp replicas.
   bool fsdp = false;
 
   // Data-parallel replicas: with --pp, of the pipeline, its stages tensor- and sequence-parallel
@@ -83,9 +83,9 @@ struct Flags {
                      "             (P > 1: weftrun -n D·P·T·S)\n"
                      "           [--dp D [--zero 1|2]] [--tp T] [--sp S [--sp-mode ulysses|ring|2d]]\n"
                      "             (D·T·S > 1: weftrun -n D·T·S)\n"
-                     "           [--fsdp [--dp D [--pp P | --tp T --sp S]]]\n"
+                     "           [--fsdp [--dp D [--pp P] [--tp T] [--sp S]]]\n"
                      "             (fully sharded data parallel: over the job, or over D replicas of a pipeline\n"
-                     "             or of a tp/sp mesh)\n");
+                     "             of tp/sp stages or of a tp/sp mesh; weftrun -n D·P·T·S)\n");
 }
 
 // The checkpointing policy a --checkpoint value names; usage() for anything else.
@@ -232,7 +232,6 @@ inline Flags parseFlags(int argc, char** argv) {
   }
   if (f.fsdp && f.device != "cpu") usage("--fsdp runs on CPUs");
   if (f.fsdp && f.zero > 0) usage("--fsdp does not combine with --zero");
-  if (f.fsdp && f.pp > 1 && (f.tp > 1 || f.sp > 1)) usage("--fsdp with --pp does not combine with --tp or --sp");
   if (f.fsdp && (f.pp > 1 || f.tp > 1 || f.sp > 1) && f.dp < 2) {
     usage("--fsdp with --pp, --tp or --sp shards over the data-parallel replicas: it needs --dp > 1");
   }

@@ -8,9 +8,10 @@
 //    The gradient norm is
 //    clipped over the shards (FSDP::clipGradNorm_); evaluation runs the same batch through the
 //    wrapper on every process; sampling gathers the full model on each process in turn.
-//  - --fsdp --dp D --pp P (weftrun -n D·P; fsdp_pipeline_layout.cpp): the mesh {dp: D, pp: P} of
-//    pipeline_layout.h, each stage's module (each chunk's, interleaved) wrapped in FSDP over the
-//    stage's dp group; the executor does not average over dp, FSDP's reduce-scatters do.
+//  - --fsdp --dp D --pp P [--tp T] [--sp S] (weftrun -n D·P·T·S; fsdp_pipeline_layout.cpp): the
+//    mesh of pipeline_layout.h, each stage's module (each chunk's, interleaved; a range of
+//    TensorParallelGPT layers with --tp or --sp) wrapped in FSDP over the stage's dp group; the
+//    executor does not average over dp, FSDP's reduce-scatters do.
 //  - --fsdp --dp D with --tp T and/or --sp S (weftrun -n D·S·T; fsdp_mesh_layout.cpp): the mesh
 //    of mesh_layout.h, collectives::TensorParallelGPT on the tp group (its tokens split over sp
 //    with --sp) or with --sp alone collectives::SequenceParallelGPT, wrapped in FSDP over the dp

@@ -1,11 +1,11 @@
 // The GPT example's checkpoints and gradient clipping under every layout, run through weftrun as a
 // user runs it, at tiny sizes: --save writes the whole model gathered on world rank 0, the same
-// model whatever the layout (dp, tp, sp, pp, fsdp alone and over dp x pp, tp, sp, against the
-// one-process run, to float rounding: the layouts sum the same gradients in other orders, so no
-// file is bitwise the one-process run's; 2e-5 is about 10 times the largest difference seen and a
-// tenth of what weight decay on the wrong parameters makes); each step's gradient norm before
-// clipping, recorded in the metrics, is the one-process model's; --load starts any layout from
-// such a file, where the saving run ended.
+// model whatever the layout (dp, tp, sp, pp, fsdp alone and over dp x pp, tp, sp and pp x tp,
+// against the one-process run, to float rounding: the layouts sum the same gradients in other
+// orders, so no file is bitwise the one-process run's; 2e-5 is about 10 times the largest
+// difference seen and a tenth of what weight decay on the wrong parameters makes); each step's
+// gradient norm before clipping, recorded in the metrics, is the one-process model's; --load
+// starts any layout from such a file, where the saving run ended.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -137,6 +137,8 @@ const std::vector<LayoutRun> kLayouts = {
     {4, " --batch-size 4 --fsdp --dp 2 --pp 2 --microbatches 2", "over 2 replicas of a pipeline of 2 stages"},
     {4, " --batch-size 4 --fsdp --dp 2 --tp 2", "over dp around TensorParallelGPT"},
     {4, " --batch-size 4 --fsdp --dp 2 --sp 2 --sp-mode ring", "over dp around SequenceParallelGPT"},
+    {8, " --batch-size 4 --fsdp --dp 2 --pp 2 --tp 2 --microbatches 2",
+     "TensorParallelGPT layers, mesh {dp: 2, pp: 2, tp: 2}"},
 };
 
 }  // namespace

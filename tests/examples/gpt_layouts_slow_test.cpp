@@ -1,9 +1,9 @@
 // The GPT example on a process mesh (--dp, --zero, --tp, --sp, --sp-mode, and pipelines of tensor-
 // and sequence-parallel stages: --pp with --tp, --sp and --dp) and fully sharded (--fsdp, alone or
-// over the dp replicas of --pp, --tp and --sp) run through weftrun as a user runs it, at tiny
-// sizes: each layout trains the one-process model on the same windows, so its loss at every one of
-// 20 steps equals the one-process run's to float rounding; bad combinations are usage errors naming
-// the problem. A vocabulary the tp group does not divide is padded.
+// over the dp replicas of --pp, --tp, --sp and their combinations) run through weftrun as a user
+// runs it, at tiny sizes: each layout trains the one-process model on the same windows, so its loss
+// at every one of 20 steps equals the one-process run's to float rounding; bad combinations are
+// usage errors naming the problem. A vocabulary the tp group does not divide is padded.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -193,6 +193,46 @@ TEST_CASE("the GPT example's fully sharded layouts, alone and over the dp replic
     CHECK(run.find("mesh {dp: 2, sp: 2, tp: 2} over 8 processes") != std::string::npos);
     sameEnd(run);
   }
+  SUBCASE("FSDP over dp 2 x pp 2 x tp 2 (3-D), 1F1B, on 8 processes") {
+    // Clipping counts the split parameters over tp, the replicated ones and the tied wte once.
+    std::string run;
+    checkSameLosses(single, train(weftrun(8), half + " --fsdp --dp 2 --pp 2 --tp 2 --microbatches 2", run));
+    CHECK(run.find("fully sharded data parallel (ZeRO-3) over 2 replicas of a pipeline of 2 stages (each over 2 "
+                   "processes: TensorParallelGPT layers, mesh {dp: 2, pp: 2, tp: 2}") != std::string::npos);
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x pp 2 x tp 2, interleaved, checkpointed") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(8),
+                                  half + " --fsdp --dp 2 --pp 2 --tp 2 --schedule interleaved --microbatches 2"
+                                         " --checkpoint every-block",
+                                  run));
+    CHECK(run.find("interleaved with 2 micro-batches") != std::string::npos);
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x pp 2 x tp 2 with dropout: the masks of dp 2 x pp 2 x tp 2 without FSDP") {
+    // Each replica draws its own masks, so the reference is the pipelined layout's run.
+    std::string piped, run;
+    const std::string args = half + " --dp 2 --pp 2 --tp 2 --microbatches 2 --dropout 0.2";
+    checkSameLosses(train(weftrun(8), args, piped), train(weftrun(8), args + " --fsdp", run));
+  }
+  SUBCASE("FSDP over dp 2 x pp 2 x sp 2, zig-zag ring, on 8 processes") {
+    std::string run;
+    checkSameLosses(single,
+                    train(weftrun(8), half + " --fsdp --dp 2 --pp 2 --sp 2 --sp-mode ring --microbatches 2", run));
+    CHECK(run.find("(each over 2 processes: GPT layers with ring attention (zig-zag), mesh {dp: 2, pp: 2, sp: 2, "
+                   "tp: 1}") != std::string::npos);
+    sameEnd(run);
+  }
+  SUBCASE("FSDP over dp 2 x pp 2 x sp 2 x tp 2, Ulysses, on 16 processes") {
+    std::string run;
+    checkSameLosses(single, train(weftrun(16),
+                                  half + " --fsdp --dp 2 --pp 2 --tp 2 --sp 2 --sp-mode ulysses --microbatches 2",
+                                  run));
+    CHECK(run.find("TensorParallelGPT layers with Ulysses sequence parallelism, mesh {dp: 2, pp: 2, sp: 2, tp: 2}") !=
+          std::string::npos);
+    sameEnd(run);
+  }
   SUBCASE("FSDP over dp 2 x tp 2, checkpointed, with dropout: the masks of DDP over dp 2 x tp 2") {
     // Each replica draws its own masks, so the reference is the DDP layout's run.
     std::string ddp, run;
@@ -338,8 +378,8 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   usageError(" --fsdp --tp 2", needsDp);
   usageError(" --fsdp --pp 2", needsDp);
   usageError(" --fsdp --sp 2", needsDp);
-  usageError(" --fsdp --dp 2 --pp 2 --tp 2", "--fsdp with --pp does not combine with --tp or --sp");
-  usageError(" --fsdp --dp 2 --pp 2 --sp 2", "--fsdp with --pp does not combine with --tp or --sp");
+  usageError(" --fsdp --pp 2 --tp 2", needsDp);
+  usageError(" --fsdp --dp 2 --pp 2 --tp 2 --precision bf16", "--precision bf16 trains in one process; --pp in float32");
   usageError(" --fsdp --dp 2 --zero 1", "--fsdp does not combine with --zero");
   usageError(" --fsdp --device cuda", "--fsdp runs on CPUs");
   // The product must be the job's size.
@@ -353,7 +393,7 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
         std::string::npos);
   // The size is checked before joining: rank 0 of a job of 3 whose other ranks never start fails at
   // once, without serving the store (its address, port 1, is never bound) or waiting for them.
-  for (const std::string args : {" --dp 2 --tp 2", " --pp 2 --tp 2"}) {
+  for (const std::string args : {" --dp 2 --tp 2", " --pp 2 --tp 2", " --fsdp --dp 2 --pp 2"}) {
     CAPTURE(args);
     std::string alone;
     CHECK(runShell("WEFT_RANK=0 WEFT_WORLD_SIZE=3 WEFT_MASTER_ADDR=127.0.0.1 WEFT_MASTER_PORT=1 timeout 30 " +
@@ -365,6 +405,10 @@ TEST_CASE("the GPT example rejects a mesh that does not fit the model or the job
   out.clear();
   CHECK(runShell(weftrun(2) + WEFT_GPT + kTiny + " --block 32 --fsdp --dp 2 --pp 2 2>&1", out) != 0);
   CHECK(out.find("--fsdp --dp 2 --pp 2 needs a job of 4 processes (weftrun -n 4), this one has 2") !=
+        std::string::npos);
+  out.clear();
+  CHECK(runShell(weftrun(4) + WEFT_GPT + kTiny + " --block 32 --fsdp --dp 2 --pp 2 --tp 2 --sp 2 2>&1", out) != 0);
+  CHECK(out.find("--fsdp --dp 2 --pp 2 --tp 2 --sp 2 needs a job of 16 processes (weftrun -n 16), this one has 4") !=
         std::string::npos);
   out.clear();
   CHECK(runShell(weftrun(2) + WEFT_GPT + kTiny + " --block 32 --fsdp --dp 3 2>&1", out) != 0);
