@@ -24,7 +24,10 @@
 // GlooOptions::hostname), puts their addresses under "weft/pg/<name>/" in
 // the store and connects to every other rank (one TCP connection per pair,
 // Gloo's full mesh), all under one deadline, GlooOptions::timeout from the
-// start of the rendezvous. It returns once connected to all. A rank that cannot reach an address a peer gave (refused,
+// start of the rendezvous. It returns once every rank of the group is
+// connected to all (a rank that returned earlier could close a connection
+// before the peer's Gloo loop thread took it up, which aborts the peer's
+// process inside Gloo). A rank that cannot reach an address a peer gave (refused,
 // no route) fails at once, and so does every other rank of the group:
 // DisconnectedError naming the ranks, the address, the time taken and
 // WEFT_SOCKET_IFNAME. Ranks that have not joined or connected by the

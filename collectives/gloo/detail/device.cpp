@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -117,6 +118,10 @@ using Millis = std::chrono::milliseconds;
 // Between waits, how often a rank looks for a failure another rank posted.
 constexpr Millis kMeshSlice{100};
 
+// How long a failing rank lets Gloo's loop thread take up the connections it
+// dialled before it closes them (see "Closing" in the header).
+constexpr Millis kDialGrace{250};
+
 Millis since(Clock::time_point t) { return std::chrono::duration_cast<Millis>(Clock::now() - t); }
 
 bool isLoopback(const gloo::transport::tcp::Address& a) {
@@ -147,6 +152,27 @@ std::string connectFailure(const std::string& what) {
     if (colon != std::string::npos) text = text.substr(colon + 2);
   }
   return text;
+}
+
+// Whether this side of a pair dials the peer: Gloo's rule (Pair::connect)
+// compares the two listening addresses, and the greater one connects.
+bool dialsOut(const gloo::transport::tcp::Address& self, const gloo::transport::tcp::Address& peer) {
+  const sockaddr_storage& a = self.getSockaddr();
+  const sockaddr_storage& b = peer.getSockaddr();
+  if (a.ss_family != b.ss_family) return false;
+  int order = 0;
+  if (a.ss_family == AF_INET) {
+    const auto* sa = reinterpret_cast<const sockaddr_in*>(&a);
+    const auto* sb = reinterpret_cast<const sockaddr_in*>(&b);
+    order = std::memcmp(&sa->sin_addr, &sb->sin_addr, sizeof(in_addr));
+    if (order == 0) order = sa->sin_port - sb->sin_port;
+  } else if (a.ss_family == AF_INET6) {
+    const auto* sa = reinterpret_cast<const sockaddr_in6*>(&a);
+    const auto* sb = reinterpret_cast<const sockaddr_in6*>(&b);
+    order = std::memcmp(&sa->sin6_addr, &sb->sin6_addr, sizeof(in6_addr));
+    if (order == 0) order = sa->sin6_port - sb->sin6_port;
+  }
+  return order > 0;
 }
 
 constexpr const char* kSettingHint =
@@ -182,11 +208,13 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
   transport->setTimeout(timeout);
   std::string mine;
   gloo::transport::tcp::Address self;
+  std::vector<gloo::transport::tcp::Address> listening(static_cast<size_t>(size));  // this rank's, per peer
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
     auto& pair = transport->createPair(i);
     std::vector<char> bytes = pair->address().bytes();
-    if (mine.empty()) self = gloo::transport::tcp::Address(bytes);
+    listening[static_cast<size_t>(i)] = gloo::transport::tcp::Address(bytes);
+    if (mine.empty()) self = listening[static_cast<size_t>(i)];
     mine.append(bytes.begin(), bytes.end());
   }
   viaStore([&] { store.set(prefix + "mesh/" + std::to_string(rank), mine); });
@@ -295,6 +323,23 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
       if (failure) break;
     }
   }
+  // A link still waiting means this rank fails. A connection it dialled may
+  // be up in the kernel but not yet taken up by Gloo's loop thread; closing
+  // its pair now would reset it before the peer's loop accepted it (see
+  // "Closing" in the header), so the loop thread gets kDialGrace first.
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait_until(lock, Clock::now() + kDialGrace, [&] {
+      for (int i = 0; i < size; ++i) {
+        const Link& link = links[static_cast<size_t>(i)];
+        if (i != rank && !link.done && dialsOut(listening[static_cast<size_t>(i)], link.address)) return false;
+      }
+      return true;
+    });
+    for (int i = 0; i < size && !failure && failedPeer < 0; ++i) {
+      if (i != rank && links[static_cast<size_t>(i)].done && links[static_cast<size_t>(i)].error) failedPeer = i;
+    }
+  }
   std::vector<int> unreached;
   std::string unreachedAt;
   {
@@ -337,6 +382,14 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     throw DisconnectedError("ProcessGroupGloo: " + label + ": " + msg);
   }
   if (!unreached.empty()) {
+    // The deadline may have passed while this rank was the late one: another
+    // rank's failure then says what happened (a lost store keeps the timeout).
+    bool posted = false;
+    try {
+      posted = store.check({failedKey});
+    } catch (const std::exception&) {
+    }
+    if (posted) checkFailed();
     std::string msg = "rank " + std::to_string(rank) + " (at " + endpointOf(self) + ") timed out after " + elapsed() +
                       " connecting to rank" + (unreached.size() == 1 ? " " : "s ") + unreachedAt +
                       " (the group's timeout is " + std::to_string(timeout.count()) + " ms); " + kSettingHint +
@@ -346,6 +399,41 @@ void MeshContext::connectMesh(rpc::StoreClient& store, const std::string& prefix
     } catch (...) {
     }
     throw TimeoutError("ProcessGroupGloo: " + label + ": " + msg);
+  }
+
+  // Every rank's connections are up before any rank goes on: a rank that
+  // returned at once could close its connections (its program ending) before
+  // a peer's loop thread accepted them (see "Closing" in the header).
+  viaStore([&] { store.set(prefix + "mesh/up/" + std::to_string(rank), "1"); });
+  std::vector<std::string> upKeys;
+  for (int i = 0; i < size; ++i) {
+    if (i != rank) upKeys.push_back(prefix + "mesh/up/" + std::to_string(i));
+  }
+  for (;;) {
+    try {
+      const Millis left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+      const Millis slice = std::max(Millis(1), std::min(kMeshSlice, left));
+      viaStore([&] { store.wait(upKeys, slice); });
+      break;
+    } catch (const TimeoutError&) {
+      checkFailed();
+      if (Clock::now() < deadline) continue;
+      std::vector<int> pending;
+      for (int i = 0; i < size; ++i) {
+        if (i != rank && !viaStore([&] { return store.check({prefix + "mesh/up/" + std::to_string(i)}); })) {
+          pending.push_back(i);
+        }
+      }
+      const bool one = pending.size() == 1;
+      std::string msg = "rank " + std::to_string(rank) + " connected to every peer, but rank" + (one ? " " : "s ") +
+                        rankList(pending) + (one ? " has" : " have") + " not finished connecting after " + elapsed() +
+                        " (the group's timeout is " + std::to_string(timeout.count()) + " ms)";
+      try {
+        store.compareSet(failedKey, "", msg);
+      } catch (...) {
+      }
+      throw TimeoutError("ProcessGroupGloo: " + label + ": " + msg);
+    }
   }
   device_ = device;
   counting_ = std::make_shared<CountingContext>(std::move(transport), traffic_);

@@ -13,7 +13,29 @@
 //
 // Connecting. MeshContext replaces Gloo's own full-mesh connect so that the
 // whole rendezvous keeps to one deadline and a peer's unreachable address
-// fails every rank at once.
+// fails every rank at once, and so that no rank closes a connection before
+// its peer's loop thread has taken it up (see "Closing" below).
+//
+// Closing. Gloo's loop thread accepts each incoming connection and asks for
+// its peer's name; when the connection was reset before that (its other end
+// was hard-closed: Gloo's Pair::close, which closeConnections calls, resets
+// it), the name is gone and Gloo throws on its loop thread, which aborts the
+// process.
+// The dialling side's kernel completes a connection without the accepting
+// side's loop thread, so a rank could otherwise finish connecting, return,
+// close its connections (its program ending at once) and abort a peer whose
+// loop thread was late; the other way round, a dialling peer whose loop
+// thread was late took the reset for a refused connect and failed its
+// rendezvous. Hence connectMesh returns only once every rank has
+// said that all its connections are up, and a rank that fails the connect
+// lets its loop thread take up the connections it dialled (kDialGrace)
+// before it hard-closes the pairs still waiting. What remains: a failing rank
+// whose loop thread is later than kDialGrace, and a reset arriving in the
+// instant between Gloo's check of a dialled connection (which reports an
+// earlier reset as a failed connect) and its name lookup; closing a listening
+// pair resets the connections dialled into it. A rank that dies closes its
+// connections without a reset, which the peer's loop thread takes up as a
+// lost connection.
 //
 // Scheduling. Gloo's TCP loop thread handles a connection's events only when
 // it gets the connection's lock with try_lock; otherwise it returns to epoll,
@@ -86,13 +108,19 @@ std::string defaultDeviceAddress(const std::string& storeEndpoint);
 //
 // Each rank creates one Gloo pair per peer (each listening on the device's
 // address), puts their addresses under "<prefix>mesh/<rank>", waits for every
-// peer's, then connects every pair at once (one short-lived thread per peer).
+// peer's, then connects every pair at once (one short-lived thread per peer);
+// once all are up it sets "<prefix>mesh/up/<rank>" and waits for every
+// peer's (see "Closing" above).
 // A connection that fails (refused, unreachable: the address a peer gave
 // cannot be reached from here) fails this rank at once and is posted under
 // "<prefix>mesh/failed", which fails every other rank of the group at once
 // too (DisconnectedError naming the rank, the address, the time taken and
 // WEFT_SOCKET_IFNAME). A peer that has not given its address or connected by
-// the deadline gives TimeoutError naming those ranks and their addresses.
+// the deadline gives TimeoutError naming those ranks and their addresses; a
+// rank connected to all whose peers have not all said so by the deadline
+// gives TimeoutError naming those ranks, posted for the group like a failed
+// connection. A rank that times out after another rank posted a failure
+// fails with that rank's message instead.
 // Store errors pass through (DisconnectedError when the store is gone).
 class MeshContext final : public gloo::rendezvous::Context {
  public:

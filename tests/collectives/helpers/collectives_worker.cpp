@@ -58,6 +58,12 @@
 //   p2p_after_death [3 ranks] after a first allReduce, the last rank kills itself (SIGKILL); a
 //             second later ranks 0 and 1 exchange 1 MiB each way, checked ("rank R p2p ok"),
 //             then call allReduce ("rank R later <ErrorType>: <message>").
+//   leave HOST  [2 ranks, the store served by the test: no rank serves it] the group is built with
+//             its connections on HOST (a 30 s timeout); after "rank R joined", rank 0 leaves at once
+//             (its group closes its connections), rank 1 calls allReduce ("rank 1 allReduce
+//             <ErrorType>: <message>"). The test stops rank 1 (SIGSTOP) while rank 0 connects.
+//   stall HOST  as leave, with a 3 s timeout: a rank whose group cannot be built prints "rank R
+//             create <ErrorType>: <message>" instead of "rank R joined".
 // Every rank first prints "rank R pid P started". A wrong result throws: one line on stderr,
 // exit status 1.
 #include <sched.h>
@@ -682,6 +688,26 @@ void runKill(ProcessGroupGloo& pg, weft::rpc::StoreClient& store) {
   store.barrier("collectives_worker/kill/failed", pg.size() - 1, 30s);
 }
 
+// leave and stall (see the header): the group on `host`, then rank 0 leaves and rank 1 calls allReduce.
+void runLeave(weft::rpc::StoreClient& store, int rank, int size, const std::string& host,
+              std::chrono::milliseconds timeout) {
+  std::unique_ptr<weft::collectives::ProcessGroup> pg;
+  try {
+    pg = weft::collectives::createGlooGroup(store, rank, size, {.timeout = timeout, .hostname = host});
+  } catch (const std::exception&) {
+    say("create " + weft::testing::describe(std::current_exception()));
+    return;
+  }
+  say("joined");
+  if (rank == 0) return;
+  try {
+    pg->allReduce(weft::ones({4})).wait(30s);
+    say("allReduce unexpected success");
+  } catch (const std::exception&) {
+    say("allReduce " + weft::testing::describe(std::current_exception()));
+  }
+}
+
 // The scheduling policy of thread `tid` of this process (field 41 of /proc/self/task/<tid>/stat),
 // -1 when unreadable.
 int threadPolicy(const std::string& tid) {
@@ -727,8 +753,9 @@ void runBackToBack(ProcessGroupGloo& pg) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b|p2p_size|hostile|stalled|ring_stall|"
-                 "p2p_after_death\n");
+    std::fprintf(stderr,
+                 "usage: collectives_worker all|fused|timeout|mismatch|kill|b2b|p2p_size|hostile|stalled|ring_stall|"
+                 "p2p_after_death|leave HOST|stall HOST\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -736,6 +763,13 @@ int main(int argc, char** argv) {
     weft::rpc::Options opt = weft::rpc::Options::fromEnv();
     gRank = opt.rank;
     say("pid " + std::to_string(::getpid()) + " started");
+    if (scenario == "leave" || scenario == "stall") {
+      if (argc < 3) fail(scenario + " needs the address to bind");
+      weft::rpc::StoreClient store(weft::rpc::StoreClient::configFor(opt));
+      runLeave(store, opt.rank, opt.worldSize, argv[2], scenario == "leave" ? 30s : 3s);
+      say("done");
+      return 0;
+    }
     std::unique_ptr<weft::rpc::StoreServer> server;
     if (opt.rank == 0) server = std::make_unique<weft::rpc::StoreServer>(weft::rpc::StoreServer::configFor(opt));
     weft::rpc::StoreClient store(weft::rpc::StoreClient::configFor(opt));
