@@ -1,9 +1,16 @@
 // parallel_layouts: the GPT of nn/transformer.h trained one step at a time under each parallel
 // layout that collectives/ builds, on the processes weftrun starts (4 expected), side by side:
 // step time and tokens/s, the peak memory a step adds on one rank, and the bytes communicated per
-// step as counted (TpGroup, SpGroup and the DDP gradients) against the formula of the layout.
-// Every layout processes the same global batch (4 sequences of --seq tokens); the unsplit
-// baseline runs on rank 0 alone while the others wait.
+// step as counted (TpGroup, SpGroup, the DDP gradients, and the dp and pp groups' trafficStats)
+// against the formula of the layout. Every layout processes the same global batch (4 sequences
+// of --seq tokens); the unsplit baseline runs on rank 0 alone while the others wait. The layouts:
+// unsplit, dp4, tp4, dp2 x tp2, sp ulysses2 x tp2, sp ulysses4, sp ring4 zigzag, sp ring2 x
+// ulysses2, fsdp4 (FullyShardedDataParallel over every process, units the blocks and the root),
+// fsdp dp2 x tp2 (FSDP over dp around a TensorParallelGPT, its blocks the units), and on 4
+// processes pp2 x dp2 and pp2 x tp2 (pipeline::PipelineExecutor, 1F1B, two stages of
+// pipeline::gptLayers of an nn::GPT or a TensorParallelGPT cut by parameter count, wte tied
+// between them; M = the replica's sequences, micro-batches of b = 1 sequence: M = 2 with dp2,
+// M = 4 with tp2).
 //
 //   weftrun -n 4 build/bench/parallel_layouts [--seq S] [--iters N] [--width C] [--layers L]
 //   weftrun -n 4 build/bench/parallel_layouts --memory 1024,2048,4096,8192 --heads 4
@@ -34,9 +41,29 @@
 // notes; the command above gives each Ulysses rank 2 heads and each process one kernel thread.
 //
 // Memory is Storage::memoryStats's peak during the step less what was live before it (CPU
-// tensors of this process: activations, gradients and temporaries). Communication is the payload
-// of the collectives started (an allreduce ring sends 2·(n−1)/n of it per rank, an all-to-all
-// (n−1)/n), per rank, forward and backward together.
+// tensors of this process: activations, gradients and temporaries). Communication is rank 0's,
+// forward and backward together. For the tp and sp groups and DDP it is the payload of the
+// collectives started (an allreduce ring sends 2·(n−1)/n of it per rank, an all-to-all
+// (n−1)/n). For FSDP's dp group and the pipeline's pp and dp groups it is what the rank put on the
+// wire (ProcessGroup::trafficStats().bytesSent), whose formula counts the gloo backend's framing
+// too: every collective sends each peer a call header of 80 bytes (the call exchange), and every
+// point-to-point transfer costs the sender a 48-byte size header and the receiver a 48-byte
+// verdict. Per step, on N ranks of FSDP's group:
+//   Σ over units u of ops_u · (N−1) · (4·n'_u/N + 80),
+// n'_u the unit's padded elements (N·shardNumel), ops_u = 3 for a block (all-gather before its
+// forward and before its backward, reduce-scatter of its gradients; each sends (N−1)/N of the
+// padded bytes) and 2 for the root unit (kept gathered from its forward through its backward);
+// with tp, plus tp's payload below on the rank's sequences. Per step, on pipeline stage 0 of two
+// with M micro-batches of b sequences:
+//   80 (the activation's shape, [dtype, ndim, 8 sizes] of Int64, once)
+//   + M·b·S·C·4 (the activations; stage 1 sends the same bytes of their gradients back)
+//   + 4·|wte| (its tied gradient, this tp rank's rows with tp, sent to the last stage)
+//   + 48·(M + 2) (size headers: shape, activations, wte) + 48·(M + 1) (verdicts: gradients, wte)
+//   + with dp2: 4·|stage's parameters| + 80 (their gradients averaged over 2 replicas: any
+//     allreduce algorithm, or the call exchange carrying it, sends S to the one peer)
+//   + with tp2: tp's payload for the stage's layers, per sequence the embedding's allreduce of
+//     S·C·4 (forward), each block's 4 (2 forward, 2 backward), the head's 1 (backward) and the
+//     loss's 3 of S·4.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
