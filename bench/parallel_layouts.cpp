@@ -1,9 +1,16 @@
 // parallel_layouts: the GPT of nn/transformer.h trained one step at a time under each parallel
 // layout that collectives/ builds, on the processes weftrun starts (4 expected), side by side:
 // step time and tokens/s, the peak memory a step adds on one rank, and the bytes communicated per
-// step as counted (TpGroup, SpGroup and the DDP gradients) against the formula of the layout.
-// Every layout processes the same global batch (4 sequences of --seq tokens); the unsplit
-// baseline runs on rank 0 alone while the others wait.
+// step as counted (TpGroup, SpGroup, the DDP gradients, and the dp and pp groups' trafficStats)
+// against the formula of the layout. Every layout processes the same global batch (4 sequences
+// of --seq tokens); the unsplit baseline runs on rank 0 alone while the others wait. The layouts:
+// unsplit, dp4, tp4, dp2 x tp2, sp ulysses2 x tp2, sp ulysses4, sp ring4 zigzag, sp ring2 x
+// ulysses2, fsdp4 (FullyShardedDataParallel over every process, units the blocks and the root),
+// fsdp dp2 x tp2 (FSDP over dp around a TensorParallelGPT, its blocks the units), and on 4
+// processes pp2 x dp2 and pp2 x tp2 (pipeline::PipelineExecutor, 1F1B, two stages of
+// pipeline::gptLayers of an nn::GPT or a TensorParallelGPT cut by parameter count, wte tied
+// between them; M = the replica's sequences, micro-batches of b = 1 sequence: M = 2 with dp2,
+// M = 4 with tp2).
 //
 //   weftrun -n 4 build/bench/parallel_layouts [--seq S] [--iters N] [--width C] [--layers L]
 //   weftrun -n 4 build/bench/parallel_layouts --memory 1024,2048,4096,8192 --heads 4
@@ -34,9 +41,29 @@
 // notes; the command above gives each Ulysses rank 2 heads and each process one kernel thread.
 //
 // Memory is Storage::memoryStats's peak during the step less what was live before it (CPU
-// tensors of this process: activations, gradients and temporaries). Communication is the payload
-// of the collectives started (an allreduce ring sends 2·(n−1)/n of it per rank, an all-to-all
-// (n−1)/n), per rank, forward and backward together.
+// tensors of this process: activations, gradients and temporaries). Communication is rank 0's,
+// forward and backward together. For the tp and sp groups and DDP it is the payload of the
+// collectives started (an allreduce ring sends 2·(n−1)/n of it per rank, an all-to-all
+// (n−1)/n). For FSDP's dp group and the pipeline's pp and dp groups it is what the rank put on the
+// wire (ProcessGroup::trafficStats().bytesSent), whose formula counts the gloo backend's framing
+// too: every collective sends each peer a call header of 80 bytes (the call exchange), and every
+// point-to-point transfer costs the sender a 48-byte size header and the receiver a 48-byte
+// verdict. Per step, on N ranks of FSDP's group:
+//   Σ over units u of ops_u · (N−1) · (4·n'_u/N + 80),
+// n'_u the unit's padded elements (N·shardNumel), ops_u = 3 for a block (all-gather before its
+// forward and before its backward, reduce-scatter of its gradients; each sends (N−1)/N of the
+// padded bytes) and 2 for the root unit (kept gathered from its forward through its backward);
+// with tp, plus tp's payload below on the rank's sequences. Per step, on pipeline stage 0 of two
+// with M micro-batches of b sequences:
+//   80 (the activation's shape, [dtype, ndim, 8 sizes] of Int64, once)
+//   + M·b·S·C·4 (the activations; stage 1 sends the same bytes of their gradients back)
+//   + 4·|wte| (its tied gradient, this tp rank's rows with tp, sent to the last stage)
+//   + 48·(M + 2) (size headers: shape, activations, wte) + 48·(M + 1) (verdicts: gradients, wte)
+//   + with dp2: 4·|stage's parameters| + 80 (their gradients averaged over 2 replicas: any
+//     allreduce algorithm, or the call exchange carrying it, sends S to the one peer)
+//   + with tp2: tp's payload for the stage's layers, per sequence the embedding's allreduce of
+//     S·C·4 (forward), each block's 4 (2 forward, 2 backward), the head's 1 (backward) and the
+//     loss's 3 of S·4.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -49,12 +76,16 @@
 #include "bench/flags.h"
 #include "bench/median_time.h"
 #include "collectives/ddp.h"
+#include "collectives/fsdp.h"
 #include "collectives/init.h"
 #include "collectives/mesh.h"
 #include "collectives/sequence_parallel_gpt.h"
 #include "collectives/tensor_parallel_gpt.h"
 #include "kernels/cpu/parallel.h"
 #include "nn/transformer.h"
+#include "pipeline/executor.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 
@@ -74,6 +105,13 @@ struct Config {
 };
 
 constexpr int64_t kSequences = 4;
+// What the gloo backend sends besides the payload (see the file's comment): the call exchange's
+// header, from every rank to every peer, for each collective; each point-to-point transfer's
+// size header from the sender and the verdict that answers it.
+constexpr long long kCallHeaderBytes = 10 * 8;
+constexpr long long kP2pBytes = 6 * 8;
+// The pipeline's shape message: [dtype, ndim, 8 sizes] of Int64.
+constexpr long long kShapeBytes = 10 * 8;
 constexpr int64_t kVocab = 256;
 
 nn::GPTConfig gptConfig(const Config& c, int64_t block) {
@@ -257,6 +295,126 @@ void runLayouts(ProcessGroup& world, const Config& c) {
   spRow("sp ulysses" + std::to_string(n), SpMode::Ulysses);
   spRow("sp ring" + std::to_string(n) + " zigzag", SpMode::Ring);
   if (n % 2 == 0 && n > 2) spRow("sp ring" + std::to_string(n / 2) + " x ulysses2", SpMode::Hybrid);
+
+  // FSDP over a group of N: every unit's shards all-gathered before its forward and, but for the
+  // root (kept from its forward through its backward), again before its backward; its gradients
+  // reduce-scattered once. Each sends (N - 1)/N of the unit's padded bytes from this rank.
+  auto fsdpTheory = [](const FullyShardedDataParallel& f, int groupSize) {
+    long long bytes = 0;
+    for (const FullyShardedDataParallel::UnitInfo& u : f.units()) {
+      const long long ops = u.name.empty() ? 2 : 3;
+      bytes += ops * (groupSize - 1) * (u.shardNumel * 4 + kCallHeaderBytes);
+    }
+    return bytes;
+  };
+  const long long steps = c.iters + 2;
+  {  // fsdp over every process
+    Mesh mesh(world, {{"dp", n}});
+    ProcessGroup& dp = mesh.group("dp");
+    Generator g(7);
+    auto model = std::make_shared<nn::GPT>(cfg, &g);
+    FullyShardedDataParallel fsdp(model, dp);
+    const int64_t mine = kSequences / n, d = mesh.coordinate("dp");
+    Tensor x = idx.narrow(0, d * mine, mine).contiguous(), y = targets.narrow(0, d * mine, mine).contiguous();
+    dp.resetTrafficStats();
+    auto [sec, peak] = measure(c.iters, [&] {
+      fsdp.zeroGrad();
+      crossEntropy(fsdp.forward(x).view({-1, kVocab}), y.reshape({-1})).backward();
+    });
+    addRow({"fsdp" + std::to_string(n), sec, 0, peak, dp.trafficStats().bytesSent / steps, fsdpTheory(fsdp, n)});
+  }
+  if (n % 2 == 0 && n > 2) {  // fsdp over dp around a tensor-parallel GPT
+    const int dpSize = n / 2;
+    Mesh mesh(world, {{"dp", dpSize}, {"tp", 2}});
+    ProcessGroup& dp = mesh.group("dp");
+    auto tp = std::make_shared<TpGroup>(mesh.group("tp"));
+    auto model = std::make_shared<TensorParallelGPT>(tp, cfg);
+    FullyShardedDataParallel::Options o;
+    for (const auto& b : model->blocks()) o.units.push_back(b);
+    FullyShardedDataParallel fsdp(model, dp, o);
+    const int64_t mine = kSequences / dpSize, d = mesh.coordinate("dp");
+    Tensor x = idx.narrow(0, d * mine, mine).contiguous(), y = targets.narrow(0, d * mine, mine).contiguous();
+    dp.resetTrafficStats();
+    tp->resetTraffic();
+    auto [sec, peak] = measure(c.iters, [&] {
+      fsdp.zeroGrad();
+      model->lossOfLogits(fsdp.forward(x), y).backward();
+    });
+    const TpGroup::Traffic t = tp->traffic();
+    const long long counted = (dp.trafficStats().bytesSent + t.forwardBytes + t.backwardBytes) / steps;
+    const long long theory = fsdpTheory(fsdp, dpSize) + (2 * c.layers + 1) * mine * bsc1 * 2 + 3 * mine * s * e;
+    addRow({"fsdp dp" + std::to_string(dpSize) + " x tp2", sec, 0, peak, counted, theory});
+  }
+  // Two pipeline stages (the GPT's layers cut by parameter count), 1F1B over M micro-batches of
+  // one sequence each; the bytes are stage 0's (rank 0's), see the file's comment.
+  auto ppRow = [&](const std::string& name, int other, bool tensorParallel) {
+    std::vector<MeshDim> dims{{"pp", 2}};
+    dims.insert(tensorParallel ? dims.end() : dims.begin(), MeshDim{tensorParallel ? "tp" : "dp", other});
+    Mesh mesh(world, dims);
+    ProcessGroup& pp = mesh.group("pp");
+    ProcessGroup* dp = tensorParallel ? nullptr : &mesh.group("dp");
+    const int stage = pp.rank();
+    const int replicas = tensorParallel ? 1 : other;
+    const int64_t mine = kSequences / replicas, d = tensorParallel ? 0 : mesh.coordinate("dp");
+    const int microbatches = static_cast<int>(mine);
+    Tensor x = idx.narrow(0, d * mine, mine).contiguous(), y = targets.narrow(0, d * mine, mine).contiguous();
+    std::shared_ptr<TpGroup> tp;
+    std::shared_ptr<TensorParallelGPT> tpModel;
+    std::shared_ptr<nn::GPT> model;
+    std::shared_ptr<nn::Sequential> layers;
+    std::vector<pipeline::TiedParameter> tied;
+    pipeline::LossFn loss = [](const Tensor& logits, const Tensor& target) {
+      return crossEntropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+    };
+    if (tensorParallel) {
+      tp = std::make_shared<TpGroup>(mesh.group("tp"));
+      tpModel = std::make_shared<TensorParallelGPT>(tp, cfg);
+      layers = pipeline::gptLayers(tpModel);
+      tied = pipeline::gptTiedParameters(*tpModel, stage, 2);
+      loss = [tpModel](const Tensor& logits, const Tensor& target) { return tpModel->lossOfLogits(logits, target); };
+    } else {
+      Generator g(7);
+      model = std::make_shared<nn::GPT>(cfg, &g);
+      layers = pipeline::gptLayers(model);
+      tied = pipeline::gptTiedParameters(*model, stage, 2);
+    }
+    const std::vector<size_t> cuts = pipeline::cutsByParameterCount(*layers, 2);
+    std::shared_ptr<nn::Sequential> ours = pipeline::splitSequential(*layers, cuts)[static_cast<size_t>(stage)];
+    pipeline::PipelineExecutor executor(pp, ours, pipeline::oneFOneB(2, microbatches), loss,
+                                        {.tied = tied, .dataParallel = dp});
+    pp.resetTrafficStats();
+    if (dp) dp->resetTrafficStats();
+    if (tp) tp->resetTraffic();
+    auto [sec, peak] = measure(c.iters, [&] {
+      ours->zeroGrad();
+      executor.step(x, y);
+    });
+    long long counted = pp.trafficStats().bytesSent + (dp ? dp->trafficStats().bytesSent : 0);
+    if (tp) counted += tp->traffic().forwardBytes + tp->traffic().backwardBytes;
+    counted /= steps;
+    // Stage 0 sends the shape once and M activations, and answers M gradients; stage 1 answers
+    // the shape and M activations, and sends M gradients; both send and answer the tied gradient.
+    const long long sends = stage == 0 ? microbatches + 1 : microbatches, answers = stage == 0 ? microbatches
+                                                                                               : microbatches + 1;
+    long long theory = (stage == 0 ? kShapeBytes : 0) + microbatches * bsc1 + (sends + 1 + answers + 1) * kP2pBytes;
+    for (const pipeline::TiedParameter& t : tied) theory += static_cast<long long>(t.parameter.nbytes());
+    if (dp) theory += paramBytes(*ours) + (stage == 1 ? e : 0) + kCallHeaderBytes;  // 2 ranks: any algorithm
+    if (tp) {
+      // The stage's layers: the embedding's allreduce forward, each block's two forward and two
+      // backward, the head's backward one and the loss's.
+      const size_t first = stage == 0 ? 0 : cuts[0], end = stage == 0 ? cuts[0] : layers->size();
+      for (size_t i = first; i < end; ++i) {
+        const bool block = i > 0 && i + 1 < layers->size();
+        theory += block ? mine * bsc1 * 4 : mine * bsc1;
+        if (i + 1 == layers->size()) theory += 3 * mine * s * e;
+      }
+    }
+    addRow({name, sec, 0, peak, counted, theory});
+  };
+  if (n == 4) {
+    ppRow("pp2 x dp2", 2, false);
+    ppRow("pp2 x tp2", 2, true);
+  }
 
   if (world.rank() == 0) {
     std::printf("parallel_layouts: %d processes, GPT width %lld, %lld layers, %lld heads, vocabulary %lld, "

@@ -327,7 +327,7 @@ TEST_CASE("bench/parallel_layouts runs on 4 processes and counts each layout's b
   INFO(out);
   int rows = 0;
   for (const char* layout : {"dp4 ", "tp4 ", "dp2 x tp2 ", "sp ulysses2 x tp2 ", "sp ulysses4 ", "sp ring4 zigzag ",
-                             "sp ring2 x ulysses2 "}) {
+                             "sp ring2 x ulysses2 ", "fsdp4 ", "fsdp dp2 x tp2 ", "pp2 x dp2 ", "pp2 x tp2 "}) {
     INFO(layout);
     // "<layout> step tokens/s peak bytes formula": the last two columns.
     std::istringstream row(restOfLine(out, std::string("\n") + layout));
@@ -339,7 +339,7 @@ TEST_CASE("bench/parallel_layouts runs on 4 processes and counts each layout's b
     CHECK(numbers.back() > 0);
     ++rows;
   }
-  CHECK(rows == 7);
+  CHECK(rows == 11);
 }
 
 TEST_CASE("bench/parallel_layouts --memory: the longest sequence within a rank's budget grows linearly with the "
