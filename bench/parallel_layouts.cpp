@@ -65,6 +65,7 @@
 //     S·C·4 (forward), each block's 4 (2 forward, 2 backward), the head's 1 (backward) and the
 //     loss's 3 of S·4.
 #include <algorithm>
+#include <exception>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -711,13 +712,20 @@ int main(int argc, char** argv) {
                  static_cast<long long>(c.width), kUsage);
     return 2;
   }
-  auto world = init();
-  if (overlap) {
-    runOverlap(*world, c);
-  } else if (c.memory.empty()) {
-    runLayouts(*world, c);
-  } else {
-    runMemory(*world, c);
+  // A size a layout cannot split (e.g. heads the tp group does not divide) is the library's
+  // InvalidArgumentError: said on stderr with exit status 1, as every other failure.
+  try {
+    auto world = init();
+    if (overlap) {
+      runOverlap(*world, c);
+    } else if (c.memory.empty()) {
+      runLayouts(*world, c);
+    } else {
+      runMemory(*world, c);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "parallel_layouts: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -342,6 +342,21 @@ TEST_CASE("bench/parallel_layouts runs on 4 processes and counts each layout's b
   CHECK(rows == 11);
 }
 
+TEST_CASE("bench/parallel_layouts names a size the layouts cannot split and exits 1 on every rank, without aborting") {
+  // 6 heads: tp4 cannot split them. Every rank reaches that layout and says so.
+  MpJob job({PARALLEL_LAYOUTS_PATH, "--seq", "16", "--iters", "1", "--width", "24", "--heads", "6"}, 4,
+            [](int) { return weft::testing::fastFailureSettings(4); });
+  auto results = job.finish(60s);
+  job.checkAllGone();
+  for (size_t r = 0; r < results.size(); ++r) {
+    INFO(weft::testing::resultText(r, results[r]));
+    CHECK_FALSE(results[r].timedOut);
+    CHECK(results[r].signal == 0);
+    CHECK(results[r].exitCode == 1);
+    CHECK(results[r].err.find("heads (6) must be divisible by the tensor-parallel size 4") != std::string::npos);
+  }
+}
+
 TEST_CASE("bench/parallel_layouts --memory: the longest sequence within a rank's budget grows linearly with the "
           "sequence-parallel group") {
   MpJob job({PARALLEL_LAYOUTS_PATH, "--memory", "128,256,512", "--budget-seq", "128", "--width", "16", "--heads", "4"},
