@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/error.h"
@@ -202,6 +203,16 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
     const Action& a = actions[i];
     position_ = i;
     dropCompletedSends();
+    // A transfer in flight moves only when the group's threads run: Gloo's loop
+    // thread (under SCHED_BATCH, collectives/gloo/detail/device.h) does not
+    // preempt this thread on wakeup, so on CPUs that the stages keep busy a
+    // reply that came in during the last action would otherwise wait for the
+    // end of this thread's time slice (up to a scheduler tick, 4 ms).
+    // Yielding between actions lets it run; with nothing else runnable it
+    // returns at once.
+    if (!pendingSends_.empty() || postedActivation_.work.valid() || postedGrad_.work.valid()) {
+      std::this_thread::yield();
+    }
     Micro& mi = micros[static_cast<size_t>(a.chunk * m + a.microbatch)];
     switch (a.kind) {
       case ActionKind::Forward:
