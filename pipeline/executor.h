@@ -51,6 +51,10 @@
 //    posted early: when a stage takes a received activation (or gradient)
 //    it posts the receive of the next one in its list, so that transfer
 //    overlaps the computation between them (one extra buffer per kind).
+//    While a send or a posted receive is open, the stage yields its CPU
+//    between actions, so that the group's threads (Gloo's loop thread does
+//    not preempt on wakeup) move the transfer on when the stages keep every
+//    CPU busy.
 //  - Activations: Forward(mb) keeps mb's input and output (and the autograd
 //    graph between them) until Backward(mb) releases them, so the schedule's
 //    peakActivations is the number of micro-batches whose activations a stage
