@@ -369,7 +369,9 @@ class DropoutMlp : public weft::nn::Module {
   DropoutMlp(int layers, uint64_t seed, int segment) : Module("DropoutMlp"), segment_(segment) {
     Generator gen(seed);
     for (int i = 0; i < layers; ++i) {
-      auto l = registerModule("l" + std::to_string(i), std::make_shared<weft::nn::Linear>(16, 16));
+      std::string name = "l";
+      name += std::to_string(i);
+      auto l = registerModule(name, std::make_shared<weft::nn::Linear>(16, 16));
       l->resetParameters(&gen);
       layers_.push_back(l);
     }

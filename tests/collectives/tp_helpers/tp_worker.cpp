@@ -103,7 +103,10 @@ void sayLine(const std::string& line) { say(weft::testing::prefix(gRank) + line)
 
 std::string joined(const std::vector<int>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s;
 }
 
