@@ -459,13 +459,6 @@ bool DistributedDataParallel::syncEnabled() const {
   return sync_;
 }
 
-DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
-    : ddp_(std::exchange(other.ddp_, nullptr)), previous_(other.previous_) {}
-
-DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
-  if (ddp_ != nullptr) ddp_->setSync(previous_);
-}
-
 std::vector<Tensor> DistributedDataParallel::parameters() const {
   std::vector<Tensor> out;
   out.reserve(params_.size());

@@ -138,6 +138,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/no_sync.h"
 #include "collectives/process_group.h"
 #include "nn/module.h"
 #include "tensor/tensor.h"
@@ -228,20 +229,7 @@ class DistributedDataParallel {
 
   // Turns gradient synchronisation off for its lifetime (restores the
   // previous setting at the end; nests).
-  class NoSyncGuard {
-   public:
-    ~NoSyncGuard();
-    NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
-   private:
-    friend class DistributedDataParallel;
-    NoSyncGuard(DistributedDataParallel* ddp, bool previous) : ddp_(ddp), previous_(previous) {}
-    DistributedDataParallel* ddp_;
-    bool previous_;
-  };
+  using NoSyncGuard = NoSyncScope<DistributedDataParallel>;
   [[nodiscard]] NoSyncGuard noSync();
   bool syncEnabled() const;
 
@@ -319,6 +307,7 @@ class DistributedDataParallel {
   void launchReadyLocked();
   void finishPass();
   void abandonPassLocked();
+  friend class NoSyncScope<DistributedDataParallel>;
   void setSync(bool on);
 
   std::shared_ptr<nn::Module> module_;

@@ -458,13 +458,6 @@ void FullyShardedDataParallel::setSync(bool on) {
   sync_ = on;
 }
 
-FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
-    : owner_(std::exchange(other.owner_, nullptr)), previous_(other.previous_) {}
-
-FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() {
-  if (owner_ != nullptr) owner_->setSync(previous_);
-}
-
 void FullyShardedDataParallel::zeroGrad(bool setToNone) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   NoGradGuard noGrad;

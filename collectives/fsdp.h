@@ -144,6 +144,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/no_sync.h"
 #include "collectives/process_group.h"
 #include "nn/module.h"
 #include "tensor/tensor.h"
@@ -187,20 +188,7 @@ class FullyShardedDataParallel {
 
   // Turns gradient synchronisation off for its lifetime (restores the
   // previous setting at the end; nests). See "noSync()".
-  class NoSyncGuard {
-   public:
-    ~NoSyncGuard();
-    NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
-   private:
-    friend class FullyShardedDataParallel;
-    NoSyncGuard(FullyShardedDataParallel* owner, bool previous) : owner_(owner), previous_(previous) {}
-    FullyShardedDataParallel* owner_;
-    bool previous_;
-  };
+  using NoSyncGuard = NoSyncScope<FullyShardedDataParallel>;
   [[nodiscard]] NoSyncGuard noSync();
 
   // Zeroes (or drops, when setToNone) the shards' gradients and drops what
@@ -295,6 +283,7 @@ class FullyShardedDataParallel {
   void settleLocked(size_t u);
   void finishPass();
   void abandonPassLocked();
+  friend class NoSyncScope<FullyShardedDataParallel>;
   void setSync(bool on);
   Tensor gatherCopy(size_t u);
 

@@ -577,13 +577,6 @@ void ShardedDataParallel::setSync(bool on) {
   sync_ = on;
 }
 
-ShardedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
-    : owner_(std::exchange(other.owner_, nullptr)), previous_(other.previous_) {}
-
-ShardedDataParallel::NoSyncGuard::~NoSyncGuard() {
-  if (owner_ != nullptr) owner_->setSync(previous_);
-}
-
 Tensor ShardedDataParallel::pendingGradient(size_t index) const {
   WEFT_ENFORCE(index < meta_.size(), IndexError, "ShardedDataParallel::pendingGradient: index ", index,
                " out of range for ", meta_.size(), " parameters");

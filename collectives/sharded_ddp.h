@@ -128,6 +128,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/no_sync.h"
 #include "collectives/process_group.h"
 #include "nn/module.h"
 #include "nn/optim.h"
@@ -172,20 +173,7 @@ class ShardedDataParallel {
 
   // Turns gradient synchronisation off for its lifetime (restores the
   // previous setting at the end; nests). See "noSync()".
-  class NoSyncGuard {
-   public:
-    ~NoSyncGuard();
-    NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
-   private:
-    friend class ShardedDataParallel;
-    NoSyncGuard(ShardedDataParallel* owner, bool previous) : owner_(owner), previous_(previous) {}
-    ShardedDataParallel* owner_;
-    bool previous_;
-  };
+  using NoSyncGuard = NoSyncScope<ShardedDataParallel>;
   [[nodiscard]] NoSyncGuard noSync();
   // What noSync passes accumulated for parameter `index` (undefined when
   // nothing); IndexError for a bad index.
@@ -295,6 +283,7 @@ class ShardedDataParallel {
   void launchReadyLocked();
   void finishPass();
   void abandonPassLocked();
+  friend class NoSyncScope<ShardedDataParallel>;
   void setSync(bool on);
 
   std::shared_ptr<nn::Module> module_;
