@@ -69,7 +69,7 @@ inline void checkRequestedBlasCore() {
 }
 
 // Runs the test cases matching `testCases` (a doctest -tc filter) in a child
-// per core type and checks that each ran `expectedCases` cases and all passed.
+// per core type, with weft's own float32 kernel off (WEFT_GEMM=blas), and checks that each ran `expectedCases` cases and all passed.
 inline void checkUnderEachBlasCoreType(const std::string& testCases, int expectedCases = 1) {
   std::vector<std::string> cores = blasCoreTypesToTry();
   if (cores.empty()) {
@@ -82,8 +82,10 @@ inline void checkUnderEachBlasCoreType(const std::string& testCases, int expecte
   exe[len] = '\0';
   for (const std::string& core : cores) {
     CAPTURE(core);
+    // WEFT_GEMM=blas: float32 products go to OpenBLAS even where weft's own
+    // AVX-512 kernel (kernels/cpu/sgemm.h) would take them.
     Subprocess child({exe, "-tc=" + testCases},
-                     {"OPENBLAS_CORETYPE=" + core, std::string(kRequestedBlasCoreVar) + "=" + core});
+                     {"OPENBLAS_CORETYPE=" + core, std::string(kRequestedBlasCoreVar) + "=" + core, "WEFT_GEMM=blas"});
     Subprocess::Result r = child.wait(std::chrono::seconds(100));
     INFO("child output:\n" << r.out << r.err);
     REQUIRE_FALSE(r.timedOut);

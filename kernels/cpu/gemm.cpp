@@ -13,6 +13,7 @@
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/sgemm.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -26,6 +27,9 @@ constexpr double kParallelGemmWork = 1 << 19;
 // so the smaller the blocks: blocks stay large, and few.
 constexpr int64_t kBlockLen = 256;
 constexpr int64_t kMaxBlocks = 16;
+// The thinnest products weft's own float32 kernel takes.
+constexpr int64_t kOwnSgemmMinRows = 8;
+constexpr int64_t kOwnSgemmMinCols = 16;
 // Blocks start on multiples of this many elements (a cache line of float32).
 constexpr int64_t kBlockAlign = 16;
 
@@ -112,6 +116,14 @@ GemmBlocks gemmBlocks(int64_t m, int64_t n, int64_t k) {
   return {rows, len, (total + len - 1) / len};
 }
 
+// Float32 products go to weft's own AVX-512 kernel (kernels/cpu/sgemm.h)
+// where the CPU has it, unless they are too thin for its 12 x 32 tiles to
+// pay (a matrix-vector product, a few rows): those, and every product on
+// other CPUs, go to OpenBLAS. The choice depends on the shape alone.
+bool useOwnSgemm(int64_t m, int64_t n, int64_t k) {
+  return m >= kOwnSgemmMinRows && n >= kOwnSgemmMinCols && ownSgemmAvailable() && k >= 1;
+}
+
 // One product, cut into its blocks (gemmBlocks), one BLAS call per block,
 // spread over the pool.
 template <class T>
@@ -126,6 +138,12 @@ void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, cons
   int64_t lda = a.trans ? normalizedLd(a, k, m) : normalizedLd(a, m, k);
   int64_t ldb = b.trans ? normalizedLd(b, n, k) : normalizedLd(b, k, n);
   ldc = std::max<int64_t>(ldc, std::max<int64_t>(n, 1));
+  if constexpr (std::is_same_v<T, float>) {
+    if (useOwnSgemm(m, n, k)) {
+      ownSgemm(a.trans, b.trans, m, n, k, alpha, pa, lda, pb, ldb, beta, c, ldc);
+      return;
+    }
+  }
   const GemmBlocks blocks = gemmBlocks(m, n, k);
   if (blocks.count == 1) {
     blasGemm<T>(a.trans, b.trans, m, n, k, alpha, pa, lda, pb, ldb, beta, c, ldc);

@@ -1,4 +1,5 @@
-// Matrix products on OpenBLAS (cblas_sgemm / cblas_dgemm), plus the small
+// Matrix products (weft's own float32 kernel, OpenBLAS's cblas_sgemm and
+// cblas_dgemm), plus the small
 // row/column helpers that surround a GEMM in linear layers.
 //
 //   // C[m, n] = A[m, k] · B[n, k]^T, all row-major and contiguous:
@@ -8,17 +9,21 @@
 // its data, whether the product uses it transposed, and its leading dimension
 // (the element distance between consecutive stored rows). A transposed view of
 // a row-major matrix is therefore passed as the stored matrix with `trans` set:
-// no copy is made. Float32 and Float64 go to OpenBLAS as they are; BFloat16
-// and Float16 are converted to float32 in panels, multiplied by sgemm
-// (float32 accumulation) and rounded back once (alpha and beta applied in
-// float32); others throw InvalidArgumentError naming the dtype.
+// no copy is made. Float32 goes to weft's own AVX-512 kernel where the CPU has
+// AVX-512F (kernels/cpu/sgemm.h; products of at least 8 rows and 16 columns;
+// WEFT_GEMM=blas turns it off), else to OpenBLAS; Float64 to OpenBLAS;
+// BFloat16 and Float16 are converted to float32 in panels, multiplied as
+// float32 (float32 accumulation) and rounded back once (alpha and beta
+// applied in float32); others throw InvalidArgumentError naming the dtype.
 //
-// Threading: OpenBLAS runs each call on the calling thread (that thread's
-// OpenMP thread count is set to 1 before each BLAS call); a large product is
-// cut into row or column blocks, one BLAS call each, spread over weft's kernel
-// threads (kernels/cpu/parallel.h) instead, so that BLAS and the other kernels
-// share one pool rather than two pools spinning against each other. Called
-// from inside a task, a product runs its blocks on the calling thread.
+// Threading: the own kernel spreads its packing and its tiles over weft's
+// kernel threads itself (same bits on any thread count). OpenBLAS runs each
+// call on the calling thread (that thread's OpenMP thread count is set to 1
+// before each BLAS call); a large product is cut into row or column blocks,
+// one BLAS call each, spread over weft's kernel threads
+// (kernels/cpu/parallel.h) instead, so that BLAS and the other kernels share
+// one pool rather than two pools spinning against each other. Called from
+// inside a task, a product runs on the calling thread.
 //
 // Results are the same bits for any thread count: the blocks depend only on
 // the product's shape (m, n, k), never on the threads. A BLAS kernel need not
