@@ -18,10 +18,13 @@
 //    and the median step time (the policies take turns, best of the rounds), against no
 //    checkpointing.
 //
-// Both weft and PyTorch multiply through the same OpenBLAS (Debian's, DYNAMIC_ARCH), and
-// OPENBLAS_CORETYPE in the environment picks its kernels for both (the bench prints it): e.g. with
-// OPENBLAS_CORETYPE=Haswell on an AVX-512 machine both use the AVX2 kernels, about 1.5x slower
-// than the detected ones on the wide model. Compare ratios taken under the same setting.
+// PyTorch multiplies through Debian's OpenBLAS (DYNAMIC_ARCH), whose kernels OPENBLAS_CORETYPE in
+// the environment picks (the bench prints it and the kernels OpenBLAS runs): e.g. with
+// OPENBLAS_CORETYPE=Haswell on an AVX-512 machine it uses the AVX2 kernels, about 1.5x slower
+// than the detected ones on the wide model. weft multiplies float32 with its own AVX-512 kernel
+// where the CPU has AVX-512F (kernels/cpu/sgemm.h; printed), whatever that variable says, and
+// through the same OpenBLAS otherwise or under WEFT_GEMM=blas. Compare ratios taken under the
+// same settings.
 //
 // Usage: gpt_bench [--quick] [--threads N] [--steps N] [--rounds R] [--models default,wide] [--no-torch]
 #include <algorithm>
@@ -37,6 +40,7 @@
 #include "bench/flags.h"
 #include "bench/median_time.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/sgemm.h"
 #include "nn/nn.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
@@ -45,6 +49,8 @@
 #include "tensor/storage.h"
 
 using namespace weft;
+
+extern "C" char* openblas_get_corename(void);
 
 namespace {
 
@@ -163,11 +169,16 @@ int main(int argc, char** argv) {
   }
   std::printf("threads: %d (weft kernels; torch.set_num_threads for PyTorch); best of %d alternating rounds\n",
               threads, rounds);
-  // Both sides multiply through the same OpenBLAS, whose kernels this variable picks (unset: the
-  // library's detection of the CPU): say which, since the ratio depends on it.
+  // PyTorch multiplies through OpenBLAS, whose kernels this variable picks (unset: the library's
+  // detection of the CPU), and so does weft where it does not use its own float32 kernel: say
+  // which, since the ratio depends on it.
   const char* core = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("OpenBLAS kernels: %s\n",
-              core && *core ? (std::string("OPENBLAS_CORETYPE=") + core).c_str() : "detected (OPENBLAS_CORETYPE unset)");
+  std::printf("OpenBLAS kernels: %s, %s\n",
+              core && *core ? (std::string("OPENBLAS_CORETYPE=") + core).c_str() : "detected (OPENBLAS_CORETYPE unset)",
+              openblas_get_corename());
+  std::printf("weft's float32 products: %s\n",
+              weft::kernels::cpu::ownSgemmAvailable() ? "its own AVX-512 kernel (kernels/cpu/sgemm.h)"
+                                                      : "OpenBLAS (no AVX-512F, or WEFT_GEMM=blas)");
 
   std::printf("\n== training step tokens/s (forward, cross-entropy, backward, clip, AdamW), median of steps\n");
   std::printf("%-8s %10s %8s %7s %12s %12s %12s  %s\n", "model", "params", "tokens", "steps", "weft", "pytorch",

@@ -13,20 +13,31 @@
 //    forward + backward, elementwise add, gelu and sum, median microseconds
 //    per call and the ratio to float32 (the 16-bit types compute through
 //    float32: the ratio is the price of the conversions).
+// 5. GEMM shapes of the transformer (the wide GPT of bench/gpt_bench: 2048
+//    tokens, width 256; forward, input-gradient and weight-gradient products):
+//    weft's gemm (its own AVX-512 kernel where the CPU has it,
+//    kernels/cpu/sgemm.h) against cblas_sgemm on every core through
+//    OpenBLAS's threads, GFLOP/s per shape, the sum of the medians and the
+//    ratio. OpenBLAS's kernels are the ones it chose at load time (printed;
+//    OPENBLAS_CORETYPE sets them).
 //
-// Usage: tensor_bench [--quick] [gemm|mlp|layernorm|lowp]   (one section, or all)
+// Usage: tensor_bench [--quick] [--only gemm|mlp|layernorm|lowp|shapes]   (one section, or all)
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "bench/flags.h"
 #include "bench/median_time.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/sgemm.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
 
@@ -75,6 +86,64 @@ void benchGemm(bool quick) {
     std::printf("%6lld %12.2f %12.2f %9.2f%%\n", static_cast<long long>(n), flops / mw / 1e9, flops / mb / 1e9,
                 (mw / mb - 1.0) * 100.0);
   }
+}
+
+extern "C" char* openblas_get_corename(void);
+
+void benchGemmShapes(bool quick) {
+  struct Shape {
+    const char* name;
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  // y = x W^T (forward), dx = dy W, dW = dy^T x for the QKV, attention
+  // output, MLP up and MLP down projections.
+  const Shape shapes[] = {{"qkv fwd", 2048, 768, 256, false, true},   {"proj fwd", 2048, 256, 256, false, true},
+                          {"fc fwd", 2048, 1024, 256, false, true},   {"fc2 fwd", 2048, 256, 1024, false, true},
+                          {"qkv dx", 2048, 256, 768, false, false},   {"fc dx", 2048, 256, 1024, false, false},
+                          {"fc2 dx", 2048, 1024, 256, false, false},  {"qkv dW", 768, 256, 2048, true, false},
+                          {"proj dW", 256, 256, 2048, true, false},   {"fc dW", 1024, 256, 2048, true, false},
+                          {"fc2 dW", 256, 1024, 2048, true, false}};
+  const bool own = kernels::cpu::ownSgemmAvailable();
+  std::printf("== GEMM shapes of the wide GPT, float32: weft's gemm (%s) vs cblas_sgemm (OpenBLAS %s kernels, "
+              "%d threads), median of rounds\n",
+              own ? "own AVX-512 kernel" : "OpenBLAS", openblas_get_corename(), kernels::cpu::numThreads());
+  std::printf("%-9s %5s %5s %5s %10s %10s %7s\n", "product", "m", "n", "k", "weft GF/s", "blas GF/s", "ratio");
+  const int rounds = quick ? 5 : 15;
+  double sumWeft = 0, sumBlas = 0;
+  for (const Shape& s : shapes) {
+    Tensor a = s.ta ? randn({s.k, s.m}) : randn({s.m, s.k});
+    Tensor b = s.tb ? randn({s.n, s.k}) : randn({s.k, s.n});
+    Tensor c = empty({s.m, s.n});
+    const int64_t lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+    std::vector<double> tw, tb;
+    for (int r = 0; r < rounds + 1; ++r) {
+      double w = bench::medianSeconds(0, 1, [&] {
+        kernels::cpu::gemm(DType::Float32, {a.data<float>(), s.ta, lda}, {b.data<float>(), s.tb, ldb}, s.m, s.n,
+                           s.k, 1.0, 0.0, c.data<float>(), s.n);
+      });
+      if (r > 0) tw.push_back(w);
+    }
+    omp_set_num_threads(kernels::cpu::numThreads());
+    for (int r = 0; r < rounds + 1; ++r) {
+      double d = bench::medianSeconds(0, 1, [&] {
+        cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
+                    static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data<float>(),
+                    static_cast<int>(lda), b.data<float>(), static_cast<int>(ldb), 0.0f, c.data<float>(),
+                    static_cast<int>(s.n));
+      });
+      if (r > 0) tb.push_back(d);
+    }
+    std::sort(tw.begin(), tw.end());
+    std::sort(tb.begin(), tb.end());
+    const double mw = tw[tw.size() / 2], mb = tb[tb.size() / 2], flops = 2.0 * s.m * s.n * s.k;
+    sumWeft += mw;
+    sumBlas += mb;
+    std::printf("%-9s %5lld %5lld %5lld %10.1f %10.1f %6.2fx\n", s.name, static_cast<long long>(s.m),
+                static_cast<long long>(s.n), static_cast<long long>(s.k), flops / mw / 1e9, flops / mb / 1e9, mb / mw);
+  }
+  std::printf("all products: weft %.2f ms, OpenBLAS %.2f ms, OpenBLAS/weft %.2fx\n", sumWeft * 1e3, sumBlas * 1e3,
+              sumBlas / sumWeft);
 }
 
 double benchWeftMlp(int64_t batch, int steps) {
@@ -240,13 +309,13 @@ int main(int argc, char** argv) {
   weft::bench::Flags flags;
   flags.onSwitch("--quick", [&] { quick = true; });
   flags.onValue("--only", [&](const std::string& v) {
-    if (v != "gemm" && v != "mlp" && v != "layernorm" && v != "lowp") {
-      throw weft::bench::FlagError("--only takes gemm, mlp, layernorm or lowp, got '" + v + "'");
+    if (v != "gemm" && v != "mlp" && v != "layernorm" && v != "lowp" && v != "shapes") {
+      throw weft::bench::FlagError("--only takes gemm, mlp, layernorm, lowp or shapes, got '" + v + "'");
     }
     only = v;
   });
   if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "tensor_bench",
-                                      "usage: tensor_bench [--quick] [--only gemm|mlp|layernorm|lowp]\n")) {
+                                      "usage: tensor_bench [--quick] [--only gemm|mlp|layernorm|lowp|shapes]\n")) {
     return 2;
   }
   auto runs = [&](const char* section) { return only.empty() || only == section; };
@@ -256,5 +325,6 @@ int main(int argc, char** argv) {
   if (runs("mlp")) benchMlp(quick);
   if (runs("layernorm")) benchLayerNorm(quick);
   if (runs("lowp")) benchLowPrecision(quick);
+  if (runs("shapes")) benchGemmShapes(quick);
   return 0;
 }

@@ -226,25 +226,6 @@ void run(const Problem& pr) {
       for (int64_t i0 = 0; i0 < pr.m; i0 += kOuterRows) {
         const int64_t mc = std::min(kOuterRows, pr.m - i0);
         const int64_t strips = ceilDiv(mc, kMR);
-        // Pack A's strips (and, once per k block, B's panels) in one job.
-        const bool packBNow = i0 == 0;
-        const int64_t aTasks = ceilDiv(strips, kPackGroup), bTasks = packBNow ? ceilDiv(panels, kPackGroup) : 0;
-        parallelRun(aTasks + bTasks, threads, [&](int64_t task, int) {
-          if (task < aTasks) {
-            for (int64_t s = task * kPackGroup, e = std::min(strips, s + kPackGroup); s < e; ++s) {
-              const int64_t r0 = s * kMR;
-              packStripA(pr.ta, pr.a, pr.lda, i0 + r0, std::min<int64_t>(kMR, mc - r0), p0, kc,
-                         packA + s * kMR * kc);
-            }
-          } else {
-            const int64_t t = task - aTasks;
-            for (int64_t q = t * kPackGroup, e = std::min(panels, q + kPackGroup); q < e; ++q) {
-              const int64_t c0 = q * kNR;
-              packPanelB(pr.tb, pr.b, pr.ldb, j0 + c0, std::min<int64_t>(kNR, nc - c0), p0, kc,
-                         packB + q * kNR * kc);
-            }
-          }
-        });
         // Tiles: row blocks of at most kBlockStrips strips (as even as the
         // strips allow, a multiple of the threads in number) x column groups,
         // enough tasks for the threads to share evenly.
@@ -253,10 +234,38 @@ void run(const Problem& pr) {
             threads == 1 ? 1 : std::min(panels, std::max<int64_t>(1, ceilDiv(4 * threads, rowBlocks)));
         const int64_t groupPanels = ceilDiv(panels, colGroups);
         const int64_t groups = ceilDiv(panels, groupPanels);
+        // With one column group a task packs its own strips of A just before
+        // it uses them (one thread's reads of A overlap the other's
+        // arithmetic); with several, A is packed once, beforehand.
+        const bool packAInTask = groups == 1;
+        auto packStrips = [&](int64_t sBegin, int64_t sEnd) {
+          for (int64_t s = sBegin; s < sEnd; ++s) {
+            const int64_t r0 = s * kMR;
+            packStripA(pr.ta, pr.a, pr.lda, i0 + r0, std::min<int64_t>(kMR, mc - r0), p0, kc, packA + s * kMR * kc);
+          }
+        };
+        // B's panels (once per k block) and, unless the tasks do it, A's
+        // strips, in one job.
+        const int64_t aTasks = packAInTask ? 0 : ceilDiv(strips, kPackGroup);
+        const int64_t bTasks = i0 == 0 ? ceilDiv(panels, kPackGroup) : 0;
+        if (aTasks + bTasks > 0) {
+          parallelRun(aTasks + bTasks, threads, [&](int64_t task, int) {
+            if (task < aTasks) {
+              packStrips(task * kPackGroup, std::min(strips, (task + 1) * kPackGroup));
+              return;
+            }
+            const int64_t t = task - aTasks;
+            for (int64_t q = t * kPackGroup, e = std::min(panels, q + kPackGroup); q < e; ++q) {
+              const int64_t c0 = q * kNR;
+              packPanelB(pr.tb, pr.b, pr.ldb, j0 + c0, std::min<int64_t>(kNR, nc - c0), p0, kc, packB + q * kNR * kc);
+            }
+          });
+        }
         parallelRun(rowBlocks * groups, threads, [&](int64_t task, int) {
           const int64_t rb = task / groups, g = task % groups;
           const int64_t sBegin = rb * strips / rowBlocks, sEnd = (rb + 1) * strips / rowBlocks;
           const int64_t qBegin = g * groupPanels, qEnd = std::min(panels, qBegin + groupPanels);
+          if (packAInTask) packStrips(sBegin, sEnd);
           for (int64_t q = qBegin; q < qEnd; ++q) {
             const int64_t c0 = q * kNR;
             const int cols = static_cast<int>(std::min<int64_t>(kNR, nc - c0));

@@ -14,18 +14,23 @@
 // kernel always uses the CPU's widest vectors.
 //
 // The algorithm is the usual blocked one (Goto; BLIS's loop order):
-//   for each chunk of at most kOuterCols columns of C:
+//   for each chunk of at most kOuterCols (4096) columns of C:
 //     for each block of kc <= 256 steps of the sum (k):
 //       pack op(B)[block, chunk] into panels of 32 columns (one L1-sized
 //       panel per inner step), zero-padded to whole panels;
-//       for each chunk of at most kOuterRows rows:
+//       for each chunk of at most kOuterRows (4096) rows:
 //         pack op(A)[chunk, block] into strips of 12 rows, zero-padded;
 //         C[tile] = alpha * strip · panel + (first block ? beta : 1) * C[tile]
 //         for every 12 x 32 tile, in tasks of row blocks x column groups.
-// The packing is spread over the kernel threads (kernels/cpu/parallel.h) in
-// one job, the tiles in a second. The micro-kernel holds a 12 x 32 tile of C
-// in 24 of the 32 vector registers and adds one rank-1 update per step of k
-// (two loads of B, twelve broadcasts of A folded into the FMAs).
+// Work is spread over the kernel threads (kernels/cpu/parallel.h): B's
+// panels in one job, then the tiles in a second, each task of which packs
+// its own strips of A first (so that one thread's reads of A overlap the
+// other's arithmetic); a product with too few rows for that many tasks cuts
+// the columns into groups too, and packs A beforehand in the first job. The
+// micro-kernel holds a 12 x 32 tile of C in 24 of the 32 vector registers
+// and adds one rank-1 update per step of k (two loads of B, twelve
+// broadcasts of A folded into the FMAs). Packing transposes 16 x 16 blocks
+// in registers where the stored operand runs the other way.
 //
 // Bits: every element of C is the same sequence of fused multiply-adds, in
 // the order of k, with the k blocks fixed by k alone; the tasks, the threads
