@@ -1,30 +1,35 @@
 // pipeline_bench: pipeline parallelism on this machine, one process per stage (the bench
-// re-executes itself as every rank: `/proc/self/exe --worker MODEL P M SCHEDULE STEPS`), each stage
-// with one kernel thread.
-//  1. Bubble: an MLP of 8 equal blocks (Linear(W, W) + tanh) cut into P = 2 and 4 stages, trained
-//     with M = 1, 2, 4, 8, 16 micro-batches under 1F1B and under interleaved 1F1B with V = 2
-//     chunks per stage (the MLP cut into 2P pieces); the measured bubble (per stage, the share
-//     of the step not spent in forward or backward, averaged over the stages; the median over
-//     the timed steps) beside the theory: pipeline::idealBubble of the schedule (backward twice
-//     the forward, free communication), which is (P - 1) / (M + P - 1) for 1F1B and
-//     (P - 1) / (V·M + P - 1) for the interleaved schedule at M >= P.
+// re-executes itself as every rank: `/proc/self/exe --worker MODEL P M SCHEDULE STEPS TRACE
+// MLP_BATCH GPT_CONTEXT`), each stage with one kernel thread.
+//  1. Bubble: an MLP of 8 equal blocks (Linear(384, 384) + tanh), 2048 rows per step
+//     (--mlp-batch), cut into P = 2 and 4 stages, trained with M = 1, 2, 4, 8, 16 micro-batches
+//     (of 2048 down to 128 rows) under 1F1B and under interleaved 1F1B with V = 2 chunks per
+//     stage (the MLP cut into 2P pieces); the measured bubble (per stage, the share of the step
+//     not spent in forward or backward, averaged over the stages; the median over the timed
+//     steps) beside the theory: pipeline::idealBubble of the schedule (backward twice the
+//     forward, free communication), which is (P - 1) / (M + P - 1) for 1F1B and
+//     (P - 1) / (V·M + P - 1) for the interleaved schedule at M >= P. The theory assumes free
+//     transfers: what each transfer costs on this machine shows as the excess, the more so the
+//     smaller the micro-batches (--mlp-batch 256 gives actions of a tenth of a millisecond).
 //  2. Memory: the peak activation memory per stage (StepStats::activationBytes: tensor bytes live
 //     above the step's start, sampled after each forward), GPipe against 1F1B at M = 8 (goal:
 //     1F1B <= (P/M + 0.1) x GPipe, the largest stage), GPipe with activation checkpointing, and
 //     interleaved 1F1B (V = 2).
-//  3. Throughput: the GPT (vocab 256, 64 tokens, 4 blocks of width 128) trained for a few steps:
-//     tokens/s of one process (all the CPUs' threads), of vanilla model parallelism (P = 2, M = 1)
-//     and of the 2-stage pipeline at M = 4 and 8, both schedules (goal: pipelined >= 1.5 x
-//     vanilla). With --trace PATH, the last step of the 2-stage 1F1B run at M = 4 is written as a
-//     Chrome trace (chrome://tracing, Perfetto).
+//  3. Throughput: the gpt example's default model (vocab 256, context 128 (--gpt-context), 4
+//     blocks of width 128, 4 heads, batch 16) trained for a few steps: tokens/s of one process
+//     (all the CPUs' threads), of vanilla model parallelism (P = 2, M = 1) and of the 2-stage
+//     pipeline at M = 4 and 8, both schedules (goal: pipelined >= 1.5 x vanilla). With --trace
+//     PATH, the last step of the 2-stage 1F1B run at M = 4 is written as a Chrome trace
+//     (chrome://tracing, Perfetto).
 //  4. Pipe over RPC: the MLP's training rows/s through a controller and remote stages, unsplit on
 //     one worker, as vanilla model parallelism (2 stages, M = 1) and pipelined (M = 4, 8).
 //
-//   pipeline_bench [--quick] [--steps N] [--trace PATH]
+//   pipeline_bench [--quick] [--steps N] [--trace PATH] [--mlp-batch N] [--gpt-context N]
 //
 // The P = 4 runs put four processes on the cores there are: where there are fewer than four, the
-// stages take turns on them and the measured bubble says so. Errors: exit status 1 with the
-// failing run named.
+// stages take turns on them and the measured bubble says so (on 2 cores at most two of four
+// stages compute at once, so no stage can be busy more than half the step: a bubble of at least
+// 0.5). Errors: exit status 1 with the failing run named.
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -67,14 +72,19 @@ namespace nn = weft::nn;
 namespace pipeline = weft::pipeline;
 using weft::bench::fail;
 
-constexpr const char* kUsage = "usage: pipeline_bench [--quick] [--steps N] [--trace PATH]\n";
+constexpr const char* kUsage =
+    "usage: pipeline_bench [--quick] [--steps N] [--trace PATH] [--mlp-batch N] [--gpt-context N]\n";
 
 constexpr int64_t kMlpWidth = 384;
-constexpr int64_t kMlpBatch = 256;
+// Sizes the coordinator's flags set and passes to every worker on its command line.
+int64_t gMlpBatch = 2048;   // --mlp-batch: rows per step of the MLP (sections 1, 2, 4)
+int64_t gGptContext = 128;  // --gpt-context: tokens per sequence of the GPT (section 3)
 constexpr int kMlpBlocks = 8;
 constexpr int64_t kGptBatch = 16;
 
-nn::GPTConfig gptConfig() { return {.vocabSize = 256, .blockSize = 64, .layers = 4, .heads = 4, .width = 128}; }
+nn::GPTConfig gptConfig() {
+  return {.vocabSize = 256, .blockSize = gGptContext, .layers = 4, .heads = 4, .width = 128};
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -147,9 +157,9 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
     y = weft::randint(0, c.vocabSize, {kGptBatch, c.blockSize}, {.dtype = weft::DType::Int64}, &data);
     tokensPerStep = kGptBatch * c.blockSize;
   } else {
-    x = weft::randn({kMlpBatch, kMlpWidth}, {}, &data);
-    y = weft::randn({kMlpBatch, kMlpWidth}, {}, &data);
-    tokensPerStep = kMlpBatch;
+    x = weft::randn({gMlpBatch, kMlpWidth}, {}, &data);
+    y = weft::randn({gMlpBatch, kMlpWidth}, {}, &data);
+    tokensPerStep = gMlpBatch;
   }
 
   constexpr int kWarmup = 2;
@@ -220,7 +230,7 @@ int runPipeWorker(int m, int steps) {
     pipeline::Pipe pipe(agent, "bench-mlp", workers, m);
     weft::dist_optim::DistributedOptimizer opt(agent, nn::optim::SGDOptions{.lr = 0.01}, pipe.remoteParameters());
     weft::Generator data(4);
-    Tensor x = weft::randn({kMlpBatch, kMlpWidth}, {}, &data), y = weft::randn({kMlpBatch, kMlpWidth}, {}, &data);
+    Tensor x = weft::randn({gMlpBatch, kMlpWidth}, {}, &data), y = weft::randn({gMlpBatch, kMlpWidth}, {}, &data);
     constexpr int kWarmup = 2;
     Clock::time_point t0;
     for (int s = 0; s < kWarmup + steps; ++s) {
@@ -231,7 +241,7 @@ int runPipeWorker(int m, int steps) {
       opt.step(ctx);
     }
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("result rows_per_s %.1f\n", static_cast<double>(kMlpBatch) * steps / elapsed);
+    std::printf("result rows_per_s %.1f\n", static_cast<double>(gMlpBatch) * steps / elapsed);
     std::fflush(stdout);
   }
   agent.shutdown();
@@ -307,7 +317,8 @@ RunResult runJob(const std::string& model, int stages, int m, const std::string&
                  const std::string& tracePath = "") {
   const std::string what = model + " P=" + std::to_string(stages) + " M=" + std::to_string(m) + " " + schedule;
   const std::string line = spawnJob({"--worker", model, std::to_string(stages), std::to_string(m), schedule,
-                                     std::to_string(steps), tracePath.empty() ? "-" : tracePath},
+                                     std::to_string(steps), tracePath.empty() ? "-" : tracePath,
+                                     std::to_string(gMlpBatch), std::to_string(gGptContext)},
                                     stages, what);
   RunResult r;
   char peaks[1024] = {0};
@@ -329,7 +340,8 @@ RunResult runJob(const std::string& model, int stages, int m, const std::string&
 double runPipeJob(int stages, int m, int steps) {
   const std::string what = "Pipe stages=" + std::to_string(stages) + " M=" + std::to_string(m);
   const std::string line =
-      spawnJob({"--pipe-worker", std::to_string(m), std::to_string(steps)}, stages + 1, what);
+      spawnJob({"--pipe-worker", std::to_string(m), std::to_string(steps), std::to_string(gMlpBatch)}, stages + 1,
+               what);
   double rowsPerS = 0;
   if (std::sscanf(line.c_str(), "result rows_per_s %lf", &rowsPerS) != 1) fail(what + ": no result line: " + line);
   return rowsPerS;
@@ -343,7 +355,7 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
 
   std::printf("\n1. bubble, an MLP of %d x Linear(%lld, %lld)+tanh, batch %lld; 1f1b and interleaved 1F1B "
               "(V = 2)\n", kMlpBlocks, static_cast<long long>(kMlpWidth), static_cast<long long>(kMlpWidth),
-              static_cast<long long>(kMlpBatch));
+              static_cast<long long>(gMlpBatch));
   std::printf("%3s %3s %-12s %8s %9s %7s %9s\n", "P", "M", "schedule", "theory", "measured", "diff", "step_ms");
   const std::vector<int> ms = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16};
   for (int p : {2, 4}) {
@@ -432,12 +444,15 @@ int main(int argc, char** argv) {
           [static_cast<size_t>(stage)];
     });
     if (argc > 1 && std::string(argv[1]) == "--pipe-worker") {
-      if (argc != 4) fail("--pipe-worker takes M STEPS");
+      if (argc != 5) fail("--pipe-worker takes M STEPS MLP_BATCH");
+      gMlpBatch = std::atoll(argv[4]);
       return runPipeWorker(std::atoi(argv[2]), std::atoi(argv[3]));
     }
     if (argc > 1 && std::string(argv[1]) == "--worker") {
-      if (argc != 8) fail("--worker takes MODEL P M SCHEDULE STEPS TRACE");
+      if (argc != 10) fail("--worker takes MODEL P M SCHEDULE STEPS TRACE MLP_BATCH GPT_CONTEXT");
       const std::string trace = argv[7];
+      gMlpBatch = std::atoll(argv[8]);
+      gGptContext = std::atoll(argv[9]);
       return runWorker(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), argv[5], std::atoi(argv[6]),
                        trace == "-" ? "" : trace);
     }
@@ -450,6 +465,14 @@ int main(int argc, char** argv) {
       steps = static_cast<int>(weft::bench::intFlag("--steps", v, 1, 1000));
     });
     flags.onValue("--trace", [&trace](const std::string& v) { trace = v; });
+    // Multiples of 16 (the most micro-batches) and of the 4 heads' context respectively.
+    flags.onValue("--mlp-batch", [](const std::string& v) {
+      gMlpBatch = weft::bench::intFlag("--mlp-batch", v, 16, 1 << 16);
+      if (gMlpBatch % 16 != 0) throw weft::bench::FlagError("--mlp-batch must be a multiple of 16, got " + v);
+    });
+    flags.onValue("--gpt-context", [](const std::string& v) {
+      gGptContext = weft::bench::intFlag("--gpt-context", v, 8, 1024);
+    });
     if (!weft::bench::parseFlagsOrUsage(flags, argc, argv, "pipeline_bench", kUsage)) return 2;
     if (steps == 0) steps = quick ? 2 : 8;
     return runCoordinator(quick, steps, trace);
