@@ -291,8 +291,21 @@ void unary(UnaryOp op, DType type, const void* in, void* out, int64_t n, double 
         break;
       case UnaryOp::Sign: unaryTyped(pi, po, n, [](T x) { return static_cast<T>((x > 0) - (x < 0)); }); break;
       case UnaryOp::Relu: unaryTyped(pi, po, n, [](T x) { return x > 0 ? x : T(0); }); break;
-      case UnaryOp::Tanh: unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::tanh(x)); }); break;
+      case UnaryOp::Tanh:
+        // float32: vectorised, within 3 ulp (kernels/cpu/vec_math.h), saturating
+        // to +-1; sigmoid within 2 ulp (its exp's clamp at -87 puts a floor of
+        // 1.6e-38 under sigmoid(x < -87), where the exact value is smaller).
+        if constexpr (std::is_same_v<T, float>) {
+          parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) { vecmath::tanhRow(pi + s, po + s, e - s); });
+          break;
+        }
+        unaryTyped(pi, po, n, [](T x) { return static_cast<T>(std::tanh(x)); });
+        break;
       case UnaryOp::Sigmoid:
+        if constexpr (std::is_same_v<T, float>) {
+          parallelFor(n, kParallelGrain, [&](int64_t s, int64_t e) { vecmath::sigmoidRow(pi + s, po + s, e - s); });
+          break;
+        }
         unaryTyped(pi, po, n, [](T x) { return static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))); });
         break;
       case UnaryOp::Gelu:

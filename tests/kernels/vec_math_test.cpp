@@ -1,5 +1,7 @@
 #include "kernels/cpu/vec_math.h"
 
+#include "kernels/cpu/elementwise.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -205,4 +207,28 @@ TEST_CASE("an instruction set the CPU lacks is refused by name") {
                          weft::InvalidArgumentError);
   }
   CHECK(vecmath::supports(vecmath::bestIsa()));
+}
+
+TEST_CASE("the float32 tanh and sigmoid ops run the vectorised functions, within their ulps of float64") {
+  // Long enough to be cut over the kernel threads, with a tail.
+  const std::vector<float> x = sweep(-30.0f, 30.0f, 0.000917f);
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<float> op(x.size()), row(x.size());
+  weft::kernels::cpu::unary(weft::kernels::cpu::UnaryOp::Tanh, weft::DType::Float32, x.data(), op.data(), n);
+  vecmath::tanhRow(x.data(), row.data(), n);
+  CHECK(std::memcmp(op.data(), row.data(), sizeof(float) * x.size()) == 0);
+  int64_t worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::tanh(static_cast<double>(x[i]));
+    if (std::abs(want) >= 1e-3) worst = std::max(worst, ulps(op[i], static_cast<float>(want)));
+  }
+  CHECK(worst <= 3);
+  weft::kernels::cpu::unary(weft::kernels::cpu::UnaryOp::Sigmoid, weft::DType::Float32, x.data(), op.data(), n);
+  vecmath::sigmoidRow(x.data(), row.data(), n);
+  CHECK(std::memcmp(op.data(), row.data(), sizeof(float) * x.size()) == 0);
+  worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, ulps(op[i], static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x[i]))))));
+  }
+  CHECK(worst <= 2);
 }
