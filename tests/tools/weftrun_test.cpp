@@ -2,10 +2,12 @@
 // weftrun_probe helper), every run bounded in time, and every probe process
 // checked gone afterwards.
 #include <doctest/doctest.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -468,4 +470,47 @@ TEST_CASE("the ranks die with weftrun when weftrun itself is killed with SIGKILL
   auto r = p.wait(kRunLimit);
   CHECK(r.signal == SIGKILL);
   checkAllGone(pids);
+}
+
+TEST_CASE("--bind-cpus binds each rank to its own CPUs and gives it as many kernel threads") {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
+  std::vector<int> all;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mask)) all.push_back(c);
+  }
+  const int ranks = std::min<int>(2, static_cast<int>(all.size()));
+  Subprocess p(weftrun({"-n", std::to_string(ranks), "--bind-cpus", "--tag-output", kProbe, "env"}));
+  auto r = p.wait(kRunLimit);
+  REQUIRE_FALSE(r.timedOut);
+  CHECK(r.exitCode == 0);
+  auto env = envByRank(r.out);
+  REQUIRE(static_cast<int>(env.size()) == ranks);
+  std::string joined;
+  const char* userThreads = std::getenv("WEFT_NUM_THREADS");
+  for (int rank = 0; rank < ranks; ++rank) {
+    CAPTURE(rank);
+    const std::string cpus = env[rank]["CPUS"];
+    const int count = static_cast<int>(std::count(cpus.begin(), cpus.end(), ',')) + 1;
+    CHECK(env[rank]["WEFT_NUM_THREADS"] == (userThreads ? std::string(userThreads) : std::to_string(count)));
+    if (!joined.empty()) joined += ',';
+    joined += cpus;
+  }
+  // The slices, in rank order, are weftrun's CPUs, each once.
+  std::string want;
+  for (int c : all) {
+    if (!want.empty()) want += ',';
+    want += std::to_string(c);
+  }
+  CHECK(joined == want);
+  checkAllGone(probePids(r.out));
+
+  // More ranks than CPUs: refused before any rank starts.
+  Subprocess tooMany(weftrun({"-n", std::to_string(all.size() + 1), "--bind-cpus", kProbe, "env"}));
+  auto t = tooMany.wait(kRunLimit);
+  REQUIRE_FALSE(t.timedOut);
+  CHECK(t.exitCode != 0);
+  CHECK(t.err.find("--bind-cpus") != std::string::npos);
+  CHECK(t.out.find("WEFT_RANK") == std::string::npos);
 }

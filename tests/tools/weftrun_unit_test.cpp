@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include <sched.h>
+
+#include "tools/weftrun/cpu_binding.h"
 #include "tools/weftrun/line_tagger.h"
 #include "tools/weftrun/options.h"
 
@@ -136,4 +139,38 @@ TEST_CASE("the line tagger cuts lines longer than its limit and keeps exact-limi
   out = t.feed(huge);
   CHECK(out.size() == 3 * (4 + max + 1));
   CHECK(t.finish() == "[0] d\n");
+}
+
+TEST_CASE("weftrun --bind-cpus: parsed, and the CPUs cut into disjoint slices as even as the count allows") {
+  CHECK_FALSE(parseOptions({"-n", "2", "p"}).bindCpus);
+  CHECK(parseOptions({"-n", "2", "--bind-cpus", "p"}).bindCpus);
+  CHECK_THROWS_AS(parseOptions({"-n", "2", "--bind-cpus=yes", "p"}), UsageError);
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
+  std::vector<int> all;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mask)) all.push_back(c);
+  }
+  const int count = static_cast<int>(all.size());
+  for (int ranks = 1; ranks <= count; ++ranks) {
+    CAPTURE(ranks);
+    std::vector<std::vector<int>> shares = cpuShares(ranks);
+    REQUIRE(static_cast<int>(shares.size()) == ranks);
+    std::vector<int> joined;
+    for (const auto& s : shares) {
+      CHECK(static_cast<int>(s.size()) >= count / ranks);
+      CHECK(static_cast<int>(s.size()) <= (count + ranks - 1) / ranks);
+      joined.insert(joined.end(), s.begin(), s.end());
+    }
+    CHECK(joined == all);  // in order, each CPU once
+  }
+  try {
+    cpuShares(count + 1);
+    FAIL("more ranks than CPUs must be refused");
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    CHECK(what.find(std::to_string(count + 1) + " processes") != std::string::npos);
+    CHECK(what.find("only " + std::to_string(count) + " CPUs") != std::string::npos);
+  }
 }

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <stdexcept>
@@ -21,6 +22,7 @@
 #include <system_error>
 #include <vector>
 
+#include "tools/weftrun/cpu_binding.h"
 #include "tools/weftrun/free_port.h"
 #include "tools/weftrun/line_tagger.h"
 
@@ -138,7 +140,10 @@ bool writeAll(int fd, std::string_view data) {
 void say(const std::string& message) { writeAll(STDERR_FILENO, "weftrun: " + message + "\n"); }
 
 // weftrun's environment with every variable it manages replaced.
-std::vector<std::string> rankEnvironment(const Options& o, int localRank, int port, int restartCount) {
+// threads > 0: WEFT_NUM_THREADS for the rank (--bind-cpus), unless weftrun's
+// own environment sets it.
+std::vector<std::string> rankEnvironment(const Options& o, int localRank, int port, int restartCount,
+                                         int threads) {
   std::vector<std::pair<const char*, std::string>> managed = {
       {"WEFT_RANK", std::to_string(o.globalRank(localRank))},
       {"WEFT_WORLD_SIZE", std::to_string(o.worldSize())},
@@ -158,6 +163,9 @@ std::vector<std::string> rankEnvironment(const Options& o, int localRank, int po
   };
   if (!o.heartbeatInterval.empty()) managed.emplace_back("WEFT_HEARTBEAT_INTERVAL", o.heartbeatInterval);
   if (!o.heartbeatMisses.empty()) managed.emplace_back("WEFT_HEARTBEAT_MISSES", o.heartbeatMisses);
+  if (threads > 0 && std::getenv("WEFT_NUM_THREADS") == nullptr) {
+    managed.emplace_back("WEFT_NUM_THREADS", std::to_string(threads));
+  }
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
@@ -206,8 +214,9 @@ struct AttemptResult {
 // One run of the whole group, from starting every rank to reaping the last.
 class Attempt {
  public:
-  Attempt(const Options& options, SignalPipe& signals, int restartCount)
-      : options_(options), signals_(signals), restartCount_(restartCount) {}
+  Attempt(const Options& options, SignalPipe& signals, int restartCount,
+          const std::vector<std::vector<int>>& cpuShares)
+      : options_(options), signals_(signals), restartCount_(restartCount), cpuShares_(cpuShares) {}
   Attempt(const Attempt&) = delete;
   Attempt& operator=(const Attempt&) = delete;
   // Reached with ranks still running only when an exception escapes run().
@@ -271,7 +280,10 @@ class Attempt {
   // Starts r. Returns 0, or the errno of a failed exec (the child is reaped).
   int spawn(Rank& r, int port) {
     std::vector<std::string> argStrings = options_.command;
-    std::vector<std::string> envStrings = rankEnvironment(options_, r.localRank, port, restartCount_);
+    const std::vector<int>* cpus =
+        cpuShares_.empty() ? nullptr : &cpuShares_[static_cast<size_t>(r.localRank)];
+    std::vector<std::string> envStrings =
+        rankEnvironment(options_, r.localRank, port, restartCount_, cpus ? static_cast<int>(cpus->size()) : 0);
     std::vector<char*> argv = cStrings(argStrings);
     std::vector<char*> envp = cStrings(envStrings);
 
@@ -309,8 +321,11 @@ class Attempt {
         ::dup2(outPipe[1], STDOUT_FILENO);
         ::dup2(errPipe[1], STDERR_FILENO);
       }
-      ::execvpe(argv[0], argv.data(), envp.data());
-      int err = errno;
+      int err = cpus ? bindToCpus(*cpus) : 0;
+      if (err == 0) {
+        ::execvpe(argv[0], argv.data(), envp.data());
+        err = errno;
+      }
       ssize_t unused = ::write(execPipe[1], &err, sizeof err);
       (void)unused;
       ::_exit(127);
@@ -499,6 +514,7 @@ class Attempt {
   const Options& options_;
   SignalPipe& signals_;
   const int restartCount_;
+  const std::vector<std::vector<int>>& cpuShares_;  // --bind-cpus: rank r's CPUs; empty: no binding
   PortReservation masterPort_;  // the port chosen when none was given
   std::vector<Rank> ranks_;  // sized once, so Rank pointers stay valid
   int running_ = 0;
@@ -514,9 +530,12 @@ class Attempt {
 }  // namespace
 
 int launch(const Options& options) {
+  // --bind-cpus: every attempt binds rank r to the same slice.
+  const std::vector<std::vector<int>> shares =
+      options.bindCpus ? cpuShares(options.procsPerNode) : std::vector<std::vector<int>>{};
   SignalPipe signals;
   for (int restart = 0;; ++restart) {
-    AttemptResult result = Attempt(options, signals, restart).run();
+    AttemptResult result = Attempt(options, signals, restart, shares).run();
     if (result.outcome == Outcome::Success) return 0;
     if (result.outcome == Outcome::CannotExecute || result.interrupted) return result.exitStatus;
     if (restart >= options.maxRestarts) {

@@ -116,6 +116,9 @@ Options parseOptions(const std::vector<std::string>& args) {
     } else if (name == "--tag-output") {
       noValue();
       o.tagOutput = true;
+    } else if (name == "--bind-cpus") {
+      noValue();
+      o.bindCpus = true;
     } else if (name == "--max-restarts") {
       o.maxRestarts = parseInt(name, value(), 0, kMaxRestarts);
     } else if (name == "--grace-period") {
@@ -186,6 +189,10 @@ options:
                           processes bind and give their peers (default: the
                           local address of the route to the master address)
   --tag-output            prefix every line of output with "[rank] "
+  --bind-cpus             bind each process to its own slice of weftrun's CPUs
+                          (as even as the count allows; an error when there are
+                          fewer CPUs than processes) and set WEFT_NUM_THREADS to
+                          the slice's size unless the environment sets it
   --max-restarts K        after a failure, restart the whole group up to K times
                           (default 0)
   --grace-period S        seconds between SIGTERM and SIGKILL when stopping

@@ -51,6 +51,9 @@ struct Options {
   // defaults, 2 s x 5).
   std::string heartbeatInterval;
   std::string heartbeatMisses;
+  // --bind-cpus: each local rank bound to its own slice of weftrun's CPUs,
+  // WEFT_NUM_THREADS its size unless set (cpu_binding.h).
+  bool bindCpus = false;
   bool help = false;                 // -h/--help: print usage, run nothing
   std::vector<std::string> command;  // program, then its arguments
 

@@ -87,11 +87,23 @@ void printEnv() {
                          "WEFT_NNODES",      "WEFT_NODE_RANK",     "WEFT_MASTER_ADDR", "WEFT_MASTER_PORT",
                          "WEFT_RESTART_COUNT", "RANK",             "WORLD_SIZE",      "LOCAL_RANK",
                          "LOCAL_WORLD_SIZE", "MASTER_ADDR",        "MASTER_PORT",     "WEFT_SOCKET_IFNAME",
-                         "WEFT_HEARTBEAT_INTERVAL", "WEFT_HEARTBEAT_MISSES"};
+                         "WEFT_HEARTBEAT_INTERVAL", "WEFT_HEARTBEAT_MISSES", "WEFT_NUM_THREADS"};
   for (const char* n : names) {
     const char* v = std::getenv(n);
     say(std::string(n) + "=" + (v ? v : "<unset>"));
   }
+  // The CPUs this process may run on (weftrun --bind-cpus), comma-separated.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  std::string cpus;
+  if (::sched_getaffinity(0, sizeof mask, &mask) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (!CPU_ISSET(c, &mask)) continue;
+      if (!cpus.empty()) cpus += ',';
+      cpus += std::to_string(c);
+    }
+  }
+  say("CPUS=" + cpus);
   // stdin must be /dev/null: reading gives EOF at once.
   char c;
   say(std::string("STDIN=") + (::read(STDIN_FILENO, &c, 1) == 0 ? "eof" : "data"));
