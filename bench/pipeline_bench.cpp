@@ -24,7 +24,12 @@
 //  4. Pipe over RPC: the MLP's training rows/s through a controller and remote stages, unsplit on
 //     one worker, as vanilla model parallelism (2 stages, M = 1) and pipelined (M = 4, 8).
 //
-//   pipeline_bench [--quick] [--steps N] [--trace PATH] [--mlp-batch N] [--gpt-context N]
+//   pipeline_bench [--quick] [--steps N] [--trace PATH] [--mlp-batch N] [--gpt-context N] [--no-bind]
+//
+// A job of at most as many processes as there are CPUs binds each process to its own slice of
+// them, as `weftrun --bind-cpus` does (tools/weftrun/cpu_binding.h): the 2-stage pipelines here,
+// not the P = 4 ones on 2 cores nor the 3-process Pipe jobs. --no-bind leaves every process on
+// every CPU, for comparison.
 //
 // The P = 4 runs put four processes on the cores there are: where there are fewer than four, the
 // stages take turns on them and the measured bubble says so (on 2 cores at most two of four
@@ -60,6 +65,7 @@
 #include "dist_optim/distributed_optimizer.h"
 #include "pipeline/executor.h"
 #include "pipeline/pipe.h"
+#include "tools/weftrun/cpu_binding.h"
 #include "rpc/agent.h"
 #include "tensor/ops.h"
 
@@ -73,12 +79,15 @@ namespace pipeline = weft::pipeline;
 using weft::bench::fail;
 
 constexpr const char* kUsage =
-    "usage: pipeline_bench [--quick] [--steps N] [--trace PATH] [--mlp-batch N] [--gpt-context N]\n";
+    "usage: pipeline_bench [--quick] [--steps N] [--trace PATH] [--mlp-batch N] [--gpt-context N] [--no-bind]\n";
 
 constexpr int64_t kMlpWidth = 384;
 // Sizes the coordinator's flags set and passes to every worker on its command line.
 int64_t gMlpBatch = 2048;   // --mlp-batch: rows per step of the MLP (sections 1, 2, 4)
 int64_t gGptContext = 128;  // --gpt-context: tokens per sequence of the GPT (section 3)
+// --no-bind clears it: jobs of at most as many processes as CPUs run each process on its own
+// slice of the CPUs, as weftrun --bind-cpus does (tools/weftrun/cpu_binding.h).
+bool gBind = true;
 constexpr int kMlpBlocks = 8;
 constexpr int64_t kGptBatch = 16;
 
@@ -264,6 +273,14 @@ std::string spawnJob(const std::vector<std::string>& args, int world, const std:
   if (::pipe(pipeFds) != 0) fail(weft::bench::errnoText("pipe"));
   std::vector<pid_t> pids;
   const pid_t parent = ::getpid();
+  std::vector<std::vector<int>> shares;
+  if (gBind && world <= static_cast<int>(std::thread::hardware_concurrency())) {
+    try {
+      shares = weft::weftrun::cpuShares(world);
+    } catch (const std::exception&) {
+      shares.clear();  // fewer CPUs in this process's mask than processes: leave them unbound
+    }
+  }
   std::fflush(nullptr);
   for (int r = 0; r < world; ++r) {
     pid_t pid = ::fork();
@@ -279,6 +296,7 @@ std::string spawnJob(const std::vector<std::string>& args, int world, const std:
       ::setenv("WEFT_WORLD_SIZE", std::to_string(world).c_str(), 1);
       ::setenv("WEFT_MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("WEFT_MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!shares.empty() && weft::weftrun::bindToCpus(shares[static_cast<size_t>(r)]) != 0) ::_exit(1);
       std::vector<std::string> full{"pipeline_bench"};
       full.insert(full.end(), args.begin(), args.end());
       std::vector<char*> argv;
@@ -352,6 +370,8 @@ double largest(const std::vector<double>& v) { return *std::max_element(v.begin(
 int runCoordinator(bool quick, int steps, const std::string& tracePath) {
   std::printf("pipeline_bench: %u CPUs, load average %s, %d timed steps per run after 2 warm-up steps\n",
               std::thread::hardware_concurrency(), weft::bench::loadAverage().c_str(), steps);
+  std::printf("processes bound to CPUs: %s\n",
+              gBind ? "yes, in jobs of at most one process per CPU (--no-bind: no)" : "no (--no-bind)");
 
   std::printf("\n1. bubble, an MLP of %d x Linear(%lld, %lld)+tanh, batch %lld; 1f1b and interleaved 1F1B "
               "(V = 2)\n", kMlpBlocks, static_cast<long long>(kMlpWidth), static_cast<long long>(kMlpWidth),
@@ -470,6 +490,7 @@ int main(int argc, char** argv) {
       gMlpBatch = weft::bench::intFlag("--mlp-batch", v, 16, 1 << 16);
       if (gMlpBatch % 16 != 0) throw weft::bench::FlagError("--mlp-batch must be a multiple of 16, got " + v);
     });
+    flags.onSwitch("--no-bind", [] { gBind = false; });
     flags.onValue("--gpt-context", [](const std::string& v) {
       gGptContext = weft::bench::intFlag("--gpt-context", v, 8, 1024);
     });

@@ -273,7 +273,7 @@ class ProgressPoster {
 // tensor, 0, 0. The transfer succeeds when the byte counts are equal.
 constexpr size_t kP2pWords = 6;
 constexpr size_t kP2pBytes = kP2pWords * sizeof(int64_t);
-constexpr size_t kP2pInlineBytes = size_t{16} << 10;
+constexpr size_t kP2pInlineBytes = size_t{1} << 20;
 constexpr int64_t kP2pHeaderMagic = 0x7765667470320001;   // "weftp2" + 1
 constexpr int64_t kP2pVerdictMagic = 0x7765667470320002;  // "weftp2" + 2
 

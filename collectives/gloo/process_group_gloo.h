@@ -55,17 +55,24 @@
 // longer than the receive it lands in, and silently fills part of a longer
 // receive with a shorter one; so each transfer first agrees on its size. The
 // sender sends a small header (its byte count, dtype and element count) on a
-// slot of the tag, with the data right after it up to 16 KiB; larger data
+// slot of the tag, with the data right after it up to 1 MiB; larger data
 // goes on a slot of its own, and the receiver, once the header is in, posts
 // that data's receive with the size announced (into its tensor when the sizes
 // are equal, else into a scratch buffer that discards the data). The receiver
 // answers each header with a verdict (its own size), which the send waits
 // for. Sizes that differ thus fail both sides with ProtocolError naming both
-// sizes, and leave the group usable. Costs: every receive posts 16 KiB of
-// staging; a send completes once the verdict is back (one more crossing); a
-// receive of more than 16 KiB takes one more crossing than a bare Gloo
-// transfer, a smaller one a copy (small data rides in the header's message
-// so that a small transfer costs what a bare Gloo one does).
+// sizes, and leave the group usable. Costs: every receive posts 1 MiB of
+// staging (heap memory whose pages are touched only as far as the data
+// reaches); a send completes once the verdict is back (one more crossing); a
+// receive of more than 1 MiB takes one more crossing than a bare Gloo
+// transfer, a smaller one a copy on each side. Data up to 1 MiB rides in the
+// header's message so that it leaves in the sender's own write, at once: data
+// on a slot of its own leaves only when the sender's loop thread handles the
+// receiver's request for it, and on CPUs that the processes keep busy
+// (pipeline stages bound to their cores, weftrun --bind-cpus) that thread
+// runs only when its process waits or yields, up to one compute action later
+// (measured: the 2-stage pipeline's bubble at M = 8 and 16, 0.13-0.19 above
+// theory with 16 KiB inline, 0.05-0.09 with 1 MiB; bench/pipeline_bench).
 //
 // Timeouts. GlooOptions::timeout bounds each op from the moment it starts
 // running (a collective waiting behind others in the queue is not yet timed). A

@@ -287,10 +287,10 @@ TEST_CASE("point-to-point transfers of different sizes fail on both sides with P
   CHECK(contains(line, "4 elements of float32 (16 bytes)"));
   line = restOfLine(out0, p0 + "big_shorter ");
   CHECK(contains(line, "ProtocolError: send to rank 1 (tag 4)"));
-  CHECK(contains(line, "30000 elements of float32 (120000 bytes)"));
+  CHECK(contains(line, "400000 elements of float32 (1600000 bytes)"));
   line = restOfLine(out1, p1 + "big_shorter ");
   CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 4)"));
-  CHECK(contains(line, "rank 0 sent 20000 elements of float32 (80000 bytes)"));
+  CHECK(contains(line, "rank 0 sent 300000 elements of float32 (1200000 bytes)"));
   line = restOfLine(out1, p1 + "big_longer ");
   CHECK(contains(line, "ProtocolError: recv from rank 0 (tag 4)"));
   CHECK(contains(line, "this receive's tensor holds 4096 elements of float32 (16384 bytes)"));

@@ -34,8 +34,8 @@
 //   p2p_size  [3 ranks] point-to-point transfers whose sizes differ: rank 0 sends 12 float32 to a
 //             receive of 4 at rank 1 ("longer"), then 4 to a receive of 12 ("shorter"), then a
 //             matching transfer on the same tag ("matching", values checked), the same past the
-//             size carried with the header: 20000 float32 to a receive of 30000 ("big_shorter"),
-//             of 4096 ("big_longer"), then of 20000 ("big_matching", values checked); ranks 1 and 2 send
+//             size carried with the header: 300000 float32 to a receive of 400000 ("big_shorter"),
+//             of 4096 ("big_longer"), then of 300000 ("big_matching", values checked); ranks 1 and 2 send
 //             empty tensors to any-source receives of empty tensors at rank 0 ("empty_any"); rank
 //             2 sends 3 float32 to an any-source receive of 2 at rank 0 ("any_longer"). Prints
 //             "rank R <case> ok" or "rank R <case> <ErrorType>: <message>" for each, then checks
@@ -473,19 +473,19 @@ void runP2pSize(ProcessGroupGloo& pg) {
       expectEq(x, [](int64_t i) { return value(0, i + 5); }, "matching recv after mismatches");
     }
   });
-  // Past the size that travels with the header (16 KiB): 20000 float32 into 30000, then into 20000.
+  // Past the size that travels with the header (1 MiB): 300000 float32 into 400000, then into 300000.
   p2pCase(pg, "big_shorter", [&] {
-    if (me == 0) pg.send(filled(DType::Float32, 20000, 0), 1, 4);
-    if (me == 1) pg.recv(weft::zeros({30000}), 0, 4);
+    if (me == 0) pg.send(filled(DType::Float32, 300000, 0), 1, 4);
+    if (me == 1) pg.recv(weft::zeros({400000}), 0, 4);
   });
   p2pCase(pg, "big_longer", [&] {
-    if (me == 0) pg.send(filled(DType::Float32, 20000, 0), 1, 4);
+    if (me == 0) pg.send(filled(DType::Float32, 300000, 0), 1, 4);
     if (me == 1) pg.recv(weft::zeros({4096}), 0, 4);
   });
   p2pCase(pg, "big_matching", [&] {
-    if (me == 0) pg.send(filled(DType::Float32, 20000, 0, 9), 1, 4);
+    if (me == 0) pg.send(filled(DType::Float32, 300000, 0, 9), 1, 4);
     if (me == 1) {
-      Tensor x = weft::zeros({20000});
+      Tensor x = weft::zeros({300000});
       pg.recv(x, 0, 4);
       expectEq(x, [](int64_t i) { return value(0, i + 9); }, "big matching recv after a mismatch");
     }
