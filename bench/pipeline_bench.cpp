@@ -8,9 +8,13 @@
 //     not spent in forward or backward, averaged over the stages; the median over the timed
 //     steps) beside the theory: pipeline::idealBubble of the schedule (backward twice the
 //     forward, free communication), which is (P - 1) / (M + P - 1) for 1F1B and
-//     (P - 1) / (V·M + P - 1) for the interleaved schedule at M >= P. The theory assumes free
-//     transfers: what each transfer costs on this machine shows as the excess, the more so the
-//     smaller the micro-batches (--mlp-batch 256 gives actions of a tenth of a millisecond).
+//     (P - 1) / (V·M + P - 1) for the interleaved schedule at M >= P; "diff" is measured - theory.
+//     "sim" is the schedule's bubble with each stage's measured median forward and backward and
+//     free transfers (pipeline::idealBubble with per-stage costs): it differs from the theory by
+//     what uneven stages cost (the last stage also computes the loss; backward is not exactly
+//     twice the forward). "transfers" is measured - sim: what the transfers and the executor
+//     cost, the more the smaller the micro-batches (--mlp-batch 256 gives actions of a tenth of a
+//     millisecond).
 //  2. Memory: the peak activation memory per stage (StepStats::activationBytes: tensor bytes live
 //     above the step's start, sampled after each forward), GPipe against 1F1B at M = 8 (goal:
 //     1F1B <= (P/M + 0.1) x GPipe, the largest stage), GPipe with activation checkpointing, and
@@ -173,6 +177,7 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
 
   constexpr int kWarmup = 2;
   std::vector<double> bubbles, stepSeconds;
+  std::vector<double> forwardUs, backwardUs;  // this stage's actions over the timed steps
   double peakBytes = 0;
   Clock::time_point t0;
   for (int s = 0; s < kWarmup + steps; ++s) {
@@ -186,6 +191,10 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
     if (s < kWarmup) continue;
     const auto& st = pipe.lastStats();
     peakBytes = std::max(peakBytes, static_cast<double>(st.activationBytes));
+    for (const pipeline::TraceEvent& e : st.events) {
+      if (e.kind == pipeline::ActionKind::Forward) forwardUs.push_back(e.endUs - e.startUs);
+      if (e.kind == pipeline::ActionKind::Backward) backwardUs.push_back(e.endUs - e.startUs);
+    }
     // Every stage's bubble of this step, averaged on rank 0.
     std::vector<double> mineStats{1.0 - st.computeSeconds / st.stepSeconds, st.stepSeconds};
     auto all = weft::collectives::allGatherObject(*pg, mineStats);
@@ -200,6 +209,14 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
   pg->barrier().wait();
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   auto peaks = weft::collectives::allGatherObject(*pg, peakBytes);
+  // The schedule's bubble with each stage's median forward and backward (free transfers).
+  auto costs = weft::collectives::allGatherObject(*pg, std::vector<double>{median(forwardUs), median(backwardUs)});
+  std::vector<double> stageForward, stageBackward;
+  for (const auto& c : costs) {
+    stageForward.push_back(std::max(c[0], 1e-3));
+    stageBackward.push_back(std::max(c[1], 1e-3));
+  }
+  const double simulated = pipeline::idealBubble(schedule, stageForward, stageBackward);
   if (!tracePath.empty()) {
     auto traces = weft::collectives::allGatherObject(
         *pg, pipeline::chromeTraceEvents(stage, pipe.lastStats().events));
@@ -217,8 +234,9 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
       if (!p.empty()) p += ',';
       p += std::to_string(static_cast<long long>(b));
     }
-    std::printf("result bubble %.4f step_ms %.2f tokens_per_s %.1f peak_bytes %s\n", median(bubbles),
-                median(stepSeconds) * 1e3, static_cast<double>(tokensPerStep) * steps / elapsed, p.c_str());
+    std::printf("result bubble %.4f step_ms %.2f tokens_per_s %.1f sim %.4f peak_bytes %s\n", median(bubbles),
+                median(stepSeconds) * 1e3, static_cast<double>(tokensPerStep) * steps / elapsed, simulated,
+                p.c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -261,6 +279,7 @@ int runPipeWorker(int m, int steps) {
 
 struct RunResult {
   double bubble = 0, stepMs = 0, tokensPerS = 0;
+  double simulated = 0;  // the schedule's bubble with the measured action times, free transfers
   std::vector<double> peakBytes;
 };
 
@@ -340,8 +359,8 @@ RunResult runJob(const std::string& model, int stages, int m, const std::string&
                                     stages, what);
   RunResult r;
   char peaks[1024] = {0};
-  if (std::sscanf(line.c_str(), "result bubble %lf step_ms %lf tokens_per_s %lf peak_bytes %1000s", &r.bubble,
-                  &r.stepMs, &r.tokensPerS, peaks) != 4) {
+  if (std::sscanf(line.c_str(), "result bubble %lf step_ms %lf tokens_per_s %lf sim %lf peak_bytes %1000s",
+                  &r.bubble, &r.stepMs, &r.tokensPerS, &r.simulated, peaks) != 5) {
     fail("the run " + what + " printed no result line: " + line);
   }
   std::string p = peaks;
@@ -376,7 +395,8 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
   std::printf("\n1. bubble, an MLP of %d x Linear(%lld, %lld)+tanh, batch %lld; 1f1b and interleaved 1F1B "
               "(V = 2)\n", kMlpBlocks, static_cast<long long>(kMlpWidth), static_cast<long long>(kMlpWidth),
               static_cast<long long>(gMlpBatch));
-  std::printf("%3s %3s %-12s %8s %9s %7s %9s\n", "P", "M", "schedule", "theory", "measured", "diff", "step_ms");
+  std::printf("%3s %3s %-12s %8s %9s %7s %8s %9s %9s\n", "P", "M", "schedule", "theory", "measured", "diff",
+              "sim", "transfers", "step_ms");
   const std::vector<int> ms = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16};
   for (int p : {2, 4}) {
     for (int m : ms) {
@@ -385,8 +405,8 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
         RunResult r = runJob("mlp", p, m, s, steps);
         const double theory =
             pipeline::idealBubble(interleaved ? pipeline::interleavedOneFOneB(p, 2, m) : pipeline::oneFOneB(p, m));
-        std::printf("%3d %3d %-12s %8.3f %9.3f %+7.3f %9.2f\n", p, m, s, theory, r.bubble, r.bubble - theory,
-                    r.stepMs);
+        std::printf("%3d %3d %-12s %8.3f %9.3f %+7.3f %8.3f %+9.3f %9.2f\n", p, m, s, theory, r.bubble,
+                    r.bubble - theory, r.simulated, r.bubble - r.simulated, r.stepMs);
         std::fflush(stdout);
       }
     }

@@ -325,8 +325,23 @@ double idealBubble(const Schedule& schedule, double forwardCost, double backward
   WEFT_ENFORCE(forwardCost > 0 && backwardCost > 0, InvalidArgumentError,
                "idealBubble: costs must be positive, got forward ", forwardCost, " and backward ", backwardCost);
   checkSchedule(schedule);
+  const std::vector<double> f(static_cast<size_t>(schedule.numStages()), forwardCost / schedule.chunks);
+  const std::vector<double> b(static_cast<size_t>(schedule.numStages()), backwardCost / schedule.chunks);
+  return idealBubble(schedule, f, b);
+}
+
+double idealBubble(const Schedule& schedule, std::span<const double> forwardCost,
+                   std::span<const double> backwardCost) {
+  checkSchedule(schedule);
   const int stages = schedule.numStages();
-  const double f = forwardCost / schedule.chunks, b = backwardCost / schedule.chunks;
+  WEFT_ENFORCE(static_cast<int>(forwardCost.size()) == stages && static_cast<int>(backwardCost.size()) == stages,
+               InvalidArgumentError, "idealBubble: one forward and one backward cost per stage (", stages,
+               "), got ", forwardCost.size(), " and ", backwardCost.size());
+  for (int s = 0; s < stages; ++s) {
+    const double fs = forwardCost[static_cast<size_t>(s)], bs = backwardCost[static_cast<size_t>(s)];
+    WEFT_ENFORCE(fs > 0 && bs > 0, InvalidArgumentError, "idealBubble: costs must be positive, got forward ", fs,
+                 " and backward ", bs, " for stage ", s);
+  }
   // Each stage's clock: when its last action ended. A receive ends when both
   // the stage reached it and the send was issued; sends take no time.
   std::vector<double> clock(static_cast<size_t>(stages), 0.0), busy(static_cast<size_t>(stages), 0.0);
@@ -334,7 +349,8 @@ double idealBubble(const Schedule& schedule, double forwardCost, double backward
     double& t = clock[static_cast<size_t>(s)];
     t = std::max(t, readyAt);
     if (a.kind == ActionKind::Forward || a.kind == ActionKind::Backward) {
-      const double cost = a.kind == ActionKind::Forward ? f : b;
+      const double cost = a.kind == ActionKind::Forward ? forwardCost[static_cast<size_t>(s)]
+                                                        : backwardCost[static_cast<size_t>(s)];
       t += cost;
       busy[static_cast<size_t>(s)] += cost;
     }

@@ -57,6 +57,7 @@
 
 #include <cstdint>
 #include <string>
+#include <span>
 #include <vector>
 
 namespace weft::pipeline {
@@ -116,6 +117,15 @@ Schedule interleavedOneFOneB(int stages, int chunks, int microbatches);
 // The schedule's theory to set a measured bubble beside. The schedule must
 // pass checkSchedule; costs must be positive (InvalidArgumentError otherwise).
 double idealBubble(const Schedule& schedule, double forwardCost = 1.0, double backwardCost = 2.0);
+
+// The same with each stage's own costs of one action (one chunk's forward or
+// backward): forwardCost[s] and backwardCost[s] for stage s, e.g. measured
+// medians. With uneven stages the bubble is what that imbalance costs under
+// free communication, so a measured bubble minus this is what the transfers
+// and the executor cost. One positive cost per stage each
+// (InvalidArgumentError otherwise).
+double idealBubble(const Schedule& schedule, std::span<const double> forwardCost,
+                   std::span<const double> backwardCost);
 
 struct ScheduleReport {
   std::vector<int> peakActivations;  // per stage

@@ -148,6 +148,29 @@ TEST_CASE("interleavedOneFOneB with one chunk is 1F1B, and chunks without two st
   CHECK(contains(errorOf(one), "2 chunks need at least 2 stages"));
 }
 
+TEST_CASE("the ideal bubble with each stage's own costs: equal costs as before, a slower last stage by formula") {
+  // Equal per-action costs give the scalar form (whose costs are per stage, split over its V chunks).
+  for (int v : {1, 2}) {
+    const auto sched = v == 1 ? oneFOneB(3, 6) : interleavedOneFOneB(3, v, 6);
+    const std::vector<double> f(3, 1.5 / v), b(3, 2.5 / v);
+    CHECK(idealBubble(sched, f, b) == doctest::Approx(idealBubble(sched, 1.5, 2.5)).epsilon(1e-12));
+  }
+  // GPipe, P = 2, stage 1 slower in both directions: stage 1 runs its M forwards from f0 on, then its
+  // M backwards; stage 0's last backward follows stage 1's last: the step ends at
+  // f0 + M·f1 + M·b1 + b0, and the stages were busy M·(f0 + b0) and M·(f1 + b1).
+  const double f0 = 1.0, b0 = 2.0, f1 = 1.3, b1 = 2.4;
+  for (int m : {1, 2, 4, 8}) {
+    CAPTURE(m);
+    const double end = f0 + m * f1 + m * b1 + b0;
+    const double want = 1.0 - (m * (f0 + b0) + m * (f1 + b1)) / (2.0 * end);
+    const std::vector<double> f{f0, f1}, b{b0, b1};
+    CHECK(idealBubble(gpipe(2, m), f, b) == doctest::Approx(want).epsilon(1e-12));
+  }
+  const std::vector<double> one{1.0}, two{1.0, 2.0}, bad{1.0, 0.0};
+  CHECK_THROWS_AS(idealBubble(gpipe(2, 2), one, two), InvalidArgumentError);
+  CHECK_THROWS_AS(idealBubble(gpipe(2, 2), two, bad), InvalidArgumentError);
+}
+
 TEST_CASE("the ideal bubble: (P - 1)/(M + P - 1) for GPipe and 1F1B, (P - 1)/(V·M + P - 1) interleaved for M >= P") {
   for (int p = 1; p <= 8; ++p) {
     for (int m : kMicrobatches) {
