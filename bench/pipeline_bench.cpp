@@ -30,10 +30,10 @@
 //
 //   pipeline_bench [--quick] [--steps N] [--trace PATH] [--mlp-batch N] [--gpt-context N] [--no-bind]
 //
-// A job of at most as many processes as there are CPUs binds each process to its own slice of
-// them, as `weftrun --bind-cpus` does (tools/weftrun/cpu_binding.h): the 2-stage pipelines here,
-// not the P = 4 ones on 2 cores nor the 3-process Pipe jobs. --no-bind leaves every process on
-// every CPU, for comparison.
+// A pipeline job of at most as many processes as there are CPUs binds each process to its own
+// slice of them, as `weftrun --bind-cpus` does (tools/weftrun/cpu_binding.h): the 2-stage
+// pipelines here and their vanilla baseline, not the P = 4 ones on 2 cores nor the Pipe jobs
+// (whose controller mostly waits). --no-bind leaves every process on every CPU, for comparison.
 //
 // The P = 4 runs put four processes on the cores there are: where there are fewer than four, the
 // stages take turns on them and the measured bubble says so (on 2 cores at most two of four
@@ -286,14 +286,14 @@ struct RunResult {
 // Runs `world` processes of this program with `args` (after argv[0]), placed as ranks of one job
 // whose store is on a free port; returns rank 0's standard output once all have exited, or throws
 // naming `what` when one failed.
-std::string spawnJob(const std::vector<std::string>& args, int world, const std::string& what) {
+std::string spawnJob(const std::vector<std::string>& args, int world, const std::string& what, bool bind) {
   const uint16_t port = weft::bench::freePort();
   int pipeFds[2];
   if (::pipe(pipeFds) != 0) fail(weft::bench::errnoText("pipe"));
   std::vector<pid_t> pids;
   const pid_t parent = ::getpid();
   std::vector<std::vector<int>> shares;
-  if (gBind && world <= static_cast<int>(std::thread::hardware_concurrency())) {
+  if (bind && gBind && world <= static_cast<int>(std::thread::hardware_concurrency())) {
     try {
       shares = weft::weftrun::cpuShares(world);
     } catch (const std::exception&) {
@@ -356,7 +356,7 @@ RunResult runJob(const std::string& model, int stages, int m, const std::string&
   const std::string line = spawnJob({"--worker", model, std::to_string(stages), std::to_string(m), schedule,
                                      std::to_string(steps), tracePath.empty() ? "-" : tracePath,
                                      std::to_string(gMlpBatch), std::to_string(gGptContext)},
-                                    stages, what);
+                                    stages, what, /*bind=*/true);
   RunResult r;
   char peaks[1024] = {0};
   if (std::sscanf(line.c_str(), "result bubble %lf step_ms %lf tokens_per_s %lf sim %lf peak_bytes %1000s",
@@ -378,7 +378,7 @@ double runPipeJob(int stages, int m, int steps) {
   const std::string what = "Pipe stages=" + std::to_string(stages) + " M=" + std::to_string(m);
   const std::string line =
       spawnJob({"--pipe-worker", std::to_string(m), std::to_string(steps), std::to_string(gMlpBatch)}, stages + 1,
-               what);
+               what, /*bind=*/false);
   double rowsPerS = 0;
   if (std::sscanf(line.c_str(), "result rows_per_s %lf", &rowsPerS) != 1) fail(what + ": no result line: " + line);
   return rowsPerS;
@@ -389,7 +389,7 @@ double largest(const std::vector<double>& v) { return *std::max_element(v.begin(
 int runCoordinator(bool quick, int steps, const std::string& tracePath) {
   std::printf("pipeline_bench: %u CPUs, load average %s, %d timed steps per run after 2 warm-up steps\n",
               std::thread::hardware_concurrency(), weft::bench::loadAverage().c_str(), steps);
-  std::printf("processes bound to CPUs: %s\n",
+  std::printf("pipeline stages bound to CPUs: %s\n",
               gBind ? "yes, in jobs of at most one process per CPU (--no-bind: no)" : "no (--no-bind)");
 
   std::printf("\n1. bubble, an MLP of %d x Linear(%lld, %lld)+tanh, batch %lld; 1f1b and interleaved 1F1B "
