@@ -2,7 +2,6 @@
 // weftrun_probe helper), every run bounded in time, and every probe process
 // checked gone afterwards.
 #include <doctest/doctest.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "affinity.h"
 #include "subprocess.h"
 #include "tools/weftrun/free_port.h"
 
@@ -473,13 +473,8 @@ TEST_CASE("the ranks die with weftrun when weftrun itself is killed with SIGKILL
 }
 
 TEST_CASE("--bind-cpus binds each rank to its own CPUs and gives it as many kernel threads") {
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
-  std::vector<int> all;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &mask)) all.push_back(c);
-  }
+  const std::vector<int> all = weft::testing::thisProcessCpus();
+  REQUIRE_FALSE(all.empty());
   const int ranks = std::min<int>(2, static_cast<int>(all.size()));
   Subprocess p(weftrun({"-n", std::to_string(ranks), "--bind-cpus", "--tag-output", kProbe, "env"}));
   auto r = p.wait(kRunLimit);

@@ -4,8 +4,7 @@
 #include <string>
 #include <vector>
 
-#include <sched.h>
-
+#include "affinity.h"
 #include "tools/weftrun/cpu_binding.h"
 #include "tools/weftrun/line_tagger.h"
 #include "tools/weftrun/options.h"
@@ -145,13 +144,8 @@ TEST_CASE("weftrun --bind-cpus: parsed, and the CPUs cut into disjoint slices as
   CHECK_FALSE(parseOptions({"-n", "2", "p"}).bindCpus);
   CHECK(parseOptions({"-n", "2", "--bind-cpus", "p"}).bindCpus);
   CHECK_THROWS_AS(parseOptions({"-n", "2", "--bind-cpus=yes", "p"}), UsageError);
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
-  std::vector<int> all;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &mask)) all.push_back(c);
-  }
+  const std::vector<int> all = weft::testing::thisProcessCpus();
+  REQUIRE_FALSE(all.empty());
   const int count = static_cast<int>(all.size());
   for (int ranks = 1; ranks <= count; ++ranks) {
     CAPTURE(ranks);
