@@ -4,9 +4,9 @@
 //  1. Bubble: an MLP of 8 equal blocks (Linear(384, 384) + tanh), 2048 rows per step
 //     (--mlp-batch), cut into P = 2 and 4 stages, trained with M = 1, 2, 4, 8, 16 micro-batches
 //     (of 2048 down to 128 rows) under 1F1B and under interleaved 1F1B with V = 2 chunks per
-//     stage (the MLP cut into 2P pieces); the measured bubble (per stage, the share of the step
-//     not spent in forward or backward, averaged over the stages; the median over the timed
-//     steps) beside the theory: pipeline::idealBubble of the schedule (backward twice the
+//     stage (the MLP cut into 2P pieces); the measured bubble (per stage, the share of the
+//     pipeline's step, its longest stage's, not spent in forward or backward, averaged over the
+//     stages; the median over the timed steps) beside the theory: pipeline::idealBubble of the schedule (backward twice the
 //     forward, free communication), which is (P - 1) / (M + P - 1) for 1F1B and
 //     (P - 1) / (V·M + P - 1) for the interleaved schedule at M >= P; "diff" is measured - theory.
 //     "sim" is the schedule's bubble with each stage's measured median forward and backward and
@@ -195,14 +195,16 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
       if (e.kind == pipeline::ActionKind::Forward) forwardUs.push_back(e.endUs - e.startUs);
       if (e.kind == pipeline::ActionKind::Backward) backwardUs.push_back(e.endUs - e.startUs);
     }
-    // Every stage's bubble of this step, averaged on rank 0.
-    std::vector<double> mineStats{1.0 - st.computeSeconds / st.stepSeconds, st.stepSeconds};
+    // The stages start each step together (the gather below ends the one before), so the step
+    // of the pipeline is its longest stage's; each stage's bubble is the share of that it did not
+    // compute, as in pipeline::idealBubble. (A stage's own step would leave out the time a stage
+    // that finished early waits for the others.)
+    std::vector<double> mineStats{st.computeSeconds, st.stepSeconds};
     auto all = weft::collectives::allGatherObject(*pg, mineStats);
-    double bubble = 0, longest = 0;
-    for (const auto& a : all) {
-      bubble += a[0] / stages;
-      longest = std::max(longest, a[1]);
-    }
+    double longest = 0;
+    for (const auto& a : all) longest = std::max(longest, a[1]);
+    double bubble = 0;
+    for (const auto& a : all) bubble += (1.0 - a[0] / longest) / stages;
     bubbles.push_back(bubble);
     stepSeconds.push_back(longest);
   }
