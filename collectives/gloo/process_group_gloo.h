@@ -71,8 +71,8 @@
 // receiver's request for it, and on CPUs that the processes keep busy
 // (pipeline stages bound to their cores, weftrun --bind-cpus) that thread
 // runs only when its process waits or yields, up to one compute action later
-// (measured: the 2-stage pipeline's bubble at M = 8 and 16, 0.13-0.19 above
-// theory with 16 KiB inline, 0.05-0.09 with 1 MiB; bench/pipeline_bench).
+// (bench/pipeline_bench: with 16 KiB inline the bound 2-stage pipeline's
+// bubble at M = 8 and 16 was 0.06-0.10 higher than with 1 MiB).
 //
 // Timeouts. GlooOptions::timeout bounds each op from the moment it starts
 // running (a collective waiting behind others in the queue is not yet timed). A
