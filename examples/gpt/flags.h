@@ -26,7 +26,7 @@ struct Flags {
   std::string precision = "float32";  // float32, or bf16: products in bfloat16 (tensor/autocast.h)
   std::string device = "cpu";          // cpu, cuda or cuda:N: where the one-process model trains
   // The optimisation.
-  int64_t steps = 600;
+  int64_t steps = 1500;
   int64_t batchSize = 16;
   double lr = 1e-3;      // the peak, reached at the end of the warm-up
   double minLr = 1e-4;   // the end of the cosine decay

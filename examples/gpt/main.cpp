@@ -6,7 +6,7 @@
 // with a text sample continuing a fixed prompt. --save PATH writes the trained model (the whole of
 // it, whatever the layout: nn::GPT's state dict) and --load PATH starts from such a file.
 //
-//   ./build/examples/gpt/gpt [--layers 4] [--heads 4] [--width 128] [--block 128] [--steps 600]
+//   ./build/examples/gpt/gpt [--layers 4] [--heads 4] [--width 128] [--block 128] [--steps 1500]
 //       [--batch-size 16] [--lr 1e-3] [--checkpoint none] [--precision float32] [--seed 0]
 //       [--metrics gpt_metrics.csv] ...
 //   ./build/tools/weftrun/weftrun -n 4 ./build/examples/gpt/gpt --dp 2 --tp 2 ...
