@@ -63,6 +63,7 @@
 #include "mesh_layout.h"
 #include "nn/transformer.h"
 #include "pipeline/executor.h"
+#include "pipeline_layout.h"
 #include "pipeline/stage.h"
 #include "tensor/autograd.h"
 #include "tensor/generator.h"
@@ -110,36 +111,27 @@ class FullyShardedPipeline final : public Layout {
                  " is not supported with --fsdp");
     // As pipeline_layout.h's mesh: world rank ((d·P + s)·S + q)·T + t is tp rank t of sp rank q of
     // stage s of replica d.
-    std::vector<collectives::MeshDim> dims{{"dp", static_cast<int>(f.dp)}, {"pp", static_cast<int>(f.pp)}};
-    for (const collectives::MeshDim& d : sequenceParallelDims(f)) dims.push_back(d);
-    if (f.tp > 1 || f.sp > 1) dims.push_back({"tp", static_cast<int>(f.tp)});
-    mesh_ = std::make_unique<collectives::Mesh>(*world_, std::move(dims));
+    mesh_ = std::make_unique<collectives::Mesh>(*world_, pipelineMeshDims(f));
     makeSpGroups(f, *mesh_, ulysses_, ring_);
     pp_ = &mesh_->group("pp");
     dp_ = &mesh_->group("dp");
     const int stages = pp_->size();
     stage_ = pp_->rank();
-    const int chunks = f.schedule == "interleaved" ? 2 : 1;
+    const int chunks = pipelineChunks(f);
     // The whole model, the one-process run's (layout.h); this process keeps its stages.
     std::shared_ptr<nn::GPT> model = initialModel(f, config_);
     numParameters_ = model->numParameters();
     std::shared_ptr<nn::Sequential> layers;
     if (f.tp > 1 || f.sp > 1) {
-      // The parallel layers initialise from the default generator before they load the whole
-      // model's weights: its state, the run's dropout stream, is kept.
-      const GeneratorState dropoutState = defaultGenerator().state();
-      tp_ = std::make_shared<collectives::TpGroup>(mesh_->group("tp"));
-      if (f.sp > 1) sp_ = spOptionsOf(ulysses_.get(), ring_.get());
-      tpModel_ = std::make_shared<collectives::TensorParallelGPT>(tp_, config_, sp_);
-      tpModel_->loadFrom(*model);
-      defaultGenerator().setState(dropoutState);
+      TensorParallelStages parallel = tensorParallelStages(f, *mesh_, *model, config_, ulysses_.get(), ring_.get());
+      tp_ = parallel.tp;
+      sp_ = parallel.sp;
+      tpModel_ = parallel.model;
       layers = pipeline::gptLayers(tpModel_);
     } else {
       layers = pipeline::gptLayers(model);
     }
-    WEFT_ENFORCE(static_cast<int>(layers->size()) >= stages * chunks, InvalidArgumentError, "gpt: --pp ", stages,
-                 chunks > 1 ? " interleaved needs " : " needs ", stages * chunks, " pieces of ", layers->size(),
-                 " layers (embedding, ", f.layers, " blocks, head)");
+    checkPipelineCut(*layers, stages, chunks, f);
     cuts_ = pipeline::cutsByParameterCount(*layers, stages * chunks);
     const auto modelStages = pipeline::splitSequential(*layers, cuts_);
     // Model stage c·P + s is stage s's chunk c.
@@ -186,18 +178,8 @@ class FullyShardedPipeline final : public Layout {
       tiedNumel_ = wte.numel();
     }
     countNormElements(wte);
-    pipeline::Schedule schedule = f.schedule == "gpipe" ? pipeline::gpipe(stages, f.microbatches)
-                                  : chunks > 1          ? pipeline::interleavedOneFOneB(stages, chunks, f.microbatches)
-                                                        : pipeline::oneFOneB(stages, f.microbatches);
-    pipeline::LossFn loss = [](const Tensor& logits, const Tensor& y) {
-      return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
-    };
-    if (tpModel_) {
-      // The last stage's logits are this tp rank's vocabulary slice, of its sp rank's tokens.
-      loss = [model = tpModel_](const Tensor& logits, const Tensor& y) { return model->lossOfLogits(logits, y); };
-    }
     executor_ = std::make_unique<pipeline::PipelineExecutor>(
-        *pp_, mine, std::move(schedule), std::move(loss),
+        *pp_, mine, pipelineSchedule(f, stages, chunks), pipelineLoss(tpModel_),
         pipeline::ExecutorOptions{.tied = {}, .dataParallel = nullptr, .checkpoint = f.checkpoint != "none"});
     std::vector<collectives::FullyShardedDataParallel*> wrappers;
     for (const auto& w : fsdps_) wrappers.push_back(w.get());

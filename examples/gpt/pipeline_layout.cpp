@@ -53,49 +53,31 @@ class Pipelined final : public Layout {
                  " must be divisible by --microbatches ", f.microbatches);
     // Tensor parallelism innermost, sequence parallelism outside it: world rank ((d·P + s)·S + q)·T
     // + t is tp rank t of sp rank q of stage s of replica d.
-    std::vector<collectives::MeshDim> dims{{"dp", static_cast<int>(f.dp)}, {"pp", static_cast<int>(f.pp)}};
-    for (const collectives::MeshDim& d : sequenceParallelDims(f)) dims.push_back(d);
-    if (f.tp > 1 || f.sp > 1) dims.push_back({"tp", static_cast<int>(f.tp)});
-    mesh_ = std::make_unique<collectives::Mesh>(*world_, std::move(dims));
+    mesh_ = std::make_unique<collectives::Mesh>(*world_, pipelineMeshDims(f));
     makeSpGroups(f, *mesh_, ulysses_, ring_);
     pg_ = &mesh_->group("pp");
     const int stages = pg_->size();
     stage_ = pg_->rank();
-    const int chunks = f.schedule == "interleaved" ? 2 : 1;
+    const int chunks = pipelineChunks(f);
     if (f.tp > 1 || f.sp > 1) {
-      // The parallel layers initialise from the default generator before they load the whole
-      // model's weights: its state, the run's dropout stream, is kept.
-      const GeneratorState dropoutState = defaultGenerator().state();
-      tp_ = std::make_shared<collectives::TpGroup>(mesh_->group("tp"));
-      if (f.sp > 1) sp_ = spOptionsOf(ulysses_.get(), ring_.get());
-      tpModel_ = std::make_shared<collectives::TensorParallelGPT>(tp_, modelConfigFor(f), sp_);
-      tpModel_->loadFrom(*model_);
-      defaultGenerator().setState(dropoutState);
+      TensorParallelStages parallel =
+          tensorParallelStages(f, *mesh_, *model_, modelConfigFor(f), ulysses_.get(), ring_.get());
+      tp_ = parallel.tp;
+      sp_ = parallel.sp;
+      tpModel_ = parallel.model;
       layers_ = pipeline::gptLayers(tpModel_);
     } else {
       layers_ = pipeline::gptLayers(model_);
     }
-    WEFT_ENFORCE(static_cast<int>(layers_->size()) >= stages * chunks, InvalidArgumentError, "gpt: --pp ", stages,
-                 chunks > 1 ? " interleaved needs " : " needs ", stages * chunks, " pieces of ", layers_->size(),
-                 " layers (embedding, ", f.layers, " blocks, head)");
+    checkPipelineCut(*layers_, stages, chunks, f);
     // Model stage c·P + s is stage s's chunk c.
     stages_ = pipeline::splitSequential(*layers_, pipeline::cutsByParameterCount(*layers_, stages * chunks));
     std::vector<std::shared_ptr<nn::Module>> mine;
     for (int c = 0; c < chunks; ++c) mine.push_back(stages_[static_cast<size_t>(c * stages + stage_)]);
     tied_ = tpModel_ ? pipeline::gptTiedParameters(*tpModel_, stage_, stages)
                      : pipeline::gptTiedParameters(*model_, stage_, stages);
-    pipeline::Schedule schedule = f.schedule == "gpipe" ? pipeline::gpipe(stages, f.microbatches)
-                                  : chunks > 1          ? pipeline::interleavedOneFOneB(stages, chunks, f.microbatches)
-                                                        : pipeline::oneFOneB(stages, f.microbatches);
-    pipeline::LossFn loss = [](const Tensor& logits, const Tensor& y) {
-      return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
-    };
-    if (tpModel_) {
-      // The last stage's logits are this tp rank's vocabulary slice, of its sp rank's tokens.
-      loss = [model = tpModel_](const Tensor& logits, const Tensor& y) { return model->lossOfLogits(logits, y); };
-    }
     executor_ = std::make_unique<pipeline::PipelineExecutor>(
-        *pg_, mine, std::move(schedule), std::move(loss),
+        *pg_, mine, pipelineSchedule(f, stages, chunks), pipelineLoss(tpModel_),
         pipeline::ExecutorOptions{.tied = tied_,
                                   .dataParallel = f.dp > 1 ? &mesh_->group("dp") : nullptr,
                                   .checkpoint = f.checkpoint != "none"});
@@ -262,5 +244,48 @@ class Pipelined final : public Layout {
 }  // namespace
 
 std::unique_ptr<Layout> makePipelineLayout(const Flags& flags) { return std::make_unique<Pipelined>(flags); }
+
+std::vector<collectives::MeshDim> pipelineMeshDims(const Flags& f) {
+  std::vector<collectives::MeshDim> dims{{"dp", static_cast<int>(f.dp)}, {"pp", static_cast<int>(f.pp)}};
+  for (const collectives::MeshDim& d : sequenceParallelDims(f)) dims.push_back(d);
+  if (f.tp > 1 || f.sp > 1) dims.push_back({"tp", static_cast<int>(f.tp)});
+  return dims;
+}
+
+int pipelineChunks(const Flags& f) { return f.schedule == "interleaved" ? 2 : 1; }
+
+TensorParallelStages tensorParallelStages(const Flags& f, collectives::Mesh& mesh, const nn::GPT& whole,
+                                          const nn::GPTConfig& config, collectives::SpGroup* ulysses,
+                                          collectives::SpGroup* ring) {
+  const GeneratorState dropoutState = defaultGenerator().state();
+  TensorParallelStages out;
+  out.tp = std::make_shared<collectives::TpGroup>(mesh.group("tp"));
+  if (f.sp > 1) out.sp = spOptionsOf(ulysses, ring);
+  out.model = std::make_shared<collectives::TensorParallelGPT>(out.tp, config, out.sp);
+  out.model->loadFrom(whole);
+  defaultGenerator().setState(dropoutState);
+  return out;
+}
+
+void checkPipelineCut(const nn::Sequential& layers, int stages, int chunks, const Flags& f) {
+  WEFT_ENFORCE(static_cast<int>(layers.size()) >= stages * chunks, InvalidArgumentError, "gpt: --pp ", stages,
+               chunks > 1 ? " interleaved needs " : " needs ", stages * chunks, " pieces of ", layers.size(),
+               " layers (embedding, ", f.layers, " blocks, head)");
+}
+
+pipeline::Schedule pipelineSchedule(const Flags& f, int stages, int chunks) {
+  if (f.schedule == "gpipe") return pipeline::gpipe(stages, f.microbatches);
+  return chunks > 1 ? pipeline::interleavedOneFOneB(stages, chunks, f.microbatches)
+                    : pipeline::oneFOneB(stages, f.microbatches);
+}
+
+pipeline::LossFn pipelineLoss(std::shared_ptr<collectives::TensorParallelGPT> tpModel) {
+  if (tpModel) {
+    return [model = std::move(tpModel)](const Tensor& logits, const Tensor& y) { return model->lossOfLogits(logits, y); };
+  }
+  return [](const Tensor& logits, const Tensor& y) {
+    return crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+  };
+}
 
 }  // namespace weft::examples::gpt

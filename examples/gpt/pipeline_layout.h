@@ -29,11 +29,52 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <vector>
 
+#include "collectives/mesh.h"
+#include "collectives/sequence_parallel.h"
+#include "collectives/tensor_parallel.h"
+#include "collectives/tensor_parallel_gpt.h"
 #include "layout.h"
+#include "nn/transformer.h"
+#include "pipeline/executor.h"
+#include "pipeline/schedule.h"
 
 namespace weft::examples::gpt {
 
 std::unique_ptr<Layout> makePipelineLayout(const Flags& flags);
+
+// ---- what this layout and the fully sharded pipeline (fsdp_pipeline_layout.cpp) build alike ----
+
+// The mesh dimensions above: {dp, pp}, then --sp's (sequenceParallelDims), then {tp} with --tp or
+// --sp.
+std::vector<collectives::MeshDim> pipelineMeshDims(const Flags& flags);
+
+// The pieces of the model a stage runs: 2 under --schedule interleaved, else 1.
+int pipelineChunks(const Flags& flags);
+
+// With --tp or --sp: this rank's TensorParallelGPT over the mesh's tp group (given the sp groups'
+// SpOptions with --sp; ulysses and ring as makeSpGroups made them), loaded with `whole`'s weights;
+// the default generator's state, the run's dropout stream, is kept across the parallel layers'
+// own initialisation.
+struct TensorParallelStages {
+  std::shared_ptr<collectives::TpGroup> tp;
+  std::optional<collectives::SpOptions> sp;
+  std::shared_ptr<collectives::TensorParallelGPT> model;
+};
+TensorParallelStages tensorParallelStages(const Flags& flags, collectives::Mesh& mesh, const nn::GPT& whole,
+                                          const nn::GPTConfig& config, collectives::SpGroup* ulysses,
+                                          collectives::SpGroup* ring);
+
+// InvalidArgumentError unless `layers` has at least stages·chunks layers to cut into pieces.
+void checkPipelineCut(const nn::Sequential& layers, int stages, int chunks, const Flags& flags);
+
+// --schedule's schedule of `stages` stages, `chunks` pieces each, and --microbatches.
+pipeline::Schedule pipelineSchedule(const Flags& flags, int stages, int chunks);
+
+// The last stage's loss: the mean cross-entropy of its logits, or with `tpModel` (--tp or --sp)
+// TensorParallelGPT::lossOfLogits over this tp rank's vocabulary slice of its sp rank's tokens.
+pipeline::LossFn pipelineLoss(std::shared_ptr<collectives::TensorParallelGPT> tpModel);
 
 }  // namespace weft::examples::gpt
