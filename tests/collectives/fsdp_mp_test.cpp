@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "captured_text.h"
+#include "collectives/zero_helpers/tiny_gpt_job.h"
 #include "mp_job.h"
 
 using namespace std::chrono_literals;
@@ -35,7 +36,7 @@ void checkWorld(int world) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO("rank " << r << "\n" << out);
     const double psi = static_cast<double>(numberAfter(out, rankPrefix(r) + "numel "));
-    REQUIRE(psi == 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
+    REQUIRE(psi == weft::testing::zero::kTinyGptParameters);
     const double held = static_cast<double>(rankField(out, r, "mem fsdp", "held"));
     const double padding = static_cast<double>(rankField(out, r, "mem fsdp", "padding"));
     MESSAGE("N=" << world << " rank " << r << " held " << held << " (" << held / psi << " B/param; 16/N = " << 16 / n

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "captured_text.h"
+#include "collectives/zero_helpers/tiny_gpt_job.h"
 #include "mp_job.h"
 
 using namespace std::chrono_literals;
@@ -51,7 +52,7 @@ void checkWorld(int world) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO("rank " << r << "\n" << out);
     const double psi = static_cast<double>(numberAfter(out, rankPrefix(r) + "numel "));
-    REQUIRE(psi == 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
+    REQUIRE(psi == weft::testing::zero::kTinyGptParameters);
     auto field = [&](const char* method, const char* key) {
       return static_cast<double>(rankField(out, r, std::string("mem ") + method, key));
     };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "captured_text.h"
+#include "collectives/zero_helpers/tiny_gpt_job.h"
 #include "mp_job.h"
 
 using namespace std::chrono_literals;
@@ -37,8 +38,7 @@ void checkWorld(int world) {
     const std::string& out = results[static_cast<size_t>(r)].out;
     INFO("rank " << r << "\n" << out);
     const double psi = static_cast<double>(numberAfter(out, rankPrefix(r) + "numel "));
-    // tiny GPT: V·C + T·C + L·(12·C² + 13·C) + 2·C with V 64, T 16, L 2, C 32.
-    REQUIRE(psi == 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
+    REQUIRE(psi == weft::testing::zero::kTinyGptParameters);
     const double ddp = static_cast<double>(rankField(out, r, "mem", "held"));
     const double zero1 = static_cast<double>(rankField(out, r, "mem zero1", "held"));
     const double zero2 = static_cast<double>(rankField(out, r, "mem zero2", "held"));

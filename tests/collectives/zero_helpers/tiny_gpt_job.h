@@ -20,13 +20,20 @@
 
 namespace weft::testing::zero {
 
+inline constexpr int64_t kTinyVocab = 64, kTinyBlock = 16, kTinyLayers = 2, kTinyWidth = 32;
+// Its parameter count by the GPT's formula (the tests check the workers' count against it):
+// V·C + T·C + L·(12·C² + 13·C) + 2·C.
+inline constexpr int64_t kTinyGptParameters = kTinyVocab * kTinyWidth + kTinyBlock * kTinyWidth +
+                                              kTinyLayers * (12 * kTinyWidth * kTinyWidth + 13 * kTinyWidth) +
+                                              2 * kTinyWidth;
+
 inline std::shared_ptr<nn::GPT> tinyGpt() {
   nn::GPTConfig c;
-  c.vocabSize = 64;
-  c.blockSize = 16;
-  c.layers = 2;
+  c.vocabSize = kTinyVocab;
+  c.blockSize = kTinyBlock;
+  c.layers = kTinyLayers;
   c.heads = 2;
-  c.width = 32;
+  c.width = kTinyWidth;
   Generator init(11);
   return std::make_shared<nn::GPT>(c, &init);
 }
@@ -34,8 +41,8 @@ inline std::shared_ptr<nn::GPT> tinyGpt() {
 // Rank `rank`'s inputs and targets at `step`: [4, 16] token ids of its own.
 inline std::pair<Tensor, Tensor> batch(int rank, int step) {
   Generator gen(900 + static_cast<uint64_t>(rank) * 37 + static_cast<uint64_t>(step));
-  Tensor idx = randint(0, 64, {4, 16}, {.dtype = DType::Int64}, &gen);
-  Tensor targets = randint(0, 64, {4, 16}, {.dtype = DType::Int64}, &gen);
+  Tensor idx = randint(0, kTinyVocab, {4, kTinyBlock}, {.dtype = DType::Int64}, &gen);
+  Tensor targets = randint(0, kTinyVocab, {4, kTinyBlock}, {.dtype = DType::Int64}, &gen);
   return {idx, targets};
 }
 
