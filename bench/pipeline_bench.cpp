@@ -70,6 +70,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/pipe.h"
 #include "tools/weftrun/cpu_binding.h"
+#include "tools/weftrun/options.h"
 #include "rpc/agent.h"
 #include "tensor/ops.h"
 
@@ -295,11 +296,11 @@ std::string spawnJob(const std::vector<std::string>& args, int world, const std:
   std::vector<pid_t> pids;
   const pid_t parent = ::getpid();
   std::vector<std::vector<int>> shares;
-  if (bind && gBind && world <= static_cast<int>(std::thread::hardware_concurrency())) {
+  if (bind && gBind) {
     try {
       shares = weft::weftrun::cpuShares(world);
-    } catch (const std::exception&) {
-      shares.clear();  // fewer CPUs in this process's mask than processes: leave them unbound
+    } catch (const weft::weftrun::UsageError&) {
+      // Fewer CPUs in this process's mask than processes (P = 4 on 2 CPUs): leave them unbound.
     }
   }
   std::fflush(nullptr);

@@ -120,8 +120,8 @@ GemmBlocks gemmBlocks(int64_t m, int64_t n, int64_t k) {
 // where the CPU has it, unless they are too thin for its 12 x 32 tiles to
 // pay (a matrix-vector product, a few rows): those, and every product on
 // other CPUs, go to OpenBLAS. The choice depends on the shape alone.
-bool useOwnSgemm(int64_t m, int64_t n, int64_t k) {
-  return m >= kOwnSgemmMinRows && n >= kOwnSgemmMinCols && ownSgemmAvailable() && k >= 1;
+bool useOwnSgemm(int64_t m, int64_t n) {
+  return m >= kOwnSgemmMinRows && n >= kOwnSgemmMinCols && ownSgemmAvailable();
 }
 
 // One product, cut into its blocks (gemmBlocks), one BLAS call per block,
@@ -139,7 +139,7 @@ void gemmTyped(const MatrixOperand& a, const T* pa, const MatrixOperand& b, cons
   int64_t ldb = b.trans ? normalizedLd(b, n, k) : normalizedLd(b, k, n);
   ldc = std::max<int64_t>(ldc, std::max<int64_t>(n, 1));
   if constexpr (std::is_same_v<T, float>) {
-    if (useOwnSgemm(m, n, k)) {
+    if (useOwnSgemm(m, n)) {  // k >= 1 here
       ownSgemm(a.trans, b.trans, m, n, k, alpha, pa, lda, pb, ldb, beta, c, ldc);
       return;
     }
