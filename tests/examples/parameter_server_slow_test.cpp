@@ -140,16 +140,21 @@ double trainedAccuracy(int trainers, const std::string& mode, int batches) {
 }  // namespace
 
 TEST_CASE("four trainers of the parameter server train as well as one for the same number of batches in all") {
-  // 300 batches in all: one trainer alone, then four trainers of 75 each in
+  // 600 batches in all: one trainer alone, then four trainers of 150 each in
   // either update mode. Full epochs give 0.867 alone, 0.853 (serialized) and
-  // 0.868 (snapshot) with four; these short runs reach about 0.75-0.78.
-  const double alone = trainedAccuracy(1, "serialized", 300);
-  CHECK(alone >= 0.6);
-  for (const char* mode : {"serialized", "snapshot"}) {
+  // 0.868 (snapshot) with four. These shorter runs give 0.828 alone and
+  // 0.80-0.82 with four, which varies with how the trainers' updates
+  // interleave; at 300 batches the accuracy still climbs steeply and four
+  // trainers scattered over 0.70-0.81 around 0.755 alone. "As well as" is a
+  // lower bound: four trainers doing better than one is no failure.
+  const double alone = trainedAccuracy(1, "serialized", 600);
+  CHECK(alone >= 0.7);
+  for (const std::string mode : {"serialized", "snapshot"}) {
     CAPTURE(mode);
-    const double four = trainedAccuracy(4, mode, 75);
-    CHECK(four >= 0.6);
-    CHECK(std::abs(four - alone) <= 0.05);
+    const double four = trainedAccuracy(4, mode, 150);
+    CAPTURE(four);
+    CAPTURE(alone);
+    CHECK(four >= alone - 0.05);
   }
 }
 
