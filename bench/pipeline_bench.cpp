@@ -14,7 +14,11 @@
 //     what uneven stages cost (the last stage also computes the loss; backward is not exactly
 //     twice the forward). "transfers" is measured - sim: what the transfers and the executor
 //     cost, the more the smaller the micro-batches (--mlp-batch 256 gives actions of a tenth of a
-//     millisecond).
+//     millisecond). Of that, "calls" is the share of the step the stages' own threads spent in
+//     the transfers' calls and the yields between actions (StepStats::transferSeconds, averaged
+//     over the stages), and "call_us" the same per transfer in microseconds; the rest is time
+//     the stages' other threads (Gloo's loop thread, the transfers' waiter threads) took from
+//     their CPU and the transfers' latency on the schedule's critical path.
 //  2. Memory: the peak activation memory per stage (StepStats::activationBytes: tensor bytes live
 //     above the step's start, sampled after each forward), GPipe against 1F1B at M = 8 (goal:
 //     1F1B <= (P/M + 0.1) x GPipe, the largest stage), GPipe with activation checkpointing, and
@@ -177,7 +181,7 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
   }
 
   constexpr int kWarmup = 2;
-  std::vector<double> bubbles, stepSeconds;
+  std::vector<double> bubbles, stepSeconds, callShares, callUs;
   std::vector<double> forwardUs, backwardUs;  // this stage's actions over the timed steps
   double peakBytes = 0;
   Clock::time_point t0;
@@ -200,14 +204,21 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
     // of the pipeline is its longest stage's; each stage's bubble is the share of that it did not
     // compute, as in pipeline::idealBubble. (A stage's own step would leave out the time a stage
     // that finished early waits for the others.)
-    std::vector<double> mineStats{st.computeSeconds, st.stepSeconds};
+    std::vector<double> mineStats{st.computeSeconds, st.stepSeconds, st.transferSeconds,
+                                  static_cast<double>(st.transfers)};
     auto all = weft::collectives::allGatherObject(*pg, mineStats);
     double longest = 0;
     for (const auto& a : all) longest = std::max(longest, a[1]);
-    double bubble = 0;
-    for (const auto& a : all) bubble += (1.0 - a[0] / longest) / stages;
+    double bubble = 0, share = 0, us = 0;
+    for (const auto& a : all) {
+      bubble += (1.0 - a[0] / longest) / stages;
+      share += a[2] / longest / stages;
+      us += (a[3] > 0 ? a[2] / a[3] * 1e6 : 0.0) / stages;
+    }
     bubbles.push_back(bubble);
     stepSeconds.push_back(longest);
+    callShares.push_back(share);
+    callUs.push_back(us);
   }
   pg->barrier().wait();
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -237,9 +248,9 @@ int runWorker(const std::string& model, int stages, int m, const std::string& sc
       if (!p.empty()) p += ',';
       p += std::to_string(static_cast<long long>(b));
     }
-    std::printf("result bubble %.4f step_ms %.2f tokens_per_s %.1f sim %.4f peak_bytes %s\n", median(bubbles),
-                median(stepSeconds) * 1e3, static_cast<double>(tokensPerStep) * steps / elapsed, simulated,
-                p.c_str());
+    std::printf("result bubble %.4f step_ms %.2f tokens_per_s %.1f sim %.4f calls %.4f call_us %.1f peak_bytes %s\n",
+                median(bubbles), median(stepSeconds) * 1e3, static_cast<double>(tokensPerStep) * steps / elapsed,
+                simulated, median(callShares), median(callUs), p.c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -283,6 +294,8 @@ int runPipeWorker(int m, int steps) {
 struct RunResult {
   double bubble = 0, stepMs = 0, tokensPerS = 0;
   double simulated = 0;  // the schedule's bubble with the measured action times, free transfers
+  double calls = 0;      // the stages' share of the step in transfer calls and yields (StepStats::transferSeconds)
+  double callUs = 0;     // the same per transfer, microseconds
   std::vector<double> peakBytes;
 };
 
@@ -362,8 +375,9 @@ RunResult runJob(const std::string& model, int stages, int m, const std::string&
                                     stages, what, /*bind=*/true);
   RunResult r;
   char peaks[1024] = {0};
-  if (std::sscanf(line.c_str(), "result bubble %lf step_ms %lf tokens_per_s %lf sim %lf peak_bytes %1000s",
-                  &r.bubble, &r.stepMs, &r.tokensPerS, &r.simulated, peaks) != 5) {
+  if (std::sscanf(line.c_str(),
+                  "result bubble %lf step_ms %lf tokens_per_s %lf sim %lf calls %lf call_us %lf peak_bytes %1000s",
+                  &r.bubble, &r.stepMs, &r.tokensPerS, &r.simulated, &r.calls, &r.callUs, peaks) != 7) {
     fail("the run " + what + " printed no result line: " + line);
   }
   std::string p = peaks;
@@ -398,8 +412,8 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
   std::printf("\n1. bubble, an MLP of %d x Linear(%lld, %lld)+tanh, batch %lld; 1f1b and interleaved 1F1B "
               "(V = 2)\n", kMlpBlocks, static_cast<long long>(kMlpWidth), static_cast<long long>(kMlpWidth),
               static_cast<long long>(gMlpBatch));
-  std::printf("%3s %3s %-12s %8s %9s %7s %8s %9s %9s\n", "P", "M", "schedule", "theory", "measured", "diff",
-              "sim", "transfers", "step_ms");
+  std::printf("%3s %3s %-12s %8s %9s %7s %8s %9s %7s %8s %9s\n", "P", "M", "schedule", "theory", "measured", "diff",
+              "sim", "transfers", "calls", "call_us", "step_ms");
   const std::vector<int> ms = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16};
   for (int p : {2, 4}) {
     for (int m : ms) {
@@ -408,8 +422,8 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
         RunResult r = runJob("mlp", p, m, s, steps);
         const double theory =
             pipeline::idealBubble(interleaved ? pipeline::interleavedOneFOneB(p, 2, m) : pipeline::oneFOneB(p, m));
-        std::printf("%3d %3d %-12s %8.3f %9.3f %+7.3f %8.3f %+9.3f %9.2f\n", p, m, s, theory, r.bubble,
-                    r.bubble - theory, r.simulated, r.bubble - r.simulated, r.stepMs);
+        std::printf("%3d %3d %-12s %8.3f %9.3f %+7.3f %8.3f %+9.3f %7.3f %8.1f %9.2f\n", p, m, s, theory, r.bubble,
+                    r.bubble - theory, r.simulated, r.bubble - r.simulated, r.calls, r.callUs, r.stepMs);
         std::fflush(stdout);
       }
     }

@@ -211,8 +211,13 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
     // Yielding between actions lets it run; with nothing else runnable it
     // returns at once.
     if (!pendingSends_.empty() || postedActivation_.work.valid() || postedGrad_.work.valid()) {
+      const auto yieldStart = Clock::now();
       std::this_thread::yield();
+      stats_.transferSeconds += secondsSince(yieldStart);
     }
+    const bool transfer = a.kind != ActionKind::Forward && a.kind != ActionKind::Backward;
+    const auto actionStart = Clock::now();
+    const double waitedBefore = stats_.waitSeconds;
     Micro& mi = micros[static_cast<size_t>(a.chunk * m + a.microbatch)];
     switch (a.kind) {
       case ActionKind::Forward:
@@ -233,6 +238,10 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
       case ActionKind::RecvGrad:
         recvGrad(mi, a.microbatch, a.chunk);
         break;
+    }
+    if (transfer) {
+      stats_.transferSeconds += secondsSince(actionStart) - (stats_.waitSeconds - waitedBefore);
+      ++stats_.transfers;
     }
   }
   for (size_t i = 0; i < pendingSends_.size(); ++i) waitFor(pendingSends_[i].work, "completing its sends");
@@ -306,6 +315,7 @@ void PipelineExecutor::backward(Micro& m, int mb, int chunk) {
 }
 
 void PipelineExecutor::sendActivation(Micro& m, int mb, int chunk) {
+  const double startUs = nowUs();
   const int next = (stage_ + 1) % numStages_;
   const int link = nextChunk(chunk);
   LinkShape& sent = outShape_[static_cast<size_t>(chunk)];
@@ -326,6 +336,7 @@ void PipelineExecutor::sendActivation(Micro& m, int mb, int chunk) {
                dtypeName(out.dtype()), ", but this step's activations are ", sent.shape, " ", dtypeName(sent.dtype),
                " (every micro-batch of a step must have the same shape)");
   send(out, next, tagOf(kKindActivation, link, mb));
+  record(ActionKind::SendActivation, mb, chunk, startUs);
 }
 
 void PipelineExecutor::recvActivation(Micro& m, int mb, int chunk) {
@@ -423,6 +434,7 @@ std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events) 
   out += line;
   for (const TraceEvent& e : events) {
     const bool compute = e.kind == ActionKind::Forward || e.kind == ActionKind::Backward;
+    const bool send = e.kind == ActionKind::SendActivation || e.kind == ActionKind::SendGrad;
     char name[48];
     if (e.chunk != 0) {
       std::snprintf(name, sizeof name, "%s%dv%d", actionKindName(e.kind), e.microbatch, e.chunk);
@@ -432,18 +444,20 @@ std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events) 
     std::snprintf(line, sizeof line,
                   ",{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,"
                   "\"dur\":%.3f}",
-                  name, compute ? "compute" : "wait", stage, e.startUs, e.endUs - e.startUs);
+                  name, compute ? "compute" : send ? "send" : "wait", stage, e.startUs, e.endUs - e.startUs);
     out += line;
   }
   return out;
 }
 
 void PipelineExecutor::sendGrad(Micro& m, int mb, int chunk) {
+  const double startUs = nowUs();
   const LinkShape& in = inShape_[static_cast<size_t>(chunk)];
   Tensor g = m.input.defined() ? m.input.grad() : Tensor();
   g = g.defined() ? g.contiguous() : zeros(in.shape, {.dtype = in.dtype});
   send(g, (stage_ + numStages_ - 1) % numStages_, tagOf(kKindGrad, chunk, mb));
   m.input = Tensor();
+  record(ActionKind::SendGrad, mb, chunk, startUs);
 }
 
 void PipelineExecutor::recvGrad(Micro& m, int mb, int chunk) {

@@ -152,6 +152,13 @@ struct TraceEvent {
 struct StepStats {
   double computeSeconds = 0.0;  // in Forward and Backward actions (the loss included)
   double waitSeconds = 0.0;     // blocked on receives and on the sends' completion
+  // On this stage's thread in the transfers, not blocked: the send calls (the
+  // copy into the message and the socket writes run inside them), posting
+  // receives and taking what they brought, and the yields between actions
+  // that let the group's threads move the transfers (see the Contract's
+  // point on sends and receives).
+  // What the stage's other threads spend on its CPU is not in it.
+  double transferSeconds = 0.0;
   double stepSeconds = 0.0;     // the whole step, from its start to its return
   int peakActivations = 0;      // (micro-batch, chunk) pairs whose activations were alive at once
   // The most tensor bytes live (Storage::memoryStats) above the step's start,
@@ -159,13 +166,17 @@ struct StepStats {
   // receive buffers posted), without backward's temporaries. Process-wide:
   // meaningful where the stage's process does nothing else meanwhile.
   size_t activationBytes = 0;
-  std::vector<TraceEvent> events;  // Forward, Backward and the receives' waits, in order
+  // Forward, Backward, the receives' waits and the send calls, in order.
+  std::vector<TraceEvent> events;
+  int transfers = 0;  // sends and receives of activations and gradients
 };
 
 // The events of stage `stage` as Chrome trace events ("X" events, one
 // process per stage, named "stage S"), comma-separated without the enclosing
 // brackets, so that the stages' strings joined with commas and wrapped in
-// [ ] are a trace file chrome://tracing and Perfetto open.
+// [ ] are a trace file chrome://tracing and Perfetto open. Categories:
+// "compute" (Forward, Backward), "wait" (a receive's wait for its data) and
+// "send" (the send call).
 std::string chromeTraceEvents(int stage, const std::vector<TraceEvent>& events);
 
 struct ExecutorOptions {

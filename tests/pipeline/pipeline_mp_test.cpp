@@ -86,6 +86,15 @@ std::vector<weft::testing::Subprocess::Result> checkTraining(const std::string& 
         receives += m * ((k > 0 ? 1 : 0) + (k < chunks * stages - 1 ? 1 : 0));
       }
       CHECK(field(line, "receives") == receives);
+      // One send per link out of the stage's chunks, as for the receives.
+      long long sends = 0;
+      for (int c = 0; c < chunks; ++c) {
+        const int k = c * stages + r;
+        sends += m * ((k > 0 ? 1 : 0) + (k < chunks * stages - 1 ? 1 : 0));
+      }
+      CHECK(field(line, "sends") == sends);
+      CHECK(field(line, "transfers") == sends + receives);
+      CHECK(field(line, "accounted") == 1);
       CHECK(field(line, "ordered") == 1);
       if (step == 0 && rank < stages) params += field(line, "params");
     }

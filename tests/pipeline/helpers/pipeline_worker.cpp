@@ -154,19 +154,25 @@ pipeline::Schedule scheduleOf(const std::string& name, int stages, int m) {
 void reportStep(int step, const pipeline::PipelineExecutor& pipe, const Tensor& got, const Tensor& want,
                 double gradDiff, int64_t count) {
   long long lossDiff = got.defined() ? ppb(std::fabs(got.item<double>() - want.item<double>())) : -1;
-  const auto& events = pipe.lastStats().events;
-  int forwards = 0, backwards = 0, receives = 0, ordered = 1;
+  const auto& st = pipe.lastStats();
+  const auto& events = st.events;
+  // The step's parts, each non-negative, add up to no more than the step.
+  const int accounted = st.computeSeconds >= 0 && st.waitSeconds >= 0 && st.transferSeconds >= 0 &&
+                        st.computeSeconds + st.waitSeconds + st.transferSeconds <= st.stepSeconds;
+  int forwards = 0, backwards = 0, receives = 0, sends = 0, ordered = 1;
   for (size_t i = 0; i < events.size(); ++i) {
     const auto k = events[i].kind;
     forwards += k == pipeline::ActionKind::Forward;
     backwards += k == pipeline::ActionKind::Backward;
     receives += k == pipeline::ActionKind::RecvActivation || k == pipeline::ActionKind::RecvGrad;
+    sends += k == pipeline::ActionKind::SendActivation || k == pipeline::ActionKind::SendGrad;
     if (events[i].endUs < events[i].startUs || (i > 0 && events[i].startUs < events[i - 1].endUs)) ordered = 0;
   }
   sayLine("step " + std::to_string(step) + " grad_maxdiff_ppb " + std::to_string(ppb(gradDiff)) + " loss_diff_ppb " +
           std::to_string(lossDiff) + " peak " + std::to_string(pipe.lastStats().peakActivations) + " params " +
           std::to_string(count) + " forwards " + std::to_string(forwards) + " backwards " +
-          std::to_string(backwards) + " receives " + std::to_string(receives) + " ordered " +
+          std::to_string(backwards) + " receives " + std::to_string(receives) + " sends " + std::to_string(sends) +
+          " transfers " + std::to_string(st.transfers) + " accounted " + std::to_string(accounted) + " ordered " +
           std::to_string(ordered) + " act_bytes " + std::to_string(pipe.lastStats().activationBytes));
 }
 
