@@ -156,6 +156,9 @@ class ProcessGroup {
   virtual std::string backendName() const = 0;
   // The group's name, used in error messages ("default", "default/sub1[0,2]").
   virtual const std::string& name() const = 0;
+  // How long an op may run before it fails with TimeoutError (the backend's
+  // options); layers that wait on their own (pipeline/shm_ring.h) use the same.
+  virtual std::chrono::milliseconds timeout() const = 0;
 
   // ---- collectives ------------------------------------------------------------
   // Copies root's tensor into every other rank's `tensor`.

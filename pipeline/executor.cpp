@@ -1,6 +1,10 @@
 #include "pipeline/executor.h"
 
+#include <unistd.h>
+
+#include <array>
 #include <chrono>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +14,7 @@
 
 #include "common/error.h"
 #include "nn/sequential.h"
+#include "pipeline/shm_ring.h"
 #include "tensor/autograd.h"
 #include "tensor/checkpoint.h"
 #include "tensor/ops.h"
@@ -24,7 +29,13 @@ using Clock = std::chrono::steady_clock;
 // Tags: one per transfer kind and micro-batch, so that a transfer can only
 // ever match the one it is meant for; kept within [kTagBase, 2^32).
 constexpr uint32_t kTagBase = 0x70000000u;
-constexpr int kKindActivation = 0, kKindGrad = 1, kKindShape = 2, kKindTied = 3, kKinds = 4;
+constexpr int kKindActivation = 0, kKindGrad = 1, kKindShape = 2, kKindTied = 3, kKindRing = 4, kKinds = 5;
+// The ring set-up's messages on a link (tagOf's micro-batch field): each side's
+// descriptor, then whether it mapped the other's ring.
+constexpr int kRingActivationDescriptor = 0, kRingGradDescriptor = 1, kRingActivationAck = 2, kRingGradAck = 3;
+// A ring message's header words: 1 when the data is in the ring (else it goes
+// through the process group), dtype, ndim, the sizes.
+constexpr int kRingFlag = 0, kRingDtype = 1, kRingNdim = 2, kRingSizes = 3;
 constexpr int kMaxMicrobatches = (1 << 26) - 1;
 
 // The shape message: [dtype, ndim, size_0, ..., size_{ndim-1}, 0...].
@@ -44,7 +55,19 @@ template <class E>
   throw E(context + e.what());
 }
 
+bool sharedMemoryAllowed() {
+  const char* env = std::getenv("WEFT_PIPELINE_SHM");
+  return env == nullptr || std::string(env) != "0";
+}
+
 }  // namespace
+
+struct PipelineExecutor::RingLink {
+  std::unique_ptr<detail::ShmRing> mine;    // written here: activations out, or gradients back
+  std::unique_ptr<detail::ShmRing> theirs;  // read here
+  std::unique_ptr<detail::PeerProcess> peer;
+  bool viaRing = false;  // this step's data in the rings (else only the first header; data by the group)
+};
 
 struct PipelineExecutor::Micro {
   Tensor input;    // the micro-batch's input (received activations require grad)
@@ -69,7 +92,9 @@ PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::vector<st
       dataParallel_(options.dataParallel),
       checkpoint_(options.checkpoint),
       stage_(pg.rank()),
-      numStages_(pg.size()) {
+      numStages_(pg.size()),
+      sharedMemory_(options.sharedMemory && sharedMemoryAllowed()),
+      sharedMemoryBytes_(options.sharedMemoryBytes) {
   WEFT_ENFORCE(static_cast<int>(modules_.size()) == schedule_.chunks, InvalidArgumentError, "PipelineExecutor: ",
                modules_.size(), " chunk modules for a schedule of ", schedule_.chunks, " chunks");
   for (size_t c = 0; c < modules_.size(); ++c)
@@ -92,6 +117,8 @@ PipelineExecutor::PipelineExecutor(collectives::ProcessGroup& pg, std::vector<st
                  " of ", numStages_);
   }
 }
+
+PipelineExecutor::~PipelineExecutor() = default;
 
 std::string PipelineExecutor::chunkText(int chunk) const {
   return chunks() > 1 ? " (chunk " + std::to_string(chunk) + ")" : std::string();
@@ -187,6 +214,13 @@ Tensor PipelineExecutor::step(const Tensor& input, const Tensor& target) {
   postedGrad_ = Posted{};
   pendingSends_.clear();
   liveAtStart_ = Storage::memoryStats().liveBytes;
+  ++steps_;
+  if (!ringsSetUp_) setUpRings();
+  for (auto* rings : {&ringsOut_, &ringsIn_}) {
+    for (auto& r : *rings) {
+      if (r != nullptr) r->viaRing = false;
+    }
+  }
   inShape_.assign(static_cast<size_t>(v), LinkShape{});
   outShape_.assign(static_cast<size_t>(v), LinkShape{});
   alive_ = 0;
@@ -320,54 +354,97 @@ void PipelineExecutor::sendActivation(Micro& m, int mb, int chunk) {
   const int link = nextChunk(chunk);
   LinkShape& sent = outShape_[static_cast<size_t>(chunk)];
   Tensor out = m.output.detach().contiguous();
+  RingLink* ring = ringOut(chunk);
   if (!sent.known) {
     WEFT_ENFORCE(out.dim() <= kMaxDims, InvalidArgumentError, "pipeline stage ", stage_, ": an activation has at most ",
                  kMaxDims, " dimensions, got shape ", out.shape());
-    Tensor meta = zeros({kShapeLen}, {.dtype = DType::Int64});
-    auto* p = meta.data<int64_t>();
-    p[0] = static_cast<int64_t>(out.dtype());
-    p[1] = out.dim();
-    for (int64_t d = 0; d < out.dim(); ++d) p[2 + d] = out.size(d);
-    send(meta, next, tagOf(kKindShape, link, 0));
+    if (ring != nullptr) {
+      // The ring's message headers carry the shape; the data goes with them
+      // when the step's M messages fit.
+      ring->viaRing = out.device().isCpu() && ring->mine->fits(out.nbytes()) && ring->theirs->fits(out.nbytes());
+    } else {
+      Tensor meta = zeros({kShapeLen}, {.dtype = DType::Int64});
+      auto* p = meta.data<int64_t>();
+      p[0] = static_cast<int64_t>(out.dtype());
+      p[1] = out.dim();
+      for (int64_t d = 0; d < out.dim(); ++d) p[2 + d] = out.size(d);
+      send(meta, next, tagOf(kKindShape, link, 0));
+    }
     sent = {true, out.shape(), out.dtype()};
   }
   WEFT_ENFORCE(out.shape() == sent.shape && out.dtype() == sent.dtype, InvalidArgumentError, "pipeline stage ",
                stage_, ": micro-batch ", mb, chunkText(chunk), "'s activation is ", out.shape(), " ",
                dtypeName(out.dtype()), ", but this step's activations are ", sent.shape, " ", dtypeName(sent.dtype),
                " (every micro-batch of a step must have the same shape)");
-  send(out, next, tagOf(kKindActivation, link, mb));
+  if (ring != nullptr) {
+    std::array<int64_t, detail::ShmRing::kHeaderWords> h{};
+    h[kRingFlag] = ring->viaRing ? 1 : 0;
+    h[kRingDtype] = static_cast<int64_t>(out.dtype());
+    h[kRingNdim] = out.dim();
+    for (int64_t d = 0; d < out.dim(); ++d) h[static_cast<size_t>(kRingSizes + d)] = out.size(d);
+    ring->mine->publish(steps_, mb, h.data(), ring->viaRing ? out.rawData() : nullptr, out.nbytes());
+  }
+  if (ring == nullptr || !ring->viaRing) send(out, next, tagOf(kKindActivation, link, mb));
   record(ActionKind::SendActivation, mb, chunk, startUs);
+}
+
+PipelineExecutor::LinkShape PipelineExecutor::announcedShape(const int64_t* p, int prev) const {
+  // p: dtype, ndim, the sizes (a shape message, or a ring message's header from its dtype on).
+  WEFT_ENFORCE(p[0] >= 0 && p[0] <= static_cast<int64_t>(kLastDType) && p[1] >= 0 && p[1] <= kMaxDims, ProtocolError,
+               "pipeline stage ", stage_, ": stage ", prev, " announced dtype code ", p[0], " and ", p[1],
+               " dimensions");
+  Shape shape;
+  int64_t numel = 1;
+  for (int64_t d = 0; d < p[1]; ++d) {
+    WEFT_ENFORCE(p[2 + d] >= 0 && (p[2 + d] == 0 || numel <= kMaxActivationBytes / p[2 + d]), ProtocolError,
+                 "pipeline stage ", stage_, ": stage ", prev, " announced an activation size ", p[2 + d],
+                 " in dimension ", d, " beyond the limit of ", kMaxActivationBytes, " bytes");
+    numel *= p[2 + d];
+    shape.push_back(p[2 + d]);
+  }
+  const auto dtype = static_cast<DType>(p[0]);
+  WEFT_ENFORCE(numel * static_cast<int64_t>(elementSize(dtype)) <= kMaxActivationBytes, ProtocolError,
+               "pipeline stage ", stage_, ": stage ", prev, " announced an activation of shape ", shape,
+               " beyond the limit of ", kMaxActivationBytes, " bytes");
+  return {true, shape, dtype};
 }
 
 void PipelineExecutor::recvActivation(Micro& m, int mb, int chunk) {
   const int prev = (stage_ + numStages_ - 1) % numStages_;
   LinkShape& in = inShape_[static_cast<size_t>(chunk)];
-  if (!in.known) {
+  const std::string what = "receiving the activation of micro-batch " + std::to_string(mb) + chunkText(chunk) +
+                           " from stage " + std::to_string(prev);
+  double startUs = -1;  // where the data comes through the group after a ring's header, the wait began here
+  if (RingLink* ring = ringIn(chunk)) {
+    // The message's header carries the step's shape, and says whether its data
+    // came with it.
+    startUs = nowUs();
+    const int64_t* h = awaitRing(*ring, mb, what);
+    if (!in.known) {
+      WEFT_ENFORCE(h[kRingFlag] == 0 || h[kRingFlag] == 1, ProtocolError, "pipeline stage ", stage_, ": stage ",
+                   prev, " wrote a ring message with flag ", h[kRingFlag]);
+      in = announcedShape(h + kRingDtype, prev);
+      ring->viaRing = h[kRingFlag] == 1;
+      const size_t bytes = static_cast<size_t>(shapeNumel(in.shape)) * elementSize(in.dtype);
+      WEFT_ENFORCE(!ring->viaRing || (ring->theirs->fits(bytes) && ring->mine->fits(bytes)), ProtocolError,
+                   "pipeline stage ", stage_, ": stage ", prev, " put an activation of shape ", in.shape,
+                   " in a ring too small for it");
+    }
+    if (ring->viaRing) {
+      Tensor buf = empty(in.shape, {.dtype = in.dtype});
+      record(ActionKind::RecvActivation, mb, chunk, startUs);
+      ring->theirs->copyOut(mb, buf.nbytes(), buf.rawData());
+      if (isFloating(in.dtype)) buf.requiresGrad_();
+      m.input = buf;
+      return;
+    }
+  } else if (!in.known) {
     Tensor meta = zeros({kShapeLen}, {.dtype = DType::Int64});
     waitFor(pg_.irecv(meta, prev, tagOf(kKindShape, chunk, 0)),
             "receiving the activation shape" + chunkText(chunk) + " from stage " + std::to_string(prev));
-    const auto* p = meta.data<int64_t>();
-    WEFT_ENFORCE(p[0] >= 0 && p[0] <= static_cast<int64_t>(kLastDType) && p[1] >= 0 && p[1] <= kMaxDims,
-                 ProtocolError, "pipeline stage ", stage_, ": stage ", prev, " announced dtype code ", p[0], " and ",
-                 p[1], " dimensions");
-    Shape shape;
-    int64_t numel = 1;
-    for (int64_t d = 0; d < p[1]; ++d) {
-      WEFT_ENFORCE(p[2 + d] >= 0 && (p[2 + d] == 0 || numel <= kMaxActivationBytes / p[2 + d]), ProtocolError,
-                   "pipeline stage ", stage_, ": stage ", prev, " announced an activation size ", p[2 + d],
-                   " in dimension ", d, " beyond the limit of ", kMaxActivationBytes, " bytes");
-      numel *= p[2 + d];
-      shape.push_back(p[2 + d]);
-    }
-    const auto dtype = static_cast<DType>(p[0]);
-    WEFT_ENFORCE(numel * static_cast<int64_t>(elementSize(dtype)) <= kMaxActivationBytes, ProtocolError,
-                 "pipeline stage ", stage_, ": stage ", prev, " announced an activation of shape ", shape,
-                 " beyond the limit of ", kMaxActivationBytes, " bytes");
-    in = {true, shape, dtype};
+    in = announcedShape(meta.data<int64_t>(), prev);
   }
-  Tensor buf = receive(ActionKind::RecvActivation, mb, chunk,
-                       "receiving the activation of micro-batch " + std::to_string(mb) + chunkText(chunk) +
-                           " from stage " + std::to_string(prev));
+  Tensor buf = receive(ActionKind::RecvActivation, mb, chunk, what, startUs);
   if (isFloating(in.dtype)) buf.requiresGrad_();
   m.input = buf;
 }
@@ -389,6 +466,8 @@ bool PipelineExecutor::post(ActionKind kind, int mb, int chunk) {
   const bool activation = kind == ActionKind::RecvActivation;
   const LinkShape& link = activation ? inShape_[static_cast<size_t>(chunk)] : outShape_[static_cast<size_t>(chunk)];
   if (!link.known) return false;
+  const RingLink* ring = activation ? ringIn(chunk) : ringOut(chunk);
+  if (ring != nullptr && ring->viaRing) return false;  // the data comes through the ring
   Posted& p = activation ? postedActivation_ : postedGrad_;
   p.microbatch = mb;
   p.chunk = chunk;
@@ -398,7 +477,7 @@ bool PipelineExecutor::post(ActionKind kind, int mb, int chunk) {
   return true;
 }
 
-Tensor PipelineExecutor::receive(ActionKind kind, int mb, int chunk, const std::string& what) {
+Tensor PipelineExecutor::receive(ActionKind kind, int mb, int chunk, const std::string& what, double startUs) {
   Posted& p = kind == ActionKind::RecvActivation ? postedActivation_ : postedGrad_;
   if (p.microbatch != mb || p.chunk != chunk) {
     WEFT_ENFORCE(p.microbatch < 0, StateError, "pipeline stage ", stage_, ": a receive of micro-batch ", p.microbatch,
@@ -406,7 +485,7 @@ Tensor PipelineExecutor::receive(ActionKind kind, int mb, int chunk, const std::
     WEFT_ENFORCE(post(kind, mb, chunk), StateError, "pipeline stage ", stage_, ": ", what,
                  ": the activation shape is not known");
   }
-  const double startUs = nowUs();
+  if (startUs < 0) startUs = nowUs();
   waitFor(p.work, what);
   record(kind, mb, chunk, startUs);
   Tensor buf = p.buffer;
@@ -455,17 +534,123 @@ void PipelineExecutor::sendGrad(Micro& m, int mb, int chunk) {
   const LinkShape& in = inShape_[static_cast<size_t>(chunk)];
   Tensor g = m.input.defined() ? m.input.grad() : Tensor();
   g = g.defined() ? g.contiguous() : zeros(in.shape, {.dtype = in.dtype});
-  send(g, (stage_ + numStages_ - 1) % numStages_, tagOf(kKindGrad, chunk, mb));
+  RingLink* ring = ringIn(chunk);
+  if (ring != nullptr && ring->viaRing) {
+    std::array<int64_t, detail::ShmRing::kHeaderWords> h{};
+    h[kRingFlag] = 1;
+    ring->mine->publish(steps_, mb, h.data(), g.rawData(), g.nbytes());
+  } else {
+    send(g, (stage_ + numStages_ - 1) % numStages_, tagOf(kKindGrad, chunk, mb));
+  }
   m.input = Tensor();
   record(ActionKind::SendGrad, mb, chunk, startUs);
 }
 
 void PipelineExecutor::recvGrad(Micro& m, int mb, int chunk) {
   const int next = (stage_ + 1) % numStages_;
-  Tensor buf = receive(ActionKind::RecvGrad, mb, chunk,
-                       "receiving the gradient of micro-batch " + std::to_string(mb) + chunkText(chunk) +
-                           " from stage " + std::to_string(next));
-  m.gradOut = buf;
+  const std::string what = "receiving the gradient of micro-batch " + std::to_string(mb) + chunkText(chunk) +
+                           " from stage " + std::to_string(next);
+  RingLink* ring = ringOut(chunk);
+  if (ring != nullptr && ring->viaRing) {
+    const LinkShape& link = outShape_[static_cast<size_t>(chunk)];
+    const double startUs = nowUs();
+    awaitRing(*ring, mb, what);
+    record(ActionKind::RecvGrad, mb, chunk, startUs);
+    Tensor buf = empty(link.shape, {.dtype = link.dtype});
+    ring->theirs->copyOut(mb, buf.nbytes(), buf.rawData());
+    m.gradOut = buf;
+    return;
+  }
+  m.gradOut = receive(ActionKind::RecvGrad, mb, chunk, what);
+}
+
+const int64_t* PipelineExecutor::awaitRing(RingLink& ring, int mb, const std::string& what) {
+  const auto t0 = Clock::now();
+  const int64_t* h = ring.theirs->await(steps_, mb, *ring.peer, t0 + pg_.timeout(),
+                                        "pipeline stage " + std::to_string(stage_) + ": " + what);
+  stats_.waitSeconds += secondsSince(t0);
+  return h;
+}
+
+PipelineExecutor::RingLink* PipelineExecutor::ringOut(int chunk) const {
+  return ringsOut_.empty() ? nullptr : ringsOut_[static_cast<size_t>(chunk)].get();
+}
+
+PipelineExecutor::RingLink* PipelineExecutor::ringIn(int chunk) const {
+  return ringsIn_.empty() ? nullptr : ringsIn_[static_cast<size_t>(chunk)].get();
+}
+
+void PipelineExecutor::setUpRings() {
+  ringsSetUp_ = true;
+  const int v = chunks();
+  ringsOut_.resize(static_cast<size_t>(v));
+  ringsIn_.resize(static_cast<size_t>(v));
+  if (numStages_ == 1) return;
+  const int m = schedule_.microbatches;
+  // Each link between two model stages has two rings: the activations',
+  // written by the earlier stage, and the gradients', written by the later.
+  // Both sides offer theirs, map the other's and say whether they could; the
+  // link uses shared memory when both could.
+  struct Side {
+    int chunk;
+    bool out;  // the link to the next model stage (this stage writes its activations)
+    int peer;
+    int link;  // tagOf's link: the later stage's chunk
+    std::unique_ptr<detail::ShmRing> mine, theirs;
+    detail::RingDescriptor theirDescriptor;
+    Tensor myWords, theirWords, myAck, theirAck;
+  };
+  std::vector<Side> sides;
+  for (int c = 0; c < v; ++c) {
+    if (!isLast(c)) sides.push_back({c, true, (stage_ + 1) % numStages_, nextChunk(c), {}, {}, {}, {}, {}, {}, {}});
+    if (!isFirst(c)) sides.push_back({c, false, (stage_ + numStages_ - 1) % numStages_, c, {}, {}, {}, {}, {}, {}, {}});
+  }
+  auto linkText = [this](const Side& s) {
+    return std::string("setting up the shared-memory link") + chunkText(s.chunk) + " with stage " +
+           std::to_string(s.peer);
+  };
+  std::vector<collectives::Work> works;
+  for (Side& s : sides) {
+    detail::RingDescriptor d;
+    if (sharedMemory_) {
+      try {
+        s.mine = detail::ShmRing::create(m, sharedMemoryBytes_);
+        d = s.mine->descriptor();
+      } catch (const Error&) {
+        s.mine.reset();  // the system refused: this link goes through the group
+      }
+    }
+    s.myWords = zeros({detail::RingDescriptor::kWords}, {.dtype = DType::Int64});
+    s.theirWords = zeros({detail::RingDescriptor::kWords}, {.dtype = DType::Int64});
+    d.toWords(s.myWords.data<int64_t>());
+    const int mine = s.out ? kRingActivationDescriptor : kRingGradDescriptor;
+    const int theirs = s.out ? kRingGradDescriptor : kRingActivationDescriptor;
+    works.push_back(pg_.isend(s.myWords, s.peer, tagOf(kKindRing, s.link, mine)));
+    works.push_back(pg_.irecv(s.theirWords, s.peer, tagOf(kKindRing, s.link, theirs)));
+  }
+  for (size_t i = 0; i < works.size(); ++i) waitFor(works[i], linkText(sides[i / 2]));
+  works.clear();
+  for (Side& s : sides) {
+    s.theirDescriptor = detail::RingDescriptor::fromWords(s.theirWords.data<int64_t>());
+    std::string why;
+    if (s.mine != nullptr) s.theirs = detail::ShmRing::attach(s.theirDescriptor, m, &why);
+    s.myAck = full({1}, s.theirs != nullptr ? 1.0 : 0.0, {.dtype = DType::Int64});
+    s.theirAck = zeros({1}, {.dtype = DType::Int64});
+    const int mine = s.out ? kRingGradAck : kRingActivationAck;
+    const int theirs = s.out ? kRingActivationAck : kRingGradAck;
+    works.push_back(pg_.isend(s.myAck, s.peer, tagOf(kKindRing, s.link, mine)));
+    works.push_back(pg_.irecv(s.theirAck, s.peer, tagOf(kKindRing, s.link, theirs)));
+  }
+  for (size_t i = 0; i < works.size(); ++i) waitFor(works[i], linkText(sides[i / 2]));
+  for (Side& s : sides) {
+    if (s.theirs == nullptr || s.theirAck.data<int64_t>()[0] != 1) continue;
+    auto link = std::make_unique<RingLink>();
+    s.mine->releaseFd();
+    link->mine = std::move(s.mine);
+    link->theirs = std::move(s.theirs);
+    link->peer = std::make_unique<detail::PeerProcess>(s.theirDescriptor.pid, s.peer);
+    (s.out ? ringsOut_ : ringsIn_)[static_cast<size_t>(s.chunk)] = std::move(link);
+  }
 }
 
 void PipelineExecutor::averageOverReplicas(double& loss) {

@@ -187,6 +187,15 @@ struct ExecutorOptions {
   collectives::ProcessGroup* dataParallel = nullptr;
   // Activation checkpointing (see "Checkpointing").
   bool checkpoint = false;
+  // Links to stages on this machine through shared memory (see "Shared
+  // memory"); WEFT_PIPELINE_SHM=0 in the environment turns it off for every
+  // executor of the process.
+  bool sharedMemory = true;
+  // The most bytes of one step's messages a shared-memory link carries each
+  // way (M messages of the step's activation size); a step with more sends
+  // its data through the process group. Address space: pages are allocated as
+  // they are first written.
+  size_t sharedMemoryBytes = size_t{256} << 20;
 };
 
 class PipelineExecutor {
@@ -198,6 +207,10 @@ class PipelineExecutor {
   // schedule.chunks, none null (InvalidArgumentError otherwise).
   PipelineExecutor(collectives::ProcessGroup& pg, std::vector<std::shared_ptr<nn::Module>> chunks, Schedule schedule,
                    LossFn loss, ExecutorOptions options = {});
+
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
 
   Tensor step(const Tensor& input, const Tensor& target = Tensor());
 
@@ -243,7 +256,8 @@ class PipelineExecutor {
   // Takes the receive of `kind` for (mb, chunk) (posting it now unless posted
   // ahead) and posts the next receive of that kind in this stage's list whose
   // link's shape is known.
-  Tensor receive(ActionKind kind, int mb, int chunk, const std::string& what);
+  // The receive's trace event starts at `startUs` when given (>= 0), else now.
+  Tensor receive(ActionKind kind, int mb, int chunk, const std::string& what, double startUs = -1);
   // False, posting nothing, while the link's shape is unknown.
   bool post(ActionKind kind, int mb, int chunk);
   void record(ActionKind kind, int mb, int chunk, double startUs);
@@ -279,6 +293,8 @@ class PipelineExecutor {
     Shape shape;
     DType dtype = DType::Float32;
   };
+  // The shape a shape message or a ring message announces (ProtocolError past the limits).
+  LinkShape announcedShape(const int64_t* words, int prev) const;
   std::vector<LinkShape> inShape_;   // per chunk: received from the previous model stage
   std::vector<LinkShape> outShape_;  // per chunk: sent to the next model stage
   int alive_ = 0;
@@ -286,6 +302,22 @@ class PipelineExecutor {
   bool broken_ = false;  // a step threw: transfers it posted may still be pending
   Posted postedActivation_;
   Posted postedGrad_;
+
+  // Shared-memory links (see "Shared memory"), per chunk: the link to the
+  // next model stage (out) and from the previous one (in); null where the
+  // link goes through the process group.
+  struct RingLink;
+  void setUpRings();
+  // Waits for message mb of this step on `ring` (counted as waiting; the caller records the event).
+  const int64_t* awaitRing(RingLink& ring, int mb, const std::string& what);
+  RingLink* ringOut(int chunk) const;
+  RingLink* ringIn(int chunk) const;
+  bool sharedMemory_;
+  size_t sharedMemoryBytes_;
+  bool ringsSetUp_ = false;
+  uint64_t steps_ = 0;  // steps started: the generation of the rings' messages
+  std::vector<std::unique_ptr<RingLink>> ringsOut_;
+  std::vector<std::unique_ptr<RingLink>> ringsIn_;
 };
 
 }  // namespace weft::pipeline

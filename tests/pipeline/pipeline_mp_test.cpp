@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,11 +31,20 @@ using weft::testing::restOfLine;
 
 namespace {
 
+// Settings of rank r beyond the job's own (WEFT_PIPELINE_SHM=0, PIPELINE_WORKER_RING_BYTES=N).
+using ExtraEnv = std::function<std::vector<std::string>(int rank)>;
+
 std::vector<weft::testing::Subprocess::Result> runJob(const std::vector<std::string>& argv, int world,
-                                                      std::chrono::milliseconds timeout) {
+                                                      std::chrono::milliseconds timeout, const ExtraEnv& extra = {}) {
   std::vector<std::string> full{PIPELINE_WORKER_PATH};
   full.insert(full.end(), argv.begin(), argv.end());
-  MpJob job(full, world, [](int) { return weft::testing::fastFailureSettings(2); });
+  MpJob job(full, world, [&extra](int r) {
+    auto env = weft::testing::fastFailureSettings(2);
+    if (extra) {
+      for (auto& e : extra(r)) env.push_back(e);
+    }
+    return env;
+  });
   auto results = job.finish(timeout);
   job.checkAllGone();
   return results;
@@ -44,9 +54,14 @@ long long field(const std::string& line, const std::string& key) { return number
 
 // Runs `model` (mlp|gpt) on `world` stages under `schedule` with `m` micro-batches and checks every
 // stage against the single-process reference.
+// How a job's stages are linked: through shared memory (the default on one machine), or through
+// the process group, as `extra` makes them.
+enum class Links { Rings, Group };
+
 std::vector<weft::testing::Subprocess::Result> checkTraining(const std::string& model, int world,
-                                                             const std::string& schedule, int m, int replicas = 1) {
-  auto results = runJob({replicas > 1 ? model + "dp" : model, schedule, std::to_string(m)}, world, 40s);
+                                                             const std::string& schedule, int m, int replicas = 1,
+                                                             Links links = Links::Rings, const ExtraEnv& extra = {}) {
+  auto results = runJob({replicas > 1 ? model + "dp" : model, schedule, std::to_string(m)}, world, 40s, extra);
   REQUIRE(allClean(results));
   const int stages = world / replicas;
   const int chunks = schedule == "interleaved" ? 2 : 1;
@@ -96,6 +111,17 @@ std::vector<weft::testing::Subprocess::Result> checkTraining(const std::string& 
       CHECK(field(line, "transfers") == sends + receives);
       CHECK(field(line, "accounted") == 1);
       CHECK(field(line, "ordered") == 1);
+      // The mlp's stages send nothing through the group once the rings are set up (the first
+      // step's set-up messages aside); through the group, at least their activations or
+      // gradients: M messages of 2 rows of at least 4 floats per link.
+      const long long groupBytes = field(line, "group_bytes");
+      if (model == "mlp" && replicas == 1 && step > 0) {
+        if (links == Links::Rings) {
+          CHECK(groupBytes == 0);
+        } else {
+          CHECK(groupBytes >= static_cast<long long>(m) * 2 * 4 * 4);
+        }
+      }
       if (step == 0 && rank < stages) params += field(line, "params");
     }
     const long long final = numberAfter(out, prefix + "final param_maxdiff_ppb ");
@@ -146,6 +172,24 @@ TEST_CASE("interleaved 1F1B, 2 chunks per stage, equals the single-process step:
   checkTraining("gpt", 2, "interleaved", 4);
   checkTraining("gpt", 4, "interleaved", 4);
   checkTraining("gpt", 4, "interleaved", 6);
+}
+
+TEST_CASE("stages whose links go through the process group train as through shared memory: shared memory off "
+          "on every stage or on one, and rings too small for the step's messages") {
+  const ExtraEnv off = [](int) { return std::vector<std::string>{"WEFT_PIPELINE_SHM=0"}; };
+  checkTraining("mlp", 2, "1f1b", 4, 1, Links::Group, off);
+  checkTraining("mlp", 2, "interleaved", 4, 1, Links::Group, off);
+  checkTraining("gpt", 2, "1f1b", 3, 1, Links::Group, off);
+  // One stage without shared memory: both its links go through the group, and they are all there are.
+  checkTraining("mlp", 3, "gpipe", 2, 1, Links::Group,
+                [](int r) { return r == 1 ? std::vector<std::string>{"WEFT_PIPELINE_SHM=0"} : std::vector<std::string>{}; });
+  // Rings of 64 bytes cannot hold a step's messages (2 rows of 24, 16 or 16 floats each): the
+  // rings carry the shapes, the group the data; so too when only one side's ring is that small.
+  checkTraining("mlp", 2, "1f1b", 4, 1, Links::Group,
+                [](int) { return std::vector<std::string>{"PIPELINE_WORKER_RING_BYTES=64"}; });
+  checkTraining("mlp", 2, "interleaved", 4, 1, Links::Group, [](int r) {
+    return r == 0 ? std::vector<std::string>{"PIPELINE_WORKER_RING_BYTES=64"} : std::vector<std::string>{};
+  });
 }
 
 TEST_CASE("GPipe with activation checkpointing equals the single-process step and holds less activation "

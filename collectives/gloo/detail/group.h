@@ -34,6 +34,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::string backendName() const override { return "gloo"; }
   const std::string& name() const override;
   const Options& options() const;
+  std::chrono::milliseconds timeout() const override { return options().timeout; }
 
   Work broadcast(const Tensor& tensor, int root) override;
   Work allReduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;

@@ -31,6 +31,7 @@ class ProcessGroupNccl final : public ProcessGroup {
   std::string backendName() const override { return "nccl"; }
   const std::string& name() const override;
   const Options& options() const;
+  std::chrono::milliseconds timeout() const override { return options().timeout; }
   // The CUDA device this rank's tensors live on.
   int device() const;
 

@@ -17,8 +17,11 @@
 //   params P" (N: this stage's gradients against the twin's, after the tied exchange; L: the
 //   pipelined loss against the twin's, on the last stage, -1 elsewhere; A: the stage's peak
 //   live micro-batches; P: its parameter count; then the trace's counts "forwards F backwards B
-//   receives R ordered 0|1", 1 when no event overlaps the next, and "act_bytes B", the step's
-//   activation memory), then both optimizers step; at the end
+//   receives R sends S transfers T accounted 0|1 ordered 0|1" (accounted: 1 when the step's
+//   compute, wait and transfer times are each non-negative and add up to no more than the step;
+//   ordered: 1 when no event overlaps the next), "act_bytes B", the step's activation memory, and
+//   "group_bytes G", what the stage sent through the process group during the step), then both
+//   optimizers step; at the end
 //   "final param_maxdiff_ppb N" (this stage's parameters against the twin's).
 //   mlpdp, gptdp  As mlp and gpt on 4 ranks as 2 replicas of a 2-stage pipeline (dp x pp): replica d
 //         (ranks 2d, 2d + 1) trains on rows [d·2M, (d+1)·2M) of the twin's batch of 4M rows, the
@@ -32,7 +35,8 @@
 //   die   3 stages of the mlp, group timeout 4 s. Stage 1 exits (status 3) at its first forward of
 //         the second step; the others print "failed in_ms T <ErrorType>: <message>" (T from the
 //         start of that step), then "again StateError: <message>" from a third step.
-// "done" at the end of a clean run.
+// PIPELINE_WORKER_RING_BYTES=N in the environment sets ExecutorOptions::sharedMemoryBytes (mlp,
+// gpt, mlpdp, gptdp). "done" at the end of a clean run.
 #include <unistd.h>
 
 #include <chrono>
@@ -152,7 +156,7 @@ pipeline::Schedule scheduleOf(const std::string& name, int stages, int m) {
 // The "step K ..." line of one pipelined step against the twin's (the trace: one event per
 // forward, backward and receive, in order, none overlapping the next).
 void reportStep(int step, const pipeline::PipelineExecutor& pipe, const Tensor& got, const Tensor& want,
-                double gradDiff, int64_t count) {
+                double gradDiff, int64_t count, int64_t groupBytes = -1) {
   long long lossDiff = got.defined() ? ppb(std::fabs(got.item<double>() - want.item<double>())) : -1;
   const auto& st = pipe.lastStats();
   const auto& events = st.events;
@@ -173,7 +177,8 @@ void reportStep(int step, const pipeline::PipelineExecutor& pipe, const Tensor& 
           std::to_string(count) + " forwards " + std::to_string(forwards) + " backwards " +
           std::to_string(backwards) + " receives " + std::to_string(receives) + " sends " + std::to_string(sends) +
           " transfers " + std::to_string(st.transfers) + " accounted " + std::to_string(accounted) + " ordered " +
-          std::to_string(ordered) + " act_bytes " + std::to_string(pipe.lastStats().activationBytes));
+          std::to_string(ordered) + " act_bytes " + std::to_string(pipe.lastStats().activationBytes) +
+          " group_bytes " + std::to_string(groupBytes));
 }
 
 void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::string& scheduleName, int m,
@@ -232,8 +237,10 @@ void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::
     mineChunks.push_back(piece);
     for (size_t i = 0; i < piece->size(); ++i) mine->push_back(piece->at(i));
   }
-  pipeline::PipelineExecutor pipe(pg, mineChunks, scheduleOf(scheduleName, stages, m), lossFn,
-                                  {.tied = tied, .dataParallel = dpGroup.get(), .checkpoint = scheduleName == "gpipe-ckpt"});
+  pipeline::ExecutorOptions options{
+      .tied = tied, .dataParallel = dpGroup.get(), .checkpoint = scheduleName == "gpipe-ckpt"};
+  if (const char* bytes = std::getenv("PIPELINE_WORKER_RING_BYTES")) options.sharedMemoryBytes = std::stoull(bytes);
+  pipeline::PipelineExecutor pipe(pg, mineChunks, scheduleOf(scheduleName, stages, m), lossFn, options);
   const auto named = stageParameters(*model, *mine);
   int64_t count = 0;
   for (auto& np : named) count += np.second.numel();
@@ -247,10 +254,12 @@ void runTraining(weft::collectives::ProcessGroup& world, bool isGpt, const std::
     Tensor want = twinLoss(b);
     want.backward();
     opt.zeroGrad();
+    pg.resetTrafficStats();
     Tensor got = pipe.step(b.x.narrow(0, replica * rows, rows), b.y.narrow(0, replica * rows, rows));
+    const int64_t groupBytes = pg.trafficStats().bytesSent;
     double worst = 0.0;
     for (auto& [name, p] : named) worst = std::max(worst, maxDiff(p.grad(), twin->namedTensor(name).grad()));
-    reportStep(step, pipe, got, want, worst, count);
+    reportStep(step, pipe, got, want, worst, count, groupBytes);
     opt.step();
     twinOpt.step();
   }
