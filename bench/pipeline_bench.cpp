@@ -12,7 +12,10 @@
 //     "sim" is the schedule's bubble with each stage's measured median forward and backward and
 //     free transfers (pipeline::idealBubble with per-stage costs): it differs from the theory by
 //     what uneven stages cost (the last stage also computes the loss; backward is not exactly
-//     twice the forward). "transfers" is measured - sim: what the transfers and the executor
+//     twice the forward). The stages pass activations and gradients through shared memory
+//     (PipelineExecutor, "Shared memory"); "1f1b/group" is 1F1B with WEFT_PIPELINE_SHM=0, the
+//     transfers through the process group (Gloo's point-to-point over loopback TCP).
+//     "transfers" is measured - sim: what the transfers and the executor
 //     cost, the more the smaller the micro-batches (--mlp-batch 256 gives actions of a tenth of a
 //     millisecond). Of that, "calls" is the share of the step the stages' own threads spent in
 //     the transfers' calls and the yields between actions (StepStats::transferSeconds, averaged
@@ -302,7 +305,8 @@ struct RunResult {
 // Runs `world` processes of this program with `args` (after argv[0]), placed as ranks of one job
 // whose store is on a free port; returns rank 0's standard output once all have exited, or throws
 // naming `what` when one failed.
-std::string spawnJob(const std::vector<std::string>& args, int world, const std::string& what, bool bind) {
+std::string spawnJob(const std::vector<std::string>& args, int world, const std::string& what, bool bind,
+                     bool sharedMemory = true) {
   const uint16_t port = weft::bench::freePort();
   int pipeFds[2];
   if (::pipe(pipeFds) != 0) fail(weft::bench::errnoText("pipe"));
@@ -331,6 +335,7 @@ std::string spawnJob(const std::vector<std::string>& args, int world, const std:
       ::setenv("WEFT_WORLD_SIZE", std::to_string(world).c_str(), 1);
       ::setenv("WEFT_MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("WEFT_MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!sharedMemory) ::setenv("WEFT_PIPELINE_SHM", "0", 1);
       if (!shares.empty() && weft::weftrun::bindToCpus(shares[static_cast<size_t>(r)]) != 0) ::_exit(1);
       std::vector<std::string> full{"pipeline_bench"};
       full.insert(full.end(), args.begin(), args.end());
@@ -367,12 +372,12 @@ std::string spawnJob(const std::vector<std::string>& args, int world, const std:
 
 // Runs a pipeline of `stages` worker processes and parses rank 0's result line.
 RunResult runJob(const std::string& model, int stages, int m, const std::string& schedule, int steps,
-                 const std::string& tracePath = "") {
+                 const std::string& tracePath = "", bool sharedMemory = true) {
   const std::string what = model + " P=" + std::to_string(stages) + " M=" + std::to_string(m) + " " + schedule;
   const std::string line = spawnJob({"--worker", model, std::to_string(stages), std::to_string(m), schedule,
                                      std::to_string(steps), tracePath.empty() ? "-" : tracePath,
                                      std::to_string(gMlpBatch), std::to_string(gGptContext)},
-                                    stages, what, /*bind=*/true);
+                                    stages, what, /*bind=*/true, sharedMemory);
   RunResult r;
   char peaks[1024] = {0};
   if (std::sscanf(line.c_str(),
@@ -417,9 +422,10 @@ int runCoordinator(bool quick, int steps, const std::string& tracePath) {
   const std::vector<int> ms = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16};
   for (int p : {2, 4}) {
     for (int m : ms) {
-      for (const char* s : {"1f1b", "interleaved"}) {
+      for (const char* s : {"1f1b", "1f1b/group", "interleaved"}) {
         const bool interleaved = std::string(s) == "interleaved";
-        RunResult r = runJob("mlp", p, m, s, steps);
+        const bool group = std::string(s) == "1f1b/group";
+        RunResult r = runJob("mlp", p, m, group ? "1f1b" : s, steps, "", /*sharedMemory=*/!group);
         const double theory =
             pipeline::idealBubble(interleaved ? pipeline::interleavedOneFOneB(p, 2, m) : pipeline::oneFOneB(p, m));
         std::printf("%3d %3d %-12s %8.3f %9.3f %+7.3f %8.3f %+9.3f %7.3f %8.1f %9.2f\n", p, m, s, theory, r.bubble,

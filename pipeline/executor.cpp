@@ -30,9 +30,10 @@ using Clock = std::chrono::steady_clock;
 // ever match the one it is meant for; kept within [kTagBase, 2^32).
 constexpr uint32_t kTagBase = 0x70000000u;
 constexpr int kKindActivation = 0, kKindGrad = 1, kKindShape = 2, kKindTied = 3, kKindRing = 4, kKinds = 5;
-// The ring set-up's messages on a link (tagOf's micro-batch field): each side's
-// descriptor, then whether it mapped the other's ring.
-constexpr int kRingActivationDescriptor = 0, kRingGradDescriptor = 1, kRingActivationAck = 2, kRingGradAck = 3;
+// The ring set-up's messages on a link (ringTag): each side's descriptor, then
+// whether it mapped the other's ring.
+constexpr int kRingActivationDescriptor = 0, kRingGradDescriptor = 1, kRingActivationAck = 2, kRingGradAck = 3,
+              kRingMessages = 4;
 // A ring message's header words: 1 when the data is in the ring (else it goes
 // through the process group), dtype, ndim, the sizes.
 constexpr int kRingFlag = 0, kRingDtype = 1, kRingNdim = 2, kRingSizes = 3;
@@ -134,6 +135,12 @@ std::vector<Tensor> PipelineExecutor::parameters() const {
     }
   }
   return out;
+}
+
+uint32_t PipelineExecutor::ringTag(int link, int message) const {
+  // Slots of their own (not link·M + mb: the set-up has 4 messages per link whatever M is).
+  const auto slot = static_cast<uint32_t>(link) * kRingMessages + static_cast<uint32_t>(message);
+  return kTagBase + slot * kKinds + static_cast<uint32_t>(kKindRing);
 }
 
 uint32_t PipelineExecutor::tagOf(int kind, int link, int mb) const {
@@ -625,8 +632,8 @@ void PipelineExecutor::setUpRings() {
     d.toWords(s.myWords.data<int64_t>());
     const int mine = s.out ? kRingActivationDescriptor : kRingGradDescriptor;
     const int theirs = s.out ? kRingGradDescriptor : kRingActivationDescriptor;
-    works.push_back(pg_.isend(s.myWords, s.peer, tagOf(kKindRing, s.link, mine)));
-    works.push_back(pg_.irecv(s.theirWords, s.peer, tagOf(kKindRing, s.link, theirs)));
+    works.push_back(pg_.isend(s.myWords, s.peer, ringTag(s.link, mine)));
+    works.push_back(pg_.irecv(s.theirWords, s.peer, ringTag(s.link, theirs)));
   }
   for (size_t i = 0; i < works.size(); ++i) waitFor(works[i], linkText(sides[i / 2]));
   works.clear();
@@ -638,8 +645,8 @@ void PipelineExecutor::setUpRings() {
     s.theirAck = zeros({1}, {.dtype = DType::Int64});
     const int mine = s.out ? kRingGradAck : kRingActivationAck;
     const int theirs = s.out ? kRingActivationAck : kRingGradAck;
-    works.push_back(pg_.isend(s.myAck, s.peer, tagOf(kKindRing, s.link, mine)));
-    works.push_back(pg_.irecv(s.theirAck, s.peer, tagOf(kKindRing, s.link, theirs)));
+    works.push_back(pg_.isend(s.myAck, s.peer, ringTag(s.link, mine)));
+    works.push_back(pg_.irecv(s.theirAck, s.peer, ringTag(s.link, theirs)));
   }
   for (size_t i = 0; i < works.size(); ++i) waitFor(works[i], linkText(sides[i / 2]));
   for (Side& s : sides) {

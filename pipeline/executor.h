@@ -246,6 +246,8 @@ class PipelineExecutor {
   void rethrowFirstFailure(const std::string& context) const;
   // A link between two model stages is named by the chunk of the later one.
   uint32_t tagOf(int kind, int link, int mb) const;
+  // The tag of message `message` of the shared-memory set-up on `link`.
+  uint32_t ringTag(int link, int message) const;
   // A receive posted ahead of its action.
   struct Posted {
     int microbatch = -1;

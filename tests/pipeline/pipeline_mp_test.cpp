@@ -166,7 +166,9 @@ TEST_CASE("the tiny GPT pipelined on 2 and 3 stages, wte tied across the ends, e
 }
 
 TEST_CASE("interleaved 1F1B, 2 chunks per stage, equals the single-process step: 2 stages (the MLP in 4 pieces, "
-          "M = 2 and 3, the GPT in 4, M = 4) and 4 stages (the GPT in 8 pieces, M = 4 and 6)") {
+          "M = 1, 2 and 3, the GPT in 4, M = 4) and 4 stages (the GPT in 8 pieces, M = 4 and 6)") {
+  // M = 1: fewer micro-batches than stages, and fewer than the set-up's messages per link.
+  checkTraining("mlp", 2, "interleaved", 1);
   checkTraining("mlp", 2, "interleaved", 2);
   checkTraining("mlp", 2, "interleaved", 3);
   checkTraining("gpt", 2, "interleaved", 4);
