@@ -1,6 +1,7 @@
 // PipelineExecutor: runs one pipeline stage per process, following a
-// Schedule (pipeline/schedule.h), over a ProcessGroup's point-to-point
-// transfers: activations forward to the next stage, their gradients back.
+// Schedule (pipeline/schedule.h): activations forward to the next stage,
+// their gradients back, through shared memory between stages on one machine
+// and the ProcessGroup's point-to-point transfers otherwise.
 // One training step = every action of this stage's list for M micro-batches,
 // with gradients accumulated into the stage's parameters' .grad; the
 // optimizer then steps this stage's parameters locally.
@@ -38,23 +39,26 @@
 //    step() returns the mean of the micro-batch losses (detached) on the last
 //    stage and an undefined Tensor on the others. It adds into .grad: zero
 //    the gradients between steps (the optimizer's zeroGrad).
-//  - Shapes are agreed once per step: before the first activation of a step,
-//    each stage sends the next the dtype and shape of its output (a small
-//    Int64 message); every micro-batch's activation must have them
-//    (InvalidArgumentError naming both shapes otherwise). Gradients have the
-//    activation's shape. Activations and gradients are sent as they are
-//    (contiguous tensors are not copied) and receives land in tensors
-//    allocated once per micro-batch.
-//  - Sends are isends, waited for at the end of the step, so computation
-//    overlaps them; a sent tensor is released as soon as its send completes
-//    (checked before each action). A receive blocks the stage, as the schedule says, but is
-//    posted early: when a stage takes a received activation (or gradient)
-//    it posts the receive of the next one in its list, so that transfer
-//    overlaps the computation between them (one extra buffer per kind).
-//    While a send or a posted receive is open, the stage yields its CPU
-//    between actions, so that the group's threads (Gloo's loop thread does
-//    not preempt on wakeup) move the transfer on when the stages keep every
-//    CPU busy.
+//  - Shapes are agreed once per step: with the first activation of a step,
+//    each stage tells the next the dtype and shape of its output (a small
+//    Int64 message, or the header of a shared-memory message); every
+//    micro-batch's activation must have them (InvalidArgumentError naming
+//    both shapes otherwise). Gradients have the activation's shape.
+//    Receives land in tensors allocated once per micro-batch.
+//  - Through shared memory (see "Shared memory"), a send copies the tensor
+//    into the link's ring and is done; a receive waits for its message and
+//    copies it out.
+//  - Through the group, activations and gradients are sent as they are
+//    (contiguous tensors are not copied). Sends are isends, waited for at
+//    the end of the step, so computation overlaps them; a sent tensor is
+//    released as soon as its send completes (checked before each action). A
+//    receive blocks the stage, as the schedule says, but is posted early:
+//    when a stage takes a received activation (or gradient) it posts the
+//    receive of the next one in its list, so that transfer overlaps the
+//    computation between them (one extra buffer per kind). While a send or a
+//    posted receive is open, the stage yields its CPU between actions, so
+//    that the group's threads (Gloo's loop thread does not preempt on
+//    wakeup) move the transfer on when the stages keep every CPU busy.
 //  - Activations: Forward(mb) keeps mb's input and output (and the autograd
 //    graph between them) until Backward(mb) releases them, so the schedule's
 //    peakActivations is the number of micro-batches whose activations a stage
@@ -73,6 +77,29 @@
 // parallelism cover every chunk's parameters. Errors name the chunk:
 // "pipeline stage 0: receiving the activation of micro-batch 3 (chunk 1)
 // from stage 1: ...".
+//
+// Shared memory (ExecutorOptions::sharedMemory, on by default). At its first
+// step each stage offers, for every link to a neighbouring model stage, a
+// ring it writes (pipeline/shm_ring.h: a memfd, mapped by the neighbour
+// through /proc/<pid>/fd): the earlier stage's for the activations, the
+// later's for the gradients. Each side maps the other's ring and says
+// whether it could (four small messages per link through the group, once);
+// a link uses the rings when both sides could: stages of one user on one
+// machine. Otherwise (another machine, a process that may not open the
+// other's descriptors, WEFT_PIPELINE_SHM=0 or sharedMemory false on either
+// side) the link goes through the group for good. A ring holds one slot per
+// micro-batch; each step, the earlier stage decides with its first
+// activation whether the step's M messages fit both rings
+// (ExecutorOptions::sharedMemoryBytes each way, CPU tensors): if not, the
+// ring's message headers still carry the shape, and the data of that step
+// goes through the group. Why: a transfer through Gloo costs each busy stage
+// about 40 system calls and wake-ups of Gloo's loop thread and a waiter
+// thread on its own CPU, which showed as 0.04-0.11 of a 2-stage step's
+// bubble above the schedule's (README, "Pipeline parallelism"); a ring
+// message costs a copy on each side. A stage waiting on a ring spins for
+// 20 µs, then sleeps until the neighbour writes, checking every 10 ms that
+// the neighbour's process lives. The rings' pages (M messages of the
+// largest step, each way, per link) are not in Storage::memoryStats.
 //
 // Tied parameters. A parameter listed in `tied` (TiedParameter, see
 // pipeline/stage.h) also lives on stage peerStage; after the step's last
@@ -108,12 +135,15 @@
 // type, its message prefixed by what the stage was doing:
 // "pipeline stage 2: receiving the activation of micro-batch 3 from stage 1:
 // ...". A stage whose process died gives its neighbours DisconnectedError
-// naming its rank; a stage that stalls, TimeoutError after the group's
-// timeout. Stages further away hear of it from their failed neighbour in
-// turn: DisconnectedError when its process ends, TimeoutError while it lives
-// on; no stage waits on a receive forever (the process group bounds each).
-// The group is unusable afterwards (StateError), as
-// collectives/process_group.h says.
+// naming its rank (through shared memory: "the connection to rank 1 was
+// lost: its process (pid N) ended", within about 10 ms); a stage that
+// stalls, TimeoutError after the group's timeout (ProcessGroup::timeout,
+// also for a wait on a ring). Stages further away hear of it from their
+// failed neighbour in turn: DisconnectedError when its process ends,
+// TimeoutError while it lives on; no stage waits on a receive forever. A
+// failed transfer through the group leaves the group unusable (StateError),
+// as collectives/process_group.h says; a failed wait on a ring leaves the
+// group as it was.
 //
 // A step that throws leaves receives it posted pending, which could match
 // the transfers of a later step: the executor then refuses further steps
