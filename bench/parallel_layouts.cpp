@@ -54,10 +54,17 @@
 // forward and before its backward, reduce-scatter of its gradients; each sends (N−1)/N of the
 // padded bytes) and 2 for the root unit (kept gathered from its forward through its backward);
 // with tp, plus tp's payload below on the rank's sequences. Per step, on pipeline stage 0 of two
-// with M micro-batches of b sequences:
+// with M micro-batches of b sequences, its activations and their gradients passing through shared
+// memory (pipeline/executor.h, "Shared memory"; counted from StepStats::sharedMemoryBytes, after a
+// first step that sets the links up):
+//   M·(b·S·C·4 + 128) (the activations, each message with its header; stage 1 writes the same bytes
+//   of their gradients back)
+//   + 4·|wte| (its tied gradient, this tp rank's rows with tp, sent to the last stage)
+//   + 48 + 48 (the tied gradient's size header and the verdict on the peer's)
+// With WEFT_PIPELINE_SHM=0, through the group:
 //   80 (the activation's shape, [dtype, ndim, 8 sizes] of Int64, once)
 //   + M·b·S·C·4 (the activations; stage 1 sends the same bytes of their gradients back)
-//   + 4·|wte| (its tied gradient, this tp rank's rows with tp, sent to the last stage)
+//   + 4·|wte| (as above)
 //   + 48·(M + 2) (size headers: shape, activations, wte) + 48·(M + 1) (verdicts: gradients, wte)
 //   + with dp2: 4·|stage's parameters| + 80 (their gradients averaged over 2 replicas: any
 //     allreduce algorithm, or the call exchange carrying it, sends S to the one peer)
@@ -85,6 +92,7 @@
 #include "kernels/cpu/parallel.h"
 #include "nn/transformer.h"
 #include "pipeline/executor.h"
+#include "pipeline/shm_ring.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
 #include "tensor/ops.h"
@@ -113,6 +121,8 @@ constexpr long long kCallHeaderBytes = 10 * 8;
 constexpr long long kP2pBytes = 6 * 8;
 // The pipeline's shape message: [dtype, ndim, 8 sizes] of Int64.
 constexpr long long kShapeBytes = 10 * 8;
+// The header of a pipeline stage's message through shared memory (pipeline/shm_ring.h).
+constexpr long long kRingHeaderBytes = static_cast<long long>(weft::pipeline::detail::ShmRing::kSlotHeaderBytes);
 constexpr int64_t kVocab = 256;
 
 nn::GPTConfig gptConfig(const Config& c, int64_t block) {
@@ -383,21 +393,34 @@ void runLayouts(ProcessGroup& world, const Config& c) {
     std::shared_ptr<nn::Sequential> ours = pipeline::splitSequential(*layers, cuts)[static_cast<size_t>(stage)];
     pipeline::PipelineExecutor executor(pp, ours, pipeline::oneFOneB(2, microbatches), loss,
                                         {.tied = tied, .dataParallel = dp});
+    // A first step sets up the stages' shared-memory links (once per executor), not counted.
+    ours->zeroGrad();
+    executor.step(x, y);
+    const bool rings = executor.lastStats().sharedMemoryBytes > 0;
     pp.resetTrafficStats();
     if (dp) dp->resetTrafficStats();
     if (tp) tp->resetTraffic();
+    long long ringBytes = 0;
     auto [sec, peak] = measure(c.iters, [&] {
       ours->zeroGrad();
       executor.step(x, y);
+      ringBytes += static_cast<long long>(executor.lastStats().sharedMemoryBytes);
     });
-    long long counted = pp.trafficStats().bytesSent + (dp ? dp->trafficStats().bytesSent : 0);
+    long long counted = pp.trafficStats().bytesSent + (dp ? dp->trafficStats().bytesSent : 0) + ringBytes;
     if (tp) counted += tp->traffic().forwardBytes + tp->traffic().backwardBytes;
     counted /= steps;
-    // Stage 0 sends the shape once and M activations, and answers M gradients; stage 1 answers
-    // the shape and M activations, and sends M gradients; both send and answer the tied gradient.
-    const long long sends = stage == 0 ? microbatches + 1 : microbatches, answers = stage == 0 ? microbatches
-                                                                                               : microbatches + 1;
-    long long theory = (stage == 0 ? kShapeBytes : 0) + microbatches * bsc1 + (sends + 1 + answers + 1) * kP2pBytes;
+    long long theory = 0;
+    if (rings) {
+      // Through shared memory: M messages of the activations (stage 0) or their gradients (stage 1),
+      // each with its header; both stages send and answer the tied gradient through the group.
+      theory = microbatches * (bsc1 + kRingHeaderBytes) + 2 * kP2pBytes;
+    } else {
+      // Stage 0 sends the shape once and M activations, and answers M gradients; stage 1 answers
+      // the shape and M activations, and sends M gradients; both send and answer the tied gradient.
+      const long long sends = stage == 0 ? microbatches + 1 : microbatches;
+      const long long answers = stage == 0 ? microbatches : microbatches + 1;
+      theory = (stage == 0 ? kShapeBytes : 0) + microbatches * bsc1 + (sends + 1 + answers + 1) * kP2pBytes;
+    }
     for (const pipeline::TiedParameter& t : tied) theory += static_cast<long long>(t.parameter.nbytes());
     if (dp) theory += paramBytes(*ours) + (stage == 1 ? e : 0) + kCallHeaderBytes;  // 2 ranks: any algorithm
     if (tp) {

@@ -390,6 +390,7 @@ void PipelineExecutor::sendActivation(Micro& m, int mb, int chunk) {
     h[kRingNdim] = out.dim();
     for (int64_t d = 0; d < out.dim(); ++d) h[static_cast<size_t>(kRingSizes + d)] = out.size(d);
     ring->mine->publish(steps_, mb, h.data(), ring->viaRing ? out.rawData() : nullptr, out.nbytes());
+    stats_.sharedMemoryBytes += detail::ShmRing::kSlotHeaderBytes + (ring->viaRing ? out.nbytes() : 0);
   }
   if (ring == nullptr || !ring->viaRing) send(out, next, tagOf(kKindActivation, link, mb));
   record(ActionKind::SendActivation, mb, chunk, startUs);
@@ -546,6 +547,7 @@ void PipelineExecutor::sendGrad(Micro& m, int mb, int chunk) {
     std::array<int64_t, detail::ShmRing::kHeaderWords> h{};
     h[kRingFlag] = 1;
     ring->mine->publish(steps_, mb, h.data(), g.rawData(), g.nbytes());
+    stats_.sharedMemoryBytes += detail::ShmRing::kSlotHeaderBytes + g.nbytes();
   } else {
     send(g, (stage_ + numStages_ - 1) % numStages_, tagOf(kKindGrad, chunk, mb));
   }

@@ -199,6 +199,9 @@ struct StepStats {
   // Forward, Backward, the receives' waits and the send calls, in order.
   std::vector<TraceEvent> events;
   int transfers = 0;  // sends and receives of activations and gradients
+  // What this stage wrote into shared-memory rings (see "Shared memory"): each
+  // message's 128-byte header, and its data when the data went that way.
+  size_t sharedMemoryBytes = 0;
 };
 
 // The events of stage `stage` as Chrome trace events ("X" events, one

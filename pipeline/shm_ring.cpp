@@ -28,7 +28,7 @@ namespace {
 
 constexpr int64_t kDescriptorMagic = 0x7765667472696e67;  // "weftring"
 constexpr size_t kPage = 4096;
-constexpr size_t kSlotHeaderBytes = 128;
+constexpr size_t kSlotHeaderBytes = ShmRing::kSlotHeaderBytes;
 constexpr size_t kAlign = 64;
 // In the ring's first page: the token, then (on its own cache line) the
 // consumer's wait word.

@@ -82,6 +82,7 @@ class PeerProcess {
 class ShmRing {
  public:
   static constexpr int kHeaderWords = 15;
+  static constexpr size_t kSlotHeaderBytes = 128;  // a message's header: the ready word and kHeaderWords
   using Clock = std::chrono::steady_clock;
 
   ~ShmRing();
