@@ -1,7 +1,5 @@
 #include "pipeline/executor.h"
 
-#include <unistd.h>
-
 #include <array>
 #include <chrono>
 #include <cstdlib>
@@ -67,7 +65,7 @@ struct PipelineExecutor::RingLink {
   std::unique_ptr<detail::ShmRing> mine;    // written here: activations out, or gradients back
   std::unique_ptr<detail::ShmRing> theirs;  // read here
   std::unique_ptr<detail::PeerProcess> peer;
-  bool viaRing = false;  // this step's data in the rings (else only the first header; data by the group)
+  bool viaRing = false;  // this step's data in the rings (else the rings carry the headers, the group the data)
 };
 
 struct PipelineExecutor::Micro {
