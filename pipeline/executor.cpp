@@ -33,8 +33,9 @@ constexpr int kKindActivation = 0, kKindGrad = 1, kKindShape = 2, kKindTied = 3,
 constexpr int kRingActivationDescriptor = 0, kRingGradDescriptor = 1, kRingActivationAck = 2, kRingGradAck = 3,
               kRingMessages = 4;
 // A ring message's header words: 1 when the data is in the ring (else it goes
-// through the process group), dtype, ndim, the sizes.
-constexpr int kRingFlag = 0, kRingDtype = 1, kRingNdim = 2, kRingSizes = 3;
+// through the process group), then from kRingDtype on the shape message's
+// words (dtype, ndim, the sizes).
+constexpr int kRingFlag = 0, kRingDtype = 1;
 constexpr int kMaxMicrobatches = (1 << 26) - 1;
 
 // The shape message: [dtype, ndim, size_0, ..., size_{ndim-1}, 0...].
@@ -369,10 +370,7 @@ void PipelineExecutor::sendActivation(Micro& m, int mb, int chunk) {
       ring->viaRing = out.device().isCpu() && ring->mine->fits(out.nbytes()) && ring->theirs->fits(out.nbytes());
     } else {
       Tensor meta = zeros({kShapeLen}, {.dtype = DType::Int64});
-      auto* p = meta.data<int64_t>();
-      p[0] = static_cast<int64_t>(out.dtype());
-      p[1] = out.dim();
-      for (int64_t d = 0; d < out.dim(); ++d) p[2 + d] = out.size(d);
+      writeShape(out, meta.data<int64_t>());
       send(meta, next, tagOf(kKindShape, link, 0));
     }
     sent = {true, out.shape(), out.dtype()};
@@ -384,14 +382,19 @@ void PipelineExecutor::sendActivation(Micro& m, int mb, int chunk) {
   if (ring != nullptr) {
     std::array<int64_t, detail::ShmRing::kHeaderWords> h{};
     h[kRingFlag] = ring->viaRing ? 1 : 0;
-    h[kRingDtype] = static_cast<int64_t>(out.dtype());
-    h[kRingNdim] = out.dim();
-    for (int64_t d = 0; d < out.dim(); ++d) h[static_cast<size_t>(kRingSizes + d)] = out.size(d);
+    writeShape(out, h.data() + kRingDtype);
     ring->mine->publish(steps_, mb, h.data(), ring->viaRing ? out.rawData() : nullptr, out.nbytes());
     stats_.sharedMemoryBytes += detail::ShmRing::kSlotHeaderBytes + (ring->viaRing ? out.nbytes() : 0);
   }
   if (ring == nullptr || !ring->viaRing) send(out, next, tagOf(kKindActivation, link, mb));
   record(ActionKind::SendActivation, mb, chunk, startUs);
+}
+
+void PipelineExecutor::writeShape(const Tensor& t, int64_t* p) {
+  // What announcedShape reads: dtype, ndim, the sizes.
+  p[0] = static_cast<int64_t>(t.dtype());
+  p[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) p[2 + d] = t.size(d);
 }
 
 PipelineExecutor::LinkShape PipelineExecutor::announcedShape(const int64_t* p, int prev) const {
@@ -603,14 +606,14 @@ void PipelineExecutor::setUpRings() {
     bool out;  // the link to the next model stage (this stage writes its activations)
     int peer;
     int link;  // tagOf's link: the later stage's chunk
-    std::unique_ptr<detail::ShmRing> mine, theirs;
-    detail::RingDescriptor theirDescriptor;
-    Tensor myWords, theirWords, myAck, theirAck;
+    std::unique_ptr<detail::ShmRing> mine{}, theirs{};
+    detail::RingDescriptor theirDescriptor{};
+    Tensor myWords{}, theirWords{}, myAck{}, theirAck{};
   };
   std::vector<Side> sides;
   for (int c = 0; c < v; ++c) {
-    if (!isLast(c)) sides.push_back({c, true, (stage_ + 1) % numStages_, nextChunk(c), {}, {}, {}, {}, {}, {}, {}});
-    if (!isFirst(c)) sides.push_back({c, false, (stage_ + numStages_ - 1) % numStages_, c, {}, {}, {}, {}, {}, {}, {}});
+    if (!isLast(c)) sides.push_back({.chunk = c, .out = true, .peer = (stage_ + 1) % numStages_, .link = nextChunk(c)});
+    if (!isFirst(c)) sides.push_back({.chunk = c, .out = false, .peer = (stage_ + numStages_ - 1) % numStages_, .link = c});
   }
   auto linkText = [this](const Side& s) {
     return std::string("setting up the shared-memory link") + chunkText(s.chunk) + " with stage " +

@@ -328,8 +328,10 @@ class PipelineExecutor {
     Shape shape;
     DType dtype = DType::Float32;
   };
-  // The shape a shape message or a ring message announces (ProtocolError past the limits).
+  // The shape a shape message or a ring message announces (ProtocolError past the limits),
+  // and its writer: kMaxDims + 2 words.
   LinkShape announcedShape(const int64_t* words, int prev) const;
+  static void writeShape(const Tensor& t, int64_t* words);
   std::vector<LinkShape> inShape_;   // per chunk: received from the previous model stage
   std::vector<LinkShape> outShape_;  // per chunk: sent to the next model stage
   int alive_ = 0;

@@ -112,10 +112,7 @@ ShmRing::~ShmRing() {
 std::unique_ptr<ShmRing> ShmRing::create(int slots, size_t capacity) {
   WEFT_ENFORCE(slots > 0, InvalidArgumentError, "ShmRing: a ring needs at least one slot, got ", slots);
   std::unique_ptr<ShmRing> r(new ShmRing());
-  r->slots_ = slots;
-  r->capacity_ = capacity;
-  r->dataOffset_ = kPage + roundUp(static_cast<size_t>(slots) * kSlotHeaderBytes, kPage);
-  r->mapped_ = r->dataOffset_ + r->capacity_;
+  r->setLayout(slots, capacity);
   r->fd_ = static_cast<int>(::syscall(SYS_memfd_create, "weft-pipeline-ring", MFD_CLOEXEC));
   if (r->fd_ < 0) throw Error("pipeline shared memory: " + errnoText("memfd_create"));
   if (::ftruncate(r->fd_, static_cast<off_t>(r->mapped_)) != 0) {
@@ -150,10 +147,7 @@ std::unique_ptr<ShmRing> ShmRing::attach(const RingDescriptor& d, int slots, std
     return nullptr;
   }
   std::unique_ptr<ShmRing> r(new ShmRing());
-  r->slots_ = slots;
-  r->capacity_ = static_cast<size_t>(d.capacity);
-  r->dataOffset_ = kPage + roundUp(static_cast<size_t>(slots) * kSlotHeaderBytes, kPage);
-  r->mapped_ = r->dataOffset_ + r->capacity_;
+  r->setLayout(slots, static_cast<size_t>(d.capacity));
   struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) != r->mapped_) {
     ::close(fd);
@@ -178,6 +172,13 @@ std::unique_ptr<ShmRing> ShmRing::attach(const RingDescriptor& d, int slots, std
   r->tokenLo_ = lo;
   r->tokenHi_ = hi;
   return r;
+}
+
+void ShmRing::setLayout(int slots, size_t capacity) {
+  slots_ = slots;
+  capacity_ = capacity;
+  dataOffset_ = kPage + roundUp(static_cast<size_t>(slots) * kSlotHeaderBytes, kPage);
+  mapped_ = dataOffset_ + capacity_;
 }
 
 RingDescriptor ShmRing::descriptor() const {

@@ -117,6 +117,8 @@ class ShmRing {
 
  private:
   ShmRing() = default;
+  // The layout both sides derive from the slot count and the data capacity.
+  void setLayout(int slots, size_t capacity);
   uint8_t* slotHeader(int slot) const;
   const uint8_t* data(int slot, size_t bytes) const;
 
